@@ -1,0 +1,108 @@
+# idem - build, test, bench, demo, install.
+#
+# `make` builds build/libidem.a, build/libidem.so and build/idem.
+# `make test` and `make demo` first install missing Debian packages
+# (scripts/deps.sh, apt-get when run as root), so a fresh machine needs
+# nothing else. `make asan` runs the whole suite under ASan+UBSan.
+
+PREFIX ?= /usr/local
+CC ?= cc
+BUILD ?= build
+OPT ?= -O2
+SAN ?=
+WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+       -Wmissing-prototypes -Wformat=2 -Wundef -Wvla -Wpointer-arith \
+       -Wcast-align -Wwrite-strings -Wimplicit-fallthrough \
+       -Wno-unused-parameter
+CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
+             -Iinclude -Isrc $(CFLAGS)
+LIBS = -lxxhash -lcrypto -lpthread
+
+LIB_SRC := $(sort $(wildcard src/*.c))
+CLI_SRC := $(sort $(wildcard tools/idem/*.c))
+TEST_SRC := $(sort $(wildcard tests/*.c))
+PROG_SRC := $(sort $(wildcard tests/progs/*.c))
+BENCH_SRC := $(sort $(wildcard bench/*.c))
+
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
+PROGS := $(PROG_SRC:tests/progs/%.c=$(BUILD)/progs/%)
+BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+# Tests see every write, fdatasync and allocation the library makes, to
+# fail the Nth one on purpose (tests/fault.c).
+WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
+       -Wl,--wrap=pwrite,--wrap=fdatasync,--wrap=ftruncate
+
+.PHONY: all test asan bench demo install clean deps check-style
+
+all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/libidem.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libidem.so: $(LIB_OBJ)
+	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
+
+$(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -llmdb -lhiredis
+
+$(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
+	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
+	    -lcriterion
+
+$(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libidem.a $(LIBS)
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libidem.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libidem.a $(LIBS) -llmdb \
+	    -lhiredis -luuid
+
+deps:
+	@sh scripts/deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all $(BUILD)/idem-tests $(PROGS)
+	@sh scripts/run-tests.sh $(BUILD)
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
+	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
+	    -fno-sanitize-recover=all" test
+
+bench: deps all $(BENCHES)
+	@sh bench/run.sh $(BUILD)
+
+demo: deps all
+	@sh scripts/demo.sh $(BUILD)
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include/idem \
+	    $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib/pkgconfig \
+	    $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man3
+	install -m 644 $(BUILD)/libidem.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(BUILD)/libidem.so $(DESTDIR)$(PREFIX)/lib/libidem.so.0
+	ln -sf libidem.so.0 $(DESTDIR)$(PREFIX)/lib/libidem.so
+	install -m 644 include/idem/*.h $(DESTDIR)$(PREFIX)/include/idem/
+	install -m 755 $(BUILD)/idem $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n \
+	    's/#define IDEM_VERSION_STRING "\(.*\)"/\1/p' include/idem/version.h)|' \
+	    idem.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/idem.pc
+	install -m 644 docs/man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
+	-install -m 644 docs/man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/ 2>/dev/null
+
+check-style:
+	@sh scripts/check-style.sh
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

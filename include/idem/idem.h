@@ -1,0 +1,360 @@
+/* idem/idem.h - exactly-once effects for stream processors.
+ *
+ * This header is the manual of libidem. Everything public is here; anything
+ * named idem__ or living under src/ is private and may change.
+ *
+ * THE IDEA
+ *
+ * Brokers deliver at least once. A message carries an idempotency key. Before
+ * the message's side effects run, its key is *claimed* in a durable store;
+ * a redelivery of the same key finds the record and receives the first
+ * outcome back instead of running again:
+ *
+ *     idem_claim(key)  -> NEW(token)        run the work, then
+ *                         idem_complete(key, token, response)
+ *                      -> REPLAY(response)  the work ran: return its result
+ *                      -> FAILED(error)     it failed for good: return that
+ *                      -> BUSY(lease_until) another worker holds it now
+ *                      -> MISMATCH          the key came with another payload
+ *
+ * A claim holds a *lease*. A worker that dies stops renewing it; once it
+ * runs out the next claim takes the key over with token + 1. The token is a
+ * fencing token: idem_complete() with an old token fails with IDEM_ELOST, so
+ * a worker that was presumed dead learns that its effects may be doubled.
+ *
+ * DURABILITY
+ *
+ * A call's effect is durable once idem_sync() returns (group commit: any
+ * number of calls, one fdatasync). Batch forms sync before they return
+ * unless passed IDEM_NOSYNC. Acknowledge a message to its broker only after
+ * the sync that covers its outcome.
+ *
+ * STORES, CHOSEN BY URI
+ *
+ *     local:PATH   the embedded log engine in directory PATH (the default,
+ *                  "local:./idem-data"); one process at a time
+ *     mem:         the same engine in memory only; nothing survives close
+ *
+ * THREADS
+ *
+ * A store handle may be used by one thread at a time. Different handles are
+ * independent. Functions that take no handle are thread-safe.
+ *
+ * ERRORS
+ *
+ * Functions return 0 or a negative IDEM_E* code. idem_strerror() names the
+ * code; idem_errdetail() says what exactly went wrong on a handle (which
+ * file, which offset, which argument). The library never exits or aborts:
+ * out of memory is IDEM_ENOMEM, and the handle stays usable.
+ *
+ * After an I/O error while writing (IDEM_EIO, IDEM_ENOSPC) a local store
+ * refuses further writes with the same code: the in-memory state may be
+ * ahead of the disk, and only a reopen, which recovers from the disk, can
+ * make the two agree. Everything synced before the error is kept. */
+#ifndef IDEM_H
+#define IDEM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/version.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------
+ * Errors */
+
+enum {
+    IDEM_OK = 0,
+    IDEM_EINVAL = -1,     /* a bad argument: see idem_errdetail() */
+    IDEM_ENOMEM = -2,     /* an allocation failed; nothing was changed */
+    IDEM_EIO = -3,        /* a read, write or sync failed */
+    IDEM_ENOSPC = -4,     /* the disk is full */
+    IDEM_ENOTFOUND = -5,  /* no live record for the key (get, forget) */
+    IDEM_ELOST = -6,      /* the token no longer holds the key: another
+                           * worker took it over, or it was completed,
+                           * failed, released, expired or forgotten */
+    IDEM_ELOCKED = -7,    /* another process holds the store */
+    IDEM_ECORRUPT = -8,   /* stored data failed its checksum or format */
+    IDEM_EKEYSIZE = -9,   /* a key is empty or longer than IDEM_KEY_MAX */
+    IDEM_EVALSIZE = -10,  /* a response/error is over IDEM_VALUE_MAX */
+    IDEM_EVERSION = -11,  /* data written by an unknown format version */
+    IDEM_ECOLLISION = -12,/* two keys share an index hash (see "Odds") */
+    IDEM_ECONN = -13,     /* a server could not be reached */
+    IDEM_ETIMEOUT = -14,  /* a server did not answer in time */
+    IDEM_EPROTO = -15,    /* a server answered something unexpected */
+    IDEM_EAUTH = -16,     /* a server refused the credentials */
+    IDEM_ENOTSUP = -17    /* the backend does not offer this operation */
+};
+
+/* The name and meaning of an error code, e.g. "IDEM_ELOST: lease lost".
+ * Never NULL; a static string. Thread-safe. */
+const char *idem_strerror(int code);
+
+/* ------------------------------------------------------------------------
+ * Version */
+
+/* The library's version string, e.g. "0.1.0". Compare with
+ * IDEM_VERSION_STRING to tell headers and library apart. */
+const char *idem_version(void);
+
+/* ------------------------------------------------------------------------
+ * Limits */
+
+#define IDEM_KEY_MAX 1024u              /* bytes in a key (1..this) */
+#define IDEM_VALUE_MAX (64u << 20)      /* bytes in a response/error */
+#define IDEM_FP_LEN 16                  /* bytes in a payload fingerprint */
+#define IDEM_CHECKPOINT_NAME_MAX 255u   /* bytes in a checkpoint name */
+
+/* ------------------------------------------------------------------------
+ * Opening a store */
+
+typedef struct idem_store idem_store;
+
+/* A clock in Unix milliseconds. Tests inject one to drive TTLs and leases
+ * without sleeping. It must not go backwards for the results to make sense;
+ * if it does, expiry simply waits. */
+typedef int64_t (*idem_clock_fn)(void *ctx);
+
+/* Options for idem_open(). Always initialise with idem_options_init(), then
+ * change what you need: new fields get defaults there, so code written for
+ * this version keeps working when the struct grows. */
+typedef struct idem_options {
+    unsigned version;          /* set by idem_options_init(); do not touch */
+    int64_t ttl_ms;            /* default record TTL; 24 h */
+    int64_t lease_ms;          /* default claim lease; 30 s */
+    int64_t failure_ttl_ms;    /* TTL of a cached permanent failure; 1 h */
+    idem_clock_fn clock;       /* NULL: CLOCK_REALTIME */
+    void *clock_ctx;           /* passed to clock */
+    uint64_t segment_bytes;    /* local: roll to a new segment past this
+                                * size; 64 MiB */
+    int64_t segment_span_ms;   /* local: ... or when a segment has taken
+                                * writes for this long (its time bucket);
+                                * 1 h */
+    unsigned flags;            /* IDEM_O_* */
+} idem_options;
+
+#define IDEM_O_READONLY 1u     /* open without writing (check, dump) */
+#define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
+
+/* Fill *opts with the defaults listed above. */
+void idem_options_init(idem_options *opts);
+
+/* Open the store that uri names (NULL: "local:./idem-data"), creating it if
+ * needed. opts may be NULL for the defaults; it is copied.
+ *
+ * On success returns 0 and *out is the handle. On failure returns the error
+ * and *out is still a handle (in a closed state) whose idem_errdetail()
+ * explains it, e.g. "local:./d: locked by pid 4242"; pass it to
+ * idem_close(). *out is NULL only when even that could not be allocated
+ * (IDEM_ENOMEM).
+ *
+ * Errors: IDEM_EINVAL (bad URI or options), IDEM_ELOCKED, IDEM_ECORRUPT
+ * (damage other than a torn tail: run idem_repair()), IDEM_EVERSION,
+ * IDEM_EIO, IDEM_ENOSPC, IDEM_ENOMEM, IDEM_ENOTFOUND (IDEM_O_NOCREATE). */
+int idem_open(const char *uri, const idem_options *opts, idem_store **out);
+
+/* Sync what is pending, release the store and free the handle. Returns the
+ * result of that last sync (the handle is freed regardless). NULL is a
+ * no-op returning 0. */
+int idem_close(idem_store *s);
+
+/* What went wrong in the last failed call on s, as one line of text, or ""
+ * after a success. Owned by s; valid until the next call on s. */
+const char *idem_errdetail(const idem_store *s);
+
+/* ------------------------------------------------------------------------
+ * The claim protocol */
+
+typedef enum idem_state {
+    IDEM_PENDING = 0,  /* claimed, work in progress (the brief's 0) */
+    IDEM_DONE = 1,     /* completed with a cached response (1) */
+    IDEM_FAILED_STATE = 2 /* failed permanently with a cached error (2) */
+} idem_state;
+
+typedef enum idem_outcome_kind {
+    IDEM_NEW = 1,      /* yours: run the work, then complete or fail */
+    IDEM_REPLAY,       /* done before: data/len hold the response */
+    IDEM_FAILED,       /* failed for good before: data/len hold the error */
+    IDEM_BUSY,         /* another worker holds it until lease_until */
+    IDEM_MISMATCH      /* the key was used with a different payload */
+} idem_outcome_kind;
+
+/* A key with its payload fingerprint. fp may be NULL: no MISMATCH check
+ * for this claim. A record stored without a fingerprint matches any. */
+typedef struct idem_key {
+    const void *key;
+    size_t len;
+    const uint8_t *fp;     /* IDEM_FP_LEN bytes, or NULL */
+} idem_key;
+
+/* The answer to one claim. data points into memory owned by the store,
+ * valid until the next call on the same handle. */
+typedef struct idem_outcome {
+    int status;            /* 0, or why this key was not claimed (batch) */
+    idem_outcome_kind kind;
+    uint64_t token;        /* NEW: yours. REPLAY/FAILED: the finisher's */
+    uint32_t attempts;     /* claims made on this record so far */
+    int64_t lease_until;   /* NEW, BUSY: when the lease runs out (ms) */
+    const void *data;      /* REPLAY: response. FAILED: error. else NULL */
+    size_t len;
+} idem_outcome;
+
+/* Per-call settings for claims. NULL means the store's defaults. A zero
+ * field also means "the default". */
+typedef struct idem_claim_opts {
+    int64_t lease_ms;      /* how long the claim is yours */
+    int64_t ttl_ms;        /* how long the record lives */
+} idem_claim_opts;
+
+/* Claim one key. Does not sync. Returns 0 and fills *out, or an error:
+ * IDEM_EKEYSIZE, IDEM_EINVAL, IDEM_ENOMEM, IDEM_EIO, IDEM_ENOSPC,
+ * IDEM_ECOLLISION. */
+int idem_claim(idem_store *s, const idem_key *key,
+               const idem_claim_opts *opts, idem_outcome *out);
+
+/* Complete a claim: PENDING with this token becomes DONE holding response,
+ * living ttl_ms (0: the store default) from now. Does not sync.
+ * IDEM_ELOST if the token does not hold the key. */
+int idem_complete(idem_store *s, const void *key, size_t keylen,
+                  uint64_t token, const void *response, size_t len,
+                  int64_t ttl_ms);
+
+#define IDEM_RETRYABLE 1u  /* idem_fail(): release the key for a retry */
+
+/* Fail a claim. With IDEM_RETRYABLE the key is released: the next claim is
+ * NEW with token + 1. Without it, FAILED is cached with this error for the
+ * store's failure TTL and every claim answers FAILED. Does not sync.
+ * IDEM_ELOST if the token does not hold the key. */
+int idem_fail(idem_store *s, const void *key, size_t keylen, uint64_t token,
+              const void *error, size_t len, unsigned flags);
+
+/* Renew a lease: it now runs out lease_ms (0: default) from now.
+ * IDEM_ELOST if the token does not hold the key. Does not sync. */
+int idem_extend(idem_store *s, const void *key, size_t keylen,
+                uint64_t token, int64_t lease_ms);
+
+/* A record as idem_get() reports it. data as in idem_outcome. */
+typedef struct idem_record {
+    idem_state state;
+    uint64_t token;
+    uint32_t attempts;
+    int released;          /* PENDING after a retryable failure */
+    int64_t created_ms;
+    int64_t expires_ms;
+    int64_t lease_until;   /* PENDING only */
+    uint8_t fp[IDEM_FP_LEN];
+    int has_fp;
+    const void *data;      /* the response or error, or NULL */
+    size_t len;
+} idem_record;
+
+/* Read a live record without changing it. IDEM_ENOTFOUND if none. */
+int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out);
+
+/* Delete a key's record: the next claim is NEW with token 1.
+ * IDEM_ENOTFOUND if there was no live record. Does not sync. */
+int idem_forget(idem_store *s, const void *key, size_t keylen);
+
+/* Make every change made so far durable (one fdatasync on local:). */
+int idem_sync(idem_store *s);
+
+/* ------------------------------------------------------------------------
+ * Batches: one commit (local) or one round trip (servers) for n keys. */
+
+#define IDEM_NOSYNC 1u     /* batch forms: do not sync before returning */
+
+/* Claim n keys; outs[i] answers keys[i]. A key that could not be claimed
+ * has outs[i].status < 0 (e.g. IDEM_EKEYSIZE) and the others proceed. The
+ * return value is 0, or an error that stopped the batch part way (ENOMEM,
+ * EIO, ENOSPC): then outs[i].status tells, per key, which claims were
+ * made. Syncs before returning unless flags has IDEM_NOSYNC. */
+int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
+                    const idem_claim_opts *opts, idem_outcome *outs,
+                    unsigned flags);
+
+/* One completion of idem_complete_many(). */
+typedef struct idem_completion {
+    const void *key;
+    size_t keylen;
+    uint64_t token;
+    const void *response;
+    size_t len;
+    int64_t ttl_ms;        /* 0: the store default */
+} idem_completion;
+
+/* Complete n claims; statuses[i] is idem_complete()'s result for items[i].
+ * Return value and flags as idem_claim_many(). */
+int idem_complete_many(idem_store *s, const idem_completion *items,
+                       size_t n, int *statuses, unsigned flags);
+
+/* ------------------------------------------------------------------------
+ * Checkpoints: a runner's source position, committed with its batch.
+ *
+ * idem_checkpoint_put() stores an opaque blob under a name; it becomes
+ * durable in the same commit as every other change made before the next
+ * sync, all or nothing. After a crash the store holds the newest
+ * checkpoint together with exactly the records committed with it. */
+
+/* Store blob (len bytes, may be 0) under name. Does not sync.
+ * IDEM_ENOTSUP on backends without checkpoints. */
+int idem_checkpoint_put(idem_store *s, const char *name, const void *blob,
+                        size_t len);
+
+/* The newest blob stored under name; *blob is owned by s and valid until
+ * the next call on s. IDEM_ENOTFOUND if none. */
+int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
+                        size_t *len);
+
+/* ------------------------------------------------------------------------
+ * Upkeep */
+
+/* Expire records: look at no more than max_work index entries (0: all),
+ * remove the expired ones, drop whole segments whose records are all dead
+ * and copy the few live records out of the oldest mostly-dead segment.
+ * Bounded work per call, so a runner can call it between batches.
+ * *expired (may be NULL) receives how many records were removed. */
+int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
+
+/* Counters and gauges of a store. */
+typedef struct idem_stats {
+    uint64_t live_keys;        /* records in the index, incl. expired ones
+                                * no sweep has removed yet */
+    uint64_t pending, done, failed;  /* live (unexpired) records by state */
+    uint64_t segments;         /* local: segment files */
+    uint64_t disk_bytes;       /* local: bytes in segment files */
+    uint64_t index_bytes;      /* RAM held by the index */
+    int64_t oldest_ms, newest_ms;    /* times of oldest/newest segment */
+    uint64_t expired_total;    /* records removed by sweeps */
+    uint64_t segments_dropped; /* whole segments dropped */
+    uint64_t records_copied;   /* records moved by compaction */
+} idem_stats;
+
+/* Fill *out. Counting by state visits every entry: O(keys). */
+int idem_stats_get(idem_store *s, idem_stats *out);
+
+/* A report of idem_check()/idem_repair(). */
+typedef struct idem_check_report {
+    uint64_t segments;         /* segment files looked at */
+    uint64_t records;          /* valid records found */
+    uint64_t damaged;          /* damaged regions found */
+    uint64_t bytes_lost;       /* repair: bytes not salvaged */
+    char first_damage[256];    /* where the first damage is, or "" */
+} idem_check_report;
+
+/* Verify every checksum of the local store at uri without changing it.
+ * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report), or another
+ * error. The store must not be open elsewhere. */
+int idem_check(const char *uri, idem_check_report *report);
+
+/* Rewrite each damaged segment of the store at uri keeping every valid
+ * record; the damaged bytes are lost. A torn tail is cut. Returns 0 and
+ * fills report. The store must not be open elsewhere. */
+int idem_repair(const char *uri, idem_check_report *report);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

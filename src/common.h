@@ -1,0 +1,53 @@
+/* common.h - small pieces every part of libidem uses.
+ *
+ * A growable byte buffer, time, and the per-handle error detail. Kept
+ * apart from store.h so that key generation and codecs, which know nothing
+ * of stores, can use them too. */
+#ifndef IDEM_COMMON_H
+#define IDEM_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/idem.h"
+
+#define IDEM__PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+/* A growable byte buffer. Invariant: len <= cap; data is NULL iff cap is 0.
+ * Growth never loses the contents: on ENOMEM the buffer is unchanged. */
+typedef struct idem__buf {
+    unsigned char *data;
+    size_t len, cap;
+} idem__buf;
+
+/* Make room for `more` bytes past len. 0 or IDEM_ENOMEM. */
+int idem__buf_reserve(idem__buf *b, size_t more);
+/* Append n bytes (reserving first). 0 or IDEM_ENOMEM. */
+int idem__buf_append(idem__buf *b, const void *p, size_t n);
+void idem__buf_free(idem__buf *b);
+
+/* A bump allocator whose allocations all live until the next reset: the
+ * memory behind data a call hands back to its caller. Blocks are chained;
+ * reset keeps the newest block for reuse and frees the rest. */
+typedef struct idem__arena {
+    struct idem__arena_block *head;
+} idem__arena;
+
+/* n bytes aligned to 8, valid until reset/free; NULL on ENOMEM. */
+void *idem__arena_alloc(idem__arena *a, size_t n);
+void idem__arena_reset(idem__arena *a);
+void idem__arena_free(idem__arena *a);
+
+/* Wall-clock Unix milliseconds. */
+int64_t idem__wall_ms(void);
+/* Monotonic nanoseconds, for measuring. */
+uint64_t idem__mono_ns(void);
+
+/* Duplicate a string with malloc (the library's own, so tests can fail
+ * it). NULL on ENOMEM. */
+char *idem__strdup(const char *s);
+
+/* Fill buf with n bytes from getrandom(2). 0 or IDEM_EIO. */
+int idem__random_bytes(void *buf, size_t n);
+
+#endif

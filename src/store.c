@@ -1,0 +1,366 @@
+/* store.c - the public store API: one front door for every backend.
+ *
+ * Each public call resets the handle's output memory and detail, checks
+ * its arguments, resolves defaults, and hands the backend clean input. The
+ * rules that are the same for every backend live here once: key and value
+ * limits, "batch forms sync unless IDEM_NOSYNC", singles as batches of
+ * one. A backend that fails writes its own detail. */
+#include "store.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IDEM__OPTIONS_VERSION 1u
+#define IDEM__DEFAULT_URI "local:./idem-data"
+
+static const struct idem__backend *const idem__backends[] = {
+    &idem__backend_local,
+    &idem__backend_mem,
+};
+
+void idem_options_init(idem_options *o)
+{
+    memset(o, 0, sizeof *o);
+    o->version = IDEM__OPTIONS_VERSION;
+    o->ttl_ms = 24 * 3600 * 1000LL;
+    o->lease_ms = 30 * 1000LL;
+    o->failure_ttl_ms = 3600 * 1000LL;
+    o->segment_bytes = 64u << 20;
+    o->segment_span_ms = 3600 * 1000LL;
+}
+
+int idem__fail(idem_store *s, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(s->detail, sizeof s->detail, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int64_t idem__now(const idem_store *s)
+{
+    if (s->opts.clock)
+        return s->opts.clock(s->opts.clock_ctx);
+    return idem__wall_ms();
+}
+
+const void *idem__out_keep(idem_store *s, const void *p, size_t n)
+{
+    void *q = idem__arena_alloc(&s->out, n ? n : 1);
+    if (q && n)
+        memcpy(q, p, n);
+    return q;
+}
+
+const char *idem_errdetail(const idem_store *s)
+{
+    return s ? s->detail : "out of memory";
+}
+
+/* Start of every call: forget the previous call's outputs and detail. */
+static void idem__begin(idem_store *s)
+{
+    idem__arena_reset(&s->out);
+    s->detail[0] = '\0';
+}
+
+static int idem__check_options(idem_store *s, const idem_options *o)
+{
+    if (o->version != IDEM__OPTIONS_VERSION)
+        return idem__fail(s, IDEM_EINVAL,
+                          "options not initialised with idem_options_init()");
+    if (o->ttl_ms <= 0 || o->lease_ms <= 0 || o->failure_ttl_ms <= 0)
+        return idem__fail(s, IDEM_EINVAL,
+                          "ttl_ms, lease_ms and failure_ttl_ms must be > 0");
+    if (o->segment_bytes < 4096 || o->segment_bytes > (1ull << 31) ||
+        o->segment_span_ms <= 0)
+        return idem__fail(s, IDEM_EINVAL,
+                          "segment_bytes must be 4 KiB..2 GiB and "
+                          "segment_span_ms > 0");
+    return 0;
+}
+
+static int idem__pick_backend(idem_store *s, const char *uri,
+                              const char **rest)
+{
+    const char *colon = strchr(uri, ':');
+    if (colon) {
+        size_t n = (size_t)(colon - uri);
+        for (size_t i = 0; i < sizeof idem__backends / sizeof *idem__backends;
+             i++) {
+            const char *name = idem__backends[i]->scheme;
+            if (strlen(name) == n && memcmp(name, uri, n) == 0) {
+                s->be = idem__backends[i];
+                *rest = colon + 1;
+                return 0;
+            }
+        }
+    }
+    return idem__fail(s, IDEM_EINVAL,
+                      "unknown store URI '%s': expected local:PATH or mem:",
+                      uri);
+}
+
+int idem_open(const char *uri, const idem_options *opts, idem_store **out)
+{
+    idem_store *s = calloc(1, sizeof *s);
+    *out = s;
+    if (!s)
+        return IDEM_ENOMEM;
+    if (opts)
+        s->opts = *opts;
+    else
+        idem_options_init(&s->opts);
+    if (!uri || !*uri)
+        uri = IDEM__DEFAULT_URI;
+    s->uri = idem__strdup(uri);
+    if (!s->uri)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    const char *rest;
+    int rc = idem__check_options(s, &s->opts);
+    if (!rc)
+        rc = idem__pick_backend(s, uri, &rest);
+    if (!rc)
+        rc = s->be->open(s, rest);
+    if (rc)
+        s->be = NULL;  /* closed state: only errdetail and close work */
+    return rc;
+}
+
+int idem_close(idem_store *s)
+{
+    if (!s)
+        return 0;
+    int rc = s->be ? s->be->close(s) : 0;
+    idem__arena_free(&s->out);
+    free(s->uri);
+    free(s);
+    return rc;
+}
+
+/* Every call on a handle that failed to open says so instead of crashing. */
+#define IDEM__ENTER(s)                                                     \
+    do {                                                                   \
+        if (!(s))                                                          \
+            return IDEM_EINVAL;                                            \
+        idem__begin(s);                                                    \
+        if (!(s)->be)                                                      \
+            return idem__fail(s, IDEM_EINVAL, "store is not open");        \
+    } while (0)
+
+static int idem__check_key(idem_store *s, const void *key, size_t len)
+{
+    if (!key || len == 0)
+        return idem__fail(s, IDEM_EKEYSIZE, "key is empty");
+    if (len > IDEM_KEY_MAX)
+        return idem__fail(s, IDEM_EKEYSIZE,
+                          "key is %zu bytes; the limit is %u", len,
+                          IDEM_KEY_MAX);
+    return 0;
+}
+
+static int idem__check_value(idem_store *s, const void *p, size_t len)
+{
+    if (len && !p)
+        return idem__fail(s, IDEM_EINVAL, "value is NULL with length %zu",
+                          len);
+    if (len > IDEM_VALUE_MAX)
+        return idem__fail(s, IDEM_EVALSIZE,
+                          "value is %zu bytes; the limit is %u", len,
+                          IDEM_VALUE_MAX);
+    return 0;
+}
+
+static int idem__check_ms(idem_store *s, int64_t ms, const char *what)
+{
+    if (ms < 0 || ms > 100LL * 365 * 24 * 3600 * 1000)
+        return idem__fail(s, IDEM_EINVAL, "%s %lld ms is out of range",
+                          what, (long long)ms);
+    return 0;
+}
+
+static int idem__resolve_claim(idem_store *s, const idem_claim_opts *o,
+                               idem__claim_args *a)
+{
+    a->lease_ms = o && o->lease_ms ? o->lease_ms : s->opts.lease_ms;
+    a->ttl_ms = o && o->ttl_ms ? o->ttl_ms : s->opts.ttl_ms;
+    int rc = idem__check_ms(s, a->lease_ms, "lease");
+    return rc ? rc : idem__check_ms(s, a->ttl_ms, "ttl");
+}
+
+static int idem__finish_batch(idem_store *s, int rc, unsigned flags)
+{
+    if (rc == 0 && !(flags & IDEM_NOSYNC))
+        rc = s->be->sync(s);
+    return rc;
+}
+
+int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
+                    const idem_claim_opts *opts, idem_outcome *outs,
+                    unsigned flags)
+{
+    IDEM__ENTER(s);
+    idem__claim_args a;
+    int rc = idem__resolve_claim(s, opts, &a);
+    if (rc)
+        return rc;
+    if (n && (!keys || !outs))
+        return idem__fail(s, IDEM_EINVAL, "keys or outs is NULL");
+    for (size_t i = 0; i < n; i++) {
+        memset(&outs[i], 0, sizeof outs[i]);
+        outs[i].status = idem__check_key(s, keys[i].key, keys[i].len);
+    }
+    rc = n ? s->be->claim_many(s, keys, n, &a, outs) : 0;
+    return idem__finish_batch(s, rc, flags);
+}
+
+int idem_claim(idem_store *s, const idem_key *key,
+               const idem_claim_opts *opts, idem_outcome *out)
+{
+    if (!key || !out)
+        return IDEM_EINVAL;
+    int rc = idem_claim_many(s, key, 1, opts, out, IDEM_NOSYNC);
+    return rc ? rc : out->status;
+}
+
+static int idem__check_completion(idem_store *s, const idem_completion *c)
+{
+    int rc = idem__check_key(s, c->key, c->keylen);
+    if (!rc)
+        rc = idem__check_value(s, c->response, c->len);
+    if (!rc)
+        rc = idem__check_ms(s, c->ttl_ms, "ttl");
+    if (!rc && c->token == 0)
+        rc = idem__fail(s, IDEM_EINVAL, "token 0 is never issued");
+    return rc;
+}
+
+int idem_complete_many(idem_store *s, const idem_completion *items, size_t n,
+                       int *statuses, unsigned flags)
+{
+    IDEM__ENTER(s);
+    if (n && (!items || !statuses))
+        return idem__fail(s, IDEM_EINVAL, "items or statuses is NULL");
+    for (size_t i = 0; i < n; i++)
+        statuses[i] = idem__check_completion(s, &items[i]);
+    int rc = n ? s->be->complete_many(s, items, n, statuses) : 0;
+    return idem__finish_batch(s, rc, flags);
+}
+
+int idem_complete(idem_store *s, const void *key, size_t keylen,
+                  uint64_t token, const void *response, size_t len,
+                  int64_t ttl_ms)
+{
+    idem_completion c = {key, keylen, token, response, len, ttl_ms};
+    int st = 0;
+    int rc = idem_complete_many(s, &c, 1, &st, IDEM_NOSYNC);
+    return rc ? rc : st;
+}
+
+int idem_fail(idem_store *s, const void *key, size_t keylen, uint64_t token,
+              const void *error, size_t len, unsigned flags)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_key(s, key, keylen);
+    if (!rc)
+        rc = idem__check_value(s, error, len);
+    if (!rc && token == 0)
+        rc = idem__fail(s, IDEM_EINVAL, "token 0 is never issued");
+    if (!rc && (flags & ~IDEM_RETRYABLE))
+        rc = idem__fail(s, IDEM_EINVAL, "unknown flags 0x%x", flags);
+    return rc ? rc
+              : s->be->fail(s, key, keylen, token, error, len,
+                            (flags & IDEM_RETRYABLE) != 0);
+}
+
+int idem_extend(idem_store *s, const void *key, size_t keylen,
+                uint64_t token, int64_t lease_ms)
+{
+    IDEM__ENTER(s);
+    if (!lease_ms)
+        lease_ms = s->opts.lease_ms;
+    int rc = idem__check_key(s, key, keylen);
+    if (!rc)
+        rc = idem__check_ms(s, lease_ms, "lease");
+    return rc ? rc : s->be->extend(s, key, keylen, token, lease_ms);
+}
+
+int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_key(s, key, keylen);
+    if (!rc && !out)
+        rc = idem__fail(s, IDEM_EINVAL, "out is NULL");
+    if (rc)
+        return rc;
+    memset(out, 0, sizeof *out);
+    return s->be->get(s, key, keylen, out);
+}
+
+int idem_forget(idem_store *s, const void *key, size_t keylen)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_key(s, key, keylen);
+    return rc ? rc : s->be->forget(s, key, keylen);
+}
+
+int idem_sync(idem_store *s)
+{
+    IDEM__ENTER(s);
+    return s->be->sync(s);
+}
+
+static int idem__check_name(idem_store *s, const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > IDEM_CHECKPOINT_NAME_MAX)
+        return idem__fail(s, IDEM_EINVAL,
+                          "checkpoint name must be 1..%u bytes",
+                          IDEM_CHECKPOINT_NAME_MAX);
+    return 0;
+}
+
+int idem_checkpoint_put(idem_store *s, const char *name, const void *blob,
+                        size_t len)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_name(s, name);
+    if (!rc)
+        rc = idem__check_value(s, blob, len);
+    if (!rc && !s->be->checkpoint_put)
+        rc = idem__fail(s, IDEM_ENOTSUP, "%s: stores no checkpoints",
+                        s->uri);
+    return rc ? rc : s->be->checkpoint_put(s, name, blob, len);
+}
+
+int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
+                        size_t *len)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_name(s, name);
+    if (!rc && (!blob || !len))
+        rc = idem__fail(s, IDEM_EINVAL, "blob or len is NULL");
+    if (!rc && !s->be->checkpoint_get)
+        rc = idem__fail(s, IDEM_ENOTSUP, "%s: stores no checkpoints",
+                        s->uri);
+    return rc ? rc : s->be->checkpoint_get(s, name, blob, len);
+}
+
+int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired)
+{
+    IDEM__ENTER(s);
+    uint64_t dummy;
+    return s->be->sweep(s, max_work, expired ? expired : &dummy);
+}
+
+int idem_stats_get(idem_store *s, idem_stats *out)
+{
+    IDEM__ENTER(s);
+    if (!out)
+        return idem__fail(s, IDEM_EINVAL, "out is NULL");
+    memset(out, 0, sizeof *out);
+    return s->be->stats(s, out);
+}

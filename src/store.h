@@ -1,0 +1,72 @@
+/* store.h - the store handle and the interface every backend implements.
+ *
+ * store.c owns everything that is the same for all backends: parsing the
+ * URI scheme, checking arguments, resolving defaults, syncing after
+ * batches, the error detail. A backend sees only valid keys and resolved
+ * numbers, which keeps the semantics in one place and each backend about
+ * its storage alone. */
+#ifndef IDEM_STORE_H
+#define IDEM_STORE_H
+
+#include "common.h"
+
+struct idem__backend;
+
+struct idem_store {
+    const struct idem__backend *be;
+    void *impl;               /* the backend's state */
+    idem_options opts;
+    char *uri;
+    idem__arena out;          /* memory behind data returned to callers */
+    char detail[512];
+};
+
+/* Resolved per-claim numbers. */
+typedef struct idem__claim_args {
+    int64_t lease_ms, ttl_ms;
+} idem__claim_args;
+
+/* Every function returns 0 or an IDEM_E* code and may set the detail.
+ * Batch functions process the entries whose status is 0 on entry (the
+ * others were rejected by argument checks). */
+struct idem__backend {
+    const char *scheme;       /* "local", "mem", ... (before the ':') */
+    int (*open)(idem_store *s, const char *rest);
+    int (*close)(idem_store *s);
+    int (*claim_many)(idem_store *s, const idem_key *keys, size_t n,
+                      const idem__claim_args *a, idem_outcome *outs);
+    int (*complete_many)(idem_store *s, const idem_completion *items,
+                         size_t n, int *statuses);
+    int (*fail)(idem_store *s, const void *key, size_t keylen,
+                uint64_t token, const void *err, size_t len, int retryable);
+    int (*extend)(idem_store *s, const void *key, size_t keylen,
+                  uint64_t token, int64_t lease_ms);
+    int (*get)(idem_store *s, const void *key, size_t keylen,
+               idem_record *out);
+    int (*forget)(idem_store *s, const void *key, size_t keylen);
+    int (*sync)(idem_store *s);
+    int (*checkpoint_put)(idem_store *s, const char *name, const void *blob,
+                          size_t len);
+    int (*checkpoint_get)(idem_store *s, const char *name,
+                          const void **blob, size_t *len);
+    int (*sweep)(idem_store *s, size_t max_work, uint64_t *expired);
+    int (*stats)(idem_store *s, idem_stats *out);
+};
+
+extern const struct idem__backend idem__backend_local;
+extern const struct idem__backend idem__backend_mem;
+
+/* Set the handle's detail (printf-style) and return code, so that
+ * `return idem__fail(s, IDEM_EINVAL, "...")` reads as one step. */
+int idem__fail(idem_store *s, int code, const char *fmt, ...)
+    IDEM__PRINTF(3, 4);
+
+/* The store's clock, in Unix ms. */
+int64_t idem__now(const idem_store *s);
+
+/* Copy n bytes into the handle's output memory and return a pointer that
+ * stays valid until the next call on s; NULL on ENOMEM. Successive calls
+ * within one API call all stay valid (outputs of a batch). */
+const void *idem__out_keep(idem_store *s, const void *p, size_t n);
+
+#endif
