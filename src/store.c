@@ -119,7 +119,7 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out)
     s->uri = idem__strdup(uri);
     if (!s->uri)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    const char *rest;
+    const char *rest = NULL;
     int rc = idem__check_options(s, &s->opts);
     if (!rc)
         rc = idem__pick_backend(s, uri, &rest);
