@@ -9,9 +9,14 @@
  * break the promise of exactly-once, so we stop and say where. `repair`
  * then keeps every frame that still checks out.
  *
- * To tell a torn tail from damage in the middle, the scanner looks for any
- * valid frame past the first bad one, at every 8-byte boundary (frames
- * are 8-aligned). A checksum match by chance in garbage is 2^-64. */
+ * Telling the two apart: a crash can only tear the group whose fdatasync
+ * never returned, the last one. The disk may have kept any subset of its
+ * sectors, so past a bad frame there may still be valid frames of that
+ * group, up to and including its COMMIT, but never anything after that
+ * COMMIT. A valid frame past a later COMMIT means committed data was
+ * damaged. The scanner finds valid frames past damage by trying every
+ * 8-byte boundary (frames are 8-aligned); a checksum matching by chance
+ * in garbage has odds of 2^-64. */
 #include "recover.h"
 
 #include <errno.h>
@@ -29,7 +34,7 @@
 typedef struct idem__scan {
     uint64_t commit_end;  /* just past the last COMMIT of the valid run */
     uint64_t bad_at;      /* where the valid run ends (== size: clean) */
-    uint64_t resume_at;   /* a valid frame after bad_at, or 0 */
+    int midfile;          /* damage that a crash cannot explain */
     uint64_t records;     /* key frames in the valid run */
     int version;          /* the run ended at a frame of unknown version */
 } idem__scan;
@@ -43,6 +48,25 @@ static uint64_t idem__next_valid(const unsigned char *base, uint64_t size,
          at += 8)
         if (idem__frame_decode(base + at, size - at, &f, 1) == 0)
             return at;
+    return 0;
+}
+
+/* Damage at `at`: is a valid frame found past the first valid COMMIT
+ * that follows it? (See the top of this file.) */
+static int idem__damage_is_midfile(const unsigned char *base, uint64_t size,
+                                   uint64_t at)
+{
+    idem__frame f;
+    uint64_t p = idem__next_valid(base, size, at + 8);
+    while (p) {
+        if (idem__frame_decode(base + p, size - p, &f, 1) != 0) {
+            p = idem__next_valid(base, size, p + 8);
+            continue;
+        }
+        if (f.type == IDEM__R_COMMIT)
+            return idem__next_valid(base, size, p + f.len) != 0;
+        p += f.len;
+    }
     return 0;
 }
 
@@ -67,7 +91,7 @@ static void idem__scan_seg(const unsigned char *base, uint64_t size,
     }
     sc->bad_at = at < size ? at : size;
     if (at < size)
-        sc->resume_at = idem__next_valid(base, size, at + 8);
+        sc->midfile = idem__damage_is_midfile(base, size, at);
 }
 
 static int idem__apply_range(const unsigned char *base, idem__seg *g,
@@ -158,7 +182,7 @@ static int idem__load_seg(idem__log *lg, uint32_t id, int last,
         if (sc.version)
             rc = idem__seg_fail(lg, IDEM_EVERSION, id,
                                 "record of a newer format", sc.bad_at, g.size);
-        else if (sc.bad_at < g.size && (!last || sc.resume_at))
+        else if (sc.bad_at < g.size && (!last || sc.midfile))
             rc = idem__seg_fail(lg, IDEM_ECORRUPT, id, "damaged record",
                                 sc.bad_at, g.size);
         else if (!last && sc.commit_end < g.size)
@@ -347,7 +371,7 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
     r->records += mine.records;
-    int damaged = sc.bad_at < g->size && (!last || sc.resume_at);
+    int damaged = sc.bad_at < g->size && (!last || sc.midfile);
     if (!damaged && !last && sc.commit_end < g->size)
         damaged = 1;
     if (damaged) {
