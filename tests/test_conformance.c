@@ -384,7 +384,7 @@ CONF_TEST(many_keys)
     enum { N = 20000 };
     idem_store *s = t_open(conf_uri);
     static idem_key keys[N];
-    static char names[N][12];
+    static char names[N][16];
     static idem_outcome outs[N];
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof names[i], "m%d", i);
