@@ -79,13 +79,13 @@ static void idem__unlink_entry(idem__engine *en, idem__ient *e)
     idem__index_remove(&en->ix, e);
 }
 
-/* Find key's record. Returns 0 (see *fo) or IDEM_ECOLLISION. An entry
- * whose frame was dropped with its expired segment counts as absent. */
-static int idem__lookup(idem_store *s, const void *key, size_t len,
-                        int64_t now, idem__found *fo)
+/* Find key's record, whose hash is in fo->h. Returns 0 (see *fo) or
+ * IDEM_ECOLLISION. An entry whose frame was dropped with its expired
+ * segment counts as absent. */
+static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
+                               int64_t now, idem__found *fo)
 {
     idem__engine *en = idem__eng(s);
-    idem__hash(en, key, len, fo->h);
     fo->e = idem__index_find(&en->ix, fo->h);
     fo->live = 0;
     if (!fo->e || now >= fo->e->expires)
@@ -100,6 +100,13 @@ static int idem__lookup(idem_store *s, const void *key, size_t len,
                           "two keys share one 128-bit index hash");
     fo->live = 1;
     return 0;
+}
+
+static int idem__lookup(idem_store *s, const void *key, size_t len,
+                        int64_t now, idem__found *fo)
+{
+    idem__hash(idem__eng(s), key, len, fo->h);
+    return idem__lookup_hashed(s, key, len, now, fo);
 }
 
 /* Append frame (type, r, key, val) and point the key's entry at it. */
@@ -139,11 +146,11 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
  * The protocol operations */
 
 static int idem__claim_one(idem_store *s, const idem_key *k,
-                           const idem__claim_args *a, int64_t now,
-                           idem_outcome *out)
+                           const uint64_t h[2], const idem__claim_args *a,
+                           int64_t now, idem_outcome *out)
 {
-    idem__found fo;
-    int rc = idem__lookup(s, k->key, k->len, now, &fo);
+    idem__found fo = {.h = {h[0], h[1]}};
+    int rc = idem__lookup_hashed(s, k->key, k->len, now, &fo);
     if (rc)
         return rc;
     idem__rec next;
@@ -161,15 +168,33 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     return 0;
 }
 
+/* Keys hashed and prefetched ahead of the one being claimed. */
+#define IDEM__WINDOW 16
+
 static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
                                 size_t n, const idem__claim_args *a,
                                 idem_outcome *outs)
 {
+    idem__engine *en = idem__eng(s);
     int64_t now = idem__now(s);
+    uint64_t h[IDEM__WINDOW][2];
     for (size_t i = 0; i < n; i++) {
+        size_t w = i % IDEM__WINDOW;
+        if (w == 0) {
+            size_t m = n - i < IDEM__WINDOW ? n - i : IDEM__WINDOW;
+            for (size_t j = 0; j < m; j++) {
+                if (!outs[i + j].status)
+                    idem__hash(en, keys[i + j].key, keys[i + j].len, h[j]);
+                else
+                    h[j][0] = h[j][1] = 0;
+                idem__index_prefetch(&en->ix, h[j], 0);
+            }
+            for (size_t j = 0; j < m; j++)
+                idem__index_prefetch(&en->ix, h[j], 1);
+        }
         if (outs[i].status)
             continue;
-        int rc = idem__claim_one(s, &keys[i], a, now, &outs[i]);
+        int rc = idem__claim_one(s, &keys[i], h[w], a, now, &outs[i]);
         if (rc == IDEM_ECOLLISION) {
             outs[i].status = rc;
         } else if (rc) {

@@ -44,24 +44,26 @@ idem__ient *idem__index_at(const idem__index *ix, uint32_t id)
     return &ix->chunks[id >> IDEM__CHUNK_BITS][id & (IDEM__CHUNK - 1)];
 }
 
+/* The slot's copy of the hash. The home slot is taken from the same 32
+ * bits, so that growing the table re-places slots without touching the
+ * entries (tables stay below 2^32 slots). */
 static uint32_t idem__tag(const uint64_t h[2])
 {
-    return (uint32_t)(h[1] >> 32);
+    return (uint32_t)(h[0] >> 32);
 }
 
 static size_t idem__home(const idem__index *ix, const uint64_t h[2])
 {
-    return (size_t)h[0] & ix->mask;
+    return (size_t)idem__tag(h) & ix->mask;
 }
 
-/* Put entry id (hash h) into the first free slot of its run. */
-static void idem__place(uint64_t *slots, size_t mask, const uint64_t h[2],
-                        uint32_t id)
+/* Put a slot value into the first free slot of its run. */
+static void idem__place(uint64_t *slots, size_t mask, uint64_t value)
 {
-    size_t i = (size_t)h[0] & mask;
+    size_t i = (size_t)(value >> 32) & mask;
     while (slots[i])
         i = (i + 1) & mask;
-    slots[i] = ((uint64_t)idem__tag(h) << 32) | ((uint64_t)id + 1);
+    slots[i] = value;
 }
 
 static int idem__grow_slots(idem__index *ix, size_t want)
@@ -74,12 +76,9 @@ static int idem__grow_slots(idem__index *ix, size_t want)
     uint64_t *slots = calloc(n, sizeof *slots);
     if (!slots)
         return IDEM_ENOMEM;
-    for (size_t i = 0; ix->slots && i <= ix->mask; i++) {
-        if (ix->slots[i]) {
-            uint32_t id = (uint32_t)(ix->slots[i] & 0xffffffffu) - 1;
-            idem__place(slots, n - 1, idem__index_at(ix, id)->h, id);
-        }
-    }
+    for (size_t i = 0; ix->slots && i <= ix->mask; i++)
+        if (ix->slots[i])
+            idem__place(slots, n - 1, ix->slots[i]);
     free(ix->slots);
     ix->slots = slots;
     ix->mask = n - 1;
@@ -135,6 +134,21 @@ idem__ient *idem__index_find(const idem__index *ix, const uint64_t h[2])
     }
 }
 
+void idem__index_prefetch(const idem__index *ix, const uint64_t h[2],
+                          int stage)
+{
+    if (!ix->slots)
+        return;
+    const uint64_t *slot = &ix->slots[idem__home(ix, h)];
+    if (stage == 0) {
+        __builtin_prefetch(slot);
+        return;
+    }
+    uint64_t s = *slot;
+    if (s && (uint32_t)(s >> 32) == idem__tag(h))
+        __builtin_prefetch(idem__index_at(ix, (uint32_t)(s & 0xffffffffu) - 1));
+}
+
 idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2])
 {
     uint32_t id;
@@ -148,7 +162,8 @@ idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2])
     memset(e, 0, sizeof *e);
     e->h[0] = h[0];
     e->h[1] = h[1];
-    idem__place(ix->slots, ix->mask, h, id);
+    idem__place(ix->slots, ix->mask,
+                ((uint64_t)idem__tag(h) << 32) | ((uint64_t)id + 1));
     ix->count++;
     return e;
 }
@@ -170,8 +185,7 @@ void idem__index_remove(idem__index *ix, idem__ient *e)
         i = (i + 1) & ix->mask;
     /* Shift back later members of the run whose home is not in (i, j]. */
     for (size_t j = (i + 1) & ix->mask; ix->slots[j]; j = (j + 1) & ix->mask) {
-        uint32_t jid = (uint32_t)(ix->slots[j] & 0xffffffffu) - 1;
-        size_t home = idem__home(ix, idem__index_at(ix, jid)->h);
+        size_t home = (size_t)(ix->slots[j] >> 32) & ix->mask;
         int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!between) {
             ix->slots[i] = ix->slots[j];

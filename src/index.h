@@ -48,6 +48,13 @@ int idem__index_reserve(idem__index *ix, size_t more);
 /* The entry with hash h, or NULL. */
 idem__ient *idem__index_find(const idem__index *ix, const uint64_t h[2]);
 
+/* Start loading what a find of h will touch: stage 0 the slot, stage 1
+ * (once the slot is likely cached) the entry it names. Batch lookups call
+ * both over a window of keys before the finds, so that the cache misses
+ * of many keys overlap instead of queueing. */
+void idem__index_prefetch(const idem__index *ix, const uint64_t h[2],
+                          int stage);
+
 /* Add an entry for h (not present; room reserved). Fields other than h
  * are zero. Never fails. */
 idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2]);

@@ -13,10 +13,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "../../bench/keys36.h"
 #include "cli.h"
 #include "idem/idem.h"
 
-#define KEYLEN 36
+#define KEYLEN BENCH_KEYLEN
 
 static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
@@ -45,30 +46,10 @@ typedef struct bench_cfg {
     size_t n, batch, value_size;
 } bench_cfg;
 
-static uint64_t splitmix(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15u);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9u;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebu;
-    return z ^ (z >> 31);
-}
-
 /* Key i, deterministic: the replay workload regenerates the same keys. */
 static void make_key(const bench_cfg *c, size_t i, char *k)
 {
-    static const char hex[] = "0123456789abcdef";
-    if (!c->random_keys) {
-        snprintf(k, KEYLEN + 1, "%036zu", i);
-        return;
-    }
-    uint64_t x = (uint64_t)i * 0x2545f4914f6cdd1du, a = splitmix(&x),
-             b = splitmix(&x), d = splitmix(&x);
-    for (int j = 0; j < KEYLEN; j++) {
-        uint64_t *w = j < 16 ? &a : j < 32 ? &b : &d;
-        k[j] = hex[*w & 15];
-        *w >>= 4;
-    }
-    k[8] = k[13] = k[18] = k[23] = '-';
+    bench_key(c->random_keys, i, k);
 }
 
 static double now_s(void)
@@ -84,8 +65,8 @@ static long rss_kib(void)
     char line[256];
     long v = -1;
     while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6))
-            v = strtol(line + 6, NULL, 10);
+        if (!strncmp(line, "RssAnon:", 8))  /* heap, not page cache */
+            v = strtol(line + 8, NULL, 10);
     if (f)
         fclose(f);
     return v;
@@ -232,16 +213,16 @@ int idem_cmd_bench(int argc, char **argv)
     if (!rc)
         rc = run_all(s, &c, &b, !strcmp(c.workload, "claim-complete"), &news);
     double secs = now_s() - t0, reopen = 0;
+    long rss1 = rss_kib();
     idem_stats st = {0};
     if (!rc)
         idem_stats_get(s, &st);
-    long rss1 = rss_kib();
     if (!rc && c.reopen)
         rc = reopen_check(&c, &s, &reopen);
     if (!rc) {
         printf("workload=%s store=%s keys=%s n=%zu batch=%zu seconds=%.3f "
                "ops_per_sec=%.0f new=%zu index_bytes_per_key=%.1f "
-               "rss_bytes_per_key=%.1f",
+               "anon_rss_bytes_per_key=%.1f",
                c.workload, c.uri, c.random_keys ? "random" : "ordered", c.n,
                c.batch, secs, (double)c.n / secs, news,
                st.live_keys ? (double)st.index_bytes / (double)st.live_keys
