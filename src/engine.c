@@ -156,6 +156,12 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     idem__rec next;
     idem__decide_claim(fo.live ? &fo.f.rec : NULL, k->fp, now, a->lease_ms,
                        a->ttl_ms, &next, out);
+    if (out->kind == IDEM_NEW && a->done) {
+        next.state = IDEM_DONE;
+        next.lease = 0;
+        return idem__put(s, &fo, IDEM__R_COMPLETE, &next, k->key, k->len,
+                         NULL, 0, now);
+    }
     if (out->kind == IDEM_NEW)
         return idem__put(s, &fo, IDEM__R_CLAIM, &next, k->key, k->len, NULL,
                          0, now);
@@ -294,16 +300,10 @@ static int idem__eng_extend(idem_store *s, const void *key, size_t keylen,
     return idem__put(s, &fo, IDEM__R_EXTEND, &r, key, keylen, NULL, 0, now);
 }
 
-static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
-                         idem_record *out)
+/* The public view of a stored record; data points into the frame. */
+static void idem__to_record(const idem__frame *f, idem_record *out)
 {
-    idem__found fo;
-    int rc = idem__lookup(s, key, keylen, idem__now(s), &fo);
-    if (rc)
-        return rc;
-    if (!fo.live)
-        return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
-    const idem__rec *r = &fo.f.rec;
+    const idem__rec *r = &f->rec;
     out->state = (idem_state)r->state;
     out->token = r->token;
     out->attempts = r->token;
@@ -313,13 +313,73 @@ static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
     out->lease_until = r->state == IDEM_PENDING ? r->lease : 0;
     out->has_fp = r->has_fp;
     memcpy(out->fp, r->fp, IDEM_FP_LEN);
-    if (fo.f.vallen) {
+    out->data = f->vallen ? f->val : NULL;
+    out->len = f->vallen;
+}
+
+static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
+                         idem_record *out)
+{
+    idem__found fo;
+    int rc = idem__lookup(s, key, keylen, idem__now(s), &fo);
+    if (rc)
+        return rc;
+    if (!fo.live)
+        return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    idem__to_record(&fo.f, out);
+    if (out->len) {
         out->data = idem__out_keep(s, fo.f.val, fo.f.vallen);
-        out->len = fo.f.vallen;
         if (!out->data)
             return idem__fail(s, IDEM_ENOMEM, "out of memory");
     }
     return 0;
+}
+
+/* Every entry of the index whose record is live, whatever its hash. */
+static int idem__eng_scan(idem_store *s, idem_scan_fn fn, void *ctx)
+{
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    for (uint32_t id = 0; id < en->ix.hw; id++) {
+        idem__ient *e = idem__index_at(&en->ix, id);
+        size_t avail;
+        idem__frame f;
+        const unsigned char *p =
+            e->seg == IDEM__IENT_FREE || now >= e->expires
+                ? NULL
+                : idem__log_at(&en->log, e->seg, e->off, &avail);
+        if (!p || idem__frame_decode(p, avail, &f, 0))
+            continue;
+        idem_record r;
+        idem__to_record(&f, &r);
+        int rc = fn(ctx, f.key, f.keylen, &r);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int idem__eng_import(idem_store *s, const void *key, size_t keylen,
+                            const idem_record *in)
+{
+    int64_t now = idem__now(s);
+    idem__found fo;
+    int rc = idem__lookup(s, key, keylen, now, &fo);
+    if (rc)
+        return rc;
+    idem__rec r = {.state = (uint8_t)in->state,
+                   .has_fp = in->has_fp != 0,
+                   .released = in->state == IDEM_PENDING && in->released,
+                   .token = (uint32_t)in->token,
+                   .created = in->created_ms,
+                   .expires = in->expires_ms,
+                   .lease = in->state == IDEM_PENDING ? in->lease_until : 0};
+    memcpy(r.fp, in->fp, IDEM_FP_LEN);
+    uint8_t type = in->state == IDEM_DONE           ? IDEM__R_COMPLETE
+                   : in->state == IDEM_FAILED_STATE ? IDEM__R_FAIL
+                   : r.released                     ? IDEM__R_RELEASE
+                                                    : IDEM__R_CLAIM;
+    return idem__put(s, &fo, type, &r, key, keylen, in->data, in->len, now);
 }
 
 static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
@@ -341,6 +401,13 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
     idem__frame_encode(dst, IDEM__R_FORGET, &fo.f.rec, key, keylen, NULL, 0);
     idem__unlink_entry(en, fo.e);
     return 0;
+}
+
+static void idem__eng_poison(idem_store *s, int code)
+{
+    idem__log *lg = &idem__eng(s)->log;
+    if (!lg->broken)
+        lg->broken = code;
 }
 
 static int idem__eng_sync(idem_store *s)
@@ -686,7 +753,9 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .forget = idem__eng_forget, .sync = idem__eng_sync,                    \
     .checkpoint_put = idem__eng_ckpt_put,                                  \
     .checkpoint_get = idem__eng_ckpt_get, .sweep = idem__eng_sweep,        \
-    .stats = idem__eng_stats
+    .stats = idem__eng_stats, .scan = idem__eng_scan,                      \
+    .import = idem__eng_import, .poison = idem__eng_poison,                \
+    .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE
 
 const struct idem__backend idem__backend_local = {
     .scheme = "local", .open = idem__open_local, IDEM__ENGINE_OPS};

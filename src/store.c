@@ -47,6 +47,12 @@ int64_t idem__now(const idem_store *s)
     return idem__wall_ms();
 }
 
+void idem__poison(idem_store *s, int code)
+{
+    if (s->be && s->be->poison)
+        s->be->poison(s, code);
+}
+
 const void *idem__out_keep(idem_store *s, const void *p, size_t n)
 {
     void *q = idem__arena_alloc(&s->out, n ? n : 1);
@@ -198,6 +204,24 @@ static int idem__finish_batch(idem_store *s, int rc, unsigned flags)
     return rc;
 }
 
+/* IDEM_CLAIM_DONE on a backend that cannot write DONE in one step:
+ * complete each NEW claim with an empty response, in the same commit. */
+static int idem__complete_new(idem_store *s, const idem_key *keys, size_t n,
+                              idem_outcome *outs, int64_t ttl_ms)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (outs[i].status || outs[i].kind != IDEM_NEW)
+            continue;
+        idem_completion c = {keys[i].key, keys[i].len, outs[i].token, NULL,
+                             0, ttl_ms};
+        int st = 0;
+        int rc = s->be->complete_many(s, &c, 1, &st);
+        if (rc || st)
+            return rc ? rc : st;
+    }
+    return 0;
+}
+
 int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
                     const idem_claim_opts *opts, idem_outcome *outs,
                     unsigned flags)
@@ -209,11 +233,17 @@ int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
         return rc;
     if (n && (!keys || !outs))
         return idem__fail(s, IDEM_EINVAL, "keys or outs is NULL");
+    if (flags & ~(IDEM_NOSYNC | IDEM_CLAIM_DONE))
+        return idem__fail(s, IDEM_EINVAL, "unknown flags 0x%x", flags);
     for (size_t i = 0; i < n; i++) {
         memset(&outs[i], 0, sizeof outs[i]);
         outs[i].status = idem__check_key(s, keys[i].key, keys[i].len);
     }
+    a.done = (flags & IDEM_CLAIM_DONE) &&
+             (s->be->caps & IDEM__CAP_CLAIM_DONE);
     rc = n ? s->be->claim_many(s, keys, n, &a, outs) : 0;
+    if (!rc && (flags & IDEM_CLAIM_DONE) && !a.done)
+        rc = idem__complete_new(s, keys, n, outs, a.ttl_ms);
     return idem__finish_batch(s, rc, flags);
 }
 
@@ -363,4 +393,44 @@ int idem_stats_get(idem_store *s, idem_stats *out)
         return idem__fail(s, IDEM_EINVAL, "out is NULL");
     memset(out, 0, sizeof *out);
     return s->be->stats(s, out);
+}
+
+int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx)
+{
+    IDEM__ENTER(s);
+    if (!fn)
+        return idem__fail(s, IDEM_EINVAL, "fn is NULL");
+    if (!s->be->scan)
+        return idem__fail(s, IDEM_ENOTSUP, "%s: cannot list its records",
+                          s->uri);
+    return s->be->scan(s, fn, ctx);
+}
+
+static int idem__check_record(idem_store *s, const idem_record *r)
+{
+    if (!r)
+        return idem__fail(s, IDEM_EINVAL, "rec is NULL");
+    if (r->token == 0 || r->token > UINT32_MAX)
+        return idem__fail(s, IDEM_EINVAL, "token %llu is out of range",
+                          (unsigned long long)r->token);
+    if (r->state != IDEM_PENDING && r->state != IDEM_DONE &&
+        r->state != IDEM_FAILED_STATE)
+        return idem__fail(s, IDEM_EINVAL, "state %d is not a state",
+                          (int)r->state);
+    return idem__check_value(s, r->data, r->len);
+}
+
+int idem_import(idem_store *s, const void *key, size_t keylen,
+                const idem_record *rec)
+{
+    IDEM__ENTER(s);
+    int rc = idem__check_key(s, key, keylen);
+    if (!rc)
+        rc = idem__check_record(s, rec);
+    if (!rc && !s->be->import)
+        rc = idem__fail(s, IDEM_ENOTSUP, "%s: cannot import records",
+                        s->uri);
+    if (rc || rec->expires_ms <= idem__now(s))
+        return rc;
+    return s->be->import(s, key, keylen, rec);
 }

@@ -24,13 +24,22 @@ struct idem_store {
 /* Resolved per-claim numbers. */
 typedef struct idem__claim_args {
     int64_t lease_ms, ttl_ms;
+    int done;                 /* IDEM_CLAIM_DONE: only if the backend has
+                               * IDEM__CAP_CLAIM_DONE; store.c emulates it
+                               * for the others */
 } idem__claim_args;
+
+#define IDEM__CAP_CLAIM_DONE 1u  /* claim_many honours a->done */
+#define IDEM__CAP_EXCLUSIVE 2u   /* one handle holds the data at a time, so
+                                  * a PENDING claim it did not make belongs
+                                  * to a process that is gone */
 
 /* Every function returns 0 or an IDEM_E* code and may set the detail.
  * Batch functions process the entries whose status is 0 on entry (the
  * others were rejected by argument checks). */
 struct idem__backend {
     const char *scheme;       /* "local", "mem", ... (before the ':') */
+    unsigned caps;            /* IDEM__CAP_* */
     int (*open)(idem_store *s, const char *rest);
     int (*close)(idem_store *s);
     int (*claim_many)(idem_store *s, const idem_key *keys, size_t n,
@@ -51,6 +60,13 @@ struct idem__backend {
                           const void **blob, size_t *len);
     int (*sweep)(idem_store *s, size_t max_work, uint64_t *expired);
     int (*stats)(idem_store *s, idem_stats *out);
+    /* Optional (NULL: IDEM_ENOTSUP). */
+    int (*scan)(idem_store *s, idem_scan_fn fn, void *ctx);
+    int (*import)(idem_store *s, const void *key, size_t keylen,
+                  const idem_record *rec);
+    /* Refuse every later write and sync with `code`: what was done since
+     * the last sync must never become durable. */
+    void (*poison)(idem_store *s, int code);
 };
 
 extern const struct idem__backend idem__backend_local;
@@ -60,6 +76,9 @@ extern const struct idem__backend idem__backend_mem;
  * `return idem__fail(s, IDEM_EINVAL, "...")` reads as one step. */
 int idem__fail(idem_store *s, int code, const char *fmt, ...)
     IDEM__PRINTF(3, 4);
+
+/* Make the handle refuse further writes and syncs (see the runner). */
+void idem__poison(idem_store *s, int code);
 
 /* The store's clock, in Unix ms. */
 int64_t idem__now(const idem_store *s);

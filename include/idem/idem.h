@@ -265,6 +265,13 @@ int idem_sync(idem_store *s);
  * Batches: one commit (local) or one round trip (servers) for n keys. */
 
 #define IDEM_NOSYNC 1u     /* batch forms: do not sync before returning */
+#define IDEM_CLAIM_DONE 2u /* idem_claim_many(): a NEW claim is recorded
+                            * as DONE at once, with an empty response and
+                            * the claim's ttl. For plain deduplication,
+                            * where no work runs between claim and
+                            * complete: one record instead of two. The
+                            * outcome is still IDEM_NEW; its token needs
+                            * no completion. */
 
 /* Claim n keys; outs[i] answers keys[i]. A key that could not be claimed
  * has outs[i].status < 0 (e.g. IDEM_EKEYSIZE) and the others proceed. The
@@ -307,6 +314,163 @@ int idem_checkpoint_put(idem_store *s, const char *name, const void *blob,
  * the next call on s. IDEM_ENOTFOUND if none. */
 int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
                         size_t *len);
+
+/* ------------------------------------------------------------------------
+ * The stream runner: a batch of messages processed exactly once.
+ *
+ * A source hands the runner batches of messages in order; the runner
+ * claims their keys, gives the NEW ones to a handler, records the outcomes
+ * and commits them together with the caller's sink and source position:
+ *
+ *     claim every key of the batch; sync (the fencing tokens are durable
+ *         before any effect runs)
+ *     handler(NEW tasks) -> done / retry / fail per task
+ *     retryable failures: release, back off, claim again (token + 1), run
+ *         again, up to max_attempts
+ *     commit(prefix): the caller writes the outcomes to its sink, makes
+ *         them durable and puts its checkpoint
+ *     complete / fail the prefix, release the rest; sync
+ *
+ * "The prefix" is every message when the handler answered all of them;
+ * when it broke part way (returned an error), the messages before the
+ * first unanswered one. Their outcomes are committed with the caller's
+ * checkpoint in one commit; the claims of the rest are released, so a
+ * later run gets them NEW with a higher token and attempt. So after a
+ * crash anywhere, the store, the checkpoint and a sink that was made
+ * durable in commit() agree: each key's outcome is in them exactly once.
+ * The handler may see a key again after a crash or a handler error, with
+ * a higher attempt and token: side effects that cannot be undone should
+ * be fenced with the token.
+ *
+ * Without a handler the runner deduplicates: NEW keys are recorded DONE
+ * at once (IDEM_CLAIM_DONE) in the commit that carries the checkpoint.
+ *
+ * A key that appears twice in one batch is claimed once; the later
+ * message is IDEM_MSG_DUPLICATE of the first. A key held by a live lease
+ * of another worker is waited for until its lease runs out; on a store
+ * that one process holds at a time (local:, mem:) such a claim belongs to
+ * a process that is gone, and the runner takes it over at once. */
+
+typedef struct idem_runner idem_runner;
+
+/* One message given to the handler. */
+typedef struct idem_task {
+    const void *key;       /* the message's key and bytes */
+    size_t keylen;
+    const void *msg;
+    size_t msglen;
+    uint64_t token;        /* the claim's fencing token */
+    uint32_t attempt;      /* 1 the first time this key runs */
+    size_t index;          /* its position in the batch */
+    /* The handler's answer. data/len must stay valid until
+     * idem_runner_batch() returns. */
+    int answer;            /* 0 (none yet) or IDEM_TASK_* */
+    const void *data;      /* DONE: the response; RETRY/FAIL: the error */
+    size_t len;
+} idem_task;
+
+#define IDEM_TASK_DONE 1   /* the effect happened: complete with data */
+#define IDEM_TASK_RETRY 2  /* a transient failure: run it again later */
+#define IDEM_TASK_FAIL 3   /* a permanent failure: cache data as the error */
+
+/* Run the effects of n NEW tasks and set each task's answer, in any order.
+ * Return 0, or a negative code when the handler broke: then the tasks
+ * without an answer, and every message after the first of them, are not
+ * committed. */
+typedef int (*idem_handler_fn)(void *ctx, idem_task *tasks, size_t n);
+
+/* What became of a message. */
+typedef enum idem_msg_result {
+    IDEM_MSG_UNDONE = 0,   /* not committed (after a handler error) */
+    IDEM_MSG_DONE,         /* ran now and completed; data = response */
+    IDEM_MSG_FAILED,       /* ran now, failed for good; data = error */
+    IDEM_MSG_GAVE_UP,      /* retryable failures up to max_attempts; the
+                            * key was released; data = the last error */
+    IDEM_MSG_REPLAY,       /* completed before; data = cached response */
+    IDEM_MSG_REPLAY_FAILED,/* failed for good before; data = cached error */
+    IDEM_MSG_DUPLICATE,    /* its key came earlier in this batch: see
+                            * `first` */
+    IDEM_MSG_INVALID       /* its key could not be claimed: status says
+                            * why (IDEM_EKEYSIZE, IDEM_ECOLLISION, ...) */
+} idem_msg_result;
+
+/* One message of a batch. The caller fills key/keylen and msg/msglen;
+ * idem_runner_batch() fills the rest. data stays valid until the next
+ * idem_runner_batch() or idem_runner_free() on the runner. */
+typedef struct idem_msg {
+    const void *key;
+    size_t keylen;
+    const void *msg;
+    size_t msglen;
+    idem_msg_result result;
+    int status;            /* INVALID: the error code */
+    uint64_t token;        /* the token that ran it (DONE, FAILED,
+                            * GAVE_UP) or finished it (REPLAY*) */
+    uint32_t attempt;
+    size_t first;          /* DUPLICATE: index of the first message */
+    const void *data;
+    size_t len;
+} idem_msg;
+
+/* Called once per batch (empty ones too), before the store commits,
+ * with the n messages (a prefix of the batch, maybe none) whose outcomes
+ * are about to be committed: write
+ * them to the sink, make that durable, and put the source checkpoint with
+ * idem_checkpoint_put(). Return 0, or an error to commit nothing of the
+ * batch's outcomes (claims are released). */
+typedef int (*idem_commit_fn)(void *ctx, const idem_msg *msgs, size_t n);
+
+typedef struct idem_runner_opts {
+    unsigned version;       /* set by idem_runner_opts_init() */
+    idem_handler_fn handler;/* NULL: deduplicate only */
+    idem_commit_fn commit;  /* may be NULL */
+    void *ctx;              /* passed to handler and commit */
+    int64_t lease_ms;       /* claim lease; 0: the store default */
+    int64_t ttl_ms;         /* record TTL; 0: the store default */
+    uint32_t max_attempts;  /* runs of a key per batch before GAVE_UP; 3 */
+    int64_t backoff_ms;     /* wait before the first retry, doubled for
+                             * each further one; 100 */
+} idem_runner_opts;
+
+void idem_runner_opts_init(idem_runner_opts *o);
+
+/* A runner over store s (which must outlive it). IDEM_EINVAL for bad
+ * options, IDEM_ENOMEM. */
+int idem_runner_new(idem_store *s, const idem_runner_opts *o,
+                    idem_runner **out);
+
+/* Process msgs[0..n) as described above. *committed (may be NULL) is
+ * the number of messages whose outcome was committed: n on success.
+ * Returns 0, the handler's or commit()'s error, or a store error (then
+ * see idem_errdetail() of the store). */
+int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
+                      size_t *committed);
+
+void idem_runner_free(idem_runner *r);
+
+/* ------------------------------------------------------------------------
+ * Export and import: every live record out, and back in. */
+
+/* Called by idem_scan() for each live record. key and rec (and rec->data)
+ * are valid during the call only. Return 0 to go on; anything else stops
+ * the scan, and idem_scan() returns it. */
+typedef int (*idem_scan_fn)(void *ctx, const void *key, size_t keylen,
+                            const idem_record *rec);
+
+/* Visit every live (unexpired) record once, in no particular order.
+ * fn must not call functions on s. Returns 0, fn's nonzero answer, or an
+ * error. Checkpoints are not records and are not visited. */
+int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx);
+
+/* Write *rec as key's record, replacing any live one: what a restore of
+ * an idem_scan() export needs, since the protocol calls would renumber
+ * tokens and restart clocks. Uses state, token (>= 1), released,
+ * created_ms, expires_ms, lease_until, fp/has_fp and data/len; attempts
+ * is implied by the token. A record already expired is not written and
+ * the call returns 0. Does not sync. IDEM_EINVAL for an impossible record
+ * (token 0, a state out of range). */
+int idem_import(idem_store *s, const void *key, size_t keylen,
+                const idem_record *rec);
 
 /* ------------------------------------------------------------------------
  * Upkeep */

@@ -1,8 +1,96 @@
-/* cli.h - the subcommands of the idem tool. Each returns the exit status:
- * 0 success, 1 failure of the work, 2 bad usage. */
+/* cli.h - the subcommands of the idem tool and the pieces they share.
+ *
+ * Each command returns the exit status: 0 success, 1 failure of the work
+ * (bad input under --on-bad-input error, damage found, I/O), 2 bad usage.
+ * Every message starts with "idem CMD: " so that a script running several
+ * commands can tell who spoke. */
 #ifndef IDEM_CLI_H
 #define IDEM_CLI_H
 
+#include <getopt.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "idem/idem.h"
+
 int idem_cmd_bench(int argc, char **argv);
+int idem_cmd_dedup(int argc, char **argv);
+int idem_cmd_run(int argc, char **argv);
+int idem_cmd_get(int argc, char **argv);
+int idem_cmd_forget(int argc, char **argv);
+int idem_cmd_stats(int argc, char **argv);
+int idem_cmd_sweep(int argc, char **argv);
+int idem_cmd_check(int argc, char **argv);
+int idem_cmd_repair(int argc, char **argv);
+int idem_cmd_dump(int argc, char **argv);
+int idem_cmd_load(int argc, char **argv);
+
+/* ------------------------------------------------------------------------
+ * opts.c: option parsing with messages that say what to type instead. */
+
+#define CLI_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+/* Print "idem CMD: MESSAGE" and "try `idem CMD --help`" on stderr;
+ * returns 2, the exit status of bad usage. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
+
+/* Print "idem CMD: MESSAGE" on stderr; returns 1. */
+int cli_fail(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
+
+/* getopt_long with our own messages: an unknown option is named with the
+ * closest known one ("did you mean --key?"), a missing argument says
+ * which. Returns the option's value, -1 at the end of the options, or
+ * '?' after printing the message (the caller returns 2). */
+int cli_getopt(const char *cmd, int argc, char **argv,
+               const struct option *opts);
+
+/* "30s", "5m", "24h", "7d", "250ms"; a bare number is seconds. > 0. */
+int cli_duration(const char *cmd, const char *opt, const char *arg,
+                 int64_t *ms);
+
+/* A whole number in [lo, hi]. */
+int cli_number(const char *cmd, const char *opt, const char *arg,
+               uint64_t lo, uint64_t hi, uint64_t *out);
+
+/* One of the NULL-terminated choices; *out is its index. */
+int cli_choice(const char *cmd, const char *opt, const char *arg,
+               const char *const *choices, int *out);
+
+/* The store URI: --store, else $IDEM_STORE, else local:./idem-data. */
+const char *cli_store_uri(const char *given);
+
+/* Open a store, or print why not (with what to do about it) and return
+ * NULL. flags as idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
+idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
+                     int64_t ttl_ms, int64_t lease_ms);
+
+/* Print "idem CMD: what: detail of s" and return 1. */
+int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what);
+
+/* ------------------------------------------------------------------------
+ * jsonout.c: JSON text out, base64 for bytes that are not text. */
+
+/* A growable buffer. Appends return 0, or -1 when out of memory. */
+typedef struct cli_buf {
+    char *p;
+    size_t len, cap;
+} cli_buf;
+
+int buf_add(cli_buf *b, const void *p, size_t n);
+int buf_str(cli_buf *b, const char *s);
+int buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
+/* s[0..n), valid UTF-8, as a quoted JSON string. */
+int buf_json_string(cli_buf *b, const void *s, size_t n);
+/* s[0..n) in base64 (RFC 4648, with padding), quoted. */
+int buf_base64(cli_buf *b, const void *s, size_t n);
+void buf_free(cli_buf *b);
+
+/* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
+int utf8_valid(const void *s, size_t n);
+
+/* Decode base64 s[0..n) into out (room for n * 3 / 4 bytes); the decoded
+ * length, or -1 if s is not base64. */
+long base64_decode(const char *s, size_t n, unsigned char *out);
 
 #endif

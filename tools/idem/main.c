@@ -10,6 +10,18 @@ static const struct idem_cmd {
     int (*fn)(int argc, char **argv);
     const char *summary;
 } cmds[] = {
+    {"dedup", idem_cmd_dedup, "print each key's first occurrence, "
+                              "exactly once"},
+    {"run", idem_cmd_run, "run a handler once per key, exactly once"},
+    {"get", idem_cmd_get, "show the record of a key"},
+    {"forget", idem_cmd_forget, "delete the record of a key"},
+    {"stats", idem_cmd_stats, "keys by state, segments, disk and memory"},
+    {"sweep", idem_cmd_sweep, "remove expired records now"},
+    {"check", idem_cmd_check, "verify every checksum (exit 1 on damage)"},
+    {"repair", idem_cmd_repair, "rewrite damaged segments, keeping every "
+                                "valid record"},
+    {"dump", idem_cmd_dump, "export every live record as NDJSON"},
+    {"load", idem_cmd_load, "import records written by dump"},
     {"bench", idem_cmd_bench, "measure claim throughput of a store"},
 };
 

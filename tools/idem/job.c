@@ -1,0 +1,267 @@
+/* job.c - exactly-once output to a file, across kill -9 and reruns.
+ *
+ * The invariant: whenever the store holds a checkpoint of this job, the
+ * first out_len bytes of the output file are durable and are exactly the
+ * output of every message committed with it. It holds because each batch
+ *
+ *   1. writes its output lines and fdatasyncs the output file,
+ *   2. puts the checkpoint {input position, out_len} next to its records
+ *      in the store, and commits the store (the runner's commit step).
+ *      If 1 fails, the runner makes sure the batch never commits.
+ *
+ * A crash before 2 leaves the store at the previous checkpoint and the
+ * file possibly longer: the next run cuts the file back to out_len and
+ * reads the input again from the checkpoint's position, and since none of
+ * the batch's keys were committed they come out again, in the same order.
+ * A crash after 2 leaves both at the new state. Keys committed in the
+ * store whose lines were lost cannot happen: the lines were durable first.
+ * A new output file's directory entry is synced too, so that a power cut
+ * cannot lose the file while keeping the commit.
+ *
+ * Resuming at the offset is only a shortcut. Reading an input again from
+ * the start gives the same output, because every key committed before is
+ * now a duplicate: that is how standard input and pipes resume, and what
+ * happens when the inputs are not the ones the checkpoint names (another
+ * device/inode, or the line before the offset changed). New inputs on an
+ * old job append to its output: the output is the first occurrence of
+ * each key over every run of the job.
+ *
+ * Without --output (standard output) nothing can be cut back, so the
+ * guarantee there is at-least-once across crashes, exactly-once across
+ * clean runs; the job keeps no checkpoint and reads from the start. */
+#include "job.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+/* Identity of the input list: device and inode of each file; 0 when one
+ * is not a regular file (a pipe cannot be resumed at an offset). */
+static uint64_t inputs_id(char **inputs, size_t n)
+{
+    XXH3_state_t *st = XXH3_createState();
+    uint64_t id = 0;
+    if (st && XXH3_64bits_reset(st) == XXH_OK) {
+        size_t i = 0;
+        for (; i < (n ? n : 1); i++) {
+            struct stat sb;
+            if (!n || !strcmp(inputs[i], "-") || stat(inputs[i], &sb) ||
+                !S_ISREG(sb.st_mode))
+                break;
+            uint64_t v[2] = {(uint64_t)sb.st_dev, (uint64_t)sb.st_ino};
+            XXH3_64bits_update(st, v, sizeof v);
+        }
+        if (i == (n ? n : 1))
+            id = XXH3_64bits_digest(st) | 1;
+    }
+    XXH3_freeState(st);
+    return id;
+}
+
+static void default_name(job *j, const char *out_path)
+{
+    char dir[PATH_MAX], base[PATH_MAX], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", out_path);
+    snprintf(base, sizeof base, "%s", out_path);
+    const char *d = realpath(dirname(dir), real) ? real : ".";
+    int n = snprintf(j->name, sizeof j->name, "%s:%s/%s", j->cmd, d,
+                     basename(base));
+    if (n < 0 || (size_t)n >= sizeof j->name) {
+        char full[2 * PATH_MAX + 2];
+        n = snprintf(full, sizeof full, "%s/%s", d, basename(base));
+        snprintf(j->name, sizeof j->name, "%s:#%016" PRIx64, j->cmd,
+                 (uint64_t)XXH3_64bits(full, n > 0 ? (size_t)n : 0));
+    }
+}
+
+static int read_checkpoint(job *j, int *found)
+{
+    const void *blob;
+    size_t len;
+    *found = 0;
+    int rc = idem_checkpoint_get(j->s, j->name, &blob, &len);
+    if (rc == IDEM_ENOTFOUND)
+        return 0;
+    if (rc)
+        return cli_store_fail(j->cmd, j->s, rc, "reading the checkpoint");
+    char text[256];
+    snprintf(text, sizeof text, "%.*s", (int)(len < 255 ? len : 255),
+             (const char *)blob);
+    job_pos *p = &j->pos;
+    if (sscanf(text,
+               "idem-job 1 out=%" SCNu64 " inputs=%" SCNx64 " input=%" SCNu64
+               " offset=%" SCNu64 " line=%" SCNu64 " tail=%" SCNx64
+               "/%" SCNu64,
+               &p->out_len, &p->inputs_id, &p->input, &p->offset,
+               &p->lineno, &p->tail_hash, &p->tail_len) != 7)
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
+                        "use another --job", j->name);
+    *found = 1;
+    return 0;
+}
+
+/* Does the line before the checkpoint's offset still read the same? */
+static int tail_matches(const job_pos *p, char **inputs)
+{
+    if (p->tail_len == 0 || p->tail_len > p->offset)
+        return p->tail_len == 0;
+    char *b = malloc(p->tail_len);
+    int fd = b ? open(inputs[p->input], O_RDONLY | O_CLOEXEC) : -1;
+    int ok = fd >= 0 && pread(fd, b, p->tail_len,
+                              (off_t)(p->offset - p->tail_len)) ==
+                            (ssize_t)p->tail_len &&
+             XXH3_64bits(b, p->tail_len) == p->tail_hash;
+    if (fd >= 0)
+        close(fd);
+    free(b);
+    return ok;
+}
+
+static int open_output(job *j)
+{
+    if (!j->out_path) {
+        j->out_fd = 1;
+        return 0;
+    }
+    struct stat sb;
+    int existed = stat(j->out_path, &sb) == 0;
+    j->out_fd = open(j->out_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (j->out_fd < 0 || fstat(j->out_fd, &sb) != 0)
+        return cli_fail(j->cmd, "cannot open --output %s: %s", j->out_path,
+                        strerror(errno));
+    j->out_file = S_ISREG(sb.st_mode);
+    if (!existed && j->out_file) {
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", j->out_path);
+        int dfd = open(dirname(dir), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) {
+            fsync(dfd);
+            close(dfd);
+        }
+    }
+    return 0;
+}
+
+/* Cut the output back to what the last commit recorded. */
+static int cut_output(job *j)
+{
+    struct stat sb;
+    if (fstat(j->out_fd, &sb) != 0)
+        return cli_fail(j->cmd, "%s: %s", j->out_path, strerror(errno));
+    if ((uint64_t)sb.st_size < j->pos.out_len)
+        return cli_fail(j->cmd,
+                        "%s holds %lld bytes, but job '%s' committed %" PRIu64
+                        " bytes to it: the file was changed or replaced by "
+                        "something else. Restore it, or start over with a "
+                        "fresh --store (its keys are already committed)",
+                        j->out_path, (long long)sb.st_size, j->name,
+                        j->pos.out_len);
+    if (ftruncate(j->out_fd, (off_t)j->pos.out_len) != 0 ||
+        lseek(j->out_fd, (off_t)j->pos.out_len, SEEK_SET) < 0 ||
+        fdatasync(j->out_fd) != 0)
+        return cli_fail(j->cmd, "%s: cannot cut back to %" PRIu64
+                        " bytes: %s", j->out_path, j->pos.out_len,
+                        strerror(errno));
+    j->out_len = j->pos.out_len;
+    return 0;
+}
+
+int job_start(job *j, const char *cmd, idem_store *s, const char *name,
+              const char *out_path, char **inputs, size_t ninputs,
+              size_t *at, uint64_t *off, uint64_t *lineno)
+{
+    memset(j, 0, sizeof *j);
+    j->cmd = cmd;
+    j->s = s;
+    j->out_path = out_path && strcmp(out_path, "-") ? out_path : NULL;
+    *at = 0;
+    *off = *lineno = 0;
+    int rc = open_output(j);
+    if (rc)
+        return rc;
+    if (name)
+        snprintf(j->name, sizeof j->name, "%s:%s", cmd, name);
+    else if (j->out_file)
+        default_name(j, j->out_path);
+    int found = 0;
+    if (j->name[0] && (rc = read_checkpoint(j, &found)) != 0)
+        return rc;
+    if (!found)
+        j->pos = (job_pos){0};
+    if (j->out_file && (rc = cut_output(j)) != 0)
+        return rc;
+    uint64_t id = inputs_id(inputs, ninputs);
+    if (found && id && id == j->pos.inputs_id &&
+        j->pos.input < (ninputs ? ninputs : 1) &&
+        tail_matches(&j->pos, inputs)) {
+        *at = (size_t)j->pos.input;
+        *off = j->pos.offset;
+        *lineno = j->pos.lineno;
+        j->resumed = 1;
+    }
+    j->pos.inputs_id = id;
+    return 0;
+}
+
+static int write_all(int fd, const char *p, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int job_commit(job *j, size_t input, const nd_line *last)
+{
+    if (write_all(j->out_fd, j->obuf.p, j->obuf.len) != 0 ||
+        (j->out_file && fdatasync(j->out_fd) != 0)) {
+        cli_fail(j->cmd, "writing %s: %s",
+                 j->out_path ? j->out_path : "standard output",
+                 strerror(errno));
+        return IDEM_EIO;
+    }
+    j->out_len += j->obuf.len;
+    j->obuf.len = 0;
+    j->pos.out_len = j->out_len;
+    if (last) {
+        j->pos.input = input;
+        j->pos.offset = last->end;
+        j->pos.lineno = last->lineno;
+        j->pos.tail_len = last->len + (size_t)last->has_nl;
+        j->pos.tail_hash = XXH3_64bits(last->p, j->pos.tail_len);
+    }
+    if (!j->name[0])
+        return 0;
+    char text[256];
+    int n = snprintf(text, sizeof text,
+                     "idem-job 1 out=%" PRIu64 " inputs=%" PRIx64
+                     " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
+                     " tail=%" PRIx64 "/%" PRIu64,
+                     j->pos.out_len, j->pos.inputs_id, j->pos.input,
+                     j->pos.offset, j->pos.lineno, j->pos.tail_hash,
+                     j->pos.tail_len);
+    return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
+}
+
+int job_end(job *j)
+{
+    buf_free(&j->obuf);
+    if (j->out_path && j->out_fd >= 0 && close(j->out_fd) != 0)
+        return cli_fail(j->cmd, "closing %s: %s", j->out_path,
+                        strerror(errno));
+    return 0;
+}

@@ -1,0 +1,52 @@
+/* job.h - an output file and an input position that survive kill -9. */
+#ifndef IDEM_JOB_H
+#define IDEM_JOB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+#include "ndjson.h"
+
+typedef struct job_pos {
+    uint64_t out_len;    /* committed bytes of the output file */
+    uint64_t inputs_id;  /* which inputs (0: not resumable) */
+    uint64_t input;      /* input number ... */
+    uint64_t offset;     /* ... byte offset in it ... */
+    uint64_t lineno;     /* ... and its line number there */
+    uint64_t tail_hash;  /* hash of the last line before offset */
+    uint64_t tail_len;
+} job_pos;
+
+typedef struct job {
+    const char *cmd;
+    idem_store *s;
+    char name[IDEM_CHECKPOINT_NAME_MAX + 1]; /* "" without checkpoints */
+    const char *out_path;  /* NULL: standard output */
+    int out_fd;
+    int out_file;          /* a regular file we may cut and sync */
+    uint64_t out_len;
+    cli_buf obuf;          /* the output of the batch being committed */
+    job_pos pos;           /* where the committed state ends */
+    int resumed;
+} job;
+
+/* Open the output and find where to start: the checkpoint of job `name`
+ * (NULL: derived from the output path) when it matches these inputs.
+ * The output is cut back to what the last commit recorded. Fills
+ * the start position for nd_open() in at, off and lineno. Returns 0 or
+ * an exit status. */
+int job_start(job *j, const char *cmd, idem_store *s, const char *name,
+              const char *out_path, char **inputs, size_t ninputs,
+              size_t *at, uint64_t *off, uint64_t *lineno);
+
+/* Within a batch's commit (idem_commit_fn): write obuf and make it
+ * durable, then put the checkpoint that says the input is consumed up to
+ * `last` (a line of input number `input`; NULL: none read). 0, or an
+ * IDEM_E* code after printing why. */
+int job_commit(job *j, size_t input, const nd_line *last);
+
+/* Release the output; 0 or an exit status. */
+int job_end(job *j);
+
+#endif

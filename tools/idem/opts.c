@@ -1,0 +1,196 @@
+/* opts.c - what every subcommand does with its arguments and its store.
+ *
+ * Bad usage is the most common error a newcomer meets, so it gets the
+ * most care: each message names the option and the value that was wrong,
+ * says what would be right, and ends with the --help line to read. An
+ * unknown option is answered with the nearest known one, because a typo
+ * ("--keys" for "--key") is far likelier than a wrong idea. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "idem %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\ntry `idem %s --help`\n", cmd);
+    return 2;
+}
+
+int cli_fail(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "idem %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 1;
+}
+
+/* Edit distance of a and b, capped at 9: enough to rank suggestions. */
+static int distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    if (la > 30 || lb > 30)
+        return 9;
+    int d[31][31];
+    for (size_t i = 0; i <= la; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= lb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= la; i++)
+        for (size_t j = 1; j <= lb; j++) {
+            int best = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            if (d[i - 1][j] + 1 < best)
+                best = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < best)
+                best = d[i][j - 1] + 1;
+            d[i][j] = best;
+        }
+    return d[la][lb] < 9 ? d[la][lb] : 9;
+}
+
+static void unknown_option(const char *cmd, const char *arg,
+                           const struct option *opts)
+{
+    char name[64];
+    size_t n = strcspn(arg + 2, "=");
+    snprintf(name, sizeof name, "%.*s", (int)(n < 60 ? n : 60), arg + 2);
+    const char *best = NULL;
+    int bd = 3;
+    for (const struct option *o = opts; o->name; o++) {
+        int d = distance(name, o->name);
+        if (d < bd || (strncmp(o->name, name, strlen(name)) == 0 && !best)) {
+            bd = d;
+            best = o->name;
+        }
+    }
+    if (best)
+        cli_usage_error(cmd, "unknown option '%s'; did you mean --%s?", arg,
+                        best);
+    else
+        cli_usage_error(cmd, "unknown option '%s'", arg);
+}
+
+int cli_getopt(const char *cmd, int argc, char **argv,
+               const struct option *opts)
+{
+    opterr = 0;
+    int prev = optind;
+    int ch = getopt_long(argc, argv, ":h", opts, NULL);
+    if (ch != '?' && ch != ':')
+        return ch;
+    const char *arg = prev < argc ? argv[prev] : "";
+    if (ch == ':')
+        cli_usage_error(cmd, "%s needs a value, e.g. %s VALUE", arg, arg);
+    else if (!strncmp(arg, "--", 2))
+        unknown_option(cmd, arg, opts);
+    else
+        cli_usage_error(cmd, "unknown option '-%c'", optopt);
+    return '?';
+}
+
+int cli_duration(const char *cmd, const char *opt, const char *arg,
+                 int64_t *ms)
+{
+    static const struct {
+        const char *unit;
+        int64_t ms;
+    } units[] = {{"", 1000},        {"ms", 1},          {"s", 1000},
+                 {"m", 60000},      {"h", 3600000},     {"d", 86400000}};
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    for (size_t i = 0; end != arg && !errno && i < 6; i++)
+        if (!strcmp(end, units[i].unit) && v > 0 &&
+            v * (double)units[i].ms < 3.1e12) {
+            *ms = (int64_t)(v * (double)units[i].ms);
+            if (*ms > 0)
+                return 0;
+        }
+    return cli_usage_error(cmd,
+                           "%s wants a positive duration such as 250ms, "
+                           "30s, 5m, 24h or 7d (up to 100 years), not '%s'",
+                           opt, arg);
+}
+
+int cli_number(const char *cmd, const char *opt, const char *arg,
+               uint64_t lo, uint64_t hi, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (errno || end == arg || *end || *arg == '-' || v < lo || v > hi)
+        return cli_usage_error(cmd,
+                               "%s wants a whole number from %llu to %llu, "
+                               "not '%s'",
+                               opt, (unsigned long long)lo,
+                               (unsigned long long)hi, arg);
+    *out = v;
+    return 0;
+}
+
+int cli_choice(const char *cmd, const char *opt, const char *arg,
+               const char *const *choices, int *out)
+{
+    char list[256] = "";
+    for (int i = 0; choices[i]; i++) {
+        if (!strcmp(arg, choices[i])) {
+            *out = i;
+            return 0;
+        }
+        size_t n = strlen(list);
+        snprintf(list + n, sizeof list - n, "%s%s", i ? "|" : "",
+                 choices[i]);
+    }
+    return cli_usage_error(cmd, "%s is one of %s, not '%s'", opt, list, arg);
+}
+
+const char *cli_store_uri(const char *given)
+{
+    const char *env = getenv("IDEM_STORE");
+    return given ? given : env && *env ? env : "local:./idem-data";
+}
+
+int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what)
+{
+    const char *d = s ? idem_errdetail(s) : "";
+    return cli_fail(cmd, "%s: %s", what, *d ? d : idem_strerror(rc));
+}
+
+idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
+                     int64_t ttl_ms, int64_t lease_ms)
+{
+    idem_options o;
+    idem_options_init(&o);
+    o.flags = flags;
+    if (ttl_ms)
+        o.ttl_ms = ttl_ms;
+    if (lease_ms)
+        o.lease_ms = lease_ms;
+    idem_store *s;
+    int rc = idem_open(uri, &o, &s);
+    if (!rc)
+        return s;
+    const char *d = s ? idem_errdetail(s) : "out of memory";
+    fprintf(stderr, "idem %s: cannot open the store %s: %s\n", cmd, uri, d);
+    if (rc == IDEM_ELOCKED)
+        fprintf(stderr, "idem %s: wait for that process to finish, or "
+                        "give this one its own --store\n", cmd);
+    else if (rc == IDEM_ENOTFOUND)
+        fprintf(stderr, "idem %s: no store there yet; check --store (or "
+                        "$IDEM_STORE)\n", cmd);
+    else if (rc == IDEM_ECORRUPT)
+        fprintf(stderr, "idem %s: `idem check --store %s` shows the "
+                        "damage; `idem repair` keeps every valid record\n",
+                cmd, uri);
+    idem_close(s);
+    return NULL;
+}

@@ -1,0 +1,510 @@
+/* stream.c - the loop behind `idem dedup` and `idem run`.
+ *
+ * Both commands are the same pipeline with a different middle: read a
+ * batch of lines, find each line's key, hand the keyed lines to the
+ * library's runner (idem.h, "The stream runner"), and in the runner's
+ * commit step write the committed lines' output and the checkpoint
+ * (job.c). dedup has no handler and writes the line itself; run has the
+ * co-process handler and writes a result line. Keeping one loop keeps one
+ * set of rules for input policies, positions and counting.
+ *
+ * Lines that are not messages still move the position: blank lines,
+ * lines skipped by a policy, and lines passed through (their output is
+ * the line, in input order). A line that a policy says is an error ends
+ * the batch just before it; the batch commits, then the run stops with
+ * the line's file:line:column, so a rerun after fixing the input resumes
+ * exactly there.
+ *
+ * Pipelining: while a second thread commits batch k (the runner: claims,
+ * handler, output written and synced, store synced), this one reads and
+ * parses batch k+1 into the other of two batch buffers. Parsing is the
+ * largest cost and the disk the next, so overlapping them is most of the
+ * speed. Only the committing thread touches the store and the output, and
+ * it is joined before the next batch is handed over, so the store is
+ * used by one thread at a time as idem.h asks. A batch copies its lines
+ * out of the reader, so the reader is free to move on. */
+#include "stream.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define MAX_WARNINGS 10
+
+enum { IT_MSG, IT_PASS, IT_DROP };
+
+typedef struct item {
+    nd_line l;       /* l.p is an offset into text until the batch is read */
+    int kind;
+    size_t msg;      /* IT_MSG: index in msgs */
+} item;
+
+typedef struct batch {
+    item *items;
+    size_t nitems, input;
+    idem_msg *msgs;
+    size_t nmsgs;
+    cli_buf text;    /* copies of the lines */
+    cli_buf keys;    /* the keys */
+    int done;        /* the inputs end with this batch */
+    int stop;        /* exit status that ends the run after this batch */
+} batch;
+
+typedef struct loop {
+    stream st;
+    nd_reader rd;
+    jk_path path;
+    jk *jk;
+    idem_store *s;
+    idem_runner *runner;
+    batch b[2];
+    batch *committing;
+    pthread_t worker;
+    int working;
+    int rc;          /* of the last commit */
+    size_t committed;
+    unsigned warnings;
+    double t0, last_progress;
+    int tty;
+} loop;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ------------------------------------------------------------------------
+ * Options */
+
+int stream_opt(stream_cfg *c, int ch, const char *arg)
+{
+    static const char *const missing[] = {"error", "skip", "pass", NULL};
+    static const char *const bad[] = {"error", "skip", NULL};
+    uint64_t v;
+    int rc;
+    switch (ch) {
+    case 's': c->uri = arg; return 0;
+    case 'k': c->key = arg; return 0;
+    case 'L': c->line_mode = 1; return 0;
+    case 'o': c->output = arg; return 0;
+    case 'j': c->job = arg; return 0;
+    case 'q': c->quiet = 1; return 0;
+    case 'J': c->stats_json = 1; return 0;
+    case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
+    case 'M': return cli_choice(c->cmd, "--on-missing-key", arg, missing,
+                                &c->on_missing);
+    case 'B': return cli_choice(c->cmd, "--on-bad-input", arg, bad,
+                                &c->on_bad);
+    case 'b':
+        rc = cli_number(c->cmd, "--batch", arg, 1, 1000000, &v);
+        c->batch = v;
+        return rc;
+    default: return 1;
+    }
+}
+
+int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
+{
+    if (c->key && c->line_mode)
+        return cli_usage_error(c->cmd, "--key and --line exclude each "
+                               "other: the key is a field, or the line");
+    if (!c->key && !c->line_mode)
+        return cli_usage_error(c->cmd, "say where the key is: --key FIELD "
+                               "(e.g. --key event_id, --key user.id, --key "
+                               "/user/id) or --line for the whole line");
+    if (c->job && (!*c->job || strlen(c->job) > 200))
+        return cli_usage_error(c->cmd, "--job wants a name of 1 to 200 "
+                               "bytes");
+    c->inputs = argv + optind_;
+    c->ninputs = (size_t)(argc - optind_);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Reading a batch */
+
+static int is_blank(const nd_line *l)
+{
+    for (size_t i = 0; i < l->len; i++)
+        if (!strchr(" \t\r", l->p[i]))
+            return 0;
+    return 1;
+}
+
+static void warn_line(loop *lp, const char *file, const nd_line *l,
+                      size_t col, const char *what, const char *policy)
+{
+    if (lp->st.cfg->quiet || lp->warnings++ >= MAX_WARNINGS)
+        return;
+    fprintf(stderr, "%s%s:%" PRIu64 ":%zu: %s (%s)\n",
+            lp->tty ? "\r\033[K" : "", file, l->lineno, col, what, policy);
+    if (lp->warnings == MAX_WARNINGS)
+        fprintf(stderr, "idem %s: further such lines are counted, not "
+                        "shown\n", lp->st.cfg->cmd);
+}
+
+/* A line whose key could not be had: apply the policy. Returns the item
+ * kind, or -1 when the policy says to stop. */
+static int key_problem(loop *lp, batch *b, const nd_line *l, size_t col,
+                       const char *what, int bad_json)
+{
+    const stream_cfg *c = lp->st.cfg;
+    int policy = bad_json ? c->on_bad : c->on_missing;
+    const char *opt = bad_json ? "--on-bad-input" : "--on-missing-key";
+    if (policy == ON_ERROR) {
+        fprintf(stderr, "%s%s:%" PRIu64 ":%zu: %s\n",
+                lp->tty ? "\r\033[K" : "", nd_name(&lp->rd), l->lineno, col,
+                what);
+        fprintf(stderr, "idem %s: stopped there (%s error); everything "
+                        "before it is committed. Fix the line and run the "
+                        "same command again, or choose %s skip%s\n",
+                c->cmd, opt, opt, bad_json ? "" : " or pass");
+        b->stop = 1;
+        return -1;
+    }
+    char pol[64];
+    snprintf(pol, sizeof pol, "%s %s", opt, policy == ON_SKIP ? "skip"
+                                                              : "pass");
+    warn_line(lp, nd_name(&lp->rd), l, col, what, pol);
+    lp->st.n.skipped += policy == ON_SKIP;
+    lp->st.n.passed += policy == ON_PASS;
+    return policy == ON_SKIP ? IT_DROP : IT_PASS;
+}
+
+/* Find l's key and append it to b->keys. Returns the item kind or -1. */
+static int classify(loop *lp, batch *b, const nd_line *l)
+{
+    const char *key = l->p;
+    size_t klen = l->len, col = 1;
+    char what[300];
+    if (is_blank(l)) {
+        lp->st.n.blank++;
+        return IT_DROP;
+    }
+    if (lp->st.cfg->line_mode) {
+        klen -= klen && key[klen - 1] == '\r';
+    } else {
+        jk_result r = jk_extract(lp->jk, l->p, l->len, &key, &klen);
+        if (r == JK_BAD_JSON) {
+            snprintf(what, sizeof what, "invalid JSON: %s",
+                     jk_error(lp->jk));
+            return key_problem(lp, b, l, jk_column(lp->jk), what, 1);
+        }
+        if (r != JK_OK) {
+            snprintf(what, sizeof what, r == JK_MISSING
+                     ? "no key field '%s'" : "key field '%s' is %s, not a "
+                     "string or number", lp->st.cfg->key, jk_error(lp->jk));
+            return key_problem(lp, b, l, col, what, 0);
+        }
+    }
+    if (klen == 0 || klen > IDEM_KEY_MAX) {
+        snprintf(what, sizeof what, "the key is %zu bytes; keys are 1 to "
+                 "%u bytes", klen, IDEM_KEY_MAX);
+        return key_problem(lp, b, l, col, what, 0);
+    }
+    return buf_add(&b->keys, key, klen) ? -2 : IT_MSG;
+}
+
+static int add_item(loop *lp, batch *b, const nd_line *l)
+{
+    lp->st.n.read++;
+    lp->st.n.bytes += l->len + (size_t)l->has_nl;
+    size_t koff = b->keys.len, toff = b->text.len;
+    int kind = classify(lp, b, l);
+    if (kind == -1)
+        return -1;
+    if (kind < 0 || buf_add(&b->text, l->p, l->len + (size_t)l->has_nl)) {
+        b->stop = cli_fail(lp->st.cfg->cmd, "out of memory");
+        return -1;
+    }
+    item *it = &b->items[b->nitems++];
+    *it = (item){*l, kind, b->nmsgs};
+    it->l.p = (const char *)(uintptr_t)toff;
+    if (kind == IT_MSG) {
+        size_t mlen = l->len - (l->len && l->p[l->len - 1] == '\r');
+        b->msgs[b->nmsgs++] = (idem_msg){
+            .key = (const void *)(uintptr_t)koff,
+            .keylen = b->keys.len - koff, .msg = (const void *)(uintptr_t)toff,
+            .msglen = mlen};
+    }
+    return 0;
+}
+
+/* Offsets into the batch's buffers become pointers, now they stay put. */
+static void fix_pointers(batch *b)
+{
+    for (size_t i = 0; i < b->nitems; i++)
+        b->items[i].l.p = b->text.p + (uintptr_t)b->items[i].l.p;
+    for (size_t i = 0; i < b->nmsgs; i++) {
+        b->msgs[i].key = b->keys.p + (uintptr_t)b->msgs[i].key;
+        b->msgs[i].msg = b->text.p + (uintptr_t)b->msgs[i].msg;
+    }
+}
+
+/* Read up to one batch into b; b->done when the inputs are done. */
+static void read_batch(loop *lp, batch *b)
+{
+    b->nitems = b->nmsgs = 0;
+    b->keys.len = b->text.len = 0;
+    b->input = lp->rd.cur;
+    b->done = b->stop = 0;
+    while (b->nitems < lp->st.cfg->batch && !b->stop) {
+        nd_line l;
+        int rc = nd_next(&lp->rd, &l, b->nitems == 0);
+        if (rc == ND_LINE) {
+            if (add_item(lp, b, &l))
+                break;
+            continue;
+        }
+        nd_release(&lp->rd);
+        if (rc == ND_NEXT && b->nitems == 0) {
+            b->input = lp->rd.cur;
+            continue;
+        }
+        if (rc == ND_ERR)
+            b->stop = cli_fail(lp->st.cfg->cmd, "%s", lp->rd.err);
+        b->done = rc == ND_END;
+        if (rc != ND_FULL || b->nitems)
+            break;
+    }
+    nd_release(&lp->rd);
+    fix_pointers(b);
+}
+
+/* ------------------------------------------------------------------------
+ * Committing a batch (in the worker thread) */
+
+static void count(stream_counts *n, const idem_msg *m)
+{
+    switch (m->result) {
+    case IDEM_MSG_DONE: n->fresh++; break;
+    case IDEM_MSG_FAILED:
+    case IDEM_MSG_REPLAY_FAILED: n->failed++; break;
+    case IDEM_MSG_GAVE_UP: n->gave_up++; break;
+    case IDEM_MSG_INVALID: n->invalid++; break;
+    default: n->dup++;
+    }
+}
+
+/* The runner's commit step: output of every line before the first
+ * message not committed, then the checkpoint. */
+static int commit(void *ctx, const idem_msg *msgs, size_t p)
+{
+    loop *lp = ctx;
+    batch *b = lp->committing;
+    size_t upto = 0;
+    while (upto < b->nitems && !(b->items[upto].kind == IT_MSG &&
+                                 b->items[upto].msg >= p))
+        upto++;
+    for (size_t i = 0; i < upto; i++) {
+        item *it = &b->items[i];
+        const idem_msg *m = it->kind == IT_MSG ? &msgs[it->msg] : NULL;
+        if (m && m->result == IDEM_MSG_INVALID)
+            warn_line(lp, lp->st.cfg->ninputs ? lp->st.cfg->inputs[b->input]
+                                             : "<stdin>",
+                      &it->l, 1, idem_strerror(m->status), "skipped");
+        if (m)
+            count(&lp->st.n, m);
+        if (it->kind != IT_DROP &&
+            lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, m, &it->l))
+            return IDEM_ENOMEM;
+    }
+    return job_commit(&lp->st.job, b->input,
+                      upto ? &b->items[upto - 1].l : NULL);
+}
+
+static void *commit_batch(void *arg)
+{
+    loop *lp = arg;
+    batch *b = lp->committing;
+    lp->rc = idem_runner_batch(lp->runner, b->msgs, b->nmsgs,
+                               &lp->committed);
+    return NULL;
+}
+
+/* Hand b to the worker thread (or commit it here if none can start). */
+static void start_commit(loop *lp, batch *b)
+{
+    lp->committing = b;
+    lp->working = pthread_create(&lp->worker, NULL, commit_batch, lp) == 0;
+    if (!lp->working)
+        commit_batch(lp);
+}
+
+/* Wait for the batch being committed; 0, or the exit status. */
+static int finish_commit(loop *lp)
+{
+    if (lp->working)
+        pthread_join(lp->worker, NULL);
+    lp->working = 0;
+    batch *b = lp->committing;
+    if (lp->rc && lp->committed < b->nmsgs && lp->st.cfg->handler)
+        return 1;  /* the handler said why; its prefix is committed */
+    if (lp->rc)
+        return cli_store_fail(lp->st.cfg->cmd, lp->s, lp->rc,
+                              "committing a batch");
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Progress and summary */
+
+static void progress(loop *lp, int final)
+{
+    double t = now_s();
+    if (!lp->tty || lp->st.cfg->quiet ||
+        (!final && t - lp->last_progress < 0.5))
+        return;
+    lp->last_progress = t;
+    const stream_counts *n = &lp->st.n;
+    if (final) {
+        fputs("\r\033[K", stderr);
+        return;
+    }
+    double secs = t - lp->t0;
+    fprintf(stderr, "\r\033[Kidem %s: %" PRIu64 " lines, %.0f lines/s, "
+            "%" PRIu64 " new, %" PRIu64 " duplicate, %.1f MB",
+            lp->st.cfg->cmd, n->read, secs > 0 ? (double)n->read / secs : 0,
+            n->fresh, n->dup, (double)n->bytes / 1e6);
+}
+
+static void summary(loop *lp)
+{
+    const stream_counts *n = &lp->st.n;
+    const stream_cfg *c = lp->st.cfg;
+    double secs = now_s() - lp->t0;
+    double rate = secs > 0 ? (double)n->read / secs : 0;
+    if (c->stats_json) {
+        fprintf(stderr,
+                "{\"command\":\"%s\",\"read\":%" PRIu64 ",\"new\":%" PRIu64
+                ",\"duplicate\":%" PRIu64 ",\"failed\":%" PRIu64
+                ",\"gave_up\":%" PRIu64 ",\"skipped\":%" PRIu64
+                ",\"passed\":%" PRIu64 ",\"blank\":%" PRIu64
+                ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
+                "%.0f,\"resumed\":%s}\n",
+                c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
+                n->skipped, n->passed, n->blank, n->bytes, secs, rate,
+                lp->st.job.resumed ? "true" : "false");
+        return;
+    }
+    if (c->quiet)
+        return;
+    fprintf(stderr, "idem %s: %" PRIu64 " lines read, %" PRIu64 " new, %"
+            PRIu64 " duplicate", c->cmd, n->read, n->fresh, n->dup);
+    if (c->handler)
+        fprintf(stderr, ", %" PRIu64 " failed, %" PRIu64 " gave up",
+                n->failed, n->gave_up);
+    fprintf(stderr, ", %" PRIu64 " skipped", n->skipped);
+    if (n->passed)
+        fprintf(stderr, ", %" PRIu64 " passed through", n->passed);
+    fprintf(stderr, " in %.2f s (%.0f lines/s)\n", secs, rate);
+}
+
+/* ------------------------------------------------------------------------
+ * The run */
+
+static int setup(loop *lp, const stream_cfg *c)
+{
+    char err[256];
+    lp->st.cfg = c;
+    lp->tty = isatty(2);
+    lp->t0 = lp->last_progress = now_s();
+    if (!c->line_mode) {
+        if (jk_path_parse(c->key, &lp->path, err, sizeof err))
+            return cli_usage_error(c->cmd, "--key %s: %s", c->key, err);
+        if (!(lp->jk = jk_new(&lp->path)))
+            return cli_fail(c->cmd, "out of memory");
+    }
+    for (int i = 0; i < 2; i++) {
+        lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
+        lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
+        if (!lp->b[i].items || !lp->b[i].msgs)
+            return cli_fail(c->cmd, "out of memory");
+    }
+    lp->s = cli_open(c->cmd, cli_store_uri(c->uri), 0, c->ttl_ms,
+                     c->lease_ms);
+    if (!lp->s)
+        return 1;
+    idem_runner_opts ro;
+    idem_runner_opts_init(&ro);
+    ro.handler = c->handler;
+    ro.commit = commit;
+    ro.ctx = lp;
+    ro.ttl_ms = c->ttl_ms;
+    ro.lease_ms = c->lease_ms;
+    if (c->max_attempts)
+        ro.max_attempts = c->max_attempts;
+    ro.backoff_ms = c->backoff_ms;
+    if (idem_runner_new(lp->s, &ro, &lp->runner))
+        return cli_fail(c->cmd, "out of memory");
+    return 0;
+}
+
+static void announce_resume(const loop *lp)
+{
+    const job *j = &lp->st.job;
+    if (!j->resumed || lp->st.cfg->quiet)
+        return;
+    fprintf(stderr, "idem %s: resuming job '%s' after line %" PRIu64
+            " of %s; output kept at its committed %" PRIu64 " bytes\n",
+            lp->st.cfg->cmd, j->name, j->pos.lineno, nd_name(&lp->rd),
+            j->pos.out_len);
+}
+
+/* Commit batch k in the worker while reading batch k+1 here. */
+static int run_batches(loop *lp)
+{
+    batch *cur = &lp->b[0];
+    read_batch(lp, cur);
+    for (;;) {
+        start_commit(lp, cur);
+        batch *next = cur == &lp->b[0] ? &lp->b[1] : &lp->b[0];
+        if (!cur->done && !cur->stop)
+            read_batch(lp, next);
+        int rc = finish_commit(lp);
+        if (rc || cur->done || cur->stop)
+            return rc ? rc : cur->stop;
+        progress(lp, 0);
+        cur = next;
+    }
+}
+
+int stream_run(const stream_cfg *c)
+{
+    loop lp = {0};
+    lp.rd.fd = -1;
+    int rc = setup(&lp, c);
+    size_t at = 0;
+    uint64_t off = 0, lineno = 0;
+    if (!rc)
+        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, c->output,
+                       c->inputs, c->ninputs, &at, &off, &lineno);
+    if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
+        rc = cli_fail(c->cmd, "%s", lp.rd.err);
+    if (!rc) {
+        announce_resume(&lp);
+        rc = run_batches(&lp);
+        progress(&lp, 1);
+        if (rc != 2)
+            summary(&lp);
+    }
+    int rc2 = job_end(&lp.st.job);
+    if (lp.s && idem_close(lp.s) && !rc)
+        rc = cli_fail(c->cmd, "closing the store failed");
+    idem_runner_free(lp.runner);
+    nd_close(&lp.rd);
+    jk_free(lp.jk);
+    jk_path_free(&lp.path);
+    for (int i = 0; i < 2; i++) {
+        buf_free(&lp.b[i].keys);
+        buf_free(&lp.b[i].text);
+        free(lp.b[i].items);
+        free(lp.b[i].msgs);
+    }
+    return rc ? rc : rc2;
+}

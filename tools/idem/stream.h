@@ -1,0 +1,67 @@
+/* stream.h - the loop dedup and run share: inputs -> batches -> runner. */
+#ifndef IDEM_STREAM_H
+#define IDEM_STREAM_H
+
+#include "job.h"
+#include "jsonkey.h"
+
+enum { ON_ERROR, ON_SKIP, ON_PASS };
+
+typedef struct stream_counts {
+    /* counted while reading: */
+    uint64_t read, blank, skipped, passed;
+    /* counted while committing (another thread): */
+    uint64_t fresh, dup, failed, gave_up, invalid;
+    uint64_t bytes;
+} stream_counts;
+
+typedef struct stream stream;
+
+/* Append the output of one committed line to st->job.obuf. m is NULL for
+ * a line passed through (--on-missing-key pass). */
+typedef int (*stream_emit_fn)(void *ctx, stream *st, const idem_msg *m,
+                              const nd_line *l);
+
+typedef struct stream_cfg {
+    const char *cmd;
+    const char *uri, *key, *output, *job;
+    int line_mode;
+    int on_missing, on_bad;   /* ON_* */
+    uint64_t batch;
+    int64_t ttl_ms, lease_ms;
+    int quiet, stats_json;
+    char **inputs;
+    size_t ninputs;
+    idem_handler_fn handler;  /* NULL: deduplicate */
+    void *hctx;
+    uint32_t max_attempts;
+    int64_t backoff_ms;
+    stream_emit_fn emit;
+    void *ectx;
+} stream_cfg;
+
+struct stream {
+    const stream_cfg *cfg;
+    job job;
+    stream_counts n;
+};
+
+/* Run the whole job; returns the exit status. */
+int stream_run(const stream_cfg *cfg);
+
+/* The option table entries and parsing both commands share. */
+#define STREAM_LONGOPTS                                                    \
+    {"store", 1, 0, 's'}, {"key", 1, 0, 'k'}, {"line", 0, 0, 'L'},        \
+        {"output", 1, 0, 'o'}, {"ttl", 1, 0, 't'}, {"job", 1, 0, 'j'},    \
+        {"on-missing-key", 1, 0, 'M'}, {"on-bad-input", 1, 0, 'B'},       \
+        {"batch", 1, 0, 'b'}, {"quiet", 0, 0, 'q'},                       \
+        {"stats-json", 0, 0, 'J'}, {"help", 0, 0, 'h'}
+
+/* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
+ * of them. */
+int stream_opt(stream_cfg *c, int ch, const char *arg);
+
+/* After the options: check the combination; 0 or 2. */
+int stream_check(stream_cfg *c, int argc, char **argv, int optind_);
+
+#endif
