@@ -78,6 +78,8 @@ typedef struct cli_buf {
 } cli_buf;
 
 int buf_add(cli_buf *b, const void *p, size_t n);
+/* Make room for n more bytes past len. */
+int buf_reserve(cli_buf *b, size_t n);
 int buf_str(cli_buf *b, const char *s);
 int buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
 /* s[0..n), valid UTF-8, as a quoted JSON string. */

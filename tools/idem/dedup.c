@@ -55,10 +55,11 @@ static const char usage[] =
     "  kafkacat -C -t orders | idem dedup --key /order/id > fresh.ndjson\n"
     "  idem dedup --line --ttl 7d --store local:/var/lib/idem seen.txt\n";
 
-static int emit_line(void *ctx, stream *st, const idem_msg *m,
-                     const nd_line *l)
+static int emit_line(void *ctx, stream *st, const idem_msg *msgs,
+                     const idem_msg *m, const nd_line *l)
 {
     (void)ctx;
+    (void)msgs;
     if (m && m->result != IDEM_MSG_DONE)
         return 0;
     cli_buf *b = &st->job.obuf;

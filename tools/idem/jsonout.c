@@ -11,7 +11,7 @@
 
 #include "cli.h"
 
-int buf_add(cli_buf *b, const void *p, size_t n)
+int buf_reserve(cli_buf *b, size_t n)
 {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
@@ -23,6 +23,13 @@ int buf_add(cli_buf *b, const void *p, size_t n)
         b->p = q;
         b->cap = cap;
     }
+    return 0;
+}
+
+int buf_add(cli_buf *b, const void *p, size_t n)
+{
+    if (buf_reserve(b, n))
+        return -1;
     if (n)
         memcpy(b->p + b->len, p, n);
     b->len += n;

@@ -27,6 +27,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,6 +50,7 @@ typedef struct batch {
     size_t nmsgs;
     cli_buf text;    /* copies of the lines */
     cli_buf keys;    /* the keys */
+    size_t emitted;  /* items already written out */
     int done;        /* the inputs end with this batch */
     int stop;        /* exit status that ends the run after this batch */
 } batch;
@@ -62,9 +64,14 @@ typedef struct loop {
     idem_runner *runner;
     batch b[2];
     batch *committing;
-    pthread_t worker;
-    int working;
+    pthread_t worker;     /* one thread for the whole run: the handler it
+                           * starts dies with the thread (PDEATHSIG) */
+    int threaded;
+    sem_t go, done;
+    int quit;
     int rc;          /* of the last commit */
+    size_t base;     /* msgs before this were committed by earlier runs of
+                      * the runner over this batch (handler restarts) */
     size_t committed;
     unsigned warnings;
     double t0, last_progress;
@@ -292,18 +299,19 @@ static void count(stream_counts *n, const idem_msg *m)
 }
 
 /* The runner's commit step: output of every line before the first
- * message not committed, then the checkpoint. */
+ * message not committed, then the checkpoint. msgs is b->msgs + base. */
 static int commit(void *ctx, const idem_msg *msgs, size_t p)
 {
     loop *lp = ctx;
     batch *b = lp->committing;
-    size_t upto = 0;
+    size_t upto = b->emitted;
     while (upto < b->nitems && !(b->items[upto].kind == IT_MSG &&
-                                 b->items[upto].msg >= p))
+                                 b->items[upto].msg >= lp->base + p))
         upto++;
-    for (size_t i = 0; i < upto; i++) {
+    for (size_t i = b->emitted; i < upto; i++) {
         item *it = &b->items[i];
-        const idem_msg *m = it->kind == IT_MSG ? &msgs[it->msg] : NULL;
+        const idem_msg *m =
+            it->kind == IT_MSG ? &msgs[it->msg - lp->base] : NULL;
         if (m && m->result == IDEM_MSG_INVALID)
             warn_line(lp, lp->st.cfg->ninputs ? lp->st.cfg->inputs[b->input]
                                              : "<stdin>",
@@ -311,39 +319,90 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
         if (m)
             count(&lp->st.n, m);
         if (it->kind != IT_DROP &&
-            lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, m, &it->l))
+            lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l))
             return IDEM_ENOMEM;
     }
+    b->emitted = upto;
     return job_commit(&lp->st.job, b->input,
                       upto ? &b->items[upto - 1].l : NULL);
 }
 
+/* Commit the batch; after a handler failure, again over the messages not
+ * committed (their claims were released: they get new tokens), as long
+ * as restarts are left. */
 static void *commit_batch(void *arg)
 {
     loop *lp = arg;
     batch *b = lp->committing;
-    lp->rc = idem_runner_batch(lp->runner, b->msgs, b->nmsgs,
-                               &lp->committed);
-    return NULL;
+    lp->base = 0;
+    b->emitted = 0;
+    for (;;) {
+        lp->rc = idem_runner_batch(lp->runner, b->msgs + lp->base,
+                                   b->nmsgs - lp->base, &lp->committed);
+        lp->base += lp->committed;
+        if (!lp->rc || lp->base == b->nmsgs || !lp->st.cfg->handler ||
+            lp->st.n.restarts >= lp->st.cfg->restarts)
+            return NULL;
+        lp->st.n.restarts++;
+        fprintf(stderr, "idem %s: restarting the handler (%" PRIu64
+                " of %" PRIu64 ")\n", lp->st.cfg->cmd, lp->st.n.restarts,
+                lp->st.cfg->restarts);
+    }
 }
 
-/* Hand b to the worker thread (or commit it here if none can start). */
+static void *worker(void *arg)
+{
+    loop *lp = arg;
+    for (;;) {
+        sem_wait(&lp->go);
+        if (lp->quit) {
+            if (lp->st.cfg->handler_end)
+                lp->st.cfg->handler_end(lp->st.cfg->hctx);
+            return NULL;
+        }
+        commit_batch(lp);
+        sem_post(&lp->done);
+    }
+}
+
+static void start_worker(loop *lp)
+{
+    lp->threaded = sem_init(&lp->go, 0, 0) == 0 &&
+                   sem_init(&lp->done, 0, 0) == 0 &&
+                   pthread_create(&lp->worker, NULL, worker, lp) == 0;
+}
+
+static void stop_worker(loop *lp)
+{
+    if (!lp->threaded && lp->st.cfg->handler_end)
+        lp->st.cfg->handler_end(lp->st.cfg->hctx);
+    if (!lp->threaded)
+        return;
+    lp->quit = 1;
+    sem_post(&lp->go);
+    pthread_join(lp->worker, NULL);
+    sem_destroy(&lp->go);
+    sem_destroy(&lp->done);
+}
+
+/* Hand b to the worker thread (or commit it here without one). */
 static void start_commit(loop *lp, batch *b)
 {
     lp->committing = b;
-    lp->working = pthread_create(&lp->worker, NULL, commit_batch, lp) == 0;
-    if (!lp->working)
+    if (lp->threaded)
+        sem_post(&lp->go);
+    else
         commit_batch(lp);
 }
 
 /* Wait for the batch being committed; 0, or the exit status. */
 static int finish_commit(loop *lp)
 {
-    if (lp->working)
-        pthread_join(lp->worker, NULL);
-    lp->working = 0;
+    if (lp->threaded)
+        while (sem_wait(&lp->done) != 0)
+            ;
     batch *b = lp->committing;
-    if (lp->rc && lp->committed < b->nmsgs && lp->st.cfg->handler)
+    if (lp->rc && lp->base < b->nmsgs && lp->st.cfg->handler)
         return 1;  /* the handler said why; its prefix is committed */
     if (lp->rc)
         return cli_store_fail(lp->st.cfg->cmd, lp->s, lp->rc,
@@ -408,6 +467,13 @@ static void summary(loop *lp)
 /* ------------------------------------------------------------------------
  * The run */
 
+/* The runner has one context for both callbacks: ours. */
+static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
+{
+    const stream_cfg *c = ((loop *)ctx)->st.cfg;
+    return c->handler(c->hctx, tasks, n);
+}
+
 static int setup(loop *lp, const stream_cfg *c)
 {
     char err[256];
@@ -432,7 +498,7 @@ static int setup(loop *lp, const stream_cfg *c)
         return 1;
     idem_runner_opts ro;
     idem_runner_opts_init(&ro);
-    ro.handler = c->handler;
+    ro.handler = c->handler ? handle_tasks : NULL;
     ro.commit = commit;
     ro.ctx = lp;
     ro.ttl_ms = c->ttl_ms;
@@ -488,7 +554,9 @@ int stream_run(const stream_cfg *c)
         rc = cli_fail(c->cmd, "%s", lp.rd.err);
     if (!rc) {
         announce_resume(&lp);
+        start_worker(&lp);
         rc = run_batches(&lp);
+        stop_worker(&lp);
         progress(&lp, 1);
         if (rc != 2)
             summary(&lp);

@@ -11,16 +11,17 @@ typedef struct stream_counts {
     /* counted while reading: */
     uint64_t read, blank, skipped, passed;
     /* counted while committing (another thread): */
-    uint64_t fresh, dup, failed, gave_up, invalid;
+    uint64_t fresh, dup, failed, gave_up, invalid, restarts;
     uint64_t bytes;
 } stream_counts;
 
 typedef struct stream stream;
 
 /* Append the output of one committed line to st->job.obuf. m is NULL for
- * a line passed through (--on-missing-key pass). */
-typedef int (*stream_emit_fn)(void *ctx, stream *st, const idem_msg *m,
-                              const nd_line *l);
+ * a line passed through (--on-missing-key pass); m->first indexes
+ * `msgs`, the array m is in. */
+typedef int (*stream_emit_fn)(void *ctx, stream *st, const idem_msg *msgs,
+                              const idem_msg *m, const nd_line *l);
 
 typedef struct stream_cfg {
     const char *cmd;
@@ -34,8 +35,11 @@ typedef struct stream_cfg {
     size_t ninputs;
     idem_handler_fn handler;  /* NULL: deduplicate */
     void *hctx;
+    void (*handler_end)(void *hctx);  /* called in the thread that ran the
+                                       * handler, after the last batch */
     uint32_t max_attempts;
     int64_t backoff_ms;
+    uint64_t restarts;        /* handler failures to restart after */
     stream_emit_fn emit;
     void *ectx;
 } stream_cfg;

@@ -1,5 +1,4 @@
 #include "cli.h"
-int idem_cmd_run(int argc, char **argv){(void)argc;(void)argv;return 2;}
 int idem_cmd_get(int argc, char **argv){(void)argc;(void)argv;return 2;}
 int idem_cmd_forget(int argc, char **argv){(void)argc;(void)argv;return 2;}
 int idem_cmd_stats(int argc, char **argv){(void)argc;(void)argv;return 2;}

@@ -1,0 +1,399 @@
+/* coproc.c - talking to the handler of `idem run`.
+ *
+ * The handler is started once (sh -c CMD) and kept: starting a process
+ * per message would cost more than most handlers' work. Its stdin gets
+ * one envelope per NEW message,
+ *
+ *   {"key":"k1","token":3,"attempt":2,"message":{...the input line...}}
+ *
+ * and its stdout must give one answer line per envelope, in order:
+ *
+ *   {"ok":true,...}                       done; the whole line is the
+ *                                         result, cached for replays
+ *   {"error":"...","retryable":true}      failed, try again later
+ *   {"error":"..."}                       failed for good (cached)
+ *
+ * An answer may carry "key"; if it does it must be the envelope's key,
+ * which catches a handler that skipped or doubled a line. Envelopes and
+ * answers are pipelined: we write while we read, with non-blocking pipes
+ * and poll(2), so a handler that reads a line, answers, and reads the
+ * next (each answer flushed) runs at full speed and never deadlocks.
+ *
+ * What can go wrong, and what we do: the handler exits (EOF, EPIPE), it
+ * writes a line that is not a JSON object or names another key, or it
+ * gives no answer for a whole lease. Each time it is killed, the reason is
+ * kept in err, and the call returns an error: the runner then commits the
+ * answers before the first missing one and nothing after it.
+ *
+ * The child gets PR_SET_PDEATHSIG, so kill -9 of idem takes the handler
+ * down too, instead of leaving it running effects for claims that the
+ * next run will take over. */
+#include "coproc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <yajl/yajl_parse.h>
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int start(coproc *c)
+{
+    int in[2], out[2];
+    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
+        snprintf(c->err, sizeof c->err, "pipe: %s", strerror(errno));
+        return IDEM_EIO;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
+        dup2(in[0], 0);
+        dup2(out[1], 1);
+        signal(SIGPIPE, SIG_DFL);
+        execl("/bin/sh", "sh", "-c", c->cmd, (char *)NULL);
+        _exit(127);
+    }
+    close(in[0]);
+    close(out[1]);
+    if (pid < 0) {
+        close(in[1]);
+        close(out[0]);
+        snprintf(c->err, sizeof c->err, "fork: %s", strerror(errno));
+        return IDEM_EIO;
+    }
+    c->pid = pid;
+    c->to = in[1];
+    c->from = out[0];
+    fcntl(c->to, F_SETFL, O_NONBLOCK);
+    fcntl(c->from, F_SETFL, O_NONBLOCK);
+    c->rb.len = c->rpos = 0;
+    return 0;
+}
+
+/* Why the child ended, for messages: "exited with status 3". */
+static void reap(coproc *c, char *why, size_t n)
+{
+    int st = 0;
+    pid_t r = waitpid(c->pid, &st, 0);
+    if (r != c->pid)
+        snprintf(why, n, "ended");
+    else if (WIFEXITED(st))
+        snprintf(why, n, "exited with status %d", WEXITSTATUS(st));
+    else
+        snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
+}
+
+static void kill_child(coproc *c)
+{
+    if (!c->pid)
+        return;
+    kill(c->pid, SIGKILL);
+    char why[64];
+    reap(c, why, sizeof why);
+    close(c->to);
+    close(c->from);
+    c->pid = 0;
+}
+
+/* Fail the call: kill the child, keep the reason. */
+static int broke(coproc *c, int code, const char *fmt, ...)
+    CLI_PRINTF(3, 4);
+static int broke(coproc *c, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    kill_child(c);
+    return code;
+}
+
+/* ------------------------------------------------------------------------
+ * Envelopes */
+
+static int envelope(coproc *c, const idem_task *t)
+{
+    cli_buf *w = &c->wb;
+    int text = utf8_valid(t->key, t->keylen);
+    int rc = buf_str(w, text ? "{\"key\":" : "{\"key_base64\":");
+    rc = rc ? rc : text ? buf_json_string(w, t->key, t->keylen)
+                        : buf_base64(w, t->key, t->keylen);
+    rc = rc ? rc : buf_fmt(w, ",\"token\":%llu,\"attempt\":%u,",
+                          (unsigned long long)t->token, t->attempt);
+    if (!c->line_mode)
+        rc = rc ? rc : buf_str(w, "\"message\":") ||
+                       buf_add(w, t->msg, t->msglen);
+    else if (utf8_valid(t->msg, t->msglen))
+        rc = rc ? rc : buf_str(w, "\"message\":") ||
+                       buf_json_string(w, t->msg, t->msglen);
+    else
+        rc = rc ? rc : buf_str(w, "\"message_base64\":") ||
+                       buf_base64(w, t->msg, t->msglen);
+    return rc ? rc : buf_str(w, "}\n");
+}
+
+/* ------------------------------------------------------------------------
+ * Answers: a JSON object; top-level "error", "retryable", "key" matter. */
+
+typedef struct answer {
+    int depth, member;      /* member: 1 error, 2 retryable, 3 key */
+    int has_error, retryable, has_key;
+    const idem_task *task;
+    int key_ok;
+    int top_object;
+} answer;
+
+static int a_value(answer *a)
+{
+    if (a->depth == 1 && a->member == 1)
+        a->has_error = 1;
+    return 1;
+}
+
+static int a_null(void *ctx)
+{
+    return a_value(ctx);
+}
+
+static int a_bool(void *ctx, int v)
+{
+    answer *a = ctx;
+    if (a->depth == 1 && a->member == 2)
+        a->retryable = v;
+    return a_value(a);
+}
+
+static int a_number(void *ctx, const char *s, size_t n)
+{
+    (void)s;
+    (void)n;
+    return a_value(ctx);
+}
+
+static int a_string(void *ctx, const unsigned char *s, size_t n)
+{
+    answer *a = ctx;
+    if (a->depth == 1 && a->member == 3) {
+        a->has_key = 1;
+        a->key_ok = n == a->task->keylen && !memcmp(s, a->task->key, n);
+    }
+    return a_value(a);
+}
+
+static int a_open(void *ctx)
+{
+    answer *a = ctx;
+    a_value(a);
+    if (a->depth == 0)
+        a->top_object = 1;
+    a->depth++;
+    return 1;
+}
+
+static int a_open_array(void *ctx)
+{
+    answer *a = ctx;
+    a_value(a);
+    a->depth++;
+    return 1;
+}
+
+static int a_close(void *ctx)
+{
+    ((answer *)ctx)->depth--;
+    return 1;
+}
+
+static int a_key(void *ctx, const unsigned char *s, size_t n)
+{
+    answer *a = ctx;
+    a->member = n == 5 && !memcmp(s, "error", 5)       ? 1
+                : n == 9 && !memcmp(s, "retryable", 9) ? 2
+                : n == 3 && !memcmp(s, "key", 3)       ? 3
+                                                       : 0;
+    return 1;
+}
+
+static const yajl_callbacks answer_cb = {
+    a_null, a_bool, NULL, NULL, a_number, a_string, a_open,
+    a_key,  a_close, a_open_array, a_close};
+
+/* Judge one answer line; 0 and t->answer set, or an error. */
+static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
+{
+    answer a = {.task = t, .key_ok = 1};
+    yajl_handle h = yajl_alloc(&answer_cb, NULL, &a);
+    int ok = h && yajl_parse(h, (const unsigned char *)p, n) ==
+                      yajl_status_ok &&
+             yajl_complete_parse(h) == yajl_status_ok && a.top_object;
+    if (h)
+        yajl_free(h);
+    char shown[90];
+    snprintf(shown, sizeof shown, "%.*s%s", (int)(n < 80 ? n : 80), p,
+             n > 80 ? "..." : "");
+    if (!ok)
+        return broke(c, IDEM_EPROTO, "the handler wrote a line that is not "
+                     "a JSON object: %s", shown);
+    if (a.has_key && !a.key_ok)
+        return broke(c, IDEM_EPROTO, "the handler answered for another key "
+                     "than it was given (out of step?): %s", shown);
+    t->answer = !a.has_error ? IDEM_TASK_DONE
+                : a.retryable ? IDEM_TASK_RETRY
+                              : IDEM_TASK_FAIL;
+    t->data = (const void *)(uintptr_t)(p - c->rb.p);  /* fixed up later */
+    t->len = n;
+    c->answers++;
+    return 0;
+}
+
+/* Consume complete lines from rb for tasks[*got..n). */
+static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
+{
+    while (*got < n) {
+        char *s = c->rb.p + c->rpos;
+        char *nl = memchr(s, '\n', c->rb.len - c->rpos);
+        if (!nl)
+            return 0;
+        size_t len = (size_t)(nl - s);
+        c->rpos += len + 1;
+        len -= len && s[len - 1] == '\r';
+        int rc = take_answer(c, &tasks[*got], s, len);
+        if (rc)
+            return rc;
+        (*got)++;
+    }
+    return 0;
+}
+
+/* Move bytes both ways once poll says they can; 0 or an error. */
+static int pump(coproc *c, size_t *woff, const struct pollfd *pf)
+{
+    if (pf[0].revents & (POLLOUT | POLLERR | POLLHUP)) {
+        ssize_t w = write(c->to, c->wb.p + *woff, c->wb.len - *woff);
+        if (w < 0 && errno != EAGAIN && errno != EINTR)
+            return IDEM_EIO;
+        *woff += w > 0 ? (size_t)w : 0;
+    }
+    if (pf[1].revents & (POLLIN | POLLERR | POLLHUP)) {
+        if (buf_reserve(&c->rb, 65536))
+            return IDEM_ENOMEM;
+        ssize_t r = read(c->from, c->rb.p + c->rb.len, c->rb.cap - c->rb.len);
+        if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+            return IDEM_EIO;
+        c->rb.len += r > 0 ? (size_t)r : 0;
+    }
+    return 0;
+}
+
+/* Keep only unread answer bytes; earlier ones were handed out. */
+static void compact(coproc *c)
+{
+    memmove(c->rb.p, c->rb.p + c->rpos, c->rb.len - c->rpos);
+    c->rb.len -= c->rpos;
+    c->rpos = 0;
+}
+
+static int exchange(coproc *c, idem_task *tasks, size_t n)
+{
+    size_t woff = 0, got = 0;
+    int64_t deadline = mono_ms() + c->lease_ms;
+    int rc = parse_answers(c, tasks, n, &got);
+    while (!rc && got < n) {
+        struct pollfd pf[2] = {{woff < c->wb.len ? c->to : -1, POLLOUT, 0},
+                               {c->from, POLLIN, 0}};
+        int64_t left = deadline - mono_ms();
+        if (left <= 0) {
+            char key[80];
+            snprintf(key, sizeof key, "%.*s",
+                     (int)(tasks[got].keylen < 60 ? tasks[got].keylen : 60),
+                     (const char *)tasks[got].key);
+            return broke(c, IDEM_ETIMEOUT, "the handler gave no answer for "
+                         "key '%s' within the lease (--lease %lld ms); "
+                         "killed it. Does it flush each answer, and answer "
+                         "each line without waiting for the next? (mawk "
+                         "needs -W interactive)",
+                         key, (long long)c->lease_ms);
+        }
+        int k = poll(pf, 2, (int)(left < 1000 ? left : 1000));
+        if (k < 0 && errno != EINTR)
+            return broke(c, IDEM_EIO, "poll: %s", strerror(errno));
+        size_t before = got;
+        rc = k > 0 ? pump(c, &woff, pf) : 0;
+        if (!rc)
+            rc = parse_answers(c, tasks, n, &got);
+        if (got > before)
+            deadline = mono_ms() + c->lease_ms;
+    }
+    return rc;
+}
+
+int coproc_handle(void *ctx, idem_task *tasks, size_t n)
+{
+    coproc *c = ctx;
+    c->err[0] = '\0';
+    c->wb.len = 0;
+    compact(c);
+    for (size_t i = 0; i < n; i++)
+        if (envelope(c, &tasks[i]))
+            return broke(c, IDEM_ENOMEM, "out of memory");
+    int rc = c->pid ? 0 : start(c);
+    if (!rc)
+        rc = exchange(c, tasks, n);
+    if (rc == IDEM_EIO && c->pid) {
+        char why[64];
+        close(c->to);
+        close(c->from);
+        reap(c, why, sizeof why);
+        c->pid = 0;
+        snprintf(c->err, sizeof c->err, "the handler %s before answering "
+                 "every message", why);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (tasks[i].answer)
+            tasks[i].data = c->rb.p + (uintptr_t)tasks[i].data;
+    return rc;
+}
+
+int coproc_stop(coproc *c, const char *cmdname)
+{
+    buf_free(&c->wb);
+    buf_free(&c->rb);
+    if (!c->pid)
+        return 0;
+    close(c->to);
+    int64_t deadline = mono_ms() + c->lease_ms;
+    int st = 0;
+    pid_t r;
+    while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && mono_ms() < deadline)
+        poll(NULL, 0, 10);
+    if (r == 0) {
+        kill(c->pid, SIGKILL);
+        waitpid(c->pid, &st, 0);
+    }
+    close(c->from);
+    c->pid = 0;
+    if (r != 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return 0;
+    if (r == 0)
+        return cli_fail(cmdname, "the handler did not exit within the "
+                        "lease after its input ended; killed it");
+    return cli_fail(cmdname, "the handler failed after its input ended "
+                    "(%s %d)", WIFEXITED(st) ? "exit status" : "signal",
+                    WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+}

@@ -1,0 +1,32 @@
+/* coproc.h - a handler in any language, as a co-process. */
+#ifndef IDEM_COPROC_H
+#define IDEM_COPROC_H
+
+#include <sys/types.h>
+
+#include "cli.h"
+
+typedef struct coproc {
+    const char *cmd;        /* run with sh -c */
+    int line_mode;          /* messages are text, not JSON */
+    int64_t lease_ms;       /* the longest wait for one answer */
+    pid_t pid;              /* 0: not running */
+    int to, from;           /* its stdin, its stdout */
+    cli_buf wb, rb;         /* envelopes out, answers in */
+    size_t rpos;            /* answers consumed from rb */
+    uint64_t answers;       /* lines read from it, for messages */
+    char err[512];          /* why the last call failed */
+} coproc;
+
+/* An idem_handler_fn over ctx = coproc *: starts the command if needed,
+ * writes one envelope line per task and reads one answer line per task,
+ * pipelined. On any failure the child is killed, err says why, and the
+ * call returns IDEM_EPROTO (garbage), IDEM_ETIMEOUT (no answer within
+ * the lease) or IDEM_EIO (it exited or could not be started). */
+int coproc_handle(void *ctx, idem_task *tasks, size_t n);
+
+/* Close its stdin and wait for it to exit (killing it after the lease).
+ * 0, or 1 after printing that it failed. */
+int coproc_stop(coproc *c, const char *cmdname);
+
+#endif

@@ -1,0 +1,201 @@
+/* run.c - `idem run`: a handler in any language, run once per key.
+ *
+ * The stream loop (stream.c) and the library's runner do the exactly-once
+ * work; coproc.c talks to the handler. This file is the command's face:
+ * options, help, and the output line of each message:
+ *
+ *   {"key":"k1","status":"done","attempt":1,"result":{...answer...}}
+ *
+ * status is done, failed (permanent, cached) or gave_up (retryable
+ * failures up to --max-attempts; not cached, a later run tries again).
+ * With --replay emit, duplicates get a line too, with "replayed":true and
+ * the cached answer; by default (skip) the output holds each key once. */
+#include <inttypes.h>
+#include <signal.h>
+#include <string.h>
+
+#include "coproc.h"
+#include "stream.h"
+
+static const char usage[] =
+    "usage: idem run --exec 'CMD' (--key FIELD | --line) [OPTIONS] "
+    "[INPUT...]\n"
+    "\n"
+    "Run CMD once per key, exactly once, whatever the redeliveries and\n"
+    "crashes. CMD (run by sh -c) is started once and kept. For each NEW\n"
+    "message it reads one line on stdin:\n"
+    "\n"
+    "  {\"key\":\"k1\",\"token\":1,\"attempt\":1,\"message\":{...the input "
+    "line...}}\n"
+    "\n"
+    "and writes one line on stdout, in order, each flushed:\n"
+    "\n"
+    "  {\"ok\":true,...}                     done: the line is the result, "
+    "cached\n"
+    "  {\"error\":\"...\",\"retryable\":true}    try again (with backoff, "
+    "new token)\n"
+    "  {\"error\":\"...\"}                     failed for good (cached)\n"
+    "\n"
+    "An answer may repeat \"key\"; it is then checked. Duplicates are not\n"
+    "sent: they get the cached result. Output, one line per message:\n"
+    "  {\"key\":\"k1\",\"status\":\"done\",\"attempt\":1,\"result\":{...}}\n"
+    "with status done, failed or gave_up (and \"replayed\":true for\n"
+    "duplicates under --replay emit).\n"
+    "\n"
+    "  --exec CMD        the handler (required)\n"
+    "  --key FIELD       the key: event_id, user.id or /user/id (see\n"
+    "                    `idem dedup --help`); --line: the whole line, sent\n"
+    "                    as a JSON string\n"
+    "  --output FILE     crash-proof output, as for dedup: after kill -9 run\n"
+    "                    the same command again; FILE ends byte-identical\n"
+    "                    to an uninterrupted run's\n"
+    "  --replay emit|skip  duplicates: print the cached result, or nothing\n"
+    "                    (default skip)\n"
+    "  --batch N         messages per commit and in flight (default 16384)\n"
+    "  --lease DURATION  how long a claim is held, and the longest wait for\n"
+    "                    one answer before the handler counts as hung\n"
+    "                    (default 30s)\n"
+    "  --max-attempts N  runs of a message with retryable failures before\n"
+    "                    it is reported gave_up (default 3)\n"
+    "  --backoff DURATION  wait before the first retry, doubled after each\n"
+    "                    (default 100ms)\n"
+    "  --restart N       when the handler crashes, hangs or writes garbage,\n"
+    "                    restart it up to N times (default 0: stop)\n"
+    "  --store, --ttl, --job, --on-missing-key, --on-bad-input, --quiet,\n"
+    "  --stats-json      as for `idem dedup`\n"
+    "\n"
+    "Exactly once, and what the fencing token is for: a message's claim is\n"
+    "committed before the handler sees it, and its result is committed\n"
+    "with the output. If idem is killed in between (or the handler fails),\n"
+    "the next run gives the same key to the handler again with a higher\n"
+    "attempt and token. The store never records two results, but effects\n"
+    "outside it may have happened: make them idempotent by key, or reject\n"
+    "writes that carry a token lower than one already seen.\n"
+    "\n"
+    "When the handler exits, hangs past --lease or writes a line that is\n"
+    "not a JSON object, idem kills it, commits the results before the\n"
+    "first missing one and nothing after, and stops with exit status 1\n"
+    "(or restarts it, see --restart). Exit status: 0 done, 1 stopped, 2\n"
+    "bad usage.\n"
+    "\n"
+    "Example:\n"
+    "  idem run --key order_id --output results.ndjson \\\n"
+    "      --exec 'python3 charge.py' orders.ndjson\n";
+
+typedef struct run_ctx {
+    coproc co;
+    int replay_emit;
+    int end_rc;
+} run_ctx;
+
+static void handler_end(void *ctx)
+{
+    run_ctx *r = ctx;
+    r->end_rc = coproc_stop(&r->co, "run");
+}
+
+static int handle(void *ctx, idem_task *tasks, size_t n)
+{
+    run_ctx *r = ctx;
+    int rc = coproc_handle(&r->co, tasks, n);
+    if (rc)
+        cli_fail("run", "%s; nothing was committed for the messages from "
+                 "there on", r->co.err);
+    return rc;
+}
+
+static const char *status_of(idem_msg_result r, int *replayed)
+{
+    *replayed = r == IDEM_MSG_REPLAY || r == IDEM_MSG_REPLAY_FAILED;
+    return r == IDEM_MSG_DONE || r == IDEM_MSG_REPLAY       ? "done"
+           : r == IDEM_MSG_FAILED || r == IDEM_MSG_REPLAY_FAILED ? "failed"
+                                                                : "gave_up";
+}
+
+static int emit_result(void *ctx, stream *st, const idem_msg *msgs,
+                       const idem_msg *m, const nd_line *l)
+{
+    run_ctx *r = ctx;
+    cli_buf *b = &st->job.obuf;
+    if (!m)
+        return buf_add(b, l->p, l->len) || buf_add(b, "\n", 1);
+    const idem_msg *src = m->result == IDEM_MSG_DUPLICATE ? &msgs[m->first]
+                                                          : m;
+    int dup = src != m;
+    if (src->result == IDEM_MSG_INVALID || src->result == IDEM_MSG_UNDONE)
+        return 0;
+    int replayed;
+    const char *status = status_of(src->result, &replayed);
+    replayed |= dup;
+    if (replayed && !r->replay_emit)
+        return 0;
+    int text = utf8_valid(m->key, m->keylen);
+    int rc = buf_str(b, text ? "{\"key\":" : "{\"key_base64\":");
+    rc = rc ? rc : text ? buf_json_string(b, m->key, m->keylen)
+                        : buf_base64(b, m->key, m->keylen);
+    rc = rc ? rc : buf_fmt(b, ",\"status\":\"%s\",\"attempt\":%u,", status,
+                          src->attempt);
+    if (replayed)
+        rc = rc ? rc : buf_str(b, "\"replayed\":true,");
+    rc = rc ? rc : buf_str(b, "\"result\":");
+    rc = rc ? rc : src->len ? buf_add(b, src->data, src->len)
+                            : buf_str(b, "null");
+    return rc ? rc : buf_str(b, "}\n");
+}
+
+static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
+{
+    static const char *const replay[] = {"skip", "emit", NULL};
+    uint64_t v;
+    int rc = 0;
+    switch (ch) {
+    case 'x': r->co.cmd = arg; return 0;
+    case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
+    case 'g': return cli_duration(c->cmd, "--backoff", arg, &c->backoff_ms);
+    case 'r': return cli_choice(c->cmd, "--replay", arg, replay,
+                                &r->replay_emit);
+    case 'a':
+        rc = cli_number(c->cmd, "--max-attempts", arg, 1, 1000, &v);
+        c->max_attempts = (uint32_t)v;
+        return rc;
+    case 'R': return cli_number(c->cmd, "--restart", arg, 0, 1000000,
+                                &c->restarts);
+    default: return stream_opt(c, ch, arg);
+    }
+}
+
+int idem_cmd_run(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        STREAM_LONGOPTS,         {"exec", 1, 0, 'x'},
+        {"lease", 1, 0, 'l'},    {"replay", 1, 0, 'r'},
+        {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
+        {"restart", 1, 0, 'R'},  {0, 0, 0, 0}};
+    run_ctx r = {0};
+    stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
+                    .handler = handle, .hctx = &r,
+                    .handler_end = handler_end, .emit = emit_result,
+                    .ectx = &r};
+    int ch;
+    while ((ch = cli_getopt(c.cmd, argc, argv, opts)) != -1) {
+        if (ch == 'h') {
+            fputs(usage, stdout);
+            return 0;
+        }
+        int rc = ch == '?' ? 2 : run_opt(&c, &r, ch, optarg);
+        if (rc)
+            return rc == 1 ? cli_usage_error(c.cmd, "unexpected option")
+                           : rc;
+    }
+    int rc = stream_check(&c, argc, argv, optind);
+    if (!rc && !r.co.cmd)
+        rc = cli_usage_error(c.cmd, "say which handler to run: --exec "
+                             "'CMD', e.g. --exec 'python3 handler.py'");
+    if (rc)
+        return rc;
+    r.co.line_mode = c.line_mode;
+    r.co.lease_ms = c.lease_ms ? c.lease_ms : 30000;
+    signal(SIGPIPE, SIG_IGN);
+    rc = stream_run(&c);
+    return rc ? rc : r.end_rc;
+}
