@@ -194,3 +194,43 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
     idem_close(s);
     return NULL;
 }
+
+int cli_simple_parse(const char *cmd, int argc, char **argv,
+                     const char *usage, int json_ok, int min, int max,
+                     const char *args, cli_simple *out)
+{
+    static const struct option all[] = {{"store", 1, 0, 's'},
+                                        {"help", 0, 0, 'h'},
+                                        {"json", 0, 0, 'J'},
+                                        {0, 0, 0, 0}};
+    static const struct option nojson[] = {{"store", 1, 0, 's'},
+                                           {"help", 0, 0, 'h'},
+                                           {0, 0, 0, 0}};
+    *out = (cli_simple){0};
+    int ch;
+    while ((ch = cli_getopt(cmd, argc, argv, json_ok ? all : nojson)) !=
+           -1) {
+        if (ch == '?')
+            return 2;
+        if (ch == 'h') {
+            fputs(usage, stdout);
+            return -1;
+        }
+        if (ch == 's')
+            out->uri = optarg;
+        out->json |= ch == 'J';
+    }
+    int n = argc - optind;
+    out->first = optind;
+    if (n < min)
+        return cli_usage_error(cmd, "%s is missing: idem %s%s%s", args, cmd,
+                               json_ok ? " [--json]" : "",
+                               max ? " KEY" : "");
+    if (n > max)
+        return cli_usage_error(cmd, "unexpected argument '%s'%s",
+                               argv[optind + max],
+                               max ? " (one key at a time; quote a key "
+                                     "with spaces)"
+                                   : "");
+    return 0;
+}

@@ -1,0 +1,73 @@
+/* get.c - `idem get KEY`: one key's record, for a human or a script. */
+#include <string.h>
+#include <time.h>
+
+#include "recjson.h"
+
+static const char usage[] =
+    "usage: idem get [--store URI] [--json] KEY\n"
+    "\n"
+    "Show the live record of KEY: its state (pending, done, failed), token\n"
+    "(also the number of claims made), when it was created and expires, and\n"
+    "the cached response or error. Exit status 1 if the key has no live\n"
+    "record (never seen, expired or forgotten).\n"
+    "\n"
+    "  --json       one JSON line, as `idem dump` writes it\n"
+    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+
+static void show_time(const char *name, int64_t ms)
+{
+    char when[64] = "";
+    time_t t = (time_t)(ms / 1000);
+    struct tm tm;
+    if (gmtime_r(&t, &tm))
+        strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    printf("%-10s %s.%03dZ\n", name, when, (int)(ms % 1000));
+}
+
+static void show(const char *key, const idem_record *r)
+{
+    static const char *const states[] = {"pending", "done", "failed"};
+    printf("key        %s\nstate      %s%s\ntoken      %llu\n", key,
+           states[r->state], r->released ? " (released for a retry)" : "",
+           (unsigned long long)r->token);
+    show_time("created", r->created_ms);
+    show_time("expires", r->expires_ms);
+    if (r->state == IDEM_PENDING)
+        show_time("lease", r->lease_until);
+    if (r->len && utf8_valid(r->data, r->len))
+        printf("%-10s %.*s\n", r->state == IDEM_DONE ? "response" : "error",
+               (int)r->len, (const char *)r->data);
+    else if (r->len)
+        printf("%-10s (%zu bytes, not text; see --json)\n",
+               r->state == IDEM_DONE ? "response" : "error", r->len);
+}
+
+int idem_cmd_get(int argc, char **argv)
+{
+    cli_simple o;
+    int rc = cli_simple_parse("get", argc, argv, usage, 1, 1, 1, "KEY", &o);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    const char *key = argv[o.first];
+    idem_store *s = cli_open("get", cli_store_uri(o.uri), IDEM_O_NOCREATE,
+                             0, 0);
+    if (!s)
+        return 1;
+    idem_record r;
+    rc = idem_get(s, key, strlen(key), &r);
+    if (rc == IDEM_ENOTFOUND)
+        rc = cli_fail("get", "no live record for key '%s'", key);
+    else if (rc)
+        rc = cli_store_fail("get", s, rc, key);
+    else if (o.json) {
+        cli_buf b = {0};
+        rc = rec_to_json(&b, key, strlen(key), &r) ||
+             fwrite(b.p, 1, b.len, stdout) != b.len;
+        buf_free(&b);
+    } else {
+        show(key, &r);
+    }
+    idem_close(s);
+    return rc;
+}

@@ -1,0 +1,18 @@
+/* recjson.h - a record as one JSON line, and back (get, dump, load). */
+#ifndef IDEM_RECJSON_H
+#define IDEM_RECJSON_H
+
+#include "cli.h"
+
+/* Append key's record as one JSON object and a newline. */
+int rec_to_json(cli_buf *b, const void *key, size_t keylen,
+                const idem_record *r);
+
+/* Parse one line written by rec_to_json(). Key and data point into
+ * *scratch (freed by the caller with buf_free). 0, or -1 with a message
+ * in err. */
+int rec_from_json(const char *line, size_t len, cli_buf *scratch,
+                  const void **key, size_t *keylen, idem_record *r,
+                  char *err, size_t errlen);
+
+#endif
