@@ -69,3 +69,52 @@ int t_sh(const char *fmt, ...)
     int st = system(cmd);
     return st == -1 ? -1 : WEXITSTATUS(st);
 }
+
+char *t_read(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "open %s: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0, r;
+    char *b = malloc(cap + 1);
+    cr_assert(b);
+    while ((r = fread(b + n, 1, cap - n, f)) > 0) {
+        n += r;
+        if (n == cap) {
+            cap *= 2;
+            b = realloc(b, cap + 1);
+            cr_assert(b);
+        }
+    }
+    fclose(f);
+    b[n] = '\0';
+    if (len)
+        *len = n;
+    return b;
+}
+
+void t_write(const char *path, const void *data, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert(f, "create %s: %s", path, strerror(errno));
+    cr_assert_eq(fwrite(data, 1, n, f), n);
+    cr_assert_eq(fclose(f), 0);
+}
+
+int t_cli(const char *dir, const char *fmt, ...)
+{
+    char args[6000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return t_sh("cd '%s' && IDEM_STORE=local:store \"$IDEM_CLI\" %s", dir,
+                args);
+}
+
+int t_grep(const char *path, const char *text)
+{
+    char *b = t_read(path, NULL);
+    int found = strstr(b, text) != NULL;
+    free(b);
+    return found;
+}

@@ -32,6 +32,21 @@ extern long t_fail_write_after;
 extern long t_fail_sync_after;
 extern int t_fail_errno;
 
+/* A whole file in malloc'ed memory (NUL-terminated; *len may be NULL);
+ * fails the test if it cannot be read. */
+char *t_read(const char *path, size_t *len);
+
+/* Write n bytes to path, replacing it. */
+void t_write(const char *path, const void *data, size_t n);
+
+/* Run `idem ARGS` (a shell fragment, redirections allowed) in dir, with
+ * IDEM_STORE=local:DIR/store; returns its exit status. */
+int t_cli(const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Does the file at path contain the text? */
+int t_grep(const char *path, const char *text);
+
 /* Run a shell command; returns its exit status. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

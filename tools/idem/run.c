@@ -4,12 +4,14 @@
  * work; coproc.c talks to the handler. This file is the command's face:
  * options, help, and the output line of each message:
  *
- *   {"key":"k1","status":"done","attempt":1,"result":{...answer...}}
+ *   {"key":"k1","status":"done","result":{...answer...}}
  *
  * status is done, failed (permanent, cached) or gave_up (retryable
  * failures up to --max-attempts; not cached, a later run tries again).
  * With --replay emit, duplicates get a line too, with "replayed":true and
- * the cached answer; by default (skip) the output holds each key once. */
+ * the cached answer; by default (skip) the output holds each key once.
+ * The line carries no attempt or token: those differ between a run that
+ * was killed and resumed and one that was not, and the output must not. */
 #include <inttypes.h>
 #include <signal.h>
 #include <string.h>
@@ -38,7 +40,7 @@ static const char usage[] =
     "\n"
     "An answer may repeat \"key\"; it is then checked. Duplicates are not\n"
     "sent: they get the cached result. Output, one line per message:\n"
-    "  {\"key\":\"k1\",\"status\":\"done\",\"attempt\":1,\"result\":{...}}\n"
+    "  {\"key\":\"k1\",\"status\":\"done\",\"result\":{...}}\n"
     "with status done, failed or gave_up (and \"replayed\":true for\n"
     "duplicates under --replay emit).\n"
     "\n"
@@ -133,8 +135,7 @@ static int emit_result(void *ctx, stream *st, const idem_msg *msgs,
     int rc = buf_str(b, text ? "{\"key\":" : "{\"key_base64\":");
     rc = rc ? rc : text ? buf_json_string(b, m->key, m->keylen)
                         : buf_base64(b, m->key, m->keylen);
-    rc = rc ? rc : buf_fmt(b, ",\"status\":\"%s\",\"attempt\":%u,", status,
-                          src->attempt);
+    rc = rc ? rc : buf_fmt(b, ",\"status\":\"%s\",", status);
     if (replayed)
         rc = rc ? rc : buf_str(b, "\"replayed\":true,");
     rc = rc ? rc : buf_str(b, "\"result\":");

@@ -1,0 +1,101 @@
+/* handler - a scriptable `idem run` handler for the tests.
+ *
+ * usage: handler [LOG] [ACTION=KEY|N ...]
+ *
+ * Answers {"ok":true,"key":K,"n":LEN} to each envelope, where LEN is the
+ * length of the envelope's message: deterministic, so outputs of runs
+ * can be compared byte for byte. If LOG is a path (not an action), every
+ * envelope's "key token" is appended to it before answering, one write per
+ * line, so a kill -9 cannot leave half a line. Actions:
+ *
+ *   fail=KEY      answer a permanent failure for KEY
+ *   retry=KEY     answer a retryable failure for KEY, every time
+ *   flaky=KEY     a retryable failure for KEY on attempt 1, then ok
+ *   exit=N        exit(3) instead of answering the Nth envelope (1-based)
+ *   garbage=N     answer the Nth envelope with a line that is not JSON
+ *   hang=N        sleep forever instead of answering the Nth envelope
+ *   wrongkey=N    answer the Nth envelope with another key */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *action(int argc, char **argv, const char *name)
+{
+    size_t n = strlen(name);
+    for (int i = 1; i < argc; i++)
+        if (!strncmp(argv[i], name, n) && argv[i][n] == '=')
+            return argv[i] + n + 1;
+    return NULL;
+}
+
+static long nth(int argc, char **argv, const char *name)
+{
+    const char *v = action(argc, argv, name);
+    return v ? strtol(v, NULL, 10) : -1;
+}
+
+/* Copy the string value after "name": into out. */
+static void field(const char *line, const char *name, char *out, size_t n)
+{
+    char pat[32];
+    snprintf(pat, sizeof pat, "\"%s\":", name);
+    const char *p = strstr(line, pat);
+    out[0] = '\0';
+    if (!p)
+        return;
+    p += strlen(pat);
+    size_t k = 0;
+    if (*p == '"')
+        p++;
+    while (*p && *p != '"' && *p != ',' && k + 1 < n)
+        out[k++] = *p++;
+    out[k] = '\0';
+}
+
+int main(int argc, char **argv)
+{
+    int log = -1;
+    if (argc > 1 && !strchr(argv[1], '='))
+        log = open(argv[1], O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const char *fail = action(argc, argv, "fail");
+    const char *retry = action(argc, argv, "retry");
+    const char *flaky = action(argc, argv, "flaky");
+    long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
+                                                          "garbage");
+    long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
+    static char line[1 << 22];
+    char key[256], token[32], attempt[32], out[600];
+    for (long i = 1; fgets(line, sizeof line, stdin); i++) {
+        field(line, "key", key, sizeof key);
+        field(line, "token", token, sizeof token);
+        field(line, "attempt", attempt, sizeof attempt);
+        const char *msg = strstr(line, "\"message\":");
+        size_t mlen = msg ? strlen(msg) : 0;
+        if (log >= 0) {
+            int k = snprintf(out, sizeof out, "%s %s\n", key, token);
+            if (write(log, out, (size_t)k) != k)
+                return 1;
+        }
+        if (i == exit_at)
+            exit(3);
+        if (i == hang)
+            for (;;)
+                pause();
+        if (i == garbage)
+            snprintf(out, sizeof out, "this is not json\n");
+        else if (fail && !strcmp(key, fail))
+            snprintf(out, sizeof out, "{\"error\":\"no such card\"}\n");
+        else if ((retry && !strcmp(key, retry)) ||
+                 (flaky && !strcmp(key, flaky) && !strcmp(attempt, "1")))
+            snprintf(out, sizeof out,
+                     "{\"error\":\"timeout\",\"retryable\":true}\n");
+        else
+            snprintf(out, sizeof out, "{\"ok\":true,\"key\":\"%s\",\"n\":%zu}\n",
+                     i == wrong ? "someone-else" : key, mlen);
+        fputs(out, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}

@@ -1,0 +1,288 @@
+/* tests/test_cli_dedup.c - `idem dedup` end to end: the JSON corpus, every
+ * option, the policies with their file:line:column messages, reruns. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = t_tmpdir();
+}
+
+static void teardown(void)
+{
+    t_rmdir(dir);
+    free(dir);
+}
+
+static const char *at(const char *name)
+{
+    static char buf[4][4200];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+static void put(const char *name, const char *text)
+{
+    t_write(at(name), text, strlen(text));
+}
+
+static void expect(const char *name, const char *text)
+{
+    size_t n;
+    char *got = t_read(at(name), &n);
+    cr_assert(n == strlen(text) && !memcmp(got, text, n),
+              "%s is\n%s\nwanted\n%s", name, got, text);
+    free(got);
+}
+
+TestSuite(cli_dedup, .init = setup, .fini = teardown);
+
+Test(cli_dedup, first_occurrences_byte_for_byte)
+{
+    put("in", "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n"
+              "{ \"v\": 2, \"id\" : \"a\" }\n{\"id\":\"c\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet in > out"), 0);
+    expect("out", "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n");
+}
+
+Test(cli_dedup, json_corpus)
+{
+    char *big = malloc(1600000);
+    cr_assert(big);
+    int n = snprintf(big, 64, "{\"pad\":\"");
+    memset(big + n, 'x', 1500000);
+    snprintf(big + n + 1500000, 64, "\",\"id\":\"big\"}\n");
+    put("in",
+        /* escapes: the same key written three ways */
+        "{\"id\":\"a\\\"b\"}\n"
+        "{\"id\":\"a\\u0022b\"}\n"
+        "{\"\\u0069d\":\"a\\\"b\"}\n"
+        /* unicode values, raw and escaped */
+        "{\"id\":\"\xc3\xbc\"}\n"
+        "{\"id\":\"\\u00fc\"}\n"
+        /* decoys: the name inside a string, at another depth */
+        "{\"note\":\"\\\"id\\\": \\\"x\\\"\",\"id\":\"y\"}\n"
+        "{\"x\":{\"id\":\"deep\"},\"id\":\"top\"}\n"
+        "{\"id\":\"x\"}\n"
+        /* numbers as written */
+        "{\"id\":12}\n{\"id\":12.0}\n{\"id\":12}\n"
+        /* blank lines, CRLF */
+        "\n   \n{\"id\":\"crlf\"}\r\n\r\n"
+        /* last wins for a repeated member */
+        "{\"id\":\"first\",\"id\":\"last\"}\n{\"id\":\"last\"}\n");
+    FILE *f = fopen(at("in"), "ab");
+    fputs(big, f);
+    fputs("{\"id\":\"big\"}\n{\"id\":\"end\"}", f);  /* no final newline */
+    fclose(f);
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --stats-json in > out "
+                            "2> err"), 0);
+    size_t len;
+    char *out = t_read(at("out"), &len);
+    const char *want =
+        "{\"id\":\"a\\\"b\"}\n"
+        "{\"id\":\"\xc3\xbc\"}\n"
+        "{\"note\":\"\\\"id\\\": \\\"x\\\"\",\"id\":\"y\"}\n"
+        "{\"x\":{\"id\":\"deep\"},\"id\":\"top\"}\n"
+        "{\"id\":\"x\"}\n"
+        "{\"id\":12}\n{\"id\":12.0}\n"
+        "{\"id\":\"crlf\"}\r\n"
+        "{\"id\":\"first\",\"id\":\"last\"}\n";
+    cr_assert(!strncmp(out, want, strlen(want)), "got\n%.400s", out);
+    cr_assert(!strcmp(out + strlen(want) + strlen(big), "{\"id\":\"end\"}\n"),
+              "the big line once, then the last line with a newline");
+    cr_assert_eq(len, strlen(want) + strlen(big) + 13);
+    cr_assert(t_grep(at("err"), "\"new\":11,\"duplicate\":6"), "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "\"blank\":3"));
+    free(out);
+    free(big);
+}
+
+Test(cli_dedup, nested_paths_and_json_pointer)
+{
+    put("in", "{\"user\":{\"id\":1,\"a/b\":{\"c~d\":\"p\"}},"
+              "\"items\":[{\"sku\":\"s1\"},{\"sku\":\"s2\"}]}\n"
+              "{\"user\":{\"id\":\"1\"},\"items\":[{\"sku\":\"s2\"}]}\n"
+              "{\"user\":{\"id\":2},\"items\":[{\"x\":1},{\"sku\":\"s1\"}]}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key user.id --quiet in > a"), 0);
+    cr_assert_eq(t_sh("wc -l < '%s' | grep -qx 2", at("a")), 0,
+                  "1 and \"1\" are one key");
+    cr_assert_eq(t_cli(dir, "dedup --key /user/id --store mem: --quiet in "
+                            "> b"), 0);
+    cr_assert_eq(t_sh("cmp -s '%s' '%s'", at("a"), at("b")), 0);
+    cr_assert_eq(t_cli(dir, "dedup --key items.0.sku --store mem: "
+                            "--on-missing-key skip --quiet in > c"), 0);
+    cr_assert_eq(t_sh("wc -l < '%s' | grep -qx 2", at("c")), 0,
+                  "s1 and s2; line 3 has no items.0.sku");
+    cr_assert_eq(t_cli(dir, "dedup --key '/user/a~1b/c~0d' --store mem: "
+                            "--on-missing-key skip --quiet in > d"), 0);
+    cr_assert_eq(t_sh("wc -l < '%s' | grep -qx 1", at("d")), 0);
+    cr_assert_eq(t_cli(dir, "dedup --key 'user..id' in 2> e"), 2);
+    cr_assert(t_grep(at("e"), "empty segment"));
+}
+
+Test(cli_dedup, unicode_key_names)
+{
+    put("in", "{\"ключ\":\"1\"}\n{\"ключ\":\"1\"}\n{\"ключ\":\"2\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key ключ --quiet in > out"), 0);
+    expect("out", "{\"ключ\":\"1\"}\n{\"ключ\":\"2\"}\n");
+}
+
+Test(cli_dedup, bad_json_stops_with_file_line_column)
+{
+    put("in", "{\"id\":\"a\"}\n{\"id\": \"ü\", oops}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --output out in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "in:2:14: invalid JSON"), "%s",
+              t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "--on-bad-input skip"));
+    expect("out", "{\"id\":\"a\"}\n");
+    /* fixed input: the rerun resumes after line 1 */
+    put("in", "{\"id\":\"a\"}\n{\"id\": \"c\"}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --output out in 2> err"), 0);
+    cr_assert(t_grep(at("err"), "resuming"));
+    expect("out", "{\"id\":\"a\"}\n{\"id\": \"c\"}\n{\"id\":\"b\"}\n");
+}
+
+Test(cli_dedup, bad_json_skip_counts)
+{
+    put("in", "{\"id\":\"a\"}\n[1,\n{\"id\":\"a\"} {}\n\"str\"\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --on-bad-input skip "
+                            "--on-missing-key skip --stats-json in > out "
+                            "2> err"), 0);
+    expect("out", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    cr_assert(t_grep(at("err"), "\"skipped\":3"), "%s",
+              t_read(at("err"), NULL));
+}
+
+Test(cli_dedup, missing_key_policies)
+{
+    put("in", "{\"id\":\"a\"}\n{\"other\":1}\n{\"id\":{\"x\":1}}\n"
+              "{\"id\":\"\"}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id in > out 2> err"), 1);
+    cr_assert(t_grep(at("err"), "in:2:1: no key field 'id'"));
+    expect("out", "{\"id\":\"a\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --store mem: --on-missing-key "
+                            "pass in > out 2> err"), 0);
+    expect("out", "{\"id\":\"a\"}\n{\"other\":1}\n{\"id\":{\"x\":1}}\n"
+                  "{\"id\":\"\"}\n{\"id\":\"b\"}\n");
+    cr_assert(t_grep(at("err"), "is an object, not a string or number"));
+    cr_assert(t_grep(at("err"), "the key is 0 bytes"));
+    cr_assert(t_grep(at("err"), "3 passed through"));
+    cr_assert_eq(t_cli(dir, "dedup --key id --store mem: --on-missing-key "
+                            "skip --quiet in > out 2> err"), 0);
+    expect("out", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    expect("err", "");
+}
+
+Test(cli_dedup, line_mode_and_stdin)
+{
+    put("in", "x\ny\r\nx\r\nnot json {\n");
+    cr_assert_eq(t_cli(dir, "dedup --line --quiet < in > out"), 0);
+    expect("out", "x\ny\r\nnot json {\n");
+    cr_assert_eq(t_cli(dir, "dedup --line --quiet - < in > out"), 0);
+    expect("out", "");
+}
+
+Test(cli_dedup, persistent_store_and_ttl)
+{
+    put("a", "{\"id\":1}\n{\"id\":2}\n");
+    put("b", "{\"id\":2}\n{\"id\":3}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet a > out"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet b > out"), 0);
+    expect("out", "{\"id\":3}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --ttl 100ms "
+                            "--store local:short a > out"), 0);
+    t_sh("sleep 0.3");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store local:short a "
+                            "> out"), 0);
+    expect("out", "{\"id\":1}\n{\"id\":2}\n");
+}
+
+Test(cli_dedup, output_jobs_and_reruns)
+{
+    put("a", "{\"id\":1}\n{\"id\":2}\n{\"id\":1}\n");
+    put("b", "{\"id\":2}\n{\"id\":3}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --output o1 a"), 0);
+    expect("o1", "{\"id\":1}\n{\"id\":2}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --output o1 a 2> err"), 0,
+                 "a finished run repeated adds nothing and exits 0");
+    expect("o1", "{\"id\":1}\n{\"id\":2}\n");
+    cr_assert(t_grep(at("err"), "0 new"));
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --output o1 b"), 0);
+    expect("o1", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
+    /* a job named apart keeps its own output and checkpoint */
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store local:s2 "
+                            "--job j --output o2 a b"), 0);
+    expect("o2", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
+    /* an output file that lost committed bytes is refused */
+    put("o1", "");
+    cr_assert_eq(t_cli(dir, "dedup --key id --output o1 a 2> err"), 1);
+    cr_assert(t_grep(at("err"), "changed or replaced"));
+    /* a longer output is cut back to the committed length */
+    put("o2", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\ngarbage\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store local:s2 "
+                            "--job j --output o2 a b"), 0);
+    expect("o2", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
+}
+
+Test(cli_dedup, small_batches_and_many_inputs)
+{
+    FILE *f = fopen(at("a"), "w");
+    for (int i = 0; i < 5000; i++)
+        fprintf(f, "{\"id\":%d}\n", i % 3000);
+    fclose(f);
+    put("b", "{\"id\":4000}\n{\"id\":1}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --batch 7 --quiet --output o a "
+                            "b"), 0);
+    cr_assert_eq(t_sh("wc -l < '%s' | grep -qx 3001", at("o")), 0);
+    cr_assert_eq(t_cli(dir, "dedup --key id --batch 0 a 2> err"), 2);
+    cr_assert(t_grep(at("err"), "--batch wants a whole number"));
+}
+
+Test(cli_dedup, usage_errors_say_what_to_type)
+{
+    struct {
+        const char *args, *says;
+    } cases[] = {
+        {"dedup --keys id", "did you mean --key?"},
+        {"dedup", "--key FIELD"},
+        {"dedup --key id --line", "exclude each other"},
+        {"dedup --key id --ttl 3y", "30s, 5m, 24h or 7d"},
+        {"dedup --key id --on-missing-key drop", "error|skip|pass"},
+        {"dedup --key id --on-bad-input pass", "error|skip"},
+        {"dedup --key", "needs a value"},
+        {"dedup --key id --store nope:x", "unknown store URI"},
+        {"nosuch", "unknown command"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = t_cli(dir, "%s < /dev/null > out 2> err", cases[i].args);
+        cr_assert_eq(rc, strstr(cases[i].args, "nope:") ? 1 : 2, "%s: %d",
+                     cases[i].args, rc);
+        cr_assert(t_grep(at("err"), cases[i].says), "%s: %s", cases[i].args,
+                  t_read(at("err"), NULL));
+    }
+    cr_assert_eq(t_cli(dir, "dedup --help > out"), 0);
+    cr_assert(t_grep(at("out"), "--on-missing-key"));
+    cr_assert_eq(t_cli(dir, "--help > out"), 0);
+    cr_assert(t_grep(at("out"), "dedup"));
+}
+
+Test(cli_dedup, second_process_gets_a_clear_lock_error)
+{
+    t_sh("mkfifo '%s'", at("fifo"));
+    t_sh("cd '%s' && (\"$IDEM_CLI\" dedup --line --store local:held "
+         "--quiet < fifo > /dev/null &) && exec 3> fifo && "
+         "while [ ! -s held/LOCK ]; do sleep 0.01; done && "
+         "\"$IDEM_CLI\" get x --store local:held 2> err; "
+         "echo $? > rc; exec 3>&-", dir);
+    expect("rc", "1\n");
+    cr_assert(t_grep(at("err"), "in use by another process (pid"),
+              "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "give this one its own --store"));
+}
