@@ -344,7 +344,8 @@ static void *commit_batch(void *arg)
             lp->st.n.restarts >= lp->st.cfg->restarts)
             return NULL;
         lp->st.n.restarts++;
-        fprintf(stderr, "idem %s: restarting the handler (%" PRIu64
+        if (!lp->st.cfg->quiet)
+            fprintf(stderr, "idem %s: restarting the handler (%" PRIu64
                 " of %" PRIu64 ")\n", lp->st.cfg->cmd, lp->st.n.restarts,
                 lp->st.cfg->restarts);
     }

@@ -1,0 +1,160 @@
+/* tests/test_cli_run.c - `idem run` end to end with tests/progs/handler:
+ * results, duplicates and replays, failures, retries, and a handler that
+ * exits, hangs, writes garbage or answers out of step. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = t_tmpdir();
+    char p[4300];
+    snprintf(p, sizeof p, "%s/in", dir);
+    FILE *f = fopen(p, "w");
+    cr_assert(f);
+    fputs("{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"a\"}\n{\"id\":\"c\"}\n"
+          "{\"id\":\"d\"}\n", f);
+    fclose(f);
+}
+
+static void teardown(void)
+{
+    t_rmdir(dir);
+    free(dir);
+}
+
+static const char *at(const char *name)
+{
+    static char buf[4][4200];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+/* idem run with the test handler and its actions. */
+static int run(const char *opts, const char *actions)
+{
+    return t_cli(dir, "run --key id --backoff 1ms --exec "
+                      "'\"$IDEM_PROGS/handler\" log %s' %s",
+                 actions, opts);
+}
+
+static void expect(const char *name, const char *text)
+{
+    size_t n;
+    char *got = t_read(at(name), &n);
+    cr_assert(n == strlen(text) && !memcmp(got, text, n),
+              "%s is\n%s\nwanted\n%s", name, got, text);
+    free(got);
+}
+
+#define R(k) "{\"key\":\"" k "\",\"status\":\"done\",\"result\":" \
+             "{\"ok\":true,\"key\":\"" k "\",\"n\":22}}\n"
+
+TestSuite(cli_run, .init = setup, .fini = teardown);
+
+Test(cli_run, each_key_once_in_order)
+{
+    cr_assert_eq(run("--quiet --output out in", ""), 0);
+    expect("out", R("a") R("b") R("c") R("d"));
+    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+    cr_assert_eq(run("--quiet --output out in", ""), 0);
+    expect("out", R("a") R("b") R("c") R("d"));
+    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+}
+
+Test(cli_run, replay_emit_gives_duplicates_the_cached_result)
+{
+    cr_assert_eq(run("--quiet --replay emit in > out", ""), 0);
+    char *out = t_read(at("out"), NULL);
+    cr_assert(strstr(out, "{\"key\":\"a\",\"status\":\"done\",\"replayed\""
+                          ":true,\"result\":{\"ok\":true,\"key\":\"a\","));
+    free(out);
+    cr_assert_eq(run("--quiet --replay emit in > out", ""), 0);
+    cr_assert_eq(t_sh("grep -c replayed '%s' | grep -qx 5", at("out")), 0);
+    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+}
+
+Test(cli_run, failures_are_cached_retries_give_up)
+{
+    cr_assert_eq(run("--max-attempts 2 --stats-json in > out 2> err",
+                     "fail=b retry=c flaky=d"), 0);
+    char *out = t_read(at("out"), NULL);
+    cr_assert(strstr(out, "{\"key\":\"b\",\"status\":\"failed\",\"result\":"
+                          "{\"error\":\"no such card\"}}"), "%s", out);
+    cr_assert(strstr(out, "{\"key\":\"c\",\"status\":\"gave_up\","), "%s",
+              out);
+    cr_assert(strstr(out, "{\"key\":\"d\",\"status\":\"done\","), "%s", out);
+    free(out);
+    cr_assert(t_grep(at("err"), "\"failed\":1,\"gave_up\":1"));
+    expect("log", "a 1\nb 1\nc 1\nd 1\nc 2\nd 2\n");
+    /* b's failure is cached; c was released and runs again */
+    cr_assert_eq(run("--quiet in > out", "retry=c"), 0);
+    cr_assert(t_grep(at("log"), "c 3\n"));
+    cr_assert(!t_grep(at("log"), "b 2"));
+}
+
+Test(cli_run, a_handler_that_exits_stops_the_run_and_commits_the_prefix)
+{
+    cr_assert_eq(run("--output out in 2> err", "exit=3"), 1);
+    cr_assert(t_grep(at("err"), "the handler exited with status 3 before "
+                                "answering every message"),
+              "%s", t_read(at("err"), NULL));
+    expect("out", R("a") R("b"));
+    cr_assert_eq(run("--quiet --output out in", ""), 0);
+    expect("out", R("a") R("b") R("c") R("d"));
+    /* d's envelope was sent but never read: its claim was released, and
+     * the rerun gives it a new token */
+    expect("log", "a 1\nb 1\nc 1\nc 2\nd 2\n");
+}
+
+Test(cli_run, garbage_and_wrong_keys_are_errors)
+{
+    cr_assert_eq(run("--output out in 2> err", "garbage=2"), 1);
+    cr_assert(t_grep(at("err"), "not a JSON object: this is not json"));
+    expect("out", R("a"));
+    cr_assert_eq(run("--output out in 2> err", "wrongkey=1"), 1);
+    cr_assert(t_grep(at("err"), "answered for another key"));
+}
+
+Test(cli_run, a_hung_handler_is_killed_after_the_lease)
+{
+    cr_assert_eq(run("--lease 300ms --output out in 2> err", "hang=2"), 1);
+    cr_assert(t_grep(at("err"), "gave no answer for key 'b' within the "
+                                "lease"));
+    expect("out", R("a"));
+}
+
+Test(cli_run, restart_continues_after_a_crash_with_new_tokens)
+{
+    cr_assert_eq(run("--restart 1 --quiet --output out in", "exit=1"), 1,
+                 "the restarted handler exits at its first message too");
+    cr_assert_eq(run("--restart 5 --quiet --output out in", "exit=2"), 0);
+    expect("out", R("a") R("b") R("c") R("d"));
+}
+
+Test(cli_run, line_mode_sends_text)
+{
+    t_sh("printf 'x y\\nx y\\n' > '%s'", at("t"));
+    cr_assert_eq(t_cli(dir, "run --line --quiet --exec 'while read -r l; "
+                            "do echo \"$l\" >> seen; echo {}; done' t > out"),
+                 0);
+    cr_assert(t_grep(at("seen"), "\"message\":\"x y\"}"));
+    expect("out", "{\"key\":\"x y\",\"status\":\"done\",\"result\":{}}\n");
+}
+
+Test(cli_run, usage)
+{
+    cr_assert_eq(t_cli(dir, "run --key id in 2> err"), 2);
+    cr_assert(t_grep(at("err"), "--exec 'CMD'"));
+    cr_assert_eq(t_cli(dir, "run --help > out"), 0);
+    cr_assert(t_grep(at("out"), "fencing token"));
+    cr_assert_eq(t_cli(dir, "run --key id --exec x --replay twice in "
+                            "2> err"), 2);
+    cr_assert(t_grep(at("err"), "skip|emit"));
+}
