@@ -1,0 +1,205 @@
+/* tests/test_cli_crash.c - kill -9 `idem dedup` and `idem run` at random
+ * moments, run the same command again until it finishes, and compare the
+ * output byte for byte with an uninterrupted run's.
+ *
+ * dedup is killed reading a file (resumes at the checkpoint's offset) and
+ * reading a pipe (resumes by reading everything again); run is killed with
+ * a handler that logs every envelope, and the log must show that no token
+ * was ever given twice for a key. IDEM_CLI_KILLS sets the kills per case
+ * (default 30: 90 per run). */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define LINES 20000
+
+static char *dir;
+
+static const char *at(const char *name)
+{
+    static char buf[4][4200];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+/* 20,000 events, one in ten a redelivery of an earlier one. */
+static void make_input(void)
+{
+    FILE *f = fopen(at("in"), "w");
+    cr_assert(f);
+    unsigned x = 12345;
+    int fresh = 0;
+    for (int i = 0; i < LINES; i++) {
+        x = x * 1103515245u + 12345u;
+        int k = (x >> 8) % 10 == 0 && fresh ? (int)((x >> 12) % fresh)
+                                            : fresh++;
+        fprintf(f, "{\"id\":\"ev-%d\",\"amount\":%d,\"note\":\"n%u\"}\n", k,
+                k * 7 % 1000, k * 13u);
+    }
+    fclose(f);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Start idem with argv in dir; with `piped`, its stdin is a pipe that a
+ * helper fills with the input file. */
+static pid_t spawn(const char *const argv[], int piped)
+{
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid)
+        return pid;
+    if (chdir(dir) != 0)
+        _exit(126);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    if (piped) {
+        int p[2];
+        if (pipe(p) != 0)
+            _exit(126);
+        if (fork() == 0) {
+            close(p[0]);
+            dup2(p[1], 1);
+            execlp("cat", "cat", "in", (char *)NULL);
+            _exit(127);
+        }
+        close(p[1]);
+        dup2(p[0], 0);
+    }
+    execv(argv[0], (char *const *)argv);
+    _exit(127);
+}
+
+/* Run to completion once, without kills; returns the seconds it took. */
+static double run_clean(const char *const argv[], int piped)
+{
+    double t0 = now_s();
+    int st;
+    waitpid(spawn(argv, piped), &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clean run failed");
+    return now_s() - t0;
+}
+
+/* Kill runs at random moments until `kills` kills have landed; after each
+ * completed run compare the output with ref and start afresh. Returns the
+ * number of completed runs that had been killed at least once. */
+static int kill_loop(const char *const argv[], int piped, double span, long kills,
+                     void (*verify)(void))
+{
+    int verified = 0, killed_this_round = 0;
+    for (long k = 0; k < kills;) {
+        pid_t pid = spawn(argv, piped);
+        long us = (long)((double)rand() / RAND_MAX * span * 1.2e6);
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        int landed = kill(pid, SIGKILL) == 0;
+        int st;
+        waitpid(pid, &st, 0);
+        if (WIFSIGNALED(st) && landed) {
+            k++;
+            killed_this_round = 1;
+            continue;
+        }
+        cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "a resumed run failed on its own (status %d)", st);
+        if (killed_this_round)
+            verified++;
+        killed_this_round = 0;
+        verify();
+        t_sh("cd '%s' && rm -rf store out log", dir);
+    }
+    /* finish the last round too */
+    int st;
+    do
+        waitpid(spawn(argv, piped), &st, 0);
+    while (!WIFEXITED(st));
+    cr_assert_eq(WEXITSTATUS(st), 0);
+    verify();
+    return verified + killed_this_round;
+}
+
+static void same_as_ref(void)
+{
+    cr_assert_eq(t_sh("cmp -s '%s' '%s'", at("out"), at("ref")), 0,
+                 "the output differs from the uninterrupted run's");
+}
+
+/* Each key's tokens in the handler's log only ever grow. */
+static void tokens_never_repeat(void)
+{
+    same_as_ref();
+    cr_assert_eq(t_sh("awk '{ if (($1 in t) && $2 <= t[$1]) bad = 1; "
+                      "t[$1] = $2 } END { exit bad }' '%s'", at("log")), 0,
+                 "a token was given twice for one key");
+}
+
+static long kills(void)
+{
+    const char *e = getenv("IDEM_CLI_KILLS");
+    return e ? strtol(e, NULL, 10) : 30;
+}
+
+static void crash_case(const char *const *argv, int piped, void (*verify)(void))
+{
+    dir = t_tmpdir();
+    make_input();
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    double span = run_clean(argv, piped);
+    t_sh("cd '%s' && mv out ref && rm -rf store log", dir);
+    int rounds = kill_loop(argv, piped, span, kills(), verify);
+    cr_assert_gt(rounds, 0, "no killed run ever finished (seed %u)", seed);
+    cr_log_info("%ld kills over %d resumed runs (seed %u)", kills(), rounds,
+                seed);
+    t_rmdir(dir);
+    free(dir);
+}
+
+static char cli[4200], handler[4300];
+
+static void paths(void)
+{
+    snprintf(cli, sizeof cli, "%s", getenv("IDEM_CLI"));
+    snprintf(handler, sizeof handler, "%s/handler log",
+             getenv("IDEM_PROGS"));
+}
+
+Test(cli_crash, dedup_file_kill9, .timeout = 900)
+{
+    paths();
+    const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
+                    "--store", "local:store", "--output", "out", "in", NULL};
+    crash_case(argv, 0, same_as_ref);
+}
+
+Test(cli_crash, dedup_pipe_kill9, .timeout = 900)
+{
+    paths();
+    const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
+                    "--store", "local:store", "--output", "out", NULL};
+    crash_case(argv, 1, same_as_ref);
+}
+
+Test(cli_crash, run_kill9, .timeout = 900)
+{
+    paths();
+    const char *argv[] = {cli, "run", "--key", "id", "--batch", "300", "--store",
+                    "local:store", "--output", "out", "--exec", handler, "in",
+                    NULL};
+    crash_case(argv, 0, tokens_never_repeat);
+}
