@@ -53,3 +53,42 @@ if [ -x "$BUILD/bench/keys" ]; then
     echo "# key generation"
     "$BUILD/bench/keys"
 fi
+
+# dedup against mawk, and run with a trivial handler, on one corpus:
+# N NDJSON events (~150 bytes each), 10% redelivered duplicates.
+echo "# idem dedup vs mawk: $N events, 10% duplicates, --output (durable)"
+"$BUILD/bench/gen_events" "$N" 10 > "$tmp/events.ndjson"
+secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.3f", b - a }'; }
+now() { date +%s.%N; }
+peak_kb() { sed -n 's/.*Maximum resident set size (kbytes): //p' "$1"; }
+t0=$(now)
+mawk -F'"event_id": "' '{split($2,a,"\""); if(!seen[a[1]]++) print}' \
+    "$tmp/events.ndjson" > "$tmp/mawk.out"
+t1=$(now)
+rm -rf "$tmp/dstore"
+if command -v /usr/bin/time >/dev/null; then
+    timer="/usr/bin/time -v -o $tmp/time.txt"
+else
+    timer=""
+fi
+t2=$(now)
+$timer "$BUILD/idem" dedup --key event_id --store "local:$tmp/dstore" \
+    --output "$tmp/idem.out" --quiet "$tmp/events.ndjson"
+t3=$(now)
+mawk_s=$(secs "$t0" "$t1"); idem_s=$(secs "$t2" "$t3")
+cmp -s "$tmp/mawk.out" "$tmp/idem.out" && same=yes || same=NO
+echo "mawk_seconds=$mawk_s idem_dedup_seconds=$idem_s same_output=$same"
+echo "mawk_lines_per_sec=$(r "$N" "$mawk_s")" \
+    "idem_dedup_lines_per_sec=$(r "$N" "$idem_s")"
+echo "dedup_vs_mawk=$(r "$mawk_s" "$idem_s") (>= 2)"
+[ -n "$timer" ] && echo "dedup_peak_rss_kb=$(peak_kb "$tmp/time.txt") (<= 204800)"
+
+echo "# idem run: $N events, trivial handler (bench/handler_ok.c)"
+rm -rf "$tmp/rstore"
+t0=$(now)
+"$BUILD/idem" run --key event_id --store "local:$tmp/rstore" \
+    --exec "$BUILD/bench/handler_ok" --output "$tmp/run.out" --quiet \
+    "$tmp/events.ndjson"
+t1=$(now)
+run_s=$(secs "$t0" "$t1")
+echo "run_seconds=$run_s run_messages_per_sec=$(r "$N" "$run_s") (>= 200000)"
