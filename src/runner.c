@@ -132,8 +132,9 @@ static int idem__runner_keep(idem_runner *r, idem_msg *m, const void *p,
 /* Mark repeats of a key within the batch and list the distinct keys. */
 static size_t idem__runner_distinct(idem_runner *r, idem_msg *msgs, size_t n)
 {
-    memset(r->slots, 0, r->nslots * sizeof *r->slots);
     size_t u = 0, mask = r->nslots - 1;
+    if (n)
+        memset(r->slots, 0, r->nslots * sizeof *r->slots);
     for (size_t i = 0; i < n; i++) {
         size_t h = (size_t)XXH3_64bits(msgs[i].key, msgs[i].keylen) & mask;
         for (; r->slots[h]; h = (h + 1) & mask) {

@@ -122,3 +122,18 @@ Test(cli_inspect, check_and_repair)
     cr_assert_eq(t_cli(dir, "check > out"), 0);
     cr_assert_eq(t_cli(dir, "get f > /dev/null"), 0, "the rest survived");
 }
+
+Test(cli_inspect, expired_records_are_gone)
+{
+    t_sh("printf '{\"id\":1}\\n{\"id\":2}\\n' > '%s'", at("in"));
+    cr_assert_eq(t_cli(dir, "dedup --key id --ttl 100ms --quiet "
+                            "--store local:short in > /dev/null"), 0);
+    t_sh("sleep 0.3");
+    /* opening the store leaves expired records out of memory already */
+    cr_assert_eq(t_cli(dir, "stats --store local:short > out"), 0);
+    cr_assert(t_grep(at("out"), "index entries  0"));
+    cr_assert_eq(t_cli(dir, "sweep --store local:short > out"), 0);
+    cr_assert(t_grep(at("out"), "removed 0 expired records; segments 1 -> "
+                                "1"), "%s", t_read(at("out"), NULL));
+    cr_assert_eq(t_cli(dir, "get 1 --store local:short 2> /dev/null"), 1);
+}

@@ -158,3 +158,19 @@ Test(cli_run, usage)
                             "2> err"), 2);
     cr_assert(t_grep(at("err"), "skip|emit"));
 }
+
+Test(cli_run, policies_and_a_missing_handler)
+{
+    t_sh("printf '{\"id\":\"a\"}\\n{\"no\":1}\\n{\"id\":\"b\"}\\n' > '%s'",
+         at("m"));
+    cr_assert_eq(t_cli(dir, "run --key id --on-missing-key pass --quiet "
+                            "--exec '\"$IDEM_PROGS/handler\"' m > out"), 0);
+    char *out = t_read(at("out"), NULL);
+    cr_assert(strstr(out, "\"status\":\"done\"") &&
+              strstr(out, "\n{\"no\":1}\n"), "%s", out);
+    free(out);
+    cr_assert_eq(t_cli(dir, "run --key id --store local:s2 --exec "
+                            "no-such-handler-here in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "status 127 (command not found?)"), "%s",
+              t_read(at("err"), NULL));
+}

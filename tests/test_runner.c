@@ -57,8 +57,8 @@ Test(scan, visits_every_live_record_once)
     idem_store *s = t_open("mem:");
     idem_outcome o;
     for (int i = 0; i < 100; i++) {
-        char k[8];
-        snprintf(k, sizeof k, "k%d", i);
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i % 1000);
         cr_assert_eq(idem_claim(s, &(idem_key){k, strlen(k), NULL}, NULL,
                                 &o), 0);
     }

@@ -94,7 +94,8 @@ static void reap(coproc *c, char *why, size_t n)
     if (r != c->pid)
         snprintf(why, n, "ended");
     else if (WIFEXITED(st))
-        snprintf(why, n, "exited with status %d", WEXITSTATUS(st));
+        snprintf(why, n, "exited with status %d%s", WEXITSTATUS(st),
+                 WEXITSTATUS(st) == 127 ? " (command not found?)" : "");
     else
         snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
 }
@@ -104,7 +105,7 @@ static void kill_child(coproc *c)
     if (!c->pid)
         return;
     kill(c->pid, SIGKILL);
-    char why[64];
+    char why[96];
     reap(c, why, sizeof why);
     close(c->to);
     close(c->from);
@@ -265,7 +266,7 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 /* Consume complete lines from rb for tasks[*got..n). */
 static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
 {
-    while (*got < n) {
+    while (*got < n && c->rpos < c->rb.len) {
         char *s = c->rb.p + c->rpos;
         char *nl = memchr(s, '\n', c->rb.len - c->rpos);
         if (!nl)
@@ -304,7 +305,8 @@ static int pump(coproc *c, size_t *woff, const struct pollfd *pf)
 /* Keep only unread answer bytes; earlier ones were handed out. */
 static void compact(coproc *c)
 {
-    memmove(c->rb.p, c->rb.p + c->rpos, c->rb.len - c->rpos);
+    if (c->rpos)
+        memmove(c->rb.p, c->rb.p + c->rpos, c->rb.len - c->rpos);
     c->rb.len -= c->rpos;
     c->rpos = 0;
 }
@@ -356,7 +358,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     if (!rc)
         rc = exchange(c, tasks, n);
     if (rc == IDEM_EIO && c->pid) {
-        char why[64];
+        char why[96];
         close(c->to);
         close(c->from);
         reap(c, why, sizeof why);

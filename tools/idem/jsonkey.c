@@ -81,7 +81,8 @@ static int set_key(jk *x, const char *s, size_t n, const char *type)
             x->key = k;
             x->keycap = n;
         }
-        memcpy(x->key, s, n);
+        if (n)
+            memcpy(x->key, s, n);
         x->keylen = n;
     } else {
         snprintf(x->type, sizeof x->type, "%s", type);

@@ -340,6 +340,8 @@ static void *commit_batch(void *arg)
         lp->rc = idem_runner_batch(lp->runner, b->msgs + lp->base,
                                    b->nmsgs - lp->base, &lp->committed);
         lp->base += lp->committed;
+        if (!lp->rc)  /* expire a little between batches: bounded work */
+            lp->rc = idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL);
         if (!lp->rc || lp->base == b->nmsgs || !lp->st.cfg->handler ||
             lp->st.n.restarts >= lp->st.cfg->restarts)
             return NULL;
@@ -448,7 +450,8 @@ static void summary(loop *lp)
                 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
                 "%.0f,\"resumed\":%s}\n",
                 c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
-                n->skipped, n->passed, n->blank, n->bytes, secs, rate,
+                n->skipped + n->invalid, n->passed, n->blank, n->bytes, secs,
+                rate,
                 lp->st.job.resumed ? "true" : "false");
         return;
     }
@@ -459,7 +462,7 @@ static void summary(loop *lp)
     if (c->handler)
         fprintf(stderr, ", %" PRIu64 " failed, %" PRIu64 " gave up",
                 n->failed, n->gave_up);
-    fprintf(stderr, ", %" PRIu64 " skipped", n->skipped);
+    fprintf(stderr, ", %" PRIu64 " skipped", n->skipped + n->invalid);
     if (n->passed)
         fprintf(stderr, ", %" PRIu64 " passed through", n->passed);
     fprintf(stderr, " in %.2f s (%.0f lines/s)\n", secs, rate);

@@ -9,8 +9,9 @@ static const char usage[] =
     "\n"
     "Remove every expired record from the index, delete segment files that\n"
     "hold nothing alive, and copy the few live records out of old, mostly\n"
-    "dead segments. Expired records are already invisible to every command;\n"
-    "this gives back memory and disk. Prints what it removed.\n"
+    "dead segments. Expired records are already invisible to every command,\n"
+    "and opening a store leaves them out of memory, so from here this gives\n"
+    "back disk; long-running commands sweep as they go. Prints what it did.\n"
     "\n"
     "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
 
