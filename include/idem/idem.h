@@ -354,6 +354,8 @@ int idem_check(const char *uri, idem_check_report *report);
  * fills report. The store must not be open elsewhere. */
 int idem_repair(const char *uri, idem_check_report *report);
 
+#include "idem/keys.h"
+
 #ifdef __cplusplus
 }
 #endif
