@@ -102,7 +102,9 @@ int idem_uuid7_gen_next(idem_uuid7_gen *g, uint8_t out[IDEM_UUID_LEN])
     do {
         if (old == UINT64_MAX) /* the year 10889 */
             return IDEM_ECLOCK;
-        next = old + 1 > fresh ? old + 1 : fresh;
+        /* A new millisecond starts the counter afresh; within one (or
+         * behind: the clock went back) it counts on. */
+        next = fresh >> 16 > old >> 16 ? fresh : old + 1;
     } while (!atomic_compare_exchange_weak_explicit(
         &g->state, &old, next, memory_order_relaxed, memory_order_relaxed));
     uint64_t ts = next >> 16;
