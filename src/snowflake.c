@@ -280,14 +280,15 @@ static int idem__open_state(idem_snowflake *g)
     int zero = 1;
     for (size_t i = 0; i < len; i++)
         zero &= buf[i] == 0;
-    if (len > 2 * IDEM__SLOT || (m[0] < 0 && m[1] < 0 && !zero))
+    /* All zeros: a file whose creation a crash cut short. */
+    if (!zero && (len > 2 * IDEM__SLOT || (m[0] < 0 && m[1] < 0)))
         return idem__sf_fail(g, IDEM_ECORRUPT,
                              "state file %s: not an idem snowflake state "
                              "file, or damaged beyond use (no valid slot); "
                              "if no generator used it, delete it",
                              g->path);
     /* Overwrite the smaller (or invalid) slot first: the larger stays. */
-    g->slot = m[0] >= m[1] ? 1 : 0;
+    g->slot = m[0] > m[1] ? 1 : 0;
     g->reserved = m[0] > m[1] ? m[0] : m[1];
     if (g->reserved >= 0) {
         g->last_ms = g->reserved;
