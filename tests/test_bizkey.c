@@ -21,8 +21,7 @@ static idem_bizkey_gen *gen(unsigned hash_len, const void *key, size_t klen)
 }
 
 /* The hash part of prefix:id:payload's key. */
-static const char *hash_of(idem_bizkey_gen *g, const void *payload,
-                           size_t len)
+static const char *hash_of(idem_bizkey_gen *g, const void *payload, size_t len)
 {
     static char out[IDEM_BIZKEY_MAX + 1];
     size_t n = 0;
@@ -43,7 +42,8 @@ Test(bizkey, sha256_fips_180_4_vectors, .timeout = 30)
     } v[] = {
         {"abc",
          "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
-        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"",
+         "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
         {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
          "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
         {"abcdefghbcdefghicdefghijdefghijkefghijklfghijklmghijklmnhijklmno"
@@ -132,25 +132,23 @@ Test(bizkey, hash_length_bounds, .timeout = 10)
         cr_assert_eq(idem_bizkey_new(&o, &g), IDEM_EINVAL, "len %u", bad[i]);
         cr_assert(strstr(idem_bizkey_errdetail(g), "out of range 8..64"));
         char out[64];
-        cr_assert_eq(idem_bizkey_make(g, "a", "b", "", 0, out, sizeof out,
-                                      NULL),
-                     IDEM_EINVAL, "a closed handle makes nothing");
+        cr_assert_eq(
+            idem_bizkey_make(g, "a", "b", "", 0, out, sizeof out, NULL),
+            IDEM_EINVAL, "a closed handle makes nothing");
         idem_bizkey_free(g);
     }
     for (unsigned n = 8; n <= 64; n++) {
         g = gen(n, NULL, 0);
         const char *h = hash_of(g, "abc", 3);
         cr_assert_eq(strlen(h), n);
-        cr_assert_eq(strncmp(h, full, n), 0, "len %u: a prefix of the hash",
-                     n);
+        cr_assert_eq(strncmp(h, full, n), 0, "len %u: a prefix of the hash", n);
         idem_bizkey_free(g);
     }
     /* The default is 16. */
     char out[IDEM_BIZKEY_MAX + 1];
     size_t n;
-    cr_assert_eq(idem_bizkey("order", "A-1001", "abc", 3, NULL, out,
-                             sizeof out, &n),
-                 0);
+    cr_assert_eq(
+        idem_bizkey("order", "A-1001", "abc", 3, NULL, out, sizeof out, &n), 0);
     cr_assert_str_eq(out, "order:A-1001:ba7816bf8f01cfea");
     cr_assert_eq(n, 29u);
     /* An empty secret is refused. */
@@ -176,15 +174,14 @@ Test(bizkey, invalid_prefixes_and_ids_rejected, .timeout = 10)
 {
     char *p64 = repeat('p', 64), *p65 = repeat('p', 65);
     char *i256 = repeat('i', 256), *i257 = repeat('i', 257);
-    const char *bad_prefix[] = {"",   "a:b", "a b", "{a}",  "a}",  "-a",
-                                ".a", "_a",  "a\n", "caf\xc3\xa9", "a/b",
-                                "a@b", "a\t", "a*", p65};
-    const char *good_prefix[] = {"a", "order", "refund.v2", "A_b-c", "9x",
-                                 p64};
-    const char *bad_id[] = {"", "a:b", "a b", "{x}", "x\r", "\x7f", "a#b",
-                            "a?b", "%41", i257};
-    const char *good_id[] = {"A-1001", "x@y+z=w/v~", "2024-01-01", "_", ".",
-                             i256};
+    const char *bad_prefix[] = {"",    "a:b", "a b", "{a}", "a}",
+                                "-a",  ".a",  "_a",  "a\n", "caf\xc3\xa9",
+                                "a/b", "a@b", "a\t", "a*",  p65};
+    const char *good_prefix[] = {"a", "order", "refund.v2", "A_b-c", "9x", p64};
+    const char *bad_id[] = {"",     "a:b", "a b", "{x}", "x\r",
+                            "\x7f", "a#b", "a?b", "%41", i257};
+    const char *good_id[] = {"A-1001", "x@y+z=w/v~", "2024-01-01",
+                             "_",      ".",          i256};
     idem_bizkey_gen *g = gen(16, NULL, 0);
     char out[IDEM_BIZKEY_MAX + 1], why[256];
     for (size_t i = 0; i < sizeof bad_prefix / sizeof *bad_prefix; i++) {
@@ -206,15 +203,15 @@ Test(bizkey, invalid_prefixes_and_ids_rejected, .timeout = 10)
         cr_assert_eq(idem_bizkey_check_prefix(good_prefix[i], NULL, 0), 0);
     }
     for (size_t i = 0; i < sizeof bad_id / sizeof *bad_id; i++) {
-        cr_assert_eq(idem_bizkey_make(g, "p", bad_id[i], "x", 1, out,
-                                      sizeof out, NULL),
-                     IDEM_EINVAL, "id '%s' accepted", bad_id[i]);
+        cr_assert_eq(
+            idem_bizkey_make(g, "p", bad_id[i], "x", 1, out, sizeof out, NULL),
+            IDEM_EINVAL, "id '%s' accepted", bad_id[i]);
         cr_assert_eq(idem_bizkey_check_id(bad_id[i], NULL, 0), IDEM_EINVAL);
     }
     for (size_t i = 0; i < sizeof good_id / sizeof *good_id; i++)
-        cr_assert_eq(idem_bizkey_make(g, "p", good_id[i], "x", 1, out,
-                                      sizeof out, NULL),
-                     0, "id '%s': %s", good_id[i], idem_bizkey_errdetail(g));
+        cr_assert_eq(
+            idem_bizkey_make(g, "p", good_id[i], "x", 1, out, sizeof out, NULL),
+            0, "id '%s': %s", good_id[i], idem_bizkey_errdetail(g));
     /* The messages name the character. */
     cr_assert_eq(idem_bizkey_check_prefix("ord:er", why, sizeof why),
                  IDEM_EINVAL);
@@ -223,8 +220,8 @@ Test(bizkey, invalid_prefixes_and_ids_rejected, .timeout = 10)
     /* The longest key fits IDEM_BIZKEY_MAX. */
     idem_bizkey_gen *g64 = gen(64, NULL, 0);
     size_t n = 0;
-    cr_assert_eq(
-        idem_bizkey_make(g64, p64, i256, "x", 1, out, sizeof out, &n), 0);
+    cr_assert_eq(idem_bizkey_make(g64, p64, i256, "x", 1, out, sizeof out, &n),
+                 0);
     cr_assert_eq(n, (size_t)IDEM_BIZKEY_MAX);
     cr_assert_leq(n, (size_t)IDEM_KEY_MAX);
     idem_bizkey_free(g64);
@@ -269,19 +266,19 @@ Test(bizkey, parse, .timeout = 10)
         "order",
         "order:A-1",
         "order:A-1:",
-        "order:A-1:0123456",           /* 7 hex */
-        "order:A-1:0123456789ABCDEF",  /* uppercase */
+        "order:A-1:0123456",          /* 7 hex */
+        "order:A-1:0123456789ABCDEF", /* uppercase */
         "order:A-1:0123456789abcdeg",
         ":A-1:0123456789abcdef",
         "order::0123456789abcdef",
         "or der:A-1:0123456789abcdef",
-        "a:b:c:0123456789abcdef",      /* hash "c:..." */
+        "a:b:c:0123456789abcdef", /* hash "c:..." */
         "order:A-1:"
         "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef0",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        cr_assert_eq(idem_bizkey_parse(bad[i], strlen(bad[i]), &p),
-                     IDEM_EINVAL, "parsed '%s'", bad[i]);
+        cr_assert_eq(idem_bizkey_parse(bad[i], strlen(bad[i]), &p), IDEM_EINVAL,
+                     "parsed '%s'", bad[i]);
 }
 
 /* 1 M keys: every one well-formed, parses back to its parts, and the
@@ -314,8 +311,8 @@ Test(bizkey, layout_1m, .timeout = 120)
     }
     unsigned zero = 0;
     memcpy(payload, &zero, sizeof zero);
-    cr_assert_eq(idem_bizkey_make(g, "order", "A-1001", payload,
-                                  sizeof payload, out, sizeof out, NULL),
+    cr_assert_eq(idem_bizkey_make(g, "order", "A-1001", payload, sizeof payload,
+                                  out, sizeof out, NULL),
                  0);
     cr_assert_str_eq(out, first, "deterministic");
     idem_bizkey_free(g);

@@ -16,7 +16,7 @@
 extern char **environ;
 
 struct run {
-    int status;     /* exit status, or -1 if killed */
+    int status; /* exit status, or -1 if killed */
     char *out, *err;
     size_t outlen;
 };
@@ -78,8 +78,8 @@ static struct run run_full(const char *const *prefix, const char *const *argv,
     posix_spawn_file_actions_adddup2(&fa, out, 1);
     posix_spawn_file_actions_adddup2(&fa, err, 2);
     pid_t pid;
-    int rc = posix_spawnp(&pid, args[0], &fa, NULL, (char *const *)args,
-                          environ);
+    int rc =
+        posix_spawnp(&pid, args[0], &fa, NULL, (char *const *)args, environ);
     cr_assert_eq(rc, 0, "cannot run %s", args[0]);
     posix_spawn_file_actions_destroy(&fa);
     int st;
@@ -109,10 +109,15 @@ static void run_free(struct run *r)
 static size_t lines(struct run *r, char **v, size_t max)
 {
     size_t n = 0;
-    char *save = NULL;
-    for (char *l = strtok_r(r->out, "\n", &save); l && n < max;
-         l = strtok_r(NULL, "\n", &save))
-        v[n++] = l;
+    char *p = r->out;
+    while (*p && n < max) {
+        char *e = strchr(p, '\n');
+        v[n++] = p;
+        if (!e)
+            break;
+        *e = '\0';
+        p = e + 1;
+    }
     return n;
 }
 
@@ -166,8 +171,8 @@ Test(keygen_cli, uuid4_and_snowflake, .timeout = 30)
     }
     run_free(&r);
 
-    r = run(ARGS("keygen", "snowflake", "-n", "5000", "--node", "9",
-                 "--epoch", "2020-01-01T00:00:00Z"));
+    r = run(ARGS("keygen", "snowflake", "-n", "5000", "--node", "9", "--epoch",
+                 "2020-01-01T00:00:00Z"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     char *s[6000];
     cr_assert_eq(lines(&r, s, 6000), 5000u);
@@ -191,15 +196,14 @@ Test(keygen_cli, bizkey_payload_sources_agree, .timeout = 30)
     char want[128];
     snprintf(want, sizeof want, "order:A-1001:%s\n", sha_abc);
     struct run r = run(ARGS("keygen", "bizkey", "--prefix", "order", "--id",
-                            "A-1001", "--payload", "abc", "--hash-len",
-                            "64"));
+                            "A-1001", "--payload", "abc", "--hash-len", "64"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_str_eq(r.out, want);
     run_free(&r);
 
     r = run_full(NULL,
-                 ARGS("keygen", "bizkey", "--prefix", "order", "--id",
-                      "A-1001", "--hash-len", "64", "-"),
+                 ARGS("keygen", "bizkey", "--prefix", "order", "--id", "A-1001",
+                      "--hash-len", "64", "-"),
                  "abc");
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_str_eq(r.out, want, "stdin");
@@ -226,9 +230,9 @@ Test(keygen_cli, bizkey_payload_sources_agree, .timeout = 30)
     fd = mkstemp(key);
     cr_assert_eq(write(fd, "Jefe", 4), 4);
     close(fd);
-    r = run(ARGS("keygen", "bizkey", "--prefix", "p", "--id", "i",
-                 "--payload", "what do ya want for nothing?", "--hmac-key-file",
-                 key, "--hash-len", "64"));
+    r = run(ARGS("keygen", "bizkey", "--prefix", "p", "--id", "i", "--payload",
+                 "what do ya want for nothing?", "--hmac-key-file", key,
+                 "--hash-len", "64"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_str_eq(r.out, "p:i:5bdcc146bf60754e6a042426089575c75a003f089d2"
                             "739839dec58b964ec3843\n");
@@ -237,8 +241,8 @@ Test(keygen_cli, bizkey_payload_sources_agree, .timeout = 30)
     /* An empty key file is refused (status 1: the file, not the line). */
     fd = open(key, O_WRONLY | O_TRUNC);
     close(fd);
-    r = run(ARGS("keygen", "bizkey", "--prefix", "p", "--id", "i",
-                 "--payload", "x", "--hmac-key-file", key));
+    r = run(ARGS("keygen", "bizkey", "--prefix", "p", "--id", "i", "--payload",
+                 "x", "--hmac-key-file", key));
     cr_assert_eq(r.status, 1);
     cr_assert(strstr(r.err, "empty"), "%s", r.err);
     cr_assert_str_eq(r.out, "");
@@ -281,8 +285,7 @@ Test(keygen_cli, decode, .timeout = 30)
     cr_assert_str_eq(field(&r, "unix_ms"), "1717329600123");
     run_free(&r);
 
-    r = run(ARGS("keygen", "--decode",
-                 "01936d2b-8c41-7a3f-8e2d-5b7c9a1e3f40"));
+    r = run(ARGS("keygen", "--decode", "01936d2b-8c41-7a3f-8e2d-5b7c9a1e3f40"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     cr_assert_str_eq(field(&r, "kind"), "uuid7");
     cr_assert_str_eq(field(&r, "version"), "7");
@@ -290,11 +293,9 @@ Test(keygen_cli, decode, .timeout = 30)
     cr_assert_str_eq(field(&r, "time"), "2024-11-27T10:29:50.785Z");
     run_free(&r);
 
-    r = run(ARGS("keygen", "--decode",
-                 "0B6F3A2E-6D8C-4F5E-9A1B-2C3D4E5F6A7B"));
+    r = run(ARGS("keygen", "--decode", "0B6F3A2E-6D8C-4F5E-9A1B-2C3D4E5F6A7B"));
     cr_assert_str_eq(field(&r, "kind"), "uuid4");
-    cr_assert_str_eq(field(&r, "uuid"),
-                     "0b6f3a2e-6d8c-4f5e-9a1b-2c3d4e5f6a7b");
+    cr_assert_str_eq(field(&r, "uuid"), "0b6f3a2e-6d8c-4f5e-9a1b-2c3d4e5f6a7b");
     run_free(&r);
 
     r = run(ARGS("keygen", "--decode", "order:A-1001:9f86d081884c7d65"));
@@ -354,10 +355,8 @@ Test(keygen_cli, bad_options_exit_2, .timeout = 60)
         {ARGS("keygen", "snowflake", "--node"), "--node needs a value"},
         {ARGS("keygen", "snowflake", "--epoch", "2024-01-01T00:00:00"),
          "no time zone"},
-        {ARGS("keygen", "snowflake", "--epoch", "2024-02-30"),
-         "--epoch wants"},
-        {ARGS("keygen", "snowflake", "--epoch", "yesterday"),
-         "--epoch wants"},
+        {ARGS("keygen", "snowflake", "--epoch", "2024-02-30"), "--epoch wants"},
+        {ARGS("keygen", "snowflake", "--epoch", "yesterday"), "--epoch wants"},
         {ARGS("keygen", "snowflake", "--max-wait", "-1"), "--max-wait wants"},
         {ARGS("keygen", "uuid4", "--node", "3"),
          "--node applies to snowflake only"},
@@ -376,11 +375,11 @@ Test(keygen_cli, bad_options_exit_2, .timeout = 60)
         {ARGS("keygen", "bizkey", "--prefix", "a", "--id", "b", "--payload",
               "x", "-n", "5"),
          "-n does not apply to bizkey"},
-        {ARGS("keygen", "bizkey", "--prefix", "a:b", "--id", "b",
-              "--payload", "x"),
+        {ARGS("keygen", "bizkey", "--prefix", "a:b", "--id", "b", "--payload",
+              "x"),
          "character ':' at offset 1"},
-        {ARGS("keygen", "bizkey", "--prefix", "a", "--id", "b c",
-              "--payload", "x"),
+        {ARGS("keygen", "bizkey", "--prefix", "a", "--id", "b c", "--payload",
+              "x"),
          "byte 0x20 at offset 1"},
         {ARGS("keygen", "bizkey", "--prefix", "a", "--id", "b", "--payload",
               "x", "--hash-len", "7"),
@@ -390,8 +389,7 @@ Test(keygen_cli, bad_options_exit_2, .timeout = 60)
          "--hash-len wants 8..64"},
         {ARGS("keygen", "--decode", "1", "-n", "3"),
          "--decode takes only a key"},
-        {ARGS("keygen", "fingerprint", "--decode", "abc"),
-         "cannot be decoded"},
+        {ARGS("keygen", "fingerprint", "--decode", "abc"), "cannot be decoded"},
         {ARGS("frobnicate"), "unknown command 'frobnicate'"},
         {ARGS("--frobnicate"), "is not a command"},
     };
@@ -400,8 +398,8 @@ Test(keygen_cli, bad_options_exit_2, .timeout = 60)
         cr_assert_eq(r.status, 2, "case %zu (%s): status %d, err %s", i,
                      cases[i].says, r.status, r.err);
         cr_assert_str_eq(r.out, "", "case %zu printed on stdout", i);
-        cr_assert(strstr(r.err, cases[i].says), "case %zu: want '%s' in: %s",
-                  i, cases[i].says, r.err);
+        cr_assert(strstr(r.err, cases[i].says), "case %zu: want '%s' in: %s", i,
+                  cases[i].says, r.err);
         run_free(&r);
     }
     struct run r = run((const char *const[]){"idem", NULL});
@@ -414,9 +412,10 @@ Test(keygen_cli, help_and_version, .timeout = 30)
 {
     struct run r = run(ARGS("keygen", "--help"));
     cr_assert_eq(r.status, 0);
-    const char *must[] = {"uuid4", "uuid7", "snowflake", "bizkey",
-                          "--state-file", "--hmac-key-file", "EXIT STATUS",
-                          "COLLISION ODDS", "EXAMPLES", "5.4e-20"};
+    const char *must[] = {"uuid4",       "uuid7",          "snowflake",
+                          "bizkey",      "--state-file",   "--hmac-key-file",
+                          "EXIT STATUS", "COLLISION ODDS", "EXAMPLES",
+                          "5.4e-20"};
     for (size_t i = 0; i < sizeof must / sizeof must[0]; i++)
         cr_assert(strstr(r.out, must[i]), "help lacks %s", must[i]);
     run_free(&r);
@@ -466,8 +465,8 @@ Test(keygen_cli, snowflake_state_file_across_restart, .timeout = 60)
     char state[128];
     snprintf(state, sizeof state, "%s/node.state", dir);
 
-    struct run r = run(ARGS("keygen", "snowflake", "--state-file", state,
-                            "-n", "2000"));
+    struct run r =
+        run(ARGS("keygen", "snowflake", "--state-file", state, "-n", "2000"));
     cr_assert_eq(r.status, 0, "%s", r.err);
     size_t n;
     uint64_t first_max = max_id(&r, &n);
@@ -494,8 +493,8 @@ Test(keygen_cli, snowflake_state_file_across_restart, .timeout = 60)
     /* 0.3 s behind, within --max-wait: waited out, every ID newer. */
     const char *back03[] = {"faketime", "-f", "-0.3", NULL};
     r = run_full(back03,
-                 ARGS("keygen", "snowflake", "--state-file", state, "-n",
-                      "100", "--max-wait", "5000"),
+                 ARGS("keygen", "snowflake", "--state-file", state, "-n", "100",
+                      "--max-wait", "5000"),
                  NULL);
     cr_assert_eq(r.status, 0, "%s", r.err);
     char *v[200];

@@ -109,15 +109,20 @@ Test(snowflake, decode_round_trip, .timeout = 10)
             cr_assert_eq(p.seq, seqs[j]);
         }
     idem_snowflake_parts p;
-    cr_assert_eq(idem_snowflake_decode(UINT64_C(1) << 63, 0, &p),
-                 IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_decode(UINT64_C(1) << 63, 0, &p), IDEM_EINVAL);
     cr_assert_eq(idem_snowflake_decode(1, -1, &p), IDEM_EINVAL);
 }
 
 Test(snowflake, parse_rejects_malformed, .timeout = 10)
 {
     uint64_t id;
-    const char *bad[] = {"", "-1", "+1", "01", "1a", " 1", "1 ",
+    const char *bad[] = {"",
+                         "-1",
+                         "+1",
+                         "01",
+                         "1a",
+                         " 1",
+                         "1 ",
                          "9223372036854775808", /* 2^63 */
                          "99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)

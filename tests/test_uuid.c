@@ -164,8 +164,7 @@ Test(uuid7, four_threads_ordered_and_distinct, .timeout = 120)
         for (int t = 0; t < T; t++)
             if (pos[t] < MILLION &&
                 (best < 0 || memcmp(runs[t].out + 16u * pos[t],
-                                    runs[best].out + 16u * pos[best],
-                                    16) < 0))
+                                    runs[best].out + 16u * pos[best], 16) < 0))
                 best = t;
         const uint8_t *u = runs[best].out + 16u * pos[best]++;
         if (have_last && memcmp(last, u, 16) >= 0)
@@ -285,11 +284,11 @@ Test(uuid, parse_rejects_malformed, .timeout = 10)
     uint8_t u[16];
     const char *bad[] = {
         "",
-        "0123456789abcdef0123456789abcdef",           /* no hyphens */
-        "01234567-89ab-cdef-0123-456789abcde",        /* 35 */
-        "01234567-89ab-cdef-0123-456789abcdef0",      /* 37 */
-        "01234567+89ab-cdef-0123-456789abcdef",       /* bad hyphen */
-        "0123456g-89ab-cdef-0123-456789abcdef",       /* not hex */
+        "0123456789abcdef0123456789abcdef",      /* no hyphens */
+        "01234567-89ab-cdef-0123-456789abcde",   /* 35 */
+        "01234567-89ab-cdef-0123-456789abcdef0", /* 37 */
+        "01234567+89ab-cdef-0123-456789abcdef",  /* bad hyphen */
+        "0123456g-89ab-cdef-0123-456789abcdef",  /* not hex */
         "01234567-89ab-cdef-0123-456789abcde ",
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)

@@ -127,7 +127,7 @@ void idem_uuid7_gen_free(idem_uuid7_gen *g);
  * 16-bit counter together form one 64-bit number that a compare-and-swap
  * only ever raises (RFC 9562 section 6.2, method 1, with the counter's
  * overflow carried into the timestamp). On a new millisecond the counter
- * starts at a random value below 1024, so at least 64,512 UUIDs fit in
+ * starts at a random value below 1024, so at least 64,513 UUIDs fit in
  * each millisecond before the carry; past that rate, and while the wall
  * clock is behind the last timestamp issued (it was stepped back), the
  * timestamp runs ahead of the clock until the clock catches up. So the
@@ -139,8 +139,9 @@ void idem_uuid7_gen_free(idem_uuid7_gen *g);
  * odds 2^-58 per pair of such UUIDs.
  *
  * Returns 0; IDEM_EIO if getrandom(2) failed; IDEM_ECLOCK if the clock
- * read before 1970 on a fresh generator or the timestamp would pass 2^48
- * ms. On error out is unchanged. Thread-safe. */
+ * reads before 1970 or from the year 10889 on (past 48 bits of ms), or the
+ * generator has issued its last possible UUID. On error out is unchanged.
+ * Thread-safe. */
 int idem_uuid7_gen_next(idem_uuid7_gen *g, uint8_t out[IDEM_UUID_LEN]);
 
 /* Write u as 36 lowercase characters and a NUL into out. Thread-safe. */
@@ -312,13 +313,13 @@ int idem_snowflake_parse(const char *text, size_t len, uint64_t *id);
  * under one prefix:id, the chance that any two collide is about
  * k^2 / 2 / 16^N:
  *
- *     N (hex)  bits  one pair    1 in a million with k =   k for 1%
- *         8     32   2.3e-10               93                  9,300
- *        12     48   3.6e-15            23,700               2.4e6
- *        16     64   5.4e-20          6.1e6                6.1e8
- *        24     96   1.3e-29          4.0e11               4.0e13
- *        32    128   2.9e-39          2.6e16               2.6e18
- *        64    256   8.6e-78          4.8e35               4.8e37
+ *     N (hex)  bits  one pair   k for odds 1e-6   k for odds 1%
+ *         8     32   2.3e-10                93           9,300
+ *        12     48   3.6e-15            23,700           2.4e6
+ *        16     64   5.4e-20             6.1e6           6.1e8
+ *        24     96   1.3e-29            4.0e11          4.0e13
+ *        32    128   2.9e-39            2.6e16          2.6e18
+ *        64    256   8.6e-78            4.8e35          4.8e37
  *
  * The id takes part in the key, not the hash: payloads under different
  * ids never collide. */

@@ -8,9 +8,9 @@
 
 /* Exit statuses, the same for every subcommand. */
 enum {
-    IDEM_EXIT_OK = 0,      /* done */
-    IDEM_EXIT_FAIL = 1,    /* the work failed: I/O, a store error, ... */
-    IDEM_EXIT_USAGE = 2    /* the command line was wrong; nothing was done */
+    IDEM_EXIT_OK = 0,   /* done */
+    IDEM_EXIT_FAIL = 1, /* the work failed: I/O, a store error, ... */
+    IDEM_EXIT_USAGE = 2 /* the command line was wrong; nothing was done */
 };
 
 int idem_cmd_keygen(int argc, char **argv);

@@ -51,10 +51,13 @@ static const char kg_keygen_help[] =
     "  --node N              snowflake node, 0..1023; 0. Every generator that\n"
     "                        runs at the same time needs its own node.\n"
     "  --epoch E             snowflake epoch: Unix ms, or ISO 8601 in UTC or\n"
-    "                        with an offset (2024-01-01, 2024-01-01T00:00:00Z,\n"
-    "                        2024-01-01T09:00:00+09:00); 2024-01-01T00:00:00Z.\n"
+    "                        with an offset (2024-01-01, "
+    "2024-01-01T00:00:00Z,\n"
+    "                        2024-01-01T09:00:00+09:00); "
+    "2024-01-01T00:00:00Z.\n"
     "                        Decoding needs the epoch the IDs were made with.\n"
-    "  --state-file F        snowflake high-water mark: a later run whose clock\n"
+    "  --state-file F        snowflake high-water mark: a later run whose "
+    "clock\n"
     "                        is behind this one's waits or fails instead of\n"
     "                        repeating IDs. Locked while in use.\n"
     "  --max-wait MS         snowflake: the longest clock step back to wait\n"
@@ -77,13 +80,13 @@ static const char kg_keygen_help[] =
     "  Two different payloads under the same prefix:id get the same key with\n"
     "  odds 16^-N for N hex digits; among k payloads under one prefix:id,\n"
     "  any two collide with odds about k^2/2/16^N.\n"
-    "    N   bits  one pair  k for odds 1e-6  k for 1%\n"
-    "    8    32   2.3e-10        93             9,300\n"
-    "   12    48   3.6e-15        23,700         2.4e6\n"
-    "   16    64   5.4e-20        6.1e6          6.1e8\n"
-    "   24    96   1.3e-29        4.0e11         4.0e13\n"
-    "   32   128   2.9e-39        2.6e16         2.6e18\n"
-    "   64   256   8.6e-78        4.8e35         4.8e37\n"
+    "     N  bits  one pair   k for odds 1e-6   k for odds 1%\n"
+    "     8    32   2.3e-10                93           9,300\n"
+    "    12    48   3.6e-15            23,700           2.4e6\n"
+    "    16    64   5.4e-20             6.1e6           6.1e8\n"
+    "    24    96   1.3e-29            4.0e11          4.0e13\n"
+    "    32   128   2.9e-39            2.6e16          2.6e18\n"
+    "    64   256   8.6e-78            4.8e35          4.8e37\n"
     "\n"
     "EXIT STATUS\n"
     "  0  keys printed or decoded\n"
@@ -96,7 +99,8 @@ static const char kg_keygen_help[] =
     "  idem keygen uuid7 -n 3\n"
     "  idem keygen snowflake --node 12 --state-file /var/lib/app/sf.state\n"
     "  idem keygen bizkey --prefix order --id A-1001 --payload-file msg.json\n"
-    "  jq -c .body msg.json | idem keygen bizkey --prefix order --id A-1001 \\\n"
+    "  jq -c .body msg.json | idem keygen bizkey --prefix order --id A-1001 "
+    "\\\n"
     "      --hmac-key-file /etc/app/key -\n"
     "  idem keygen --decode 01936d2b-8c41-7a3f-8e2d-5b7c9a1e3f40\n"
     "  idem keygen --decode 119587103542349824 --epoch 2024-01-01\n";
@@ -134,7 +138,8 @@ struct kg_opts {
     const char *decode;
 };
 
-static int kg_usage_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int kg_usage_err(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2)));
 
 static int kg_usage_err(const char *fmt, ...)
 {
@@ -164,7 +169,7 @@ static int kg_fail(const char *fmt, ...)
 
 /* A decimal integer in [min, max] with nothing around it. */
 static int kg_parse_u64(const char *s, uint64_t min, uint64_t max,
-                          uint64_t *out)
+                        uint64_t *out)
 {
     if (!s[0] || s[0] < '0' || s[0] > '9')
         return -1;
@@ -258,8 +263,8 @@ static int kg_parse_time(const char *s, int64_t *out)
         } else if (*p == '+' || *p == '-') {
             int sign = *p++ == '-' ? -1 : 1;
             unsigned oh, om;
-            if (kg_digits(&p, 2, &oh) || *p++ != ':' ||
-                kg_digits(&p, 2, &om) || oh > 23 || om > 59)
+            if (kg_digits(&p, 2, &oh) || *p++ != ':' || kg_digits(&p, 2, &om) ||
+                oh > 23 || om > 59)
                 return -1;
             offset_min = sign * (int64_t)(oh * 60 + om);
         } else {
@@ -292,8 +297,7 @@ static void kg_format_time(int64_t ms, char *out, size_t n)
 }
 
 /* The whole of fd (a file or stdin), at most IDEM_PAYLOAD_MAX bytes. */
-static int kg_slurp(int fd, const char *name, unsigned char **data,
-                      size_t *len)
+static int kg_slurp(int fd, const char *name, unsigned char **data, size_t *len)
 {
     size_t cap = 4096, n = 0;
     unsigned char *buf = malloc(cap);
@@ -304,7 +308,7 @@ static int kg_slurp(int fd, const char *name, unsigned char **data,
             if (cap >= IDEM_PAYLOAD_MAX) {
                 free(buf);
                 return kg_fail("%s: larger than %u MiB", name,
-                                 IDEM_PAYLOAD_MAX >> 20);
+                               IDEM_PAYLOAD_MAX >> 20);
             }
             unsigned char *nb = realloc(buf, cap * 2);
             if (!nb) {
@@ -381,8 +385,8 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
     idem_snowflake *g;
     int rc = idem_snowflake_new(&so, &g);
     if (rc) {
-        int ex = kg_fail("%s: %s", idem_strerror(rc),
-                           idem_snowflake_errdetail(g));
+        int ex =
+            kg_fail("%s: %s", idem_strerror(rc), idem_snowflake_errdetail(g));
         idem_snowflake_close(g);
         return ex;
     }
@@ -393,7 +397,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
         rc = idem_snowflake_next(g, &id);
         if (rc) {
             ex = kg_fail("%s: %s", idem_strerror(rc),
-                           idem_snowflake_errdetail(g));
+                         idem_snowflake_errdetail(g));
             break;
         }
         size_t n = idem_snowflake_format(id, line);
@@ -408,7 +412,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
 }
 
 static int kg_load_payload(const struct kg_opts *o, unsigned char **data,
-                             size_t *len)
+                           size_t *len)
 {
     if (o->payload) {
         *len = strlen(o->payload);
@@ -439,8 +443,7 @@ static int kg_gen_bizkey(const struct kg_opts *o)
         if (slen == 0) {
             free(payload);
             free(secret);
-            return kg_fail("the HMAC key file %s is empty",
-                             o->hmac_key_file);
+            return kg_fail("the HMAC key file %s is empty", o->hmac_key_file);
         }
     }
     idem_bizkey_opts bo;
@@ -500,7 +503,7 @@ static int kg_decode_uuid(const char *key, int strict_kind)
     int v = idem_uuid_version(u);
     if (strict_kind && v != strict_kind)
         return kg_fail("%s is a UUID of version %d, not a uuid%d", key, v,
-                         strict_kind);
+                       strict_kind);
     if (v == 4 || v == 7)
         printf("kind=uuid%d\n", v);
     else
@@ -634,11 +637,10 @@ static const char *kg_opt_name(int c)
 }
 
 /* An option given with a kind it does not apply to. */
-static int kg_not_for(const char *opt, const char *kinds,
-                        enum kg_kind kind)
+static int kg_not_for(const char *opt, const char *kinds, enum kg_kind kind)
 {
     return kg_usage_err("--%s applies to %s only, not to %s", opt, kinds,
-                          kg_kind_names[kind]);
+                        kg_kind_names[kind]);
 }
 
 static int kg_check_combination(const struct kg_opts *o)
@@ -649,16 +651,16 @@ static int kg_check_combination(const struct kg_opts *o)
             o->prefix || o->id || o->payload || o->payload_file ||
             o->payload_stdin || o->hmac_key_file || o->hash_len_set)
             return kg_usage_err("--decode takes only a key (and --epoch "
-                                  "for a snowflake); drop the other options");
+                                "for a snowflake); drop the other options");
         if (k == IDEM_K_FINGERPRINT)
             return kg_usage_err("a fingerprint cannot be decoded: it is a "
-                                  "digest; compute it again and compare");
+                                "digest; compute it again and compare");
         return 0;
     }
     if (k == IDEM_K_NONE)
         return kg_usage_err("say which kind of key: idem keygen uuid4, "
-                              "uuid7, snowflake, bizkey or fingerprint (or "
-                              "--decode KEY); see idem keygen --help");
+                            "uuid7, snowflake, bizkey or fingerprint (or "
+                            "--decode KEY); see idem keygen --help");
     int snow = k == IDEM_K_SNOWFLAKE, biz = k == IDEM_K_BIZKEY;
     int takes_payload = biz || k == IDEM_K_FINGERPRINT;
     if (o->node_set && !snow)
@@ -680,9 +682,9 @@ static int kg_check_combination(const struct kg_opts *o)
     int sources = !!o->payload + !!o->payload_file + o->payload_stdin;
     if (sources && !takes_payload)
         return kg_usage_err("%s keys take no payload; --payload, "
-                              "--payload-file and - apply to bizkey and "
-                              "fingerprint",
-                              kg_kind_names[k]);
+                            "--payload-file and - apply to bizkey and "
+                            "fingerprint",
+                            kg_kind_names[k]);
     if (takes_payload) {
         if (o->count_set)
             return kg_usage_err(
@@ -691,19 +693,19 @@ static int kg_check_combination(const struct kg_opts *o)
                 kg_kind_names[k], biz ? "key" : "fingerprint");
         if (sources == 0)
             return kg_usage_err("%s needs a payload: --payload STR, "
-                                  "--payload-file FILE, or - for standard "
-                                  "input",
-                                  kg_kind_names[k]);
+                                "--payload-file FILE, or - for standard "
+                                "input",
+                                kg_kind_names[k]);
         if (sources > 1)
             return kg_usage_err("give one payload: --payload, "
-                                  "--payload-file or -, not several");
+                                "--payload-file or -, not several");
     }
     if (biz) {
         char why[256];
         if (!o->prefix || !o->id)
             return kg_usage_err("bizkey needs --prefix and --id, e.g. "
-                                  "idem keygen bizkey --prefix order --id "
-                                  "A-1001 --payload-file msg.json");
+                                "idem keygen bizkey --prefix order --id "
+                                "A-1001 --payload-file msg.json");
         if (idem_bizkey_check_prefix(o->prefix, why, sizeof why) ||
             idem_bizkey_check_id(o->id, why, sizeof why))
             return kg_usage_err("%s", why);
@@ -724,11 +726,11 @@ static int kg_positional(struct kg_opts *o, const char *a)
             k = (enum kg_kind)i;
     if (k == IDEM_K_NONE)
         return kg_usage_err("unknown key kind '%s': use uuid4, uuid7, "
-                              "snowflake, bizkey or fingerprint",
-                              a);
+                            "snowflake, bizkey or fingerprint",
+                            a);
     if (o->kind != IDEM_K_NONE)
         return kg_usage_err("give one kind, not '%s' and '%s'",
-                              kg_kind_names[o->kind], a);
+                            kg_kind_names[o->kind], a);
     o->kind = k;
     return 0;
 }
@@ -758,16 +760,16 @@ int idem_cmd_keygen(int argc, char **argv)
         case 'n':
             if (kg_parse_u64(optarg, 1, UINT64_MAX / 2, &v))
                 return kg_usage_err("-n wants a count of keys, a whole "
-                                      "number >= 1, e.g. -n 1000; got '%s'",
-                                      optarg);
+                                    "number >= 1, e.g. -n 1000; got '%s'",
+                                    optarg);
             o.count = v;
             o.count_set = 1;
             break;
         case OPT_NODE:
             if (kg_parse_u64(optarg, 0, IDEM_SNOWFLAKE_NODE_MAX, &v))
                 return kg_usage_err("--node wants a number 0..%u, e.g. "
-                                      "--node 7; got '%s'",
-                                      IDEM_SNOWFLAKE_NODE_MAX, optarg);
+                                    "--node 7; got '%s'",
+                                    IDEM_SNOWFLAKE_NODE_MAX, optarg);
             o.node = (unsigned)v;
             o.node_set = 1;
             break;
@@ -775,15 +777,15 @@ int idem_cmd_keygen(int argc, char **argv)
             int r = kg_parse_time(optarg, &o.epoch_ms);
             if (r == -2)
                 return kg_usage_err("--epoch '%s' has no time zone: add Z "
-                                      "for UTC (e.g. 2024-01-01T00:00:00Z) "
-                                      "or an offset (+09:00)",
-                                      optarg);
+                                    "for UTC (e.g. 2024-01-01T00:00:00Z) "
+                                    "or an offset (+09:00)",
+                                    optarg);
             if (r)
                 return kg_usage_err("--epoch wants Unix milliseconds "
-                                      "(1704067200000) or an ISO 8601 date "
-                                      "or time from 1970 on (2024-01-01, "
-                                      "2024-01-01T00:00:00Z); got '%s'",
-                                      optarg);
+                                    "(1704067200000) or an ISO 8601 date "
+                                    "or time from 1970 on (2024-01-01, "
+                                    "2024-01-01T00:00:00Z); got '%s'",
+                                    optarg);
             o.epoch_set = 1;
             break;
         }
@@ -795,9 +797,9 @@ int idem_cmd_keygen(int argc, char **argv)
         case OPT_MAX_WAIT:
             if (kg_parse_u64(optarg, 0, 24u * 3600 * 1000, &v))
                 return kg_usage_err("--max-wait wants milliseconds, "
-                                      "0..86400000, e.g. --max-wait 5000; "
-                                      "got '%s'",
-                                      optarg);
+                                    "0..86400000, e.g. --max-wait 5000; "
+                                    "got '%s'",
+                                    optarg);
             o.max_wait_ms = (int64_t)v;
             o.max_wait_set = 1;
             break;
@@ -817,12 +819,12 @@ int idem_cmd_keygen(int argc, char **argv)
             o.hmac_key_file = optarg;
             break;
         case OPT_HASH_LEN:
-            if (kg_parse_u64(optarg, IDEM_BIZKEY_HASH_MIN,
-                               IDEM_BIZKEY_HASH_MAX, &v))
+            if (kg_parse_u64(optarg, IDEM_BIZKEY_HASH_MIN, IDEM_BIZKEY_HASH_MAX,
+                             &v))
                 return kg_usage_err("--hash-len wants %u..%u hex digits "
-                                      "(16 by default); got '%s'",
-                                      IDEM_BIZKEY_HASH_MIN,
-                                      IDEM_BIZKEY_HASH_MAX, optarg);
+                                    "(16 by default); got '%s'",
+                                    IDEM_BIZKEY_HASH_MIN, IDEM_BIZKEY_HASH_MAX,
+                                    optarg);
             o.hash_len = (unsigned)v;
             o.hash_len_set = 1;
             break;
@@ -832,19 +834,19 @@ int idem_cmd_keygen(int argc, char **argv)
         case ':':
             if (optopt)
                 return kg_usage_err("%s%s needs a value; see idem keygen "
-                                      "--help",
-                                      optopt == 'n' ? "" : "--",
-                                      kg_opt_name(optopt));
+                                    "--help",
+                                    optopt == 'n' ? "" : "--",
+                                    kg_opt_name(optopt));
             return kg_usage_err("%s needs a value; see idem keygen --help",
-                                  argv[optind - 1]);
+                                argv[optind - 1]);
         default:
             if (optopt && optopt < 256)
                 return kg_usage_err("unknown option -%c; see idem keygen "
-                                      "--help",
-                                      optopt);
+                                    "--help",
+                                    optopt);
             return kg_usage_err("unknown option '%s'; see idem keygen "
-                                  "--help",
-                                  argv[optind - 1]);
+                                "--help",
+                                argv[optind - 1]);
         }
     }
     int ex = kg_check_combination(&o);
