@@ -20,6 +20,7 @@
 #include <openssl/core_names.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -62,21 +63,26 @@ void idem_bizkey_opts_init(idem_bizkey_opts *o)
 
 /* ---- the character rules ----------------------------------------------- */
 
-static int idem__alnum(unsigned char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           (c >= '0' && c <= '9');
-}
+/* Character classes, one table lookup per byte: keys are checked on
+ * every call, so this runs as often as the hash. */
+enum { IDEM__ALNUM = 1, IDEM__PREFIX = 2, IDEM__ID = 4 };
 
-static int idem__prefix_char(unsigned char c)
-{
-    return idem__alnum(c) || c == '.' || c == '_' || c == '-';
-}
+static unsigned char idem__class[256];
+static pthread_once_t idem__class_once = PTHREAD_ONCE_INIT;
 
-static int idem__id_char(unsigned char c)
+static void idem__class_init(void)
 {
-    return idem__prefix_char(c) || c == '~' || c == '@' || c == '+' ||
-           c == '=' || c == '/';
+    for (int c = 0; c < 256; c++) {
+        unsigned char k = 0;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+            (c >= '0' && c <= '9'))
+            k = IDEM__ALNUM | IDEM__PREFIX | IDEM__ID;
+        else if (c == '.' || c == '_' || c == '-')
+            k = IDEM__PREFIX | IDEM__ID;
+        else if (c == '~' || c == '@' || c == '+' || c == '=' || c == '/')
+            k = IDEM__ID;
+        idem__class[c] = k;
+    }
 }
 
 static void idem__why(char *why, size_t whysz, const char *fmt, ...)
@@ -97,6 +103,8 @@ static int idem__check_part(const char *what, const char *s, size_t len,
                             int is_prefix, char *why, size_t whysz)
 {
     size_t max = is_prefix ? IDEM_BIZKEY_PREFIX_MAX : IDEM_BIZKEY_ID_MAX;
+    unsigned char cls = is_prefix ? IDEM__PREFIX : IDEM__ID;
+    pthread_once(&idem__class_once, idem__class_init);
     const char *allowed =
         is_prefix ? "A-Z a-z 0-9 . _ -" : "A-Z a-z 0-9 . _ - ~ @ + = /";
     if (len == 0) {
@@ -104,13 +112,12 @@ static int idem__check_part(const char *what, const char *s, size_t len,
         return IDEM_EINVAL;
     }
     if (len > max) {
-        idem__why(why, whysz, "%s is %zu bytes long; at most %zu are allowed",
-                  what, len, max);
+        idem__why(why, whysz, "%s is longer than %zu bytes", what, max);
         return IDEM_EINVAL;
     }
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)s[i];
-        if (is_prefix ? idem__prefix_char(c) : idem__id_char(c))
+        if (idem__class[c] & cls)
             continue;
         if (c > 0x20 && c < 0x7f)
             idem__why(why, whysz,
@@ -124,7 +131,7 @@ static int idem__check_part(const char *what, const char *s, size_t len,
                       what, c, i, allowed);
         return IDEM_EINVAL;
     }
-    if (is_prefix && !idem__alnum((unsigned char)s[0])) {
+    if (is_prefix && !(idem__class[(unsigned char)s[0]] & IDEM__ALNUM)) {
         idem__why(why, whysz, "%s \"%.*s\" must start with a letter or digit",
                   what, (int)(len < 48 ? len : 48), s);
         return IDEM_EINVAL;
@@ -138,7 +145,9 @@ int idem_bizkey_check_prefix(const char *prefix, char *why, size_t whysz)
         idem__why(why, whysz, "prefix is missing");
         return IDEM_EINVAL;
     }
-    return idem__check_part("prefix", prefix, strlen(prefix), 1, why, whysz);
+    return idem__check_part("prefix", prefix,
+                            strnlen(prefix, IDEM_BIZKEY_PREFIX_MAX + 1), 1, why,
+                            whysz);
 }
 
 int idem_bizkey_check_id(const char *id, char *why, size_t whysz)
@@ -147,7 +156,8 @@ int idem_bizkey_check_id(const char *id, char *why, size_t whysz)
         idem__why(why, whysz, "id is missing");
         return IDEM_EINVAL;
     }
-    return idem__check_part("id", id, strlen(id), 0, why, whysz);
+    return idem__check_part("id", id, strnlen(id, IDEM_BIZKEY_ID_MAX + 1), 0,
+                            why, whysz);
 }
 
 /* ---- the generator ----------------------------------------------------- */
@@ -250,12 +260,17 @@ int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix, const char *id,
                              "failed");
     if (!payload && len)
         return idem__bk_fail(g, IDEM_EINVAL, "payload is NULL");
-    int rc = idem_bizkey_check_prefix(prefix, g->detail, sizeof g->detail);
+    if (!prefix || !id)
+        return idem__bk_fail(g, IDEM_EINVAL, "%s is missing",
+                             prefix ? "id" : "prefix");
+    size_t plen = strnlen(prefix, IDEM_BIZKEY_PREFIX_MAX + 1);
+    size_t ilen = strnlen(id, IDEM_BIZKEY_ID_MAX + 1);
+    int rc = idem__check_part("prefix", prefix, plen, 1, g->detail,
+                              sizeof g->detail);
     if (!rc)
-        rc = idem_bizkey_check_id(id, g->detail, sizeof g->detail);
+        rc = idem__check_part("id", id, ilen, 0, g->detail, sizeof g->detail);
     if (rc)
         return rc;
-    size_t plen = strlen(prefix), ilen = strlen(id);
     size_t need = plen + 1 + ilen + 1 + g->hash_len;
     if (outlen)
         *outlen = need;
