@@ -41,11 +41,12 @@ all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+	@echo "  CC      $<"
+	@$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
 
 $(BUILD)/libidem.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@ar rcs $@ $^
 
 $(BUILD)/libidem.so: $(LIB_OBJ)
 	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
@@ -74,7 +75,8 @@ test: deps
 	@sh scripts/run-tests.sh $(BUILD)
 
 asan: deps
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
+	@IDEM_RESTART_KEYS=2000000 $(MAKE) --no-print-directory \
+	    BUILD=build/asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
 	    -fno-sanitize-recover=all" test
 

@@ -6,6 +6,7 @@
 BUILD=${1:-build}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export IDEM_PROGS="$PWD/$BUILD/progs" IDEM_CLI="$PWD/$BUILD/idem"
 "$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-2}" \
     ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} 2>&1 | tee "$out"

@@ -1,55 +1,89 @@
-/* fault.c - pass-through stand-ins for the wrapped calls (temporary).
+/* tests/fault.c - failing the Nth allocation, write or sync on purpose.
  *
- * The test binary is linked with --wrap for malloc, calloc, realloc,
- * write, pwrite, fdatasync and ftruncate, so that storage tests can fail
- * the Nth call. Until the fault-injection version lands, these forward
- * every call unchanged. */
+ * The test binary is linked with --wrap for these functions, so every call
+ * that libidem.a makes comes through here. Disarmed (-1) they pass
+ * through. This is how the tests show that ENOMEM, ENOSPC and EIO are
+ * returned as errors without crashes, leaks or lost data. */
+#include <errno.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <unistd.h>
+
+#include "common.h"
+
+long t_fail_alloc_after = -1;
+long t_fail_write_after = -1;
+long t_fail_sync_after = -1;
+int t_fail_errno = EIO;
 
 void *__real_malloc(size_t n);
-void *__real_calloc(size_t n, size_t size);
+void *__real_calloc(size_t n, size_t m);
 void *__real_realloc(void *p, size_t n);
-ssize_t __real_write(int fd, const void *buf, size_t n);
-ssize_t __real_pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t __real_write(int fd, const void *p, size_t n);
+ssize_t __real_pwrite(int fd, const void *p, size_t n, off_t off);
 int __real_fdatasync(int fd);
 int __real_ftruncate(int fd, off_t len);
 
 void *__wrap_malloc(size_t n);
-void *__wrap_calloc(size_t n, size_t size);
+void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_realloc(void *p, size_t n);
-ssize_t __wrap_write(int fd, const void *buf, size_t n);
-ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off);
+ssize_t __wrap_write(int fd, const void *p, size_t n);
+ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t off);
 int __wrap_fdatasync(int fd);
 int __wrap_ftruncate(int fd, off_t len);
 
-void *__wrap_malloc(size_t n)
+/* Count down; true when this call must fail. */
+static int t_trip(long *counter)
 {
-    return __real_malloc(n);
+    if (*counter < 0)
+        return 0;
+    if (*counter == 0) {
+        *counter = -1;
+        return 1;
+    }
+    (*counter)--;
+    return 0;
 }
 
-void *__wrap_calloc(size_t n, size_t size)
+void *__wrap_malloc(size_t n)
 {
-    return __real_calloc(n, size);
+    return t_trip(&t_fail_alloc_after) ? NULL : __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t m)
+{
+    return t_trip(&t_fail_alloc_after) ? NULL : __real_calloc(n, m);
 }
 
 void *__wrap_realloc(void *p, size_t n)
 {
-    return __real_realloc(p, n);
+    return t_trip(&t_fail_alloc_after) ? NULL : __real_realloc(p, n);
 }
 
-ssize_t __wrap_write(int fd, const void *buf, size_t n)
+ssize_t __wrap_write(int fd, const void *p, size_t n)
 {
-    return __real_write(fd, buf, n);
+    if (t_trip(&t_fail_write_after)) {
+        errno = t_fail_errno;
+        return -1;
+    }
+    return __real_write(fd, p, n);
 }
 
-ssize_t __wrap_pwrite(int fd, const void *buf, size_t n, off_t off)
+ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t off)
 {
-    return __real_pwrite(fd, buf, n, off);
+    if (t_trip(&t_fail_write_after)) {
+        errno = t_fail_errno;
+        return -1;
+    }
+    return __real_pwrite(fd, p, n, off);
 }
 
 int __wrap_fdatasync(int fd)
 {
+    if (t_trip(&t_fail_sync_after)) {
+        errno = t_fail_errno;
+        return -1;
+    }
     return __real_fdatasync(fd);
 }
 

@@ -1,4 +1,4 @@
-/* cli.h - what the idem subcommands share.
+/* cli.h - the subcommands of the idem tool.
  *
  * Each subcommand lives in its own file and exposes one function with the
  * shape of main(): argv[0] is the subcommand's name, and the return value
@@ -13,6 +13,7 @@ enum {
     IDEM_EXIT_USAGE = 2 /* the command line was wrong; nothing was done */
 };
 
+int idem_cmd_bench(int argc, char **argv);
 int idem_cmd_keygen(int argc, char **argv);
 
 #endif

@@ -8,13 +8,14 @@
 #include "cli.h"
 #include "idem/idem.h"
 
-struct cli_cli_cmd {
+struct cli_cmd {
     const char *name;
     int (*run)(int argc, char **argv);
     const char *summary;
 };
 
-static const struct cli_cli_cmd cli_cmds[] = {
+static const struct cli_cmd cli_cmds[] = {
+    {"bench", idem_cmd_bench, "measure claim throughput of a store"},
     {"keygen", idem_cmd_keygen, "make or decode idempotency keys"},
 };
 
@@ -29,10 +30,11 @@ static void cli_usage(FILE *f)
                "commands:\n");
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-10s %s\n", cli_cmds[i].name, cli_cmds[i].summary);
-    fprintf(f, "\nexit status: 0 done, 1 failed, 2 bad command line\n");
+    fprintf(f, "\n`idem <command> --help` explains one command.\n"
+               "exit status: 0 done, 1 failed, 2 bad command line\n");
 }
 
-static const struct cli_cli_cmd *cli_find(const char *name)
+static const struct cli_cmd *cli_find(const char *name)
 {
     for (size_t i = 0; i < CLI_NCMDS; i++)
         if (strcmp(cli_cmds[i].name, name) == 0)
@@ -68,7 +70,7 @@ int main(int argc, char **argv)
             cli_usage(stdout);
             return IDEM_EXIT_OK;
         }
-        const struct cli_cli_cmd *c = cli_find(argv[2]);
+        const struct cli_cmd *c = cli_find(argv[2]);
         if (!c)
             return cli_unknown(argv[2]);
         char help[] = "--help";
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
                 name, name);
         return IDEM_EXIT_USAGE;
     }
-    const struct cli_cli_cmd *c = cli_find(name);
+    const struct cli_cmd *c = cli_find(name);
     if (!c)
         return cli_unknown(name);
     return c->run(argc - 1, argv + 1);

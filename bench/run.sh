@@ -1,0 +1,55 @@
+#!/bin/sh
+# make bench: idem beside its references, in one run on one machine.
+#
+# Starts a private redis-server on a loopback port, runs `idem bench` for
+# each workload on a fresh local store, the reference programs on the same
+# key stream, and prints every figure and the ratios the README quotes.
+# IDEM_BENCH_N sets the message count (default 1000000).
+set -eu
+BUILD=${1:-build}
+N=${IDEM_BENCH_N:-1000000}
+BATCH=1000
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-XXXXXX")
+port=$((20000 + $$ % 20000))
+cleanup() {
+    [ -f "$tmp/redis.pid" ] && kill "$(cat "$tmp/redis.pid")" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+redis-server --port "$port" --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize yes --pidfile "$tmp/redis.pid" --dir "$tmp" >/dev/null
+for _ in 1 2 3 4 5 6 7 8 9 10; do
+    redis-cli -p "$port" ping >/dev/null 2>&1 && break
+    sleep 0.2
+done
+
+val() { echo "$2" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+idem_run() {
+    rm -rf "$tmp/store"
+    "$BUILD/idem" bench --store "local:$tmp/store" -n "$N" --batch "$BATCH" \
+        --keys random "$@"
+}
+
+echo "# idem bench: $N random 36-byte keys, batches of $BATCH, durable"
+claim=$(idem_run --workload claim --reopen); echo "$claim"
+cc=$(idem_run --workload claim-complete); echo "$cc"
+replay=$(idem_run --workload replay); echo "$replay"
+redis=$("$BUILD/bench/ref_claims" redis "$port" "$N"); echo "$redis"
+lmdb=$("$BUILD/bench/ref_claims" lmdb "$tmp/lmdb" "$N" "$BATCH"); echo "$lmdb"
+
+r() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+c_ops=$(val ops_per_sec "$claim"); cc_ops=$(val ops_per_sec "$cc")
+redis_ops=$(val ops_per_sec "$redis"); lmdb_ops=$(val ops_per_sec "$lmdb")
+echo "# ratios (targets in parentheses)"
+echo "claim_vs_redis_setnx=$(r "$c_ops" "$redis_ops") (>= 3)"
+echo "claim_vs_lmdb=$(r "$c_ops" "$lmdb_ops") (>= 10)"
+echo "claim_complete_vs_redis_setnx=$(r "$cc_ops" "$redis_ops") (>= 1.5)"
+echo "replay_ops_per_sec=$(val ops_per_sec "$replay") (>= 3000000)"
+echo "index_bytes_per_key=$(val index_bytes_per_key "$claim") (<= 64)"
+echo "reopen_seconds=$(val reopen_seconds "$claim") for $N keys"
+
+if [ -x "$BUILD/bench/keys" ]; then
+    echo "# key generation"
+    "$BUILD/bench/keys"
+fi

@@ -1,0 +1,212 @@
+/* dir.c - opening, locking and listing a store directory.
+ *
+ * One process holds a local store at a time: two writers appending to one
+ * log would interleave frames. flock() is released by the kernel when the
+ * holder dies, even by kill -9, so a crash never leaves a stale lock; the
+ * pid inside the file is only there to name the holder in the error.
+ *
+ * The identity file is written once, to a temporary name, synced and
+ * renamed, so it is either whole or absent. */
+#include "dir.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define IDEM__META "IDEM"
+#define IDEM__META_LEN (16 + IDEM__SECRET_LEN + 8)
+
+static const unsigned char idem__meta_magic[8] = "IDEMSTO";
+
+static int idem__errno_code(int err)
+{
+    return err == ENOSPC || err == EDQUOT ? IDEM_ENOSPC : IDEM_EIO;
+}
+
+static int idem__lock(idem_store *s, int dirfd, const char *path,
+                      int *lockfd)
+{
+    int fd = openat(dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return idem__fail(s, idem__errno_code(errno), "%s/LOCK: %s", path,
+                          strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        char pid[32] = "";
+        ssize_t r = pread(fd, pid, sizeof pid - 1, 0);
+        pid[r > 0 ? r : 0] = '\0';
+        pid[strcspn(pid, "\n")] = '\0';
+        close(fd);
+        return idem__fail(s, IDEM_ELOCKED,
+                          "%s: in use by another process (pid %s); "
+                          "one process may hold a local store at a time",
+                          path, *pid ? pid : "unknown");
+    }
+    char pid[32];
+    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
+        int err = errno;
+        close(fd);
+        return idem__fail(s, idem__errno_code(err), "%s/LOCK: %s", path,
+                          strerror(err));
+    }
+    *lockfd = fd;
+    return 0;
+}
+
+int idem__dir_open(idem_store *s, const char *path, int nocreate,
+                   int *dirfd, int *lockfd)
+{
+    if (!*path)
+        return idem__fail(s, IDEM_EINVAL,
+                          "local: needs a directory, e.g. local:./idem-data");
+    if (!nocreate && mkdir(path, 0755) != 0 && errno != EEXIST)
+        return idem__fail(s, errno == ENOENT ? IDEM_EINVAL
+                                             : idem__errno_code(errno),
+                          "%s: cannot create the store directory: %s", path,
+                          strerror(errno));
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return idem__fail(s, errno == ENOENT ? IDEM_ENOTFOUND : IDEM_EIO,
+                          "%s: %s", path, strerror(errno));
+    int rc = idem__lock(s, fd, path, lockfd);
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    *dirfd = fd;
+    return 0;
+}
+
+static int idem__meta_parse(idem_store *s, const char *path,
+                            const unsigned char *m, ssize_t n,
+                            unsigned char *secret)
+{
+    uint32_t version;
+    uint64_t check;
+    memcpy(&check, m + IDEM__META_LEN - 8, 8);
+    if (n != IDEM__META_LEN || memcmp(m, idem__meta_magic, 8) != 0 ||
+        check != XXH3_64bits(m, IDEM__META_LEN - 8))
+        return idem__fail(s, IDEM_ECORRUPT,
+                          "%s/IDEM: not an idem store identity file", path);
+    memcpy(&version, m + 8, 4);
+    if (version != 1)
+        return idem__fail(s, IDEM_EVERSION,
+                          "%s: store format %u is newer than this idem (1)",
+                          path, version);
+    memcpy(secret, m + 16, IDEM__SECRET_LEN);
+    return 0;
+}
+
+static int idem__meta_create(idem_store *s, int dirfd, const char *path,
+                             unsigned char *secret)
+{
+    unsigned char m[IDEM__META_LEN] = {0};
+    uint32_t version = 1;
+    memcpy(m, idem__meta_magic, 8);
+    memcpy(m + 8, &version, 4);
+    if (idem__random_bytes(secret, IDEM__SECRET_LEN))
+        return idem__fail(s, IDEM_EIO, "getrandom failed");
+    memcpy(m + 16, secret, IDEM__SECRET_LEN);
+    uint64_t check = XXH3_64bits(m, IDEM__META_LEN - 8);
+    memcpy(m + IDEM__META_LEN - 8, &check, 8);
+    int fd = openat(dirfd, IDEM__META ".tmp",
+                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return idem__fail(s, idem__errno_code(errno), "%s/IDEM: %s", path,
+                          strerror(errno));
+    int ok = write(fd, m, sizeof m) == (ssize_t)sizeof m && fsync(fd) == 0;
+    int err = errno;
+    close(fd);
+    if (!ok || renameat(dirfd, IDEM__META ".tmp", dirfd, IDEM__META) != 0 ||
+        fsync(dirfd) != 0)
+        return idem__fail(s, idem__errno_code(ok ? errno : err),
+                          "%s/IDEM: cannot write: %s", path,
+                          strerror(ok ? errno : err));
+    return 0;
+}
+
+int idem__dir_secret(idem_store *s, int dirfd, const char *path,
+                     unsigned char secret[IDEM__SECRET_LEN])
+{
+    unsigned char m[IDEM__META_LEN + 1];
+    int fd = openat(dirfd, IDEM__META, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return idem__meta_create(s, dirfd, path, secret);
+    if (fd < 0)
+        return idem__fail(s, IDEM_EIO, "%s/IDEM: %s", path, strerror(errno));
+    ssize_t n = read(fd, m, sizeof m);
+    close(fd);
+    return idem__meta_parse(s, path, m, n, secret);
+}
+
+static int idem__cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Is name "seg-NNNNNNNN.log"? Then *id is NNNNNNNN. */
+static int idem__parse_seg_name(const char *name, uint32_t *id)
+{
+    if (strlen(name) != 16 || memcmp(name, "seg-", 4) != 0 ||
+        strcmp(name + 12, ".log") != 0)
+        return 0;
+    uint32_t v = 0;
+    for (int i = 4; i < 12; i++) {
+        if (name[i] < '0' || name[i] > '9')
+            return 0;
+        v = v * 10 + (uint32_t)(name[i] - '0');
+    }
+    *id = v;
+    return v != 0;
+}
+
+int idem__dir_segments(idem_store *s, int dirfd, const char *path,
+                       uint32_t **ids, size_t *n)
+{
+    *ids = NULL;
+    *n = 0;
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d) {
+        if (fd >= 0)
+            close(fd);
+        return idem__fail(s, IDEM_EIO, "%s: %s", path, strerror(errno));
+    }
+    rewinddir(d);
+    size_t cap = 0;
+    int rc = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        uint32_t id;
+        if (!idem__parse_seg_name(de->d_name, &id))
+            continue;
+        if (*n == cap) {
+            cap = cap ? cap * 2 : 16;
+            uint32_t *p = realloc(*ids, cap * sizeof *p);
+            if (!p) {
+                rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+                break;
+            }
+            *ids = p;
+        }
+        (*ids)[(*n)++] = id;
+    }
+    closedir(d);
+    if (rc) {
+        free(*ids);
+        *ids = NULL;
+        *n = 0;
+        return rc;
+    }
+    if (*n)
+        qsort(*ids, *n, sizeof **ids, idem__cmp_u32);
+    return 0;
+}

@@ -1,0 +1,31 @@
+/* dir.h - the store directory: its lock, its identity file, its segments.
+ *
+ *   PATH/LOCK              flock()ed by the process holding the store;
+ *                          holds that process's pid, for the error message
+ *   PATH/IDEM              format version and the index hash secret
+ *   PATH/seg-00000001.log  segments, oldest first */
+#ifndef IDEM_DIR_H
+#define IDEM_DIR_H
+
+#include <stdint.h>
+
+#include "store.h"
+
+#define IDEM__SECRET_LEN 192
+
+/* Open (creating unless nocreate) the directory and lock it.
+ * *dirfd, *lockfd are set on success. IDEM_ELOCKED names the holder. */
+int idem__dir_open(idem_store *s, const char *path, int nocreate,
+                   int *dirfd, int *lockfd);
+
+/* Read the secret from PATH/IDEM, creating the file if the directory has
+ * no segments yet. */
+int idem__dir_secret(idem_store *s, int dirfd, const char *path,
+                     unsigned char secret[IDEM__SECRET_LEN]);
+
+/* The ids of the segment files, sorted. *ids is malloc'ed (may be NULL
+ * when *n is 0). */
+int idem__dir_segments(idem_store *s, int dirfd, const char *path,
+                       uint32_t **ids, size_t *n);
+
+#endif

@@ -1,0 +1,694 @@
+/* engine.c - the embedded store: log + index + protocol.
+ *
+ * This is the backend behind `local:PATH` and `mem:`. Every operation is
+ * the same three steps: find the key's newest frame through the index,
+ * let protocol.c decide, append the new full snapshot and point the index
+ * at it. Nothing is ever updated in place, so a crash can only lose a
+ * suffix of appends, which recovery cuts at the last commit.
+ *
+ * Invariants:
+ *  - an index entry points at the newest frame of its key; a key with no
+ *    live record has no entry or an expired one (treated as absent);
+ *  - seg->live counts the entries pointing into seg; a segment that is the
+ *    oldest, not active, and has no live entry or checkpoint holds nothing
+ *    anybody can read, so it can be deleted whole;
+ *  - a frame is only ever copied forward (compaction) and then synced
+ *    before the segment it came from is deleted.
+ *
+ * Failure atomicity: before a frame is appended, index room is reserved;
+ * the append reserves its buffer room; only then are both changed, with no
+ * step left that can fail. So ENOMEM leaves no half-done operation. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "dir.h"
+#include "index.h"
+#include "log.h"
+#include "protocol.h"
+#include "record.h"
+#include "recover.h"
+#include "store.h"
+
+typedef struct idem__ckpt {
+    char *name;
+    uint32_t seg, off;
+} idem__ckpt;
+
+typedef struct idem__engine {
+    idem__log log;
+    idem__index ix;
+    int lockfd;
+    unsigned char secret[IDEM__SECRET_LEN];
+    idem__ckpt *ckpts;
+    size_t nckpts;
+    uint32_t sweep_cursor;   /* next entry id an incremental sweep visits */
+    uint64_t expired_total, dropped_total, copied_total;
+} idem__engine;
+
+/* A key's current state, as found by idem__lookup(). */
+typedef struct idem__found {
+    uint64_t h[2];
+    idem__ient *e;           /* the entry, live or expired, or NULL */
+    int live;                /* e holds a live record: f is its frame */
+    idem__frame f;
+} idem__found;
+
+static idem__engine *idem__eng(idem_store *s)
+{
+    return s->impl;
+}
+
+static void idem__hash(const idem__engine *en, const void *key, size_t len,
+                       uint64_t h[2])
+{
+    XXH128_hash_t x = XXH3_128bits_withSecret(key, len, en->secret,
+                                              sizeof en->secret);
+    h[0] = x.low64;
+    h[1] = x.high64;
+}
+
+/* Forget an entry: its segment loses a live reference. */
+static void idem__unlink_entry(idem__engine *en, idem__ient *e)
+{
+    idem__seg *g = idem__log_seg(&en->log, e->seg);
+    if (g)
+        g->live--;
+    idem__index_remove(&en->ix, e);
+}
+
+/* Find key's record, whose hash is in fo->h. Returns 0 (see *fo) or
+ * IDEM_ECOLLISION. An entry whose frame was dropped with its expired
+ * segment counts as absent. */
+static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
+                               int64_t now, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    fo->e = idem__index_find(&en->ix, fo->h);
+    fo->live = 0;
+    if (!fo->e || now >= fo->e->expires)
+        return 0;
+    size_t avail;
+    const unsigned char *p =
+        idem__log_at(&en->log, fo->e->seg, fo->e->off, &avail);
+    if (!p || idem__frame_decode(p, avail, &fo->f, 0))
+        return 0;
+    if (fo->f.keylen != len || memcmp(fo->f.key, key, len) != 0)
+        return idem__fail(s, IDEM_ECOLLISION,
+                          "two keys share one 128-bit index hash");
+    fo->live = 1;
+    return 0;
+}
+
+static int idem__lookup(idem_store *s, const void *key, size_t len,
+                        int64_t now, idem__found *fo)
+{
+    idem__hash(idem__eng(s), key, len, fo->h);
+    return idem__lookup_hashed(s, key, len, now, fo);
+}
+
+/* Append frame (type, r, key, val) and point the key's entry at it. */
+static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
+                     const idem__rec *r, const void *key, size_t keylen,
+                     const void *val, size_t vallen, int64_t now)
+{
+    idem__engine *en = idem__eng(s);
+    if (!fo->e && idem__index_reserve(&en->ix, 1))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    unsigned char *dst;
+    uint32_t seg, off;
+    size_t n = idem__frame_size(keylen, vallen);
+    int rc = idem__log_append(&en->log, now, n, &dst, &seg, &off);
+    if (rc)
+        return rc;
+    idem__frame_encode(dst, type, r, key, keylen, val, vallen);
+    if (fo->e) {
+        idem__seg *old = idem__log_seg(&en->log, fo->e->seg);
+        if (old)
+            old->live--;
+    } else {
+        fo->e = idem__index_insert(&en->ix, fo->h);
+    }
+    idem__seg *g = idem__log_seg(&en->log, seg);
+    fo->e->seg = seg;
+    fo->e->off = off;
+    fo->e->expires = r->expires;
+    g->live++;
+    g->records++;
+    if (r->expires > g->max_expires)
+        g->max_expires = r->expires;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * The protocol operations */
+
+static int idem__claim_one(idem_store *s, const idem_key *k,
+                           const uint64_t h[2], const idem__claim_args *a,
+                           int64_t now, idem_outcome *out)
+{
+    idem__found fo = {.h = {h[0], h[1]}};
+    int rc = idem__lookup_hashed(s, k->key, k->len, now, &fo);
+    if (rc)
+        return rc;
+    idem__rec next;
+    idem__decide_claim(fo.live ? &fo.f.rec : NULL, k->fp, now, a->lease_ms,
+                       a->ttl_ms, &next, out);
+    if (out->kind == IDEM_NEW)
+        return idem__put(s, &fo, IDEM__R_CLAIM, &next, k->key, k->len, NULL,
+                         0, now);
+    if (out->kind == IDEM_REPLAY || out->kind == IDEM_FAILED) {
+        out->data = idem__out_keep(s, fo.f.val, fo.f.vallen);
+        out->len = fo.f.vallen;
+        if (!out->data)
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* Keys hashed and prefetched ahead of the one being claimed. */
+#define IDEM__WINDOW 16
+
+static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
+                                size_t n, const idem__claim_args *a,
+                                idem_outcome *outs)
+{
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    uint64_t h[IDEM__WINDOW][2];
+    for (size_t i = 0; i < n; i++) {
+        size_t w = i % IDEM__WINDOW;
+        if (w == 0) {
+            size_t m = n - i < IDEM__WINDOW ? n - i : IDEM__WINDOW;
+            for (size_t j = 0; j < m; j++) {
+                if (!outs[i + j].status)
+                    idem__hash(en, keys[i + j].key, keys[i + j].len, h[j]);
+                else
+                    h[j][0] = h[j][1] = 0;
+                idem__index_prefetch(&en->ix, h[j], 0);
+            }
+            for (size_t j = 0; j < m; j++)
+                idem__index_prefetch(&en->ix, h[j], 1);
+        }
+        if (outs[i].status)
+            continue;
+        int rc = idem__claim_one(s, &keys[i], h[w], a, now, &outs[i]);
+        if (rc == IDEM_ECOLLISION) {
+            outs[i].status = rc;
+        } else if (rc) {
+            for (size_t j = i; j < n; j++)
+                outs[j].status = outs[j].status ? outs[j].status : rc;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* Look up key and check that token may finish it; fills *fo. */
+static int idem__holder(idem_store *s, const void *key, size_t len,
+                        uint64_t token, int64_t now, idem__found *fo)
+{
+    int rc = idem__lookup(s, key, len, now, fo);
+    if (rc)
+        return rc;
+    if (idem__may_finish(fo->live ? &fo->f.rec : NULL, token))
+        return idem__fail(s, IDEM_ELOST,
+                          "token %llu does not hold the key (%s)",
+                          (unsigned long long)token,
+                          !fo->live                        ? "no live record"
+                          : fo->f.rec.state != IDEM_PENDING ? "already finished"
+                          : fo->f.rec.released             ? "it was released"
+                                               : "another worker took it over");
+    return 0;
+}
+
+static int idem__complete_one(idem_store *s, const idem_completion *c,
+                              int64_t now)
+{
+    idem__found fo;
+    int rc = idem__holder(s, c->key, c->keylen, c->token, now, &fo);
+    if (rc)
+        return rc;
+    idem__rec r = fo.f.rec;
+    r.state = IDEM_DONE;
+    r.lease = 0;
+    r.expires = now + (c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
+    return idem__put(s, &fo, IDEM__R_COMPLETE, &r, c->key, c->keylen,
+                     c->response, c->len, now);
+}
+
+static int idem__eng_complete_many(idem_store *s, const idem_completion *it,
+                                   size_t n, int *st)
+{
+    int64_t now = idem__now(s);
+    for (size_t i = 0; i < n; i++) {
+        if (st[i])
+            continue;
+        st[i] = idem__complete_one(s, &it[i], now);
+        if (st[i] && st[i] != IDEM_ELOST && st[i] != IDEM_ECOLLISION) {
+            int rc = st[i];
+            for (size_t j = i + 1; j < n; j++)
+                st[j] = st[j] ? st[j] : rc;
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int idem__eng_fail(idem_store *s, const void *key, size_t keylen,
+                          uint64_t token, const void *err, size_t len,
+                          int retryable)
+{
+    int64_t now = idem__now(s);
+    idem__found fo;
+    int rc = idem__holder(s, key, keylen, token, now, &fo);
+    if (rc)
+        return rc;
+    idem__rec r = fo.f.rec;
+    if (retryable) {
+        r.released = 1;
+        r.lease = 0;
+    } else {
+        r.state = IDEM_FAILED_STATE;
+        r.lease = 0;
+        r.expires = now + s->opts.failure_ttl_ms;
+    }
+    return idem__put(s, &fo, retryable ? IDEM__R_RELEASE : IDEM__R_FAIL, &r,
+                     key, keylen, err, len, now);
+}
+
+static int idem__eng_extend(idem_store *s, const void *key, size_t keylen,
+                            uint64_t token, int64_t lease_ms)
+{
+    int64_t now = idem__now(s);
+    idem__found fo;
+    int rc = idem__holder(s, key, keylen, token, now, &fo);
+    if (rc)
+        return rc;
+    idem__rec r = fo.f.rec;
+    r.lease = now + lease_ms;
+    if (r.expires < r.lease)
+        r.expires = r.lease;
+    return idem__put(s, &fo, IDEM__R_EXTEND, &r, key, keylen, NULL, 0, now);
+}
+
+static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
+                         idem_record *out)
+{
+    idem__found fo;
+    int rc = idem__lookup(s, key, keylen, idem__now(s), &fo);
+    if (rc)
+        return rc;
+    if (!fo.live)
+        return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    const idem__rec *r = &fo.f.rec;
+    out->state = (idem_state)r->state;
+    out->token = r->token;
+    out->attempts = r->token;
+    out->released = r->released;
+    out->created_ms = r->created;
+    out->expires_ms = r->expires;
+    out->lease_until = r->state == IDEM_PENDING ? r->lease : 0;
+    out->has_fp = r->has_fp;
+    memcpy(out->fp, r->fp, IDEM_FP_LEN);
+    if (fo.f.vallen) {
+        out->data = idem__out_keep(s, fo.f.val, fo.f.vallen);
+        out->len = fo.f.vallen;
+        if (!out->data)
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
+{
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    idem__found fo;
+    int rc = idem__lookup(s, key, keylen, now, &fo);
+    if (rc)
+        return rc;
+    if (!fo.live)
+        return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    unsigned char *dst;
+    uint32_t seg, off;
+    rc = idem__log_append(&en->log, now, idem__frame_size(keylen, 0), &dst,
+                          &seg, &off);
+    if (rc)
+        return rc;
+    idem__frame_encode(dst, IDEM__R_FORGET, &fo.f.rec, key, keylen, NULL, 0);
+    idem__unlink_entry(en, fo.e);
+    return 0;
+}
+
+static int idem__eng_sync(idem_store *s)
+{
+    return idem__log_commit(&idem__eng(s)->log);
+}
+
+/* ------------------------------------------------------------------------
+ * Checkpoints: a handful of names, each pointing at its newest frame. */
+
+static idem__ckpt *idem__ckpt_find(idem__engine *en, const void *name,
+                                   size_t len)
+{
+    for (size_t i = 0; i < en->nckpts; i++)
+        if (strlen(en->ckpts[i].name) == len &&
+            memcmp(en->ckpts[i].name, name, len) == 0)
+            return &en->ckpts[i];
+    return NULL;
+}
+
+/* Point checkpoint `name` at (seg, off), adding it if new. */
+static int idem__ckpt_set(idem__engine *en, const void *name, size_t len,
+                          uint32_t seg, uint32_t off)
+{
+    idem__ckpt *c = idem__ckpt_find(en, name, len);
+    if (!c) {
+        char *copy = malloc(len + 1);
+        idem__ckpt *p = copy ? realloc(en->ckpts, (en->nckpts + 1) *
+                                                      sizeof *en->ckpts)
+                             : NULL;
+        if (!p) {
+            free(copy);
+            return IDEM_ENOMEM;
+        }
+        memcpy(copy, name, len);
+        copy[len] = '\0';
+        en->ckpts = p;
+        c = &en->ckpts[en->nckpts++];
+        c->name = copy;
+    }
+    c->seg = seg;
+    c->off = off;
+    return 0;
+}
+
+static int idem__eng_ckpt_put(idem_store *s, const char *name,
+                              const void *blob, size_t len)
+{
+    idem__engine *en = idem__eng(s);
+    size_t nlen = strlen(name);
+    /* Reserve the table entry first so the append cannot be orphaned. */
+    if (!idem__ckpt_find(en, name, nlen) &&
+        idem__ckpt_set(en, name, nlen, 0, 0))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    unsigned char *dst;
+    uint32_t seg, off;
+    idem__rec r = {.expires = INT64_MAX};
+    int rc = idem__log_append(&en->log, idem__now(s),
+                              idem__frame_size(nlen, len), &dst, &seg, &off);
+    if (rc)
+        return rc;
+    idem__frame_encode(dst, IDEM__R_CHECKPOINT, &r, name, nlen, blob, len);
+    return idem__ckpt_set(en, name, nlen, seg, off);
+}
+
+static int idem__eng_ckpt_get(idem_store *s, const char *name,
+                              const void **blob, size_t *len)
+{
+    idem__engine *en = idem__eng(s);
+    idem__ckpt *c = idem__ckpt_find(en, name, strlen(name));
+    size_t avail;
+    idem__frame f;
+    const unsigned char *p =
+        c && c->seg ? idem__log_at(&en->log, c->seg, c->off, &avail) : NULL;
+    if (!p || idem__frame_decode(p, avail, &f, 0))
+        return idem__fail(s, IDEM_ENOTFOUND, "no checkpoint named '%s'",
+                          name);
+    *blob = idem__out_keep(s, f.val, f.vallen);
+    *len = f.vallen;
+    return *blob ? 0 : idem__fail(s, IDEM_ENOMEM, "out of memory");
+}
+
+/* ------------------------------------------------------------------------
+ * Expiry: the index sweep, whole-segment drops, compaction. */
+
+static uint64_t idem__ckpt_pins(const idem__engine *en, uint32_t seg)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < en->nckpts; i++)
+        n += en->ckpts[i].seg == seg;
+    return n;
+}
+
+/* Copy every live record and checkpoint out of the oldest segment into
+ * the active one. The copies must be committed before the segment goes. */
+static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
+{
+    idem__engine *en = idem__eng(s);
+    uint32_t id = g->id;
+    uint64_t size = g->size;
+    idem__frame f;
+    for (uint64_t at = IDEM__SEG_HDR; at < size; at += f.len) {
+        size_t avail;
+        const unsigned char *p = idem__log_at(&en->log, id, (uint32_t)at,
+                                              &avail);
+        if (!p || idem__frame_decode(p, avail, &f, 0))
+            return idem__fail(s, IDEM_ECORRUPT, "unreadable frame in "
+                              "segment %u at %llu", id,
+                              (unsigned long long)at);
+        idem__ckpt *c = f.type == IDEM__R_CHECKPOINT
+                            ? idem__ckpt_find(en, f.key, f.keylen)
+                            : NULL;
+        if (c && c->seg == id && c->off == at) {
+            int rc = idem__eng_ckpt_put(s, c->name, f.val, f.vallen);
+            if (rc)
+                return rc;
+            en->copied_total++;
+            continue;
+        }
+        if (f.type == IDEM__R_COMMIT || f.type == IDEM__R_FORGET ||
+            f.type == IDEM__R_CHECKPOINT || now >= f.rec.expires)
+            continue;
+        idem__found fo = {.live = 1};
+        idem__hash(en, f.key, f.keylen, fo.h);
+        fo.e = idem__index_find(&en->ix, fo.h);
+        if (!fo.e || fo.e->seg != id || fo.e->off != at)
+            continue;
+        /* f points into the log; copy what put needs before appending. */
+        idem__rec r = f.rec;
+        uint8_t type = f.type;
+        idem__buf kv = {0};
+        if (idem__buf_append(&kv, f.key, f.keylen + f.vallen))
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+        int rc = idem__put(s, &fo, type, &r, kv.data, f.keylen,
+                           kv.data + f.keylen, f.vallen, now);
+        idem__buf_free(&kv);
+        if (rc)
+            return rc;
+        en->copied_total++;
+    }
+    return idem__log_commit(&en->log);
+}
+
+/* Drop (or empty, then drop) the oldest segments while that is cheap. */
+static int idem__retire_segments(idem_store *s, int64_t now)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    while (lg->nsegs > 1 && !lg->in_group) {
+        idem__seg *g = &lg->segs[0];
+        uint64_t pins = idem__ckpt_pins(en, g->id);
+        int dead = (g->live == 0 || g->max_expires <= now) && pins == 0;
+        if (!dead) {
+            /* Mostly dead: move the few survivors, then drop. */
+            if ((g->live + pins) * 4 > g->records + 1)
+                return 0;
+            int rc = idem__copy_forward(s, g, now);
+            if (rc)
+                return rc;
+            g = &lg->segs[0];
+        }
+        int rc = idem__log_drop_oldest(lg);
+        if (rc)
+            return rc;
+        en->dropped_total++;
+    }
+    return 0;
+}
+
+static int idem__eng_sweep(idem_store *s, size_t max_work,
+                           uint64_t *expired)
+{
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    *expired = 0;
+    uint32_t hw = en->ix.hw;
+    size_t todo = max_work ? max_work : hw;
+    for (size_t k = 0; k < todo && hw; k++) {
+        if (en->sweep_cursor >= hw)
+            en->sweep_cursor = 0;
+        idem__ient *e = idem__index_at(&en->ix, en->sweep_cursor++);
+        if (e->seg != IDEM__IENT_FREE && now >= e->expires) {
+            idem__unlink_entry(en, e);
+            (*expired)++;
+        }
+    }
+    en->expired_total += *expired;
+    int rc = idem__log_commit(&en->log);
+    return rc ? rc : idem__retire_segments(s, now);
+}
+
+static int idem__eng_stats(idem_store *s, idem_stats *out)
+{
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    out->live_keys = en->ix.count;
+    for (uint32_t id = 0; id < en->ix.hw; id++) {
+        idem__ient *e = idem__index_at(&en->ix, id);
+        size_t avail;
+        idem__frame f;
+        const unsigned char *p =
+            e->seg == IDEM__IENT_FREE || now >= e->expires
+                ? NULL
+                : idem__log_at(&en->log, e->seg, e->off, &avail);
+        if (!p || idem__frame_decode(p, avail, &f, 0))
+            continue;
+        out->pending += f.rec.state == IDEM_PENDING;
+        out->done += f.rec.state == IDEM_DONE;
+        out->failed += f.rec.state == IDEM_FAILED_STATE;
+    }
+    const idem__log *lg = &en->log;
+    out->segments = lg->nsegs;
+    for (size_t i = 0; i < lg->nsegs; i++)
+        out->disk_bytes += lg->segs[i].size;
+    out->disk_bytes += lg->wbuf.len;
+    out->index_bytes = idem__index_bytes(&en->ix);
+    out->oldest_ms = lg->nsegs ? lg->segs[0].created : 0;
+    out->newest_ms = lg->nsegs ? lg->segs[lg->nsegs - 1].created : 0;
+    out->expired_total = en->expired_total;
+    out->segments_dropped = en->dropped_total;
+    out->records_copied = en->copied_total;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Open and close */
+
+/* Recovery: make the index agree with one committed frame. */
+static int idem__apply(void *ctx, idem__seg *g, uint32_t off,
+                       const idem__frame *f)
+{
+    idem_store *s = ctx;
+    idem__engine *en = idem__eng(s);
+    if (f->type == IDEM__R_CHECKPOINT)
+        return idem__ckpt_set(en, f->key, f->keylen, g->id, off)
+                   ? idem__fail(s, IDEM_ENOMEM, "out of memory")
+                   : 0;
+    uint64_t h[2];
+    idem__hash(en, f->key, f->keylen, h);
+    idem__ient *e = idem__index_find(&en->ix, h);
+    if (e) {
+        idem__seg *old = idem__log_seg(&en->log, e->seg);
+        (old ? old : g)->live--;
+        idem__index_remove(&en->ix, e);
+    }
+    if (f->type == IDEM__R_FORGET)
+        return 0;
+    if (f->rec.expires > g->max_expires)
+        g->max_expires = f->rec.expires;
+    if (f->rec.expires <= idem__now(s))
+        return 0;
+    if (idem__index_reserve(&en->ix, 1))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    e = idem__index_insert(&en->ix, h);
+    e->seg = g->id;
+    e->off = off;
+    e->expires = f->rec.expires;
+    g->live++;
+    return 0;
+}
+
+static void idem__engine_free(idem__engine *en)
+{
+    idem__log_close(&en->log);
+    idem__index_free(&en->ix);
+    for (size_t i = 0; i < en->nckpts; i++)
+        free(en->ckpts[i].name);
+    free(en->ckpts);
+    if (en->lockfd >= 0)
+        close(en->lockfd);
+    free(en);
+}
+
+static int idem__engine_new(idem_store *s, int memory)
+{
+    idem__engine *en = calloc(1, sizeof *en);
+    if (!en)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    en->lockfd = -1;
+    en->log.s = s;
+    en->log.memory = memory;
+    en->log.dirfd = -1;
+    en->log.segment_bytes = s->opts.segment_bytes;
+    en->log.segment_span_ms = s->opts.segment_span_ms;
+    idem__index_init(&en->ix);
+    s->impl = en;
+    return 0;
+}
+
+static int idem__eng_close(idem_store *s)
+{
+    idem__engine *en = idem__eng(s);
+    int rc = en->log.broken ? 0 : idem__log_commit(&en->log);
+    idem__engine_free(en);
+    s->impl = NULL;
+    return rc;
+}
+
+static int idem__open_local(idem_store *s, const char *path)
+{
+    int rc = idem__engine_new(s, 0);
+    if (rc)
+        return rc;
+    idem__engine *en = idem__eng(s);
+    en->log.dir = idem__strdup(path);
+    if (!en->log.dir)
+        rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+    if (!rc)
+        rc = idem__dir_open(s, path, (s->opts.flags & IDEM_O_NOCREATE) != 0,
+                            &en->log.dirfd, &en->lockfd);
+    if (!rc)
+        rc = idem__dir_secret(s, en->log.dirfd, path, en->secret);
+    if (!rc)
+        rc = idem__recover(&en->log, idem__now(s), idem__apply, s);
+    if (rc) {
+        idem__engine_free(en);
+        s->impl = NULL;
+    }
+    return rc;
+}
+
+static int idem__open_mem(idem_store *s, const char *rest)
+{
+    if (*rest)
+        return idem__fail(s, IDEM_EINVAL, "mem: takes no path ('%s')", rest);
+    int rc = idem__engine_new(s, 1);
+    idem__engine *en = idem__eng(s);
+    if (!rc && idem__random_bytes(en->secret, sizeof en->secret))
+        rc = idem__fail(s, IDEM_EIO, "getrandom failed");
+    if (!rc)
+        rc = idem__log_new_segment(&en->log, idem__now(s));
+    if (rc && s->impl) {
+        idem__engine_free(en);
+        s->impl = NULL;
+    }
+    return rc;
+}
+
+#define IDEM__ENGINE_OPS                                                   \
+    .close = idem__eng_close, .claim_many = idem__eng_claim_many,          \
+    .complete_many = idem__eng_complete_many, .fail = idem__eng_fail,      \
+    .extend = idem__eng_extend, .get = idem__eng_get,                      \
+    .forget = idem__eng_forget, .sync = idem__eng_sync,                    \
+    .checkpoint_put = idem__eng_ckpt_put,                                  \
+    .checkpoint_get = idem__eng_ckpt_get, .sweep = idem__eng_sweep,        \
+    .stats = idem__eng_stats
+
+const struct idem__backend idem__backend_local = {
+    .scheme = "local", .open = idem__open_local, IDEM__ENGINE_OPS};
+const struct idem__backend idem__backend_mem = {
+    .scheme = "mem", .open = idem__open_mem, IDEM__ENGINE_OPS};

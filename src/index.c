@@ -1,0 +1,206 @@
+/* index.c - an open-addressing hash table over a dense entry arena.
+ *
+ * Why two arrays: entries live in fixed chunks that never move, so the
+ * arena grows without a doubling's slack (a 2x realloc would cost up to
+ * 64 bytes per key on its own). The slot table that points into it is the
+ * only part that doubles, and at 8 bytes a slot that slack is cheap. Each
+ * slot carries 32 bits of the hash besides the entry id, so a probe
+ * touches the entry only when those bits already match.
+ *
+ * Invariants:
+ *  - linear probing with no tombstones: removal shifts later members of
+ *    the probe run back (Knuth's algorithm R), so lookups stop at the
+ *    first empty slot;
+ *  - load <= 7/8 of the slots;
+ *  - an entry id is in exactly one place: a slot, or the free list. */
+#include "index.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "idem/idem.h"
+
+#define IDEM__CHUNK_BITS 16
+#define IDEM__CHUNK (1u << IDEM__CHUNK_BITS)
+#define IDEM__NOFREE UINT32_MAX
+
+void idem__index_init(idem__index *ix)
+{
+    memset(ix, 0, sizeof *ix);
+    ix->free_head = IDEM__NOFREE;
+}
+
+void idem__index_free(idem__index *ix)
+{
+    for (size_t i = 0; i < ix->nchunks; i++)
+        free(ix->chunks[i]);
+    free(ix->chunks);
+    free(ix->slots);
+    idem__index_init(ix);
+}
+
+idem__ient *idem__index_at(const idem__index *ix, uint32_t id)
+{
+    return &ix->chunks[id >> IDEM__CHUNK_BITS][id & (IDEM__CHUNK - 1)];
+}
+
+/* The slot's copy of the hash. The home slot is taken from the same 32
+ * bits, so that growing the table re-places slots without touching the
+ * entries (tables stay below 2^32 slots). */
+static uint32_t idem__tag(const uint64_t h[2])
+{
+    return (uint32_t)(h[0] >> 32);
+}
+
+static size_t idem__home(const idem__index *ix, const uint64_t h[2])
+{
+    return (size_t)idem__tag(h) & ix->mask;
+}
+
+/* Put a slot value into the first free slot of its run. */
+static void idem__place(uint64_t *slots, size_t mask, uint64_t value)
+{
+    size_t i = (size_t)(value >> 32) & mask;
+    while (slots[i])
+        i = (i + 1) & mask;
+    slots[i] = value;
+}
+
+static int idem__grow_slots(idem__index *ix, size_t want)
+{
+    size_t n = ix->slots ? ix->mask + 1 : 1024;
+    while (want > n - n / 8)
+        n *= 2;
+    if (ix->slots && n == ix->mask + 1)
+        return 0;
+    uint64_t *slots = calloc(n, sizeof *slots);
+    if (!slots)
+        return IDEM_ENOMEM;
+    for (size_t i = 0; ix->slots && i <= ix->mask; i++)
+        if (ix->slots[i])
+            idem__place(slots, n - 1, ix->slots[i]);
+    free(ix->slots);
+    ix->slots = slots;
+    ix->mask = n - 1;
+    return 0;
+}
+
+/* Entry ids available without allocating a chunk: never handed out, plus
+ * those on the free list. */
+static size_t idem__spare_ids(const idem__index *ix)
+{
+    return ix->nchunks * IDEM__CHUNK - ix->hw + (ix->hw - ix->count);
+}
+
+static int idem__grow_chunks(idem__index *ix, size_t more)
+{
+    while (idem__spare_ids(ix) < more) {
+        if (ix->nchunks >= (UINT32_MAX >> IDEM__CHUNK_BITS))
+            return IDEM_ENOMEM;
+        idem__ient **c = realloc(ix->chunks,
+                                 (ix->nchunks + 1) * sizeof *ix->chunks);
+        if (!c)
+            return IDEM_ENOMEM;
+        ix->chunks = c;
+        c[ix->nchunks] = malloc(IDEM__CHUNK * sizeof(idem__ient));
+        if (!c[ix->nchunks])
+            return IDEM_ENOMEM;
+        ix->nchunks++;
+    }
+    return 0;
+}
+
+int idem__index_reserve(idem__index *ix, size_t more)
+{
+    int rc = idem__grow_chunks(ix, more);
+    return rc ? rc : idem__grow_slots(ix, ix->count + more);
+}
+
+idem__ient *idem__index_find(const idem__index *ix, const uint64_t h[2])
+{
+    if (!ix->slots)
+        return NULL;
+    uint64_t tag = (uint64_t)idem__tag(h) << 32;
+    for (size_t i = idem__home(ix, h);; i = (i + 1) & ix->mask) {
+        uint64_t s = ix->slots[i];
+        if (!s)
+            return NULL;
+        if ((s & 0xffffffff00000000u) == tag) {
+            idem__ient *e =
+                idem__index_at(ix, (uint32_t)(s & 0xffffffffu) - 1);
+            if (e->h[0] == h[0] && e->h[1] == h[1])
+                return e;
+        }
+    }
+}
+
+void idem__index_prefetch(const idem__index *ix, const uint64_t h[2],
+                          int stage)
+{
+    if (!ix->slots)
+        return;
+    const uint64_t *slot = &ix->slots[idem__home(ix, h)];
+    if (stage == 0) {
+        __builtin_prefetch(slot);
+        return;
+    }
+    uint64_t s = *slot;
+    if (s && (uint32_t)(s >> 32) == idem__tag(h))
+        __builtin_prefetch(idem__index_at(ix, (uint32_t)(s & 0xffffffffu) - 1));
+}
+
+idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2])
+{
+    uint32_t id;
+    if (ix->free_head != IDEM__NOFREE) {
+        id = ix->free_head;
+        ix->free_head = idem__index_at(ix, id)->off;
+    } else {
+        id = ix->hw++;
+    }
+    idem__ient *e = idem__index_at(ix, id);
+    memset(e, 0, sizeof *e);
+    e->h[0] = h[0];
+    e->h[1] = h[1];
+    idem__place(ix->slots, ix->mask,
+                ((uint64_t)idem__tag(h) << 32) | ((uint64_t)id + 1));
+    ix->count++;
+    return e;
+}
+
+static uint32_t idem__id_of(const idem__index *ix, const idem__ient *e)
+{
+    for (size_t c = 0;; c++) {
+        const idem__ient *base = ix->chunks[c];
+        if (e >= base && e < base + IDEM__CHUNK)
+            return (uint32_t)((c << IDEM__CHUNK_BITS) + (size_t)(e - base));
+    }
+}
+
+void idem__index_remove(idem__index *ix, idem__ient *e)
+{
+    uint32_t id = idem__id_of(ix, e);
+    size_t i = idem__home(ix, e->h);
+    while ((uint32_t)(ix->slots[i] & 0xffffffffu) != id + 1)
+        i = (i + 1) & ix->mask;
+    /* Shift back later members of the run whose home is not in (i, j]. */
+    for (size_t j = (i + 1) & ix->mask; ix->slots[j]; j = (j + 1) & ix->mask) {
+        size_t home = (size_t)(ix->slots[j] >> 32) & ix->mask;
+        int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (!between) {
+            ix->slots[i] = ix->slots[j];
+            i = j;
+        }
+    }
+    ix->slots[i] = 0;
+    e->seg = IDEM__IENT_FREE;
+    e->off = ix->free_head;
+    ix->free_head = id;
+    ix->count--;
+}
+
+size_t idem__index_bytes(const idem__index *ix)
+{
+    return (ix->slots ? (ix->mask + 1) * sizeof(uint64_t) : 0) +
+           ix->nchunks * (IDEM__CHUNK * sizeof(idem__ient) + sizeof(void *));
+}

@@ -1,0 +1,337 @@
+/* log.c - appending, committing, reading and dropping segments.
+ *
+ * Why a log: idempotency records are written once or twice, read rarely,
+ * and die together after a retention window. Appending them in time order
+ * makes a write a memcpy and a commit one sequential write plus one
+ * fdatasync, and makes expiry of a whole time bucket one unlink.
+ *
+ * Reads go through mmap: a replay is a pointer dereference into the page
+ * cache, not a system call. The active segment is mapped beyond its end
+ * (allowed; we never touch pages past what was written) and remapped only
+ * when it outgrows the mapping. */
+#include "log.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "record.h"
+
+/* Write out the buffer once it holds this much, commit or not, so that a
+ * huge batch does not hold its whole size in RAM twice. */
+#define IDEM__FLUSH_BYTES (4u << 20)
+
+static const unsigned char idem__seg_magic[8] = "IDEMLOG";
+
+void idem__seg_name(char *buf, size_t n, uint32_t id)
+{
+    snprintf(buf, n, "seg-%08u.log", id);
+}
+
+void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created)
+{
+    uint32_t version = 1;
+    memcpy(dst, idem__seg_magic, 8);
+    memcpy(dst + 8, &version, 4);
+    memcpy(dst + 12, &id, 4);
+    memcpy(dst + 16, &created, 8);
+    uint64_t check = XXH3_64bits(dst, 24);
+    memcpy(dst + 24, &check, 8);
+}
+
+int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
+                        int64_t *created)
+{
+    uint32_t version, got;
+    uint64_t check;
+    if (avail < IDEM__SEG_HDR || memcmp(p, idem__seg_magic, 8) != 0)
+        return IDEM_ECORRUPT;
+    memcpy(&check, p + 24, 8);
+    if (check != XXH3_64bits(p, 24))
+        return IDEM_ECORRUPT;
+    memcpy(&version, p + 8, 4);
+    memcpy(&got, p + 12, 4);
+    memcpy(created, p + 16, 8);
+    if (version != 1)
+        return IDEM_EVERSION;
+    return got == id ? 0 : IDEM_ECORRUPT;
+}
+
+int idem__log_ioerr(idem__log *lg, const char *op, uint32_t seg, int err)
+{
+    char name[32];
+    idem__seg_name(name, sizeof name, seg);
+    int code = err == ENOSPC || err == EDQUOT ? IDEM_ENOSPC : IDEM_EIO;
+    return idem__fail(lg->s, code, "%s/%s: %s: %s", lg->dir ? lg->dir : "",
+                      name, op, strerror(err));
+}
+
+idem__seg *idem__log_seg(idem__log *lg, uint32_t id)
+{
+    if (!lg->nsegs || id < lg->segs[0].id ||
+        id - lg->segs[0].id >= lg->nsegs)
+        return NULL;
+    return &lg->segs[id - lg->segs[0].id];
+}
+
+static idem__seg *idem__active(idem__log *lg)
+{
+    return &lg->segs[lg->nsegs - 1];
+}
+
+int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
+{
+    if (lg->memory || need <= g->maplen)
+        return 0;
+    size_t len = (size_t)lg->segment_bytes + (1u << 20);
+    while (len < need)
+        len *= 2;
+    void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, g->fd, 0);
+    if (p == MAP_FAILED)
+        return errno == ENOMEM ? IDEM_ENOMEM
+                               : idem__log_ioerr(lg, "mmap", g->id, errno);
+    if (g->base)
+        munmap(g->base, g->maplen);
+    g->base = p;
+    g->maplen = len;
+    return 0;
+}
+
+const unsigned char *idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
+                                  size_t *avail)
+{
+    idem__seg *g = idem__log_seg(lg, seg);
+    if (!g)
+        return NULL;
+    if (g == idem__active(lg) && off >= g->size) {
+        size_t at = (size_t)(off - g->size);
+        if (at >= lg->wbuf.len)
+            return NULL;
+        *avail = lg->wbuf.len - at;
+        return lg->wbuf.data + at;
+    }
+    if (off >= g->size || idem__log_map(lg, g, (size_t)g->size))
+        return NULL;
+    *avail = (size_t)(g->size - off);
+    return g->base + off;
+}
+
+/* Move the buffer into the active segment: write(2) for files, memcpy for
+ * memory. On a write error the log is broken (see log.h). */
+static int idem__flush(idem__log *lg)
+{
+    idem__seg *g = idem__active(lg);
+    const unsigned char *p = lg->wbuf.data;
+    size_t n = lg->wbuf.len;
+    if (lg->memory) {
+        if (g->size + n > g->maplen) {
+            size_t cap = g->maplen ? g->maplen : 4096;
+            while (cap < g->size + n)
+                cap *= 2;
+            unsigned char *b = realloc(g->base, cap);
+            if (!b)
+                return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+            g->base = b;
+            g->maplen = cap;
+        }
+        if (n)
+            memcpy(g->base + g->size, p, n);
+        g->size += n;
+        lg->wbuf.len = 0;
+        return 0;
+    }
+    while (n) {
+        ssize_t w = write(g->fd, p, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            int err = w < 0 ? errno : ENOSPC;
+            lg->broken = idem__log_ioerr(lg, "write", g->id, err);
+            /* Best effort: leave the file ending at the last commit. */
+            if (ftruncate(g->fd, (off_t)g->committed) == 0)
+                g->size = g->committed;
+            return lg->broken;
+        }
+        p += w;
+        n -= (size_t)w;
+        g->size += (uint64_t)w;
+    }
+    lg->wbuf.len = 0;
+    return 0;
+}
+
+static int idem__must_rotate(idem__log *lg, int64_t now)
+{
+    idem__seg *g = idem__active(lg);
+    return g->size + lg->wbuf.len >= lg->segment_bytes ||
+           now - g->created >= lg->segment_span_ms;
+}
+
+int idem__log_append(idem__log *lg, int64_t now, size_t n,
+                     unsigned char **dst, uint32_t *seg, uint32_t *off)
+{
+    if (lg->broken)
+        return idem__fail(lg->s, lg->broken,
+                          "an earlier write failed; reopen the store");
+    int rc = 0;
+    if (!lg->in_group && idem__must_rotate(lg, now))
+        rc = idem__log_new_segment(lg, now);
+    if (!rc && lg->wbuf.len >= IDEM__FLUSH_BYTES)
+        rc = idem__flush(lg);
+    if (!rc && idem__buf_reserve(&lg->wbuf, n))
+        rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    if (rc)
+        return rc;
+    idem__seg *g = idem__active(lg);
+    uint64_t at = g->size + lg->wbuf.len;
+    if (at + n > UINT32_MAX)
+        return idem__fail(lg->s, IDEM_EINVAL, "segment would pass 4 GiB");
+    *dst = lg->wbuf.data + lg->wbuf.len;
+    *seg = g->id;
+    *off = (uint32_t)at;
+    lg->wbuf.len += n;
+    lg->in_group = 1;
+    return 0;
+}
+
+int idem__log_commit(idem__log *lg)
+{
+    if (lg->broken)
+        return idem__fail(lg->s, lg->broken,
+                          "an earlier write failed; reopen the store");
+    if (!lg->in_group)
+        return 0;
+    size_t n = idem__frame_size(0, 0);
+    if (idem__buf_reserve(&lg->wbuf, n))
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    idem__rec none = {0};
+    idem__frame_encode(lg->wbuf.data + lg->wbuf.len, IDEM__R_COMMIT, &none,
+                       NULL, 0, NULL, 0);
+    lg->wbuf.len += n;
+    int rc = idem__flush(lg);
+    if (rc) {
+        lg->wbuf.len -= n;  /* memory: the commit frame was not taken */
+        return rc;
+    }
+    idem__seg *g = idem__active(lg);
+    if (!lg->memory && fdatasync(g->fd) != 0) {
+        lg->broken = idem__log_ioerr(lg, "fdatasync", g->id, errno);
+        return lg->broken;
+    }
+    g->committed = g->size;
+    lg->in_group = 0;
+    return 0;
+}
+
+static int idem__grow_segs(idem__log *lg)
+{
+    if (lg->nsegs < lg->capsegs)
+        return 0;
+    size_t cap = lg->capsegs ? lg->capsegs * 2 : 8;
+    idem__seg *p = realloc(lg->segs, cap * sizeof *p);
+    if (!p)
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    lg->segs = p;
+    lg->capsegs = cap;
+    return 0;
+}
+
+/* Create the file for segment id with its header, durably. */
+static int idem__create_file(idem__log *lg, uint32_t id, int64_t now,
+                             int *fdp)
+{
+    char name[32];
+    unsigned char hdr[IDEM__SEG_HDR];
+    idem__seg_name(name, sizeof name, id);
+    idem__seg_header(hdr, id, now);
+    int fd = openat(lg->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0644);
+    if (fd < 0)
+        return idem__log_ioerr(lg, "create", id, errno);
+    ssize_t w = write(fd, hdr, sizeof hdr);
+    if (w != (ssize_t)sizeof hdr || fdatasync(fd) != 0 || fsync(lg->dirfd)) {
+        int rc = idem__log_ioerr(lg, "create", id, w < 0 ? errno : ENOSPC);
+        close(fd);
+        unlinkat(lg->dirfd, name, 0);
+        return rc;
+    }
+    *fdp = fd;
+    return 0;
+}
+
+int idem__log_new_segment(idem__log *lg, int64_t now)
+{
+    int rc = idem__grow_segs(lg);
+    if (rc)
+        return rc;
+    uint32_t id = lg->nsegs ? idem__active(lg)->id + 1 : 1;
+    idem__seg g = {.id = id, .fd = -1, .created = now,
+                   .size = IDEM__SEG_HDR, .committed = IDEM__SEG_HDR};
+    if (lg->memory) {
+        g.base = malloc(IDEM__SEG_HDR);
+        if (!g.base)
+            return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+        g.maplen = IDEM__SEG_HDR;
+        idem__seg_header(g.base, id, now);
+    } else if ((rc = idem__create_file(lg, id, now, &g.fd))) {
+        return rc;
+    }
+    if (lg->nsegs) {  /* the old active segment is sealed: keep its map */
+        idem__seg *old = idem__active(lg);
+        if (old->fd >= 0 && idem__log_map(lg, old, (size_t)old->size) == 0) {
+            close(old->fd);
+            old->fd = -1;
+        }
+    }
+    lg->segs[lg->nsegs++] = g;
+    return 0;
+}
+
+static void idem__seg_release(idem__log *lg, idem__seg *g)
+{
+    if (lg->memory)
+        free(g->base);
+    else if (g->base)
+        munmap(g->base, g->maplen);
+    if (g->fd >= 0)
+        close(g->fd);
+    g->base = NULL;
+    g->fd = -1;
+}
+
+int idem__log_drop_oldest(idem__log *lg)
+{
+    if (lg->nsegs < 2)
+        return 0;
+    idem__seg *g = &lg->segs[0];
+    if (!lg->memory) {
+        char name[32];
+        idem__seg_name(name, sizeof name, g->id);
+        if (unlinkat(lg->dirfd, name, 0) != 0)
+            return idem__log_ioerr(lg, "unlink", g->id, errno);
+    }
+    idem__seg_release(lg, g);
+    memmove(lg->segs, lg->segs + 1, (lg->nsegs - 1) * sizeof *lg->segs);
+    lg->nsegs--;
+    return 0;
+}
+
+void idem__log_close(idem__log *lg)
+{
+    for (size_t i = 0; i < lg->nsegs; i++)
+        idem__seg_release(lg, &lg->segs[i]);
+    free(lg->segs);
+    idem__buf_free(&lg->wbuf);
+    if (lg->dirfd >= 0)
+        close(lg->dirfd);
+    free(lg->dir);
+    lg->segs = NULL;
+    lg->nsegs = lg->capsegs = 0;
+    lg->dirfd = -1;
+    lg->dir = NULL;
+}

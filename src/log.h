@@ -1,0 +1,100 @@
+/* log.h - segment files, the append buffer and group commit.
+ *
+ * The log is a run of segments with consecutive ids, oldest first; the
+ * last one is active and takes appends. Frames are appended to a buffer
+ * and reach the file when the buffer is large or at commit; a commit
+ * appends a COMMIT frame, writes everything and calls fdatasync once.
+ * Recovery applies only frames followed by a COMMIT, so each commit is
+ * atomic: a batch and its checkpoint land together or not at all.
+ *
+ * A `mem:` store uses the same log with heap buffers for segments and no
+ * files, so both backends share every rule.
+ *
+ * Invariants:
+ *  - segment ids run from segs[0].id to segs[nsegs-1].id without gaps;
+ *    only the oldest segment is ever dropped;
+ *  - a segment other than the active one ends with a COMMIT frame: new
+ *    segments are started only between commits;
+ *  - bytes [0, size) of a segment are in its file (or heap buffer); bytes
+ *    [size, size + wbuf.len) of the active segment are in wbuf;
+ *  - after a failed write or sync `broken` is set and stays set: the
+ *    memory state may be ahead of the disk. */
+#ifndef IDEM_LOG_H
+#define IDEM_LOG_H
+
+#include "common.h"
+#include "store.h"
+
+#define IDEM__SEG_HDR 32u
+
+typedef struct idem__seg {
+    uint32_t id;
+    int fd;                 /* -1 when closed or in memory */
+    unsigned char *base;    /* mmap of the file, or the heap buffer */
+    size_t maplen;          /* bytes mapped / allocated at base */
+    uint64_t size;          /* bytes in the file / heap buffer */
+    uint64_t committed;     /* size at the last commit */
+    int64_t created;        /* ms: start of the segment's time bucket */
+    int64_t max_expires;    /* newest expiry of any record written here */
+    uint64_t live;          /* index entries pointing into it */
+    uint64_t records;       /* key frames in it */
+} idem__seg;
+
+typedef struct idem__log {
+    idem_store *s;          /* for error details */
+    int memory;             /* mem: heap segments, no files */
+    int dirfd;              /* local: the store directory */
+    char *dir;
+    idem__seg *segs;
+    size_t nsegs, capsegs;
+    idem__buf wbuf;
+    int in_group;           /* frames appended since the last commit */
+    int broken;             /* 0, or the error that broke the log */
+    uint64_t segment_bytes;
+    int64_t segment_span_ms;
+} idem__log;
+
+/* Reserve room for an n-byte frame at the end of the log and return where
+ * to encode it (*dst, valid until the next log call) and its location.
+ * Starts a new segment first when the active one is full or its time
+ * bucket is over and no commit is open. */
+int idem__log_append(idem__log *lg, int64_t now, size_t n,
+                     unsigned char **dst, uint32_t *seg, uint32_t *off);
+
+/* Commit: append a COMMIT frame, write what is buffered, fdatasync.
+ * No-op when nothing was appended since the last commit. */
+int idem__log_commit(idem__log *lg);
+
+/* The segment with this id, or NULL if it was dropped. */
+idem__seg *idem__log_seg(idem__log *lg, uint32_t id);
+
+/* Bytes readable at (seg, off) in *avail and a pointer to them, valid
+ * until the next log call; NULL if the segment is gone. */
+const unsigned char *idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
+                                  size_t *avail);
+
+/* Start a new active segment whose bucket begins at now. */
+int idem__log_new_segment(idem__log *lg, int64_t now);
+
+/* Delete the oldest segment (never the active one). */
+int idem__log_drop_oldest(idem__log *lg);
+
+/* Map (more of) a file segment so that `need` bytes are readable. */
+int idem__log_map(idem__log *lg, idem__seg *g, size_t need);
+
+/* The file name of segment id: "seg-00000001.log". */
+void idem__seg_name(char *buf, size_t n, uint32_t id);
+
+/* Encode/check a segment header. */
+void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created);
+int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
+                        int64_t *created);
+
+/* Release every segment and buffer (does not commit). */
+void idem__log_close(idem__log *lg);
+
+/* Record an I/O failure: errno to IDEM_EIO/ENOSPC, detail names the file
+ * and the operation. */
+int idem__log_ioerr(idem__log *lg, const char *op, uint32_t seg, int err);
+
+#endif

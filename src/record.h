@@ -1,0 +1,85 @@
+/* record.h - the on-disk record format of the log engine.
+ *
+ * A record is a checksummed, length-prefixed, versioned frame:
+ *
+ *   off  size  field
+ *     0     8  check    XXH3-64 of bytes [8, len)
+ *     8     4  len      whole frame in bytes, header included, multiple of 8
+ *    12     1  version  IDEM__REC_VERSION
+ *    13     1  type     IDEM__R_*: the operation that wrote it
+ *    14     1  state    idem_state after the operation
+ *    15     1  flags    IDEM__RF_*
+ *    16     4  token
+ *    20     4  keylen
+ *    24     8  created  ms
+ *    32     8  expires  ms
+ *    40     8  lease    ms
+ *    48    16  fp
+ *    64     4  vallen
+ *    68     4  reserved (0)
+ *    72        key bytes, value bytes, zero padding to a multiple of 8
+ *
+ * Every key record is a full snapshot of the key's state, so recovery
+ * needs only the newest record of each key. The length comes before the
+ * data it covers, the checksum covers the length, and frames are 8-byte
+ * aligned: a scanner can tell a torn or garbled frame from a valid one and
+ * look for the next valid frame at 8-byte steps. Integers are
+ * little-endian (the engine refuses to build on big-endian hosts). */
+#ifndef IDEM_RECORD_H
+#define IDEM_RECORD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "protocol.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the idem log format is little-endian; port record.c first"
+#endif
+
+#define IDEM__REC_VERSION 1
+#define IDEM__REC_HDR 72u
+
+enum idem__rtype {
+    IDEM__R_CLAIM = 1,
+    IDEM__R_COMPLETE,
+    IDEM__R_FAIL,
+    IDEM__R_RELEASE,    /* retryable failure */
+    IDEM__R_EXTEND,
+    IDEM__R_FORGET,     /* tombstone: key only */
+    IDEM__R_CHECKPOINT, /* key = name, value = blob */
+    IDEM__R_COMMIT,     /* end of one group commit; no key */
+    IDEM__R_MAX_
+};
+
+#define IDEM__RF_FP 1u
+#define IDEM__RF_RELEASED 2u
+
+/* A decoded frame. key/val point into the frame's bytes. */
+typedef struct idem__frame {
+    uint8_t type;
+    uint32_t len;         /* bytes of the frame */
+    idem__rec rec;
+    const unsigned char *key;
+    uint32_t keylen;
+    const unsigned char *val;
+    uint32_t vallen;
+} idem__frame;
+
+/* Bytes a frame with these sizes takes. */
+size_t idem__frame_size(size_t keylen, size_t vallen);
+
+/* Encode a frame into dst, which has idem__frame_size() bytes. */
+void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,
+                        const void *key, size_t keylen, const void *val,
+                        size_t vallen);
+
+/* Decode the frame at p with `avail` bytes readable. Returns 0, or
+ * IDEM_ECORRUPT when no valid frame starts there (torn, garbled, or not a
+ * frame), or IDEM_EVERSION for a valid frame of an unknown version.
+ * verify = 0 skips the checksum: for frames this process wrote or
+ * already verified while recovering. */
+int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
+                       int verify);
+
+#endif

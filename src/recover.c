@@ -1,0 +1,443 @@
+/* recover.c - reading a store back after a clean close or a crash.
+ *
+ * What a crash can leave: the newest segment ends in a torn or garbled
+ * frame, or in whole frames never followed by a COMMIT (written by a
+ * buffer flush or a commit whose fdatasync never returned). Neither was
+ * ever reported durable, so both are cut. What a crash cannot leave is a
+ * bad frame followed by good ones, or damage in an older segment: that is
+ * the disk or someone else, and silently dropping committed records would
+ * break the promise of exactly-once, so we stop and say where. `repair`
+ * then keeps every frame that still checks out.
+ *
+ * Telling the two apart: a crash can only tear the group whose fdatasync
+ * never returned, the last one. The disk may have kept any subset of its
+ * sectors, so past a bad frame there may still be valid frames of that
+ * group, up to and including its COMMIT, but never anything after that
+ * COMMIT. A valid frame past a later COMMIT means committed data was
+ * damaged. The scanner finds valid frames past damage by trying every
+ * 8-byte boundary (frames are 8-aligned); a checksum matching by chance
+ * in garbage has odds of 2^-64. */
+#include "recover.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dir.h"
+
+/* What a scan of one segment found. */
+typedef struct idem__scan {
+    uint64_t commit_end;  /* just past the last COMMIT of the valid run */
+    uint64_t bad_at;      /* where the valid run ends (== size: clean) */
+    int midfile;          /* damage that a crash cannot explain */
+    uint64_t records;     /* key frames in the valid run */
+    int version;          /* the run ended at a frame of unknown version */
+} idem__scan;
+
+/* The first offset >= from (8-aligned) where a valid frame starts. */
+static uint64_t idem__next_valid(const unsigned char *base, uint64_t size,
+                                 uint64_t from)
+{
+    idem__frame f;
+    for (uint64_t at = (from + 7) & ~7ull; at + IDEM__REC_HDR <= size;
+         at += 8)
+        if (idem__frame_decode(base + at, size - at, &f, 1) == 0)
+            return at;
+    return 0;
+}
+
+/* Damage at `at`: is a valid frame found past the first valid COMMIT
+ * that follows it? (See the top of this file.) */
+static int idem__damage_is_midfile(const unsigned char *base, uint64_t size,
+                                   uint64_t at)
+{
+    idem__frame f;
+    uint64_t p = idem__next_valid(base, size, at + 8);
+    while (p) {
+        if (idem__frame_decode(base + p, size - p, &f, 1) != 0) {
+            p = idem__next_valid(base, size, p + 8);
+            continue;
+        }
+        if (f.type == IDEM__R_COMMIT)
+            return idem__next_valid(base, size, p + f.len) != 0;
+        p += f.len;
+    }
+    return 0;
+}
+
+static void idem__scan_seg(const unsigned char *base, uint64_t size,
+                           idem__scan *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    uint64_t at = IDEM__SEG_HDR;
+    sc->commit_end = at;
+    idem__frame f;
+    while (at < size) {
+        int rc = idem__frame_decode(base + at, size - at, &f, 1);
+        if (rc) {
+            sc->version = rc == IDEM_EVERSION;
+            break;
+        }
+        at += f.len;
+        if (f.type == IDEM__R_COMMIT)
+            sc->commit_end = at;
+        else
+            sc->records++;
+    }
+    sc->bad_at = at < size ? at : size;
+    if (at < size)
+        sc->midfile = idem__damage_is_midfile(base, size, at);
+}
+
+static int idem__apply_range(const unsigned char *base, idem__seg *g,
+                             uint64_t end, idem__apply_fn apply, void *ctx)
+{
+    idem__frame f;
+    for (uint64_t at = IDEM__SEG_HDR; at < end; at += f.len) {
+        if (idem__frame_decode(base + at, end - at, &f, 0))
+            return IDEM_ECORRUPT;  /* verified by the scan: cannot happen */
+        if (f.type != IDEM__R_COMMIT) {
+            g->records++;
+            int rc = apply(ctx, g, (uint32_t)at, &f);
+            if (rc)
+                return rc;
+        }
+    }
+    return 0;
+}
+
+static int idem__seg_fail(idem__log *lg, int code, uint32_t id,
+                          const char *what, uint64_t at, uint64_t size)
+{
+    char name[32];
+    idem__seg_name(name, sizeof name, id);
+    return idem__fail(lg->s, code,
+                      "%s/%s: %s at offset %llu of %llu; "
+                      "run `idem repair --store local:%s` to keep every "
+                      "valid record",
+                      lg->dir, name, what, (unsigned long long)at,
+                      (unsigned long long)size, lg->dir);
+}
+
+/* Open segment id and map it whole. */
+static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
+                          int writable)
+{
+    char name[32];
+    struct stat st;
+    idem__seg_name(name, sizeof name, id);
+    memset(g, 0, sizeof *g);
+    g->id = id;
+    g->fd = openat(lg->dirfd, name, (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (g->fd < 0 || fstat(g->fd, &st) != 0) {
+        int rc = idem__log_ioerr(lg, "open", id, errno);
+        if (g->fd >= 0)
+            close(g->fd);
+        return rc;
+    }
+    g->size = (uint64_t)st.st_size;
+    if (g->size > UINT32_MAX) {
+        close(g->fd);
+        return idem__seg_fail(lg, IDEM_ECORRUPT, id, "segment too large",
+                              g->size, g->size);
+    }
+    return idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+}
+
+static void idem__close_seg(idem__seg *g)
+{
+    if (g->base)
+        munmap(g->base, g->maplen);
+    if (g->fd >= 0)
+        close(g->fd);
+}
+
+/* Cut the newest segment back to its last commit. */
+static int idem__cut_tail(idem__log *lg, idem__seg *g, uint64_t end)
+{
+    if (ftruncate(g->fd, (off_t)end) != 0 || fdatasync(g->fd) != 0)
+        return idem__log_ioerr(lg, "truncate torn tail", g->id, errno);
+    g->size = end;
+    return 0;
+}
+
+/* Check, cut and apply one segment; on success it is lg's newest. */
+static int idem__load_seg(idem__log *lg, uint32_t id, int last,
+                          idem__apply_fn apply, void *ctx)
+{
+    idem__seg g;
+    int rc = idem__open_seg(lg, id, &g, last);
+    if (rc)
+        return rc;
+    idem__scan sc;
+    if ((rc = idem__seg_header_ok(g.base, (size_t)g.size, id, &g.created)))
+        rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
+    if (!rc) {
+        idem__scan_seg(g.base, g.size, &sc);
+        if (sc.version)
+            rc = idem__seg_fail(lg, IDEM_EVERSION, id,
+                                "record of a newer format", sc.bad_at, g.size);
+        else if (sc.bad_at < g.size && (!last || sc.midfile))
+            rc = idem__seg_fail(lg, IDEM_ECORRUPT, id, "damaged record",
+                                sc.bad_at, g.size);
+        else if (!last && sc.commit_end < g.size)
+            rc = idem__seg_fail(lg, IDEM_ECORRUPT, id,
+                                "uncommitted records in a sealed segment",
+                                sc.commit_end, g.size);
+    }
+    if (!rc && last && sc.commit_end < g.size)
+        rc = idem__cut_tail(lg, &g, sc.commit_end);
+    if (!rc)
+        rc = idem__apply_range(g.base, &g, g.size, apply, ctx);
+    if (rc) {
+        idem__close_seg(&g);
+        return rc;
+    }
+    g.committed = g.size;
+    if (!last) {
+        close(g.fd);
+        g.fd = -1;
+    } else if (lseek(g.fd, 0, SEEK_END) < 0) {
+        rc = idem__log_ioerr(lg, "seek", id, errno);
+        idem__close_seg(&g);
+        return rc;
+    }
+    lg->segs[lg->nsegs++] = g;
+    return 0;
+}
+
+/* A newest segment shorter than its header was being created when the
+ * process died: it never held a record. */
+static int idem__drop_stillborn(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    struct stat st;
+    idem__seg_name(name, sizeof name, id);
+    if (fstatat(lg->dirfd, name, &st, 0) != 0 || st.st_size >= IDEM__SEG_HDR)
+        return 0;
+    if (unlinkat(lg->dirfd, name, 0) != 0)
+        return idem__log_ioerr(lg, "unlink", id, errno);
+    return 1;
+}
+
+int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
+                  void *ctx)
+{
+    uint32_t *ids;
+    size_t n;
+    int rc = idem__dir_segments(lg->s, lg->dirfd, lg->dir, &ids, &n);
+    if (rc)
+        return rc;
+    if (n && (rc = idem__drop_stillborn(lg, ids[n - 1])) == 1)
+        n--, rc = 0;
+    if (!rc && n) {
+        lg->segs = calloc(n + 1, sizeof *lg->segs);
+        lg->capsegs = n + 1;
+        if (!lg->segs)
+            rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (ids[i] != ids[0] + i) {
+            char name[32];
+            idem__seg_name(name, sizeof name, ids[0] + (uint32_t)i);
+            rc = idem__fail(lg->s, IDEM_ECORRUPT, "%s/%s is missing",
+                            lg->dir, name);
+            break;
+        }
+        rc = idem__load_seg(lg, ids[i], i + 1 == n, apply, ctx);
+    }
+    free(ids);
+    if (!rc && lg->nsegs == 0)
+        rc = idem__log_new_segment(lg, now);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * check and repair: walk every valid frame, skipping damage. */
+
+typedef int (*idem__salvage_fn)(void *ctx, const unsigned char *frame,
+                                const idem__frame *f);
+
+/* Visit every valid frame of base[HDR, size), counting damaged regions
+ * and the bytes they cover. */
+static int idem__salvage_walk(const unsigned char *base, uint64_t size,
+                              idem_check_report *r, idem__salvage_fn fn,
+                              void *ctx)
+{
+    uint64_t at = IDEM__SEG_HDR;
+    idem__frame f;
+    while (at < size) {
+        if (idem__frame_decode(base + at, size - at, &f, 1) == 0) {
+            r->records += f.type != IDEM__R_COMMIT;
+            int rc = fn ? fn(ctx, base + at, &f) : 0;
+            if (rc)
+                return rc;
+            at += f.len;
+            continue;
+        }
+        uint64_t next = idem__next_valid(base, size, at + 8);
+        uint64_t end = next ? next : size;
+        r->damaged++;
+        r->bytes_lost += end - at;
+        at = end;
+    }
+    return 0;
+}
+
+typedef struct idem__rewrite {
+    idem__buf out;
+    uint64_t commit_len;  /* out.len after the last COMMIT kept */
+} idem__rewrite;
+
+static int idem__keep_frame(void *ctx, const unsigned char *frame,
+                            const idem__frame *f)
+{
+    idem__rewrite *w = ctx;
+    if (idem__buf_append(&w->out, frame, f->len))
+        return IDEM_ENOMEM;
+    if (f->type == IDEM__R_COMMIT)
+        w->commit_len = w->out.len;
+    return 0;
+}
+
+/* Write segment id anew from w: temporary file, sync, rename. */
+static int idem__replace_seg(idem__log *lg, uint32_t id, idem__rewrite *w)
+{
+    char name[32], tmp[40];
+    idem__seg_name(name, sizeof name, id);
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    int fd = openat(lg->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0644);
+    if (fd < 0)
+        return idem__log_ioerr(lg, "create", id, errno);
+    size_t len = (size_t)w->commit_len;
+    int ok = write(fd, w->out.data, len) == (ssize_t)len && fsync(fd) == 0;
+    int err = errno;
+    close(fd);
+    if (!ok || renameat(lg->dirfd, tmp, lg->dirfd, name) != 0 ||
+        fsync(lg->dirfd) != 0)
+        return idem__log_ioerr(lg, "rewrite", id, ok ? errno : err);
+    return 0;
+}
+
+/* Repair one segment if it needs it. The newest keeps frames up to its
+ * last valid COMMIT (later ones were never durable); an older one keeps
+ * every valid frame and gets a COMMIT at its end. */
+static int idem__repair_seg(idem__log *lg, idem__seg *g, int last,
+                            idem_check_report *r)
+{
+    idem_check_report mine = {0};
+    idem__rewrite w = {0};
+    int rc = idem__buf_append(&w.out, g->base, IDEM__SEG_HDR)
+                 ? IDEM_ENOMEM
+                 : idem__salvage_walk(g->base, g->size, &mine,
+                                      idem__keep_frame, &w);
+    uint64_t uncommitted = w.out.len - (w.commit_len ? w.commit_len
+                                                      : IDEM__SEG_HDR);
+    if (!rc && !last && w.commit_len < w.out.len) {
+        size_t n = idem__frame_size(0, 0);
+        idem__rec none = {0};
+        rc = idem__buf_reserve(&w.out, n) ? IDEM_ENOMEM : 0;
+        if (!rc) {
+            idem__frame_encode(w.out.data + w.out.len, IDEM__R_COMMIT, &none,
+                               NULL, 0, NULL, 0);
+            w.out.len += n;
+            w.commit_len = w.out.len;
+        }
+    }
+    if (!w.commit_len)
+        w.commit_len = IDEM__SEG_HDR;
+    if (!rc && (mine.damaged || w.commit_len != g->size))
+        rc = idem__replace_seg(lg, g->id, &w);
+    if (rc == IDEM_ENOMEM)
+        idem__fail(lg->s, rc, "out of memory");
+    r->records += mine.records;
+    r->damaged += mine.damaged;
+    r->bytes_lost += mine.bytes_lost + (last ? uncommitted : 0);
+    idem__buf_free(&w.out);
+    return rc;
+}
+
+static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
+                           idem_check_report *r)
+{
+    idem__scan sc;
+    idem_check_report mine = {0};
+    idem__scan_seg(g->base, g->size, &sc);
+    idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
+    r->records += mine.records;
+    int damaged = sc.bad_at < g->size && (!last || sc.midfile);
+    if (!damaged && !last && sc.commit_end < g->size)
+        damaged = 1;
+    if (damaged) {
+        r->damaged += mine.damaged ? mine.damaged : 1;
+        r->bytes_lost += mine.bytes_lost;
+        if (!r->first_damage[0])
+            snprintf(r->first_damage, sizeof r->first_damage,
+                     "%s/seg-%08u.log: damaged record at offset %llu",
+                     lg->dir, g->id,
+                     (unsigned long long)(sc.bad_at < g->size ? sc.bad_at
+                                                             : sc.commit_end));
+    }
+    return 0;
+}
+
+typedef int (*idem__seg_fn)(idem__log *lg, idem__seg *g, int last,
+                            idem_check_report *r);
+
+/* Open the store at uri for check/repair and run fn on every segment. */
+static int idem__each_seg(const char *uri, idem_check_report *r,
+                          idem__seg_fn fn, int writable)
+{
+    idem_check_report dummy;
+    r = r ? r : &dummy;
+    memset(r, 0, sizeof *r);
+    idem_store s = {0};
+    idem__log lg = {.s = &s, .dirfd = -1, .segment_bytes = 1};
+    int lockfd = -1;
+    uint32_t *ids = NULL;
+    size_t n = 0;
+    if (!uri || strncmp(uri, "local:", 6) != 0) {
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "check and repair work on local: stores");
+        return IDEM_ENOTSUP;
+    }
+    lg.dir = idem__strdup(uri + 6);
+    int rc = lg.dir ? idem__dir_open(&s, lg.dir, 1, &lg.dirfd, &lockfd)
+                    : IDEM_ENOMEM;
+    if (!rc)
+        rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        idem__seg g;
+        rc = idem__open_seg(&lg, ids[i], &g, writable);
+        if (!rc) {
+            r->segments++;
+            rc = fn(&lg, &g, i + 1 == n, r);
+            idem__close_seg(&g);
+        }
+    }
+    if (rc && !r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage, "%.250s", s.detail);
+    free(ids);
+    if (lockfd >= 0)
+        close(lockfd);
+    idem__log_close(&lg);
+    if (!rc && fn == idem__check_seg && r->damaged)
+        rc = IDEM_ECORRUPT;
+    return rc;
+}
+
+int idem_check(const char *uri, idem_check_report *report)
+{
+    return idem__each_seg(uri, report, idem__check_seg, 0);
+}
+
+int idem_repair(const char *uri, idem_check_report *report)
+{
+    return idem__each_seg(uri, report, idem__repair_seg, 1);
+}

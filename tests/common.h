@@ -1,0 +1,38 @@
+/* tests/common.h - what the tests share: temp dirs, a settable clock,
+ * fault injection (tests/fault.c) and small store helpers. */
+#ifndef IDEM_TESTS_COMMON_H
+#define IDEM_TESTS_COMMON_H
+
+#include <criterion/criterion.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "idem/idem.h"
+
+/* A fresh empty directory under $TMPDIR; removed by t_rmdir(). */
+char *t_tmpdir(void);
+void t_rmdir(const char *dir);
+
+/* The injectable clock: tests set t_clock_ms and open stores with
+ * t_options(). */
+extern int64_t t_clock_ms;
+idem_options t_options(void);
+
+/* Open uri with t_options(); fails the test on error. */
+idem_store *t_open(const char *uri);
+
+/* "local:DIR" in a static buffer. */
+const char *t_local_uri(const char *dir);
+
+/* Fault injection: after `n` more successful calls, the next call of that
+ * kind fails (malloc/calloc/realloc return NULL; write, pwrite, fdatasync
+ * and ftruncate fail with t_fail_errno). -1 disarms. */
+extern long t_fail_alloc_after;
+extern long t_fail_write_after;
+extern long t_fail_sync_after;
+extern int t_fail_errno;
+
+/* Run a shell command; returns its exit status. */
+int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,31 @@
+/* tests/conformance.h - one suite, every backend.
+ *
+ * CONF_TEST(name) { ... } defines a test body that runs once per backend
+ * (mem:, local:), each in its own process, against a fresh store whose
+ * URI is conf_uri. A new backend joins by adding a Test() line per test
+ * in CONF_BACKENDS and a suite init that sets conf_uri. */
+#ifndef IDEM_TESTS_CONFORMANCE_H
+#define IDEM_TESTS_CONFORMANCE_H
+
+#include "common.h"
+
+extern const char *conf_uri;
+void conf_setup_mem(void);
+void conf_setup_local(void);
+void conf_teardown(void);
+
+#define CONF_TEST(name)                                                    \
+    static void conf_##name(void);                                         \
+    Test(conf_mem, name, .init = conf_setup_mem, .fini = conf_teardown,    \
+         .timeout = 60)                                                    \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    Test(conf_local, name, .init = conf_setup_local,                       \
+         .fini = conf_teardown, .timeout = 60)                             \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    static void conf_##name(void)
+
+#endif

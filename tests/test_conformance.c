@@ -1,0 +1,400 @@
+/* tests/test_conformance.c - the claim protocol, as DESIGN.md states it,
+ * checked on every backend. Time is driven by the injectable clock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conformance.h"
+
+const char *conf_uri;
+static char *conf_dir;
+
+void conf_setup_mem(void)
+{
+    conf_uri = "mem:";
+}
+
+void conf_setup_local(void)
+{
+    conf_dir = t_tmpdir();
+    conf_uri = t_local_uri(conf_dir);
+}
+
+void conf_teardown(void)
+{
+    if (conf_dir)
+        t_rmdir(conf_dir);
+}
+
+static idem_key K(const char *s)
+{
+    idem_key k = {s, strlen(s), NULL};
+    return k;
+}
+
+static idem_key KF(const char *s, const uint8_t *fp)
+{
+    idem_key k = {s, strlen(s), fp};
+    return k;
+}
+
+static idem_outcome claim(idem_store *s, idem_key k)
+{
+    idem_outcome o;
+    int rc = idem_claim(s, &k, NULL, &o);
+    cr_assert_eq(rc, 0, "claim: %s: %s", idem_strerror(rc),
+                 idem_errdetail(s));
+    return o;
+}
+
+static idem_outcome claim_opts(idem_store *s, idem_key k, int64_t lease,
+                               int64_t ttl)
+{
+    idem_claim_opts co = {lease, ttl};
+    idem_outcome o;
+    int rc = idem_claim(s, &k, &co, &o);
+    cr_assert_eq(rc, 0, "claim: %s", idem_errdetail(s));
+    return o;
+}
+
+static void complete(idem_store *s, const char *key, uint64_t tok,
+                     const char *resp)
+{
+    int rc = idem_complete(s, key, strlen(key), tok, resp, strlen(resp), 0);
+    cr_assert_eq(rc, 0, "complete: %s: %s", idem_strerror(rc),
+                 idem_errdetail(s));
+}
+
+static void assert_data(const idem_outcome *o, const char *want)
+{
+    cr_assert_eq(o->len, strlen(want));
+    cr_assert(memcmp(o->data, want, o->len) == 0);
+}
+
+CONF_TEST(new_then_replay)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome o = claim(s, K("order:1"));
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(o.token, 1);
+    cr_assert_eq(o.attempts, 1);
+    cr_assert_eq(o.lease_until, t_clock_ms + 30000);
+    complete(s, "order:1", o.token, "{\"charged\":true}");
+    o = claim(s, K("order:1"));
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    cr_assert_eq(o.token, 1);
+    assert_data(&o, "{\"charged\":true}");
+    cr_assert_eq(idem_close(s), 0);
+}
+
+CONF_TEST(busy_while_leased)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome o = claim_opts(s, K("k"), 5000, 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    t_clock_ms += 4999;
+    o = claim(s, K("k"));
+    cr_assert_eq(o.kind, IDEM_BUSY);
+    cr_assert_eq(o.lease_until, t_clock_ms + 1);
+    cr_assert_null(o.data);
+    idem_close(s);
+}
+
+CONF_TEST(takeover_after_lease_and_lost_lease)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 1000, 0);
+    t_clock_ms += 1000;
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_NEW);
+    cr_assert_eq(b.token, a.token + 1);
+    cr_assert_eq(b.attempts, 2);
+    /* The presumed-dead worker wakes up: its token no longer holds. */
+    cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0), IDEM_ELOST);
+    cr_assert_eq(idem_extend(s, "k", 1, a.token, 0), IDEM_ELOST);
+    cr_assert_eq(idem_fail(s, "k", 1, a.token, "x", 1, 0), IDEM_ELOST);
+    complete(s, "k", b.token, "ok");
+    idem_outcome c = claim(s, K("k"));
+    cr_assert_eq(c.kind, IDEM_REPLAY);
+    cr_assert_eq(c.token, b.token);
+    assert_data(&c, "ok");
+    /* Finishing twice is a lost lease too. */
+    cr_assert_eq(idem_complete(s, "k", 1, b.token, "again", 5, 0),
+                 IDEM_ELOST);
+    idem_close(s);
+}
+
+CONF_TEST(extend_keeps_lease)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 1000, 0);
+    t_clock_ms += 900;
+    cr_assert_eq(idem_extend(s, "k", 1, a.token, 1000), 0);
+    t_clock_ms += 900;
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_BUSY);
+    cr_assert_eq(b.lease_until, t_clock_ms + 100);
+    cr_assert_eq(idem_extend(s, "k", 1, a.token + 1, 1000), IDEM_ELOST);
+    cr_assert_eq(idem_extend(s, "nokey", 5, 1, 1000), IDEM_ELOST);
+    idem_close(s);
+}
+
+CONF_TEST(mismatch)
+{
+    uint8_t fa[IDEM_FP_LEN], fb[IDEM_FP_LEN];
+    memset(fa, 0xaa, sizeof fa);
+    memset(fb, 0xbb, sizeof fb);
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim(s, KF("pay:9", fa));
+    cr_assert_eq(a.kind, IDEM_NEW);
+    cr_assert_eq(claim(s, KF("pay:9", fb)).kind, IDEM_MISMATCH);
+    cr_assert_eq(claim(s, KF("pay:9", fa)).kind, IDEM_BUSY);
+    complete(s, "pay:9", a.token, "paid");
+    cr_assert_eq(claim(s, KF("pay:9", fb)).kind, IDEM_MISMATCH);
+    cr_assert_eq(claim(s, KF("pay:9", fa)).kind, IDEM_REPLAY);
+    cr_assert_eq(claim(s, K("pay:9")).kind, IDEM_REPLAY);
+    /* A record without a fingerprint matches any payload. */
+    idem_outcome n = claim(s, K("pay:10"));
+    complete(s, "pay:10", n.token, "x");
+    cr_assert_eq(claim(s, KF("pay:10", fb)).kind, IDEM_REPLAY);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "pay:9", 5, &r), 0);
+    cr_assert(r.has_fp && memcmp(r.fp, fa, IDEM_FP_LEN) == 0);
+    idem_close(s);
+}
+
+CONF_TEST(retryable_failure_releases)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim(s, K("k"));
+    cr_assert_eq(idem_fail(s, "k", 1, a.token, "timeout", 7, IDEM_RETRYABLE),
+                 0);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert(r.released);
+    /* Released: the old holder cannot complete any more. */
+    cr_assert_eq(idem_complete(s, "k", 1, a.token, "x", 1, 0), IDEM_ELOST);
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_NEW);
+    cr_assert_eq(b.token, a.token + 1);
+    complete(s, "k", b.token, "done");
+    cr_assert_eq(claim(s, K("k")).kind, IDEM_REPLAY);
+    idem_close(s);
+}
+
+CONF_TEST(permanent_failure_cached_for_failure_ttl)
+{
+    idem_options o = t_options();
+    o.failure_ttl_ms = 60000;
+    idem_store *s;
+    cr_assert_eq(idem_open(conf_uri, &o, &s), 0, "%s", idem_errdetail(s));
+    idem_outcome a = claim(s, K("k"));
+    cr_assert_eq(idem_fail(s, "k", 1, a.token, "card declined", 13, 0), 0);
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_FAILED);
+    assert_data(&b, "card declined");
+    t_clock_ms += 59999;
+    cr_assert_eq(claim(s, K("k")).kind, IDEM_FAILED);
+    t_clock_ms += 1;
+    idem_outcome c = claim(s, K("k"));
+    cr_assert_eq(c.kind, IDEM_NEW);
+    cr_assert_eq(c.token, 1);
+    idem_close(s);
+}
+
+CONF_TEST(ttl_expiry)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 500, 1000);
+    cr_assert_eq(idem_complete(s, "k", 1, a.token, "r", 1, 5000), 0);
+    t_clock_ms += 4999;
+    cr_assert_eq(claim(s, K("k")).kind, IDEM_REPLAY);
+    t_clock_ms += 1;
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ENOTFOUND);
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_NEW);
+    cr_assert_eq(b.token, 1);
+    /* A PENDING record expires too: its TTL, not only its lease. */
+    idem_outcome c = claim_opts(s, K("p"), 100, 1000);
+    (void)c;
+    t_clock_ms += 1000;
+    idem_outcome d = claim(s, K("p"));
+    cr_assert_eq(d.kind, IDEM_NEW);
+    cr_assert_eq(d.token, 1);
+    idem_close(s);
+}
+
+CONF_TEST(get_and_forget)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ENOTFOUND);
+    cr_assert_eq(idem_forget(s, "k", 1), IDEM_ENOTFOUND);
+    int64_t t0 = t_clock_ms;
+    idem_outcome a = claim_opts(s, K("k"), 2000, 9000);
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(r.token, a.token);
+    cr_assert_eq(r.created_ms, t0);
+    cr_assert_eq(r.expires_ms, t0 + 9000);
+    cr_assert_eq(r.lease_until, t0 + 2000);
+    cr_assert_eq(r.has_fp, 0);
+    complete(s, "k", a.token, "resp");
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.len, 4);
+    cr_assert(memcmp(r.data, "resp", 4) == 0);
+    cr_assert_eq(idem_forget(s, "k", 1), 0);
+    cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ENOTFOUND);
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_NEW);
+    cr_assert_eq(b.token, 1);
+    idem_close(s);
+}
+
+/* The batch forms answer exactly what the single calls answer. */
+CONF_TEST(batch_equals_singles)
+{
+    enum { N = 64 };
+    idem_store *s = t_open(conf_uri);
+    char names[2][N][16];
+    idem_key keys[2][N];
+    /* Two key families in the same state; one is claimed one by one, the
+     * other in one batch. */
+    for (int f = 0; f < 2; f++) {
+        for (int i = 0; i < N; i++) {
+            snprintf(names[f][i], 16, "%c%d", 'a' + f, i);
+            keys[f][i] = K(names[f][i]);
+            if (i % 4 == 0)
+                continue;  /* absent */
+            idem_outcome o = claim(s, keys[f][i]);
+            if (i % 4 == 1)
+                complete(s, names[f][i], o.token, names[f][i]);
+            if (i % 4 == 2)
+                idem_fail(s, names[f][i], strlen(names[f][i]), o.token,
+                          "e", 1, 0);
+            /* i % 4 == 3: left PENDING -> BUSY */
+        }
+    }
+    idem_outcome single[N], batch[N];
+    for (int i = 0; i < N; i++)
+        single[i] = claim(s, keys[0][i]);
+    cr_assert_eq(idem_claim_many(s, keys[1], N, NULL, batch, 0), 0);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(batch[i].status, 0);
+        cr_assert_eq(batch[i].kind, single[i].kind, "key %d", i);
+        cr_assert_eq(batch[i].token, single[i].token);
+        cr_assert_eq(batch[i].lease_until, single[i].lease_until);
+        cr_assert_eq(batch[i].len, single[i].len);
+    }
+    /* complete_many == complete, including a wrong token. */
+    idem_completion items[N];
+    int st[N];
+    for (int i = 0; i < N; i += 4) {
+        items[i / 4] = (idem_completion){names[1][i], strlen(names[1][i]),
+                                         batch[i].token + (i == 8), "v", 1,
+                                         0};
+    }
+    cr_assert_eq(idem_complete_many(s, items, N / 4, st, 0), 0);
+    for (int i = 0; i < N / 4; i++) {
+        int want = idem_complete(s, names[0][i * 4], strlen(names[0][i * 4]),
+                                 single[i * 4].token + (i == 2), "v", 1, 0);
+        cr_assert_eq(st[i], want, "item %d: %d vs %d", i, st[i], want);
+    }
+    cr_assert_eq(st[2], IDEM_ELOST);
+    idem_close(s);
+}
+
+CONF_TEST(large_response)
+{
+    size_t n = 1u << 20;
+    char *big = malloc(n);
+    cr_assert(big);
+    for (size_t i = 0; i < n; i++)
+        big[i] = (char)(i * 7919 + (i >> 9));
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim(s, K("big"));
+    cr_assert_eq(idem_complete(s, "big", 3, a.token, big, n, 0), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    idem_outcome b = claim(s, K("big"));
+    cr_assert_eq(b.kind, IDEM_REPLAY);
+    cr_assert_eq(b.len, n);
+    cr_assert(memcmp(b.data, big, n) == 0);
+    cr_assert_eq(idem_complete(s, "x", 1, 1, big, IDEM_VALUE_MAX + 1u, 0),
+                 IDEM_EVALSIZE);
+    cr_assert(strstr(idem_errdetail(s), "limit"));
+    idem_close(s);
+    free(big);
+}
+
+CONF_TEST(key_sizes)
+{
+    static char maxkey[IDEM_KEY_MAX + 1];
+    memset(maxkey, 'k', sizeof maxkey);
+    const char bin[] = {'a', 0, '\n', (char)0xff, 0, 'z'};
+    idem_store *s = t_open(conf_uri);
+    idem_key k = {maxkey, IDEM_KEY_MAX, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    k.len = IDEM_KEY_MAX + 1;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), IDEM_EKEYSIZE);
+    cr_assert(strstr(idem_errdetail(s), "1025 bytes"), "%s",
+              idem_errdetail(s));
+    k.len = 0;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), IDEM_EKEYSIZE);
+    cr_assert(strstr(idem_errdetail(s), "empty"));
+    /* Binary keys: every byte counts, NULs included. */
+    idem_key b1 = {bin, sizeof bin, NULL}, b2 = {bin, 1, NULL};
+    idem_outcome x = claim(s, b1);
+    cr_assert_eq(x.kind, IDEM_NEW);
+    cr_assert_eq(claim(s, b2).kind, IDEM_NEW);
+    cr_assert_eq(idem_complete(s, bin, sizeof bin, x.token, "B", 1, 0), 0);
+    cr_assert_eq(claim(s, b1).kind, IDEM_REPLAY);
+    /* In a batch, a bad key fails alone. */
+    idem_key batch[3] = {K("ok1"), {maxkey, IDEM_KEY_MAX + 1, NULL},
+                         K("ok2")};
+    idem_outcome outs[3];
+    cr_assert_eq(idem_claim_many(s, batch, 3, NULL, outs, 0), 0);
+    cr_assert_eq(outs[0].status, 0);
+    cr_assert_eq(outs[0].kind, IDEM_NEW);
+    cr_assert_eq(outs[1].status, IDEM_EKEYSIZE);
+    cr_assert_eq(outs[2].kind, IDEM_NEW);
+    idem_close(s);
+}
+
+CONF_TEST(bad_arguments)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_claim_opts co = {-1, 0};
+    idem_key k = K("k");
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, &co, &o), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "lease"));
+    cr_assert_eq(idem_complete(s, "k", 1, 0, "", 0, 0), IDEM_EINVAL);
+    cr_assert_eq(idem_fail(s, "k", 1, 1, "", 0, 0x80), IDEM_EINVAL);
+    cr_assert_eq(idem_claim(NULL, &k, NULL, &o), IDEM_EINVAL);
+    idem_close(s);
+}
+
+CONF_TEST(many_keys)
+{
+    enum { N = 20000 };
+    idem_store *s = t_open(conf_uri);
+    static idem_key keys[N];
+    static char names[N][16];
+    static idem_outcome outs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "m%d", i);
+        keys[i] = K(names[i]);
+    }
+    cr_assert_eq(idem_claim_many(s, keys, N, NULL, outs, 0), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(outs[i].kind, IDEM_NEW);
+    cr_assert_eq(idem_claim_many(s, keys, N, NULL, outs, 0), 0);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(outs[i].kind, IDEM_BUSY);
+    idem_close(s);
+}

@@ -1,0 +1,288 @@
+/* tests/test_local.c - what only the embedded log engine promises:
+ * persistence across reopen, the lock, checkpoints, segment rotation,
+ * sweeps, whole-segment drops and compaction. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+
+static char *dir;
+
+static void setup(void)
+{
+    dir = t_tmpdir();
+}
+
+static void teardown(void)
+{
+    t_rmdir(dir);
+}
+
+TestSuite(local, .init = setup, .fini = teardown, .timeout = 60);
+
+static uint64_t claim_complete(idem_store *s, const char *key,
+                               const char *resp)
+{
+    idem_key k = {key, strlen(key), NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_NEW, "%s", key);
+    cr_assert_eq(idem_complete(s, key, strlen(key), o.token, resp,
+                               strlen(resp), 0),
+                 0);
+    return o.token;
+}
+
+static int kind_of(idem_store *s, const char *key)
+{
+    idem_key k = {key, strlen(key), NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    return o.kind;
+}
+
+Test(local, reopen_keeps_synced_records)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    claim_complete(s, "a", "ra");
+    idem_key k = {"p", 1, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(t_local_uri(dir));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "a", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert(r.len == 2 && memcmp(r.data, "ra", 2) == 0);
+    cr_assert_eq(idem_get(s, "p", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(kind_of(s, "p"), IDEM_BUSY);
+    idem_close(s);
+}
+
+Test(local, second_process_gets_lock_error_naming_pid)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    pid_t pid = fork();
+    if (pid == 0) {
+        idem_store *t;
+        idem_options o = t_options();
+        int rc = idem_open(t_local_uri(dir), &o, &t);
+        char want[64];
+        snprintf(want, sizeof want, "pid %ld", (long)getppid());
+        int ok = rc == IDEM_ELOCKED && strstr(idem_errdetail(t), want);
+        idem_close(t);
+        _exit(ok ? 0 : 1);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    idem_close(s);
+    /* Released on close: the next process gets it. */
+    s = t_open(t_local_uri(dir));
+    idem_close(s);
+}
+
+Test(local, nocreate_and_bad_uris)
+{
+    idem_options o = t_options();
+    o.flags = IDEM_O_NOCREATE;
+    idem_store *s;
+    char uri[4300];
+    snprintf(uri, sizeof uri, "local:%s/absent", dir);
+    cr_assert_eq(idem_open(uri, &o, &s), IDEM_ENOTFOUND);
+    idem_close(s);
+    cr_assert_eq(idem_open("bogus:x", NULL, &s), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "unknown store URI"));
+    cr_assert_eq(idem_claim(s, &(idem_key){"k", 1, NULL}, NULL,
+                            &(idem_outcome){0}),
+                 IDEM_EINVAL);
+    idem_close(s);
+    cr_assert_eq(idem_open("local:", NULL, &s), IDEM_EINVAL);
+    idem_close(s);
+    idem_options bad;
+    memset(&bad, 0, sizeof bad);
+    cr_assert_eq(idem_open("mem:", &bad, &s), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "idem_options_init"));
+    idem_close(s);
+}
+
+Test(local, checkpoint_commits_with_its_batch)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    const void *b;
+    size_t n;
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), IDEM_ENOTFOUND);
+    claim_complete(s, "a", "1");
+    cr_assert_eq(idem_checkpoint_put(s, "src", "offset=10", 9), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    claim_complete(s, "b", "2");
+    cr_assert_eq(idem_checkpoint_put(s, "src", "offset=20", 9), 0);
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
+    cr_assert(n == 9 && memcmp(b, "offset=20", 9) == 0);
+    /* A crash now, before the second commit: copy the directory as it
+     * is on disk. Neither "b" nor offset=20 may be there. */
+    char copy[4300];
+    snprintf(copy, sizeof copy, "%s.copy", dir);
+    cr_assert_eq(t_sh("cp -r '%s' '%s'", dir, copy), 0);
+    idem_close(s);
+    s = t_open(t_local_uri(copy));
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
+    cr_assert(n == 9 && memcmp(b, "offset=10", 9) == 0);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "a", 1, &r), 0);
+    cr_assert_eq(idem_get(s, "b", 1, &r), IDEM_ENOTFOUND);
+    idem_close(s);
+    t_rmdir(copy);
+    /* The closed original has both. */
+    s = t_open(t_local_uri(dir));
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
+    cr_assert(n == 9 && memcmp(b, "offset=20", 9) == 0);
+    cr_assert_eq(idem_get(s, "b", 1, &r), 0);
+    idem_close(s);
+}
+
+static idem_store *open_small_segments(void)
+{
+    idem_options o = t_options();
+    o.segment_bytes = 4096;
+    o.segment_span_ms = 1000;
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0, "%s",
+                 idem_errdetail(s));
+    return s;
+}
+
+Test(local, segments_roll_by_size_and_time)
+{
+    idem_store *s = open_small_segments();
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_eq(st.segments, 1);
+    char key[32];
+    for (int i = 0; i < 200; i++) {
+        snprintf(key, sizeof key, "key-%d", i);
+        claim_complete(s, key, "v");
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_gt(st.segments, 5);
+    uint64_t by_size = st.segments;
+    t_clock_ms += 1000;  /* the time bucket ends: the next write rolls */
+    claim_complete(s, "late", "v");
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_eq(st.segments, by_size + 1);
+    cr_assert_eq(st.done, 201);
+    cr_assert_eq(idem_close(s), 0);
+    s = open_small_segments();
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_eq(st.done, 201);
+    cr_assert_eq(kind_of(s, "key-0"), IDEM_REPLAY);
+    cr_assert_eq(kind_of(s, "late"), IDEM_REPLAY);
+    idem_close(s);
+}
+
+Test(local, sweep_drops_dead_segments_and_compacts)
+{
+    idem_store *s = open_small_segments();
+    char key[32];
+    /* Short-lived records fill several segments... */
+    for (int i = 0; i < 150; i++) {
+        snprintf(key, sizeof key, "short-%d", i);
+        idem_key k = {key, strlen(key), NULL};
+        idem_outcome o;
+        idem_claim_opts co = {1000, 5000};
+        cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
+        cr_assert_eq(idem_complete(s, key, strlen(key), o.token, "v", 1,
+                                   5000),
+                     0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    /* ...with one long-lived record in the oldest segment. */
+    idem_stats st;
+    idem_stats_get(s, &st);
+    uint64_t before = st.segments;
+    t_clock_ms += 6000;
+    claim_complete(s, "long", "keep");  /* after the drop it must survive */
+    cr_assert_eq(idem_sync(s), 0);
+    uint64_t expired = 0;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(expired, 150);
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_lt(st.segments, before);
+    cr_assert_gt(st.segments_dropped, 0);
+    cr_assert_eq(st.live_keys, 1);
+    cr_assert_eq(kind_of(s, "short-3"), IDEM_NEW);
+    cr_assert_eq(idem_close(s), 0);
+    /* Survives reopen after the drops. */
+    s = open_small_segments();
+    cr_assert_eq(kind_of(s, "long"), IDEM_REPLAY);
+    cr_assert_eq(kind_of(s, "short-4"), IDEM_NEW);
+    idem_close(s);
+}
+
+Test(local, compaction_copies_survivors_out)
+{
+    idem_store *s = open_small_segments();
+    char key[32];
+    claim_complete(s, "survivor", "alive");  /* long TTL, oldest segment */
+    const char *ck = "pos=1";
+    cr_assert_eq(idem_checkpoint_put(s, "src", ck, 5), 0);
+    for (int i = 0; i < 150; i++) {
+        snprintf(key, sizeof key, "s-%d", i);
+        idem_key k = {key, strlen(key), NULL};
+        idem_outcome o;
+        idem_claim_opts co = {1000, 5000};
+        cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    t_clock_ms += 6000;
+    uint64_t expired;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0, "%s", idem_errdetail(s));
+    idem_stats st;
+    idem_stats_get(s, &st);
+    cr_assert_geq(st.records_copied, 2, "copied %llu",
+                  (unsigned long long)st.records_copied);
+    cr_assert_lt(st.segments, 4);
+    idem_close(s);
+    s = open_small_segments();
+    idem_record r;
+    cr_assert_eq(idem_get(s, "survivor", 8, &r), 0);
+    cr_assert(r.len == 5 && memcmp(r.data, "alive", 5) == 0);
+    const void *b;
+    size_t n;
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
+    cr_assert(n == 5 && memcmp(b, ck, 5) == 0);
+    idem_close(s);
+}
+
+Test(local, incremental_sweep_is_bounded)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    char key[32];
+    for (int i = 0; i < 1000; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        idem_key k = {key, strlen(key), NULL};
+        idem_outcome o;
+        idem_claim_opts co = {1000, 2000};
+        cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
+    }
+    t_clock_ms += 2000;
+    uint64_t total = 0, e;
+    int steps = 0;
+    do {
+        cr_assert_eq(idem_sweep(s, 100, &e), 0);
+        cr_assert_leq(e, 100);
+        total += e;
+        steps++;
+    } while (total < 1000 && steps < 50);
+    cr_assert_eq(total, 1000);
+    cr_assert_geq(steps, 10);
+    idem_stats st;
+    idem_stats_get(s, &st);
+    cr_assert_eq(st.live_keys, 0);
+    idem_close(s);
+}

@@ -1,0 +1,244 @@
+/* bench.c - `idem bench`: throughput of a store on a synthetic workload.
+ *
+ * A program, not a test: it prints one line of name=value pairs so that
+ * scripts (bench/run.sh) can set it beside reference systems measured in
+ * the same run. Keys are 36 bytes, like a printed UUID: random (a PRNG,
+ * so key generation costs next to nothing) or ordered (a zero-padded
+ * counter). Every batch is synced, so the figures are durable ones. */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../bench/keys36.h"
+#include "cli.h"
+#include "idem/idem.h"
+
+#define KEYLEN BENCH_KEYLEN
+
+static const char bench_usage[] =
+    "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
+    "                  [--keys random|ordered] [-n N] [--batch B]\n"
+    "                  [--value-size BYTES] [--reopen]\n"
+    "\n"
+    "Measures a store. Prints one line of name=value pairs, among them\n"
+    "ops_per_sec. Every batch is synced (durable).\n"
+    "\n"
+    "  --store URI        store to use (default local:./idem-bench-data);\n"
+    "                     use a fresh one: existing keys change the answers\n"
+    "  --workload W       claim: NEW claims; claim-complete: claim then\n"
+    "                     complete each message; replay: complete N keys\n"
+    "                     first (not timed), then time claims answered\n"
+    "                     REPLAY (default claim)\n"
+    "  --keys K           random or ordered 36-byte keys (default random)\n"
+    "  -n N               messages (default 1000000)\n"
+    "  --batch B          keys per claim_many/complete_many (default 1000)\n"
+    "  --value-size BYTES response size for completions (default 16)\n"
+    "  --reopen           then close the store, time reopening it, and\n"
+    "                     check one key is there\n";
+
+typedef struct bench_cfg {
+    const char *uri, *workload;
+    int random_keys, reopen;
+    size_t n, batch, value_size;
+} bench_cfg;
+
+/* Key i, deterministic: the replay workload regenerates the same keys. */
+static void make_key(const bench_cfg *c, size_t i, char *k)
+{
+    bench_key(c->random_keys, i, k);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long rss_kib(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "RssAnon:", 8))  /* heap, not page cache */
+            v = strtol(line + 8, NULL, 10);
+    if (f)
+        fclose(f);
+    return v;
+}
+
+typedef struct bench_buf {
+    char *names;
+    idem_key *keys;
+    idem_outcome *outs;
+    idem_completion *items;
+    int *st;
+    char *value;
+} bench_buf;
+
+/* One batch starting at key `first`: claim, and complete if asked. */
+static int run_batch(idem_store *s, const bench_cfg *c, bench_buf *b,
+                     size_t first, size_t m, int complete, size_t *news)
+{
+    for (size_t j = 0; j < m; j++) {
+        char *k = b->names + j * (KEYLEN + 1);
+        make_key(c, first + j, k);
+        b->keys[j] = (idem_key){k, KEYLEN, NULL};
+    }
+    int rc = idem_claim_many(s, b->keys, m, NULL, b->outs,
+                             complete ? IDEM_NOSYNC : 0);
+    size_t q = 0;
+    for (size_t j = 0; !rc && j < m; j++) {
+        *news += b->outs[j].kind == IDEM_NEW;
+        if (b->outs[j].kind == IDEM_NEW)
+            b->items[q++] = (idem_completion){b->keys[j].key, KEYLEN,
+                                              b->outs[j].token, b->value,
+                                              c->value_size, 0};
+    }
+    if (!rc && complete)
+        rc = idem_complete_many(s, b->items, q, b->st, 0);
+    if (rc)
+        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+    return rc;
+}
+
+static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
+                   int complete, size_t *news)
+{
+    for (size_t i = 0; i < c->n; i += c->batch) {
+        size_t m = c->n - i < c->batch ? c->n - i : c->batch;
+        if (run_batch(s, c, b, i, m, complete, news))
+            return 1;
+    }
+    return 0;
+}
+
+static int parse_size(const char *arg, const char *what, size_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(arg, &end, 10);
+    if (errno || *end || end == arg || v == 0) {
+        fprintf(stderr,
+                "idem bench: %s wants a positive number, not '%s'\n", what,
+                arg);
+        return 2;
+    }
+    *out = (size_t)v;
+    return 0;
+}
+
+static int parse(int argc, char **argv, bench_cfg *c)
+{
+    static const struct option opts[] = {
+        {"store", 1, 0, 's'},      {"workload", 1, 0, 'w'},
+        {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
+        {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
+        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+    *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
+                     16};
+    int ch, rc = 0;
+    while (!rc && (ch = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 's': c->uri = optarg; break;
+        case 'w': c->workload = optarg; break;
+        case 'k': c->random_keys = strcmp(optarg, "ordered") != 0;
+            if (strcmp(optarg, "ordered") && strcmp(optarg, "random"))
+                rc = 2;
+            break;
+        case 'n': rc = parse_size(optarg, "-n", &c->n); break;
+        case 'b': rc = parse_size(optarg, "--batch", &c->batch); break;
+        case 'v': rc = parse_size(optarg, "--value-size", &c->value_size);
+            break;
+        case 'r': c->reopen = 1; break;
+        case 'h': fputs(bench_usage, stdout); return -1;
+        default: rc = 2;
+        }
+    }
+    if (!rc && (optind < argc ||
+                (strcmp(c->workload, "claim") &&
+                 strcmp(c->workload, "claim-complete") &&
+                 strcmp(c->workload, "replay"))))
+        rc = 2;
+    if (rc)
+        fputs("idem bench: bad arguments; see `idem bench --help`\n", stderr);
+    return rc;
+}
+
+static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
+{
+    int rc = idem_close(*s);
+    double t0 = now_s();
+    if (!rc)
+        rc = idem_open(c->uri, NULL, s);
+    *secs = now_s() - t0;
+    char k[KEYLEN + 1];
+    make_key(c, c->n - 1, k);
+    idem_record r;
+    if (!rc)
+        rc = idem_get(*s, k, KEYLEN, &r);
+    if (rc)
+        fprintf(stderr, "idem bench: reopen: %s\n", idem_errdetail(*s));
+    return rc;
+}
+
+int idem_cmd_bench(int argc, char **argv)
+{
+    bench_cfg c;
+    int rc = parse(argc, argv, &c);
+    if (rc)
+        return rc < 0 ? 0 : rc;
+    bench_buf b = {malloc(c.batch * (KEYLEN + 1)),
+                   malloc(c.batch * sizeof(idem_key)),
+                   malloc(c.batch * sizeof(idem_outcome)),
+                   malloc(c.batch * sizeof(idem_completion)),
+                   malloc(c.batch * sizeof(int)), calloc(1, c.value_size)};
+    idem_store *s;
+    long rss0 = rss_kib();
+    rc = !b.names || !b.keys || !b.outs || !b.items || !b.st || !b.value;
+    if (rc)
+        fputs("idem bench: out of memory\n", stderr);
+    if (!rc && (rc = idem_open(c.uri, NULL, &s) != 0))
+        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+    int replay = !strcmp(c.workload, "replay");
+    size_t news = 0, seeded = 0;
+    if (!rc && replay)
+        rc = run_all(s, &c, &b, 1, &seeded);
+    double t0 = now_s();
+    if (!rc)
+        rc = run_all(s, &c, &b, !strcmp(c.workload, "claim-complete"), &news);
+    double secs = now_s() - t0, reopen = 0;
+    long rss1 = rss_kib();
+    idem_stats st = {0};
+    if (!rc)
+        idem_stats_get(s, &st);
+    if (!rc && c.reopen)
+        rc = reopen_check(&c, &s, &reopen);
+    if (!rc) {
+        printf("workload=%s store=%s keys=%s n=%zu batch=%zu seconds=%.3f "
+               "ops_per_sec=%.0f new=%zu index_bytes_per_key=%.1f "
+               "anon_rss_bytes_per_key=%.1f",
+               c.workload, c.uri, c.random_keys ? "random" : "ordered", c.n,
+               c.batch, secs, (double)c.n / secs, news,
+               st.live_keys ? (double)st.index_bytes / (double)st.live_keys
+                            : 0.0,
+               (double)(rss1 - rss0) * 1024.0 / (double)c.n);
+        if (c.reopen)
+            printf(" reopen_seconds=%.3f", reopen);
+        printf("\n");
+    }
+    if (s)
+        idem_close(s);
+    free(b.names);
+    free(b.keys);
+    free(b.outs);
+    free(b.items);
+    free(b.st);
+    free(b.value);
+    return rc ? 1 : 0;
+}
