@@ -95,6 +95,12 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
     if (p == MAP_FAILED)
         return errno == ENOMEM ? IDEM_ENOMEM
                                : idem__log_ioerr(lg, "mmap", g->id, errno);
+#ifdef MADV_POPULATE_READ
+    /* Fill the page tables for what exists in one call rather than one
+     * fault per page on first read (recovery reads all of it). A hint:
+     * older kernels refuse it, harmlessly. */
+    madvise(p, need, MADV_POPULATE_READ);
+#endif
     if (g->base)
         munmap(g->base, g->maplen);
     g->base = p;

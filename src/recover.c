@@ -97,15 +97,22 @@ static void idem__scan_seg(const unsigned char *base, uint64_t size,
 static int idem__apply_range(const unsigned char *base, idem__seg *g,
                              uint64_t end, idem__apply_fn apply, void *ctx)
 {
-    idem__frame f;
-    for (uint64_t at = IDEM__SEG_HDR; at < end; at += f.len) {
-        if (idem__frame_decode(base + at, end - at, &f, 0))
+    idem__frame f[IDEM__APPLY_WINDOW];
+    uint32_t off[IDEM__APPLY_WINDOW];
+    size_t n = 0;
+    for (uint64_t at = IDEM__SEG_HDR; at < end;) {
+        if (idem__frame_decode(base + at, end - at, &f[n], 0))
             return IDEM_ECORRUPT;  /* verified by the scan: cannot happen */
-        if (f.type != IDEM__R_COMMIT) {
-            g->records++;
-            int rc = apply(ctx, g, (uint32_t)at, &f);
+        off[n] = (uint32_t)at;
+        at += f[n].len;
+        if (f[n].type != IDEM__R_COMMIT)
+            n++;
+        if (n == IDEM__APPLY_WINDOW || (at >= end && n)) {
+            g->records += n;
+            int rc = apply(ctx, g, off, f, n);
             if (rc)
                 return rc;
+            n = 0;
         }
     }
     return 0;
@@ -166,9 +173,10 @@ static int idem__cut_tail(idem__log *lg, idem__seg *g, uint64_t end)
     return 0;
 }
 
-/* Check, cut and apply one segment; on success it is lg's newest. */
-static int idem__load_seg(idem__log *lg, uint32_t id, int last,
-                          idem__apply_fn apply, void *ctx)
+/* Open and verify one segment, cutting a torn tail if it is the newest;
+ * on success it is lg's newest segment and *records its key frames. */
+static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
+                            uint64_t *records)
 {
     idem__seg g;
     int rc = idem__open_seg(lg, id, &g, last);
@@ -192,8 +200,8 @@ static int idem__load_seg(idem__log *lg, uint32_t id, int last,
     }
     if (!rc && last && sc.commit_end < g.size)
         rc = idem__cut_tail(lg, &g, sc.commit_end);
-    if (!rc)
-        rc = idem__apply_range(g.base, &g, g.size, apply, ctx);
+    if (!rc && last && lseek(g.fd, 0, SEEK_END) < 0)
+        rc = idem__log_ioerr(lg, "seek", id, errno);
     if (rc) {
         idem__close_seg(&g);
         return rc;
@@ -202,11 +210,8 @@ static int idem__load_seg(idem__log *lg, uint32_t id, int last,
     if (!last) {
         close(g.fd);
         g.fd = -1;
-    } else if (lseek(g.fd, 0, SEEK_END) < 0) {
-        rc = idem__log_ioerr(lg, "seek", id, errno);
-        idem__close_seg(&g);
-        return rc;
     }
+    *records += sc.records;
     lg->segs[lg->nsegs++] = g;
     return 0;
 }
@@ -226,10 +231,11 @@ static int idem__drop_stillborn(idem__log *lg, uint32_t id)
 }
 
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
-                  void *ctx)
+                  idem__reserve_fn reserve, void *ctx)
 {
     uint32_t *ids;
     size_t n;
+    uint64_t records = 0;
     int rc = idem__dir_segments(lg->s, lg->dirfd, lg->dir, &ids, &n);
     if (rc)
         return rc;
@@ -249,9 +255,16 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                             lg->dir, name);
             break;
         }
-        rc = idem__load_seg(lg, ids[i], i + 1 == n, apply, ctx);
+        rc = idem__verify_seg(lg, ids[i], i + 1 == n, &records);
     }
     free(ids);
+    /* Everything checked out: now build the state, sized up front. */
+    if (!rc && records)
+        rc = reserve(ctx, records);
+    for (size_t i = 0; !rc && i < lg->nsegs; i++) {
+        idem__seg *g = &lg->segs[i];
+        rc = idem__apply_range(g->base, g, g->size, apply, ctx);
+    }
     if (!rc && lg->nsegs == 0)
         rc = idem__log_new_segment(lg, now);
     return rc;
