@@ -93,8 +93,13 @@ static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
     size_t avail;
     const unsigned char *p =
         idem__log_at(&en->log, fo->e->seg, fo->e->off, &avail);
+    if (!p && !idem__log_seg(&en->log, fo->e->seg))
+        return 0;  /* its segment was dropped with every record expired */
     if (!p || idem__frame_decode(p, avail, &fo->f, 0))
-        return 0;
+        return idem__fail(s, p ? IDEM_ECORRUPT : IDEM_EIO,
+                          "cannot read the record at segment %u offset %u%s",
+                          fo->e->seg, fo->e->off,
+                          p ? "" : " (see the previous error)");
     if (fo->f.keylen != len || memcmp(fo->f.key, key, len) != 0)
         return idem__fail(s, IDEM_ECOLLISION,
                           "two keys share one 128-bit index hash");
@@ -516,6 +521,8 @@ static int idem__eng_sweep(idem_store *s, size_t max_work,
     idem__engine *en = idem__eng(s);
     int64_t now = idem__now(s);
     *expired = 0;
+    if (en->log.readonly)
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
     uint32_t hw = en->ix.hw;
     size_t todo = max_work ? max_work : hw;
     for (size_t k = 0; k < todo && hw; k++) {
@@ -664,7 +671,8 @@ static int idem__engine_new(idem_store *s, int memory)
 static int idem__eng_close(idem_store *s)
 {
     idem__engine *en = idem__eng(s);
-    int rc = en->log.broken ? 0 : idem__log_commit(&en->log);
+    /* A broken log keeps its unsynced changes from the disk: say so. */
+    int rc = en->log.broken ? en->log.broken : idem__log_commit(&en->log);
     idem__engine_free(en);
     s->impl = NULL;
     return rc;
@@ -679,11 +687,12 @@ static int idem__open_local(idem_store *s, const char *path)
     en->log.dir = idem__strdup(path);
     if (!en->log.dir)
         rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int nocreate = (s->opts.flags & (IDEM_O_NOCREATE | IDEM_O_READONLY)) != 0;
+    en->log.readonly = (s->opts.flags & IDEM_O_READONLY) != 0;
     if (!rc)
-        rc = idem__dir_open(s, path, (s->opts.flags & IDEM_O_NOCREATE) != 0,
-                            &en->log.dirfd, &en->lockfd);
+        rc = idem__dir_open(s, path, nocreate, &en->log.dirfd, &en->lockfd);
     if (!rc)
-        rc = idem__dir_secret(s, en->log.dirfd, path, en->secret);
+        rc = idem__dir_secret(s, en->log.dirfd, path, nocreate, en->secret);
     if (!rc)
         rc = idem__recover(&en->log, idem__now(s), idem__apply,
                            idem__reserve, s);

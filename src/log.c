@@ -181,6 +181,9 @@ static int idem__must_rotate(idem__log *lg, int64_t now)
 int idem__log_append(idem__log *lg, int64_t now, size_t n,
                      unsigned char **dst, uint32_t *seg, uint32_t *off)
 {
+    if (lg->readonly)
+        return idem__fail(lg->s, IDEM_EINVAL,
+                          "the store was opened read-only");
     if (lg->broken)
         return idem__fail(lg->s, lg->broken,
                           "an earlier write failed; reopen the store");
