@@ -1,9 +1,10 @@
 /* cli.h - the subcommands of the idem tool and the pieces they share.
  *
- * Each command returns the exit status: 0 success, 1 failure of the work
- * (bad input under --on-bad-input error, damage found, I/O), 2 bad usage.
- * Every message starts with "idem CMD: " so that a script running several
- * commands can tell who spoke. */
+ * Each subcommand lives in its own file and exposes one function with the
+ * shape of main(): argv[0] is the subcommand's name, and the return value
+ * is the process exit status (below). main.c maps names to these
+ * functions. Every message starts with "idem CMD: " so that a script
+ * running several commands can tell who spoke. */
 #ifndef IDEM_CLI_H
 #define IDEM_CLI_H
 
@@ -14,7 +15,16 @@
 
 #include "idem/idem.h"
 
+/* Exit statuses, the same for every subcommand. */
+enum {
+    IDEM_EXIT_OK = 0,   /* done */
+    IDEM_EXIT_FAIL = 1, /* the work failed: I/O, a store error, bad input
+                         * under --on-bad-input error, damage found, ... */
+    IDEM_EXIT_USAGE = 2 /* the command line was wrong; nothing was done */
+};
+
 int idem_cmd_bench(int argc, char **argv);
+int idem_cmd_keygen(int argc, char **argv);
 int idem_cmd_dedup(int argc, char **argv);
 int idem_cmd_run(int argc, char **argv);
 int idem_cmd_get(int argc, char **argv);
