@@ -240,8 +240,6 @@ int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
         return rc;
     if (n && (!keys || !outs))
         return idem__fail(s, IDEM_EINVAL, "keys or outs is NULL");
-    if (flags & ~(IDEM_NOSYNC | IDEM_CLAIM_DONE))
-        return idem__fail(s, IDEM_EINVAL, "unknown flags 0x%x", flags);
     for (size_t i = 0; i < n; i++) {
         memset(&outs[i], 0, sizeof outs[i]);
         outs[i].status = idem__check_key(s, keys[i].key, keys[i].len);
