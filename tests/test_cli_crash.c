@@ -98,7 +98,8 @@ static double run_clean(const char *const argv[], int piped)
 /* Kill runs at random moments until `kills` kills have landed; after each
  * completed run compare the output with ref and start afresh. Returns the
  * number of completed runs that had been killed at least once. */
-static int kill_loop(const char *const argv[], int piped, double span, long kills,
+static int kill_loop(const char *const argv[], int piped, double span,
+                     long kills,
                      void (*verify)(void))
 {
     int verified = 0, killed_this_round = 0;
@@ -199,8 +200,8 @@ Test(cli_crash, dedup_pipe_kill9, .timeout = 900)
 Test(cli_crash, run_kill9, .timeout = 900)
 {
     paths();
-    const char *argv[] = {cli, "run", "--key", "id", "--batch", "300", "--store",
-                    "local:store", "--output", "out", "--exec", handler, "in",
-                    NULL};
+    const char *argv[] = {cli, "run", "--key", "id", "--batch", "300",
+                          "--store", "local:store", "--output", "out",
+                          "--exec", handler, "in", NULL};
     crash_case(argv, 0, kills(50), tokens_never_repeat);
 }

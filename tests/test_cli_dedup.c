@@ -49,7 +49,8 @@ Test(cli_dedup, first_occurrences_byte_for_byte)
     put("in", "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n"
               "{ \"v\": 2, \"id\" : \"a\" }\n{\"id\":\"c\"}\n");
     cr_assert_eq(t_cli(dir, "dedup --key id --quiet in > out"), 0);
-    expect("out", "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n");
+    expect("out",
+           "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n");
 }
 
 Test(cli_dedup, json_corpus)
@@ -98,7 +99,8 @@ Test(cli_dedup, json_corpus)
     cr_assert(!strcmp(out + strlen(want) + strlen(big), "{\"id\":\"end\"}\n"),
               "the big line once, then the last line with a newline");
     cr_assert_eq(len, strlen(want) + strlen(big) + 13);
-    cr_assert(t_grep(at("err"), "\"new\":11,\"duplicate\":6"), "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "\"new\":11,\"duplicate\":6"), "%s",
+              t_read(at("err"), NULL));
     cr_assert(t_grep(at("err"), "\"blank\":3"));
     free(out);
     free(big);
@@ -129,7 +131,8 @@ Test(cli_dedup, nested_paths_and_json_pointer)
 
 Test(cli_dedup, unicode_key_names)
 {
-    put("in", "{\"ключ\":\"1\"}\n{\"ключ\":\"1\"}\n{\"ключ\":\"2\"}\n");
+    put("in",
+        "{\"ключ\":\"1\"}\n{\"ключ\":\"1\"}\n{\"ключ\":\"2\"}\n");
     cr_assert_eq(t_cli(dir, "dedup --key ключ --quiet in > out"), 0);
     expect("out", "{\"ключ\":\"1\"}\n{\"ключ\":\"2\"}\n");
 }
@@ -151,7 +154,8 @@ Test(cli_dedup, bad_json_stops_with_file_line_column)
 
 Test(cli_dedup, bad_json_skip_counts)
 {
-    put("in", "{\"id\":\"a\"}\n[1,\n{\"id\":\"a\"} {}\n\"str\"\n{\"id\":\"b\"}\n");
+    put("in", "{\"id\":\"a\"}\n[1,\n{\"id\":\"a\"} {}\n\"str\"\n"
+              "{\"id\":\"b\"}\n");
     cr_assert_eq(t_cli(dir, "dedup --key id --on-bad-input skip "
                             "--on-missing-key skip --stats-json in > out "
                             "2> err"), 0);

@@ -92,7 +92,8 @@ int main(int argc, char **argv)
             snprintf(out, sizeof out,
                      "{\"error\":\"timeout\",\"retryable\":true}\n");
         else
-            snprintf(out, sizeof out, "{\"ok\":true,\"key\":\"%s\",\"n\":%zu}\n",
+            snprintf(out, sizeof out,
+                     "{\"ok\":true,\"key\":\"%s\",\"n\":%zu}\n",
                      i == wrong ? "someone-else" : key, mlen);
         fputs(out, stdout);
         fflush(stdout);

@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #define ND_MIN_BUF (4u << 20)
@@ -78,12 +77,6 @@ const char *nd_name(const nd_reader *r)
 {
     const char *p = r->paths[r->cur < r->npaths ? r->cur : r->npaths - 1];
     return strcmp(p, "-") ? p : "<stdin>";
-}
-
-int nd_seekable(const nd_reader *r)
-{
-    struct stat st;
-    return r->fd >= 0 && fstat(r->fd, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 void nd_release(nd_reader *r)

@@ -52,7 +52,4 @@ void nd_release(nd_reader *r);
 /* Name of the current input ("-" shows as "<stdin>"). */
 const char *nd_name(const nd_reader *r);
 
-/* Is the current input a regular file (so offsets can be resumed)? */
-int nd_seekable(const nd_reader *r);
-
 #endif
