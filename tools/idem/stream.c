@@ -28,6 +28,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <semaphore.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -73,7 +74,7 @@ typedef struct loop {
     size_t base;     /* msgs before this were committed by earlier runs of
                       * the runner over this batch (handler restarts) */
     size_t committed;
-    unsigned warnings;
+    atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
     int tty;
 } loop;
@@ -146,11 +147,12 @@ static int is_blank(const nd_line *l)
 static void warn_line(loop *lp, const char *file, const nd_line *l,
                       size_t col, const char *what, const char *policy)
 {
-    if (lp->st.cfg->quiet || lp->warnings++ >= MAX_WARNINGS)
+    unsigned shown = atomic_fetch_add(&lp->warnings, 1) + 1;
+    if (lp->st.cfg->quiet || shown > MAX_WARNINGS)
         return;
     fprintf(stderr, "%s%s:%" PRIu64 ":%zu: %s (%s)\n",
             lp->tty ? "\r\033[K" : "", file, l->lineno, col, what, policy);
-    if (lp->warnings == MAX_WARNINGS)
+    if (shown == MAX_WARNINGS)
         fprintf(stderr, "idem %s: further such lines are counted, not "
                         "shown\n", lp->st.cfg->cmd);
 }
