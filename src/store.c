@@ -18,6 +18,8 @@
 static const struct idem__backend *const idem__backends[] = {
     &idem__backend_local,
     &idem__backend_mem,
+    &idem__backend_redis,
+    &idem__backend_cluster,
 };
 
 void idem_options_init(idem_options *o)
@@ -29,6 +31,7 @@ void idem_options_init(idem_options *o)
     o->failure_ttl_ms = 3600 * 1000LL;
     o->segment_bytes = 64u << 20;
     o->segment_span_ms = 3600 * 1000LL;
+    o->retention_ms = 7 * 24 * 3600 * 1000LL;
 }
 
 int idem__fail(idem_store *s, int code, const char *fmt, ...)
@@ -75,6 +78,8 @@ static int idem__check_options(idem_store *s, const idem_options *o)
     if (o->ttl_ms <= 0 || o->lease_ms <= 0 || o->failure_ttl_ms <= 0)
         return idem__fail(s, IDEM_EINVAL,
                           "ttl_ms, lease_ms and failure_ttl_ms must be > 0");
+    if (o->retention_ms <= 0)
+        return idem__fail(s, IDEM_EINVAL, "retention_ms must be > 0");
     if (o->segment_bytes < 4096 || o->segment_bytes > (1ull << 31) ||
         o->segment_span_ms <= 0)
         return idem__fail(s, IDEM_EINVAL,
@@ -100,7 +105,8 @@ static int idem__pick_backend(idem_store *s, const char *uri,
         }
     }
     return idem__fail(s, IDEM_EINVAL,
-                      "unknown store URI '%s': expected local:PATH or mem:",
+                      "unknown store URI '%s': expected local:PATH, mem:, "
+                      "redis://host:port or redis-cluster://host:port",
                       uri);
 }
 
