@@ -6,6 +6,9 @@
 #   redis-test.sh cluster DIR M R       a cluster of M masters with R
 #                                       replicas each; prints the ports,
 #                                       comma-separated, masters first
+#   redis-test.sh restart DIR PORT      start the server of PORT again,
+#                                       as it was (a cluster node rejoins
+#                                       with its nodes.conf)
 #   redis-test.sh stop DIR              kill -9 every server under DIR
 #
 # Ports are picked at random in 21000-29999 (cluster bus: +10000) and
@@ -32,6 +35,7 @@ start_one() {
             continue
         fi
         mkdir -p "$dir/$p"
+        echo "$extra" >"$dir/$p/args"
         # shellcheck disable=SC2086
         redis-server --port "$p" --bind 127.0.0.1 --save '' \
             --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
@@ -109,6 +113,21 @@ cluster)
     done
     # Masters first: the order create used (the first M are masters).
     echo "$ports"
+    ;;
+restart)
+    p=$3
+    # shellcheck disable=SC2046
+    redis-server --port "$p" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
+        --dir "$dir/$p" --logfile "$dir/$p/log" $(cat "$dir/$p/args")
+    i=0
+    while [ $i -lt 100 ]; do
+        redis-cli -p "$p" ping 2>/dev/null | grep -q PONG && exit 0
+        sleep 0.05
+        i=$((i + 1))
+    done
+    echo "redis-test.sh: cannot restart $p" >&2
+    exit 1
     ;;
 stop)
     for f in $(find "$dir" -name pid 2>/dev/null); do

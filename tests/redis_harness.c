@@ -154,3 +154,63 @@ int th_first_port(const char *addrs)
     const char *colon = strchr(addrs, ':');
     return colon ? (int)strtol(colon + 1, NULL, 10) : 0;
 }
+
+void th_kill9(const th_servers *sv, int port)
+{
+    t_sh("kill -9 $(cat '%s/%d/pid') 2>/dev/null", sv->dir, port);
+}
+
+void th_restart(const th_servers *sv, int port)
+{
+    int st = t_sh("sh '%s/redis-test.sh' restart '%s' %d", th_scripts(),
+                  sv->dir, port);
+    cr_assert_eq(st, 0, "restart %d", port);
+}
+
+void th_node_id(int port, char id[64])
+{
+    redisContext *c = th_connect(port);
+    redisReply *r = th_cmd(c, "CLUSTER MYID");
+    cr_assert(r->type == REDIS_REPLY_STRING && r->len < 64);
+    memcpy(id, r->str, r->len + 1);
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+int th_slot_owner(int port, unsigned slot)
+{
+    redisContext *c = th_connect(port);
+    redisReply *r = th_cmd(c, "CLUSTER SLOTS");
+    int owner = -1;
+    for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        if ((long long)slot >= e->element[0]->integer &&
+            (long long)slot <= e->element[1]->integer)
+            owner = (int)e->element[2]->element[1]->integer;
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return owner;
+}
+
+int th_replica_of(const th_servers *sv, int master_port)
+{
+    for (int i = 0; i < sv->n; i++) {
+        if (sv->ports[i] == master_port)
+            continue;
+        redisContext *c = redisConnect("127.0.0.1", sv->ports[i]);
+        if (!c || c->err) {
+            redisFree(c);
+            continue;
+        }
+        redisReply *r = redisCommand(c, "ROLE");
+        int is = r && r->type == REDIS_REPLY_ARRAY && r->elements >= 3 &&
+                 strcmp(r->element[0]->str, "slave") == 0 &&
+                 r->element[2]->integer == master_port;
+        freeReplyObject(r);
+        redisFree(c);
+        if (is)
+            return sv->ports[i];
+    }
+    return -1;
+}

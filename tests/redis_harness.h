@@ -46,4 +46,15 @@ redisReply *th_cmd(redisContext *c, const char *fmt, ...);
 /* The port of the first host of an "h:p,h:p" list. */
 int th_first_port(const char *addrs);
 
+
+
+/* kill -9 the server on port (one of sv's); start it again as it was. */
+void th_kill9(const th_servers *sv, int port);
+void th_restart(const th_servers *sv, int port);
+/* The cluster node id of the server on port. */
+void th_node_id(int port, char id[64]);
+/* Port of the master that serves slot, asked of the node on port. */
+int th_slot_owner(int port, unsigned slot);
+/* Port of a replica of the master on port (-1 if none). */
+int th_replica_of(const th_servers *sv, int master_port);
 #endif
