@@ -529,8 +529,11 @@ static int idem__run(idem_store *s, idem__rbatch *b, int write)
             }
         }
         /* 3. write every pipeline, then read every reply */
+        /* Each blocking step gets what is left of the budget, so that
+         * several slow nodes in a row cannot add up past it. */
         for (size_t a = 0; a < nact; a++) {
             idem__rconn *conn = idem__conn_at(r, act[a]);
+            idem__rconn_deadline(conn, deadline - idem__mono_ms());
             if (conn->c && idem__rconn_flush(conn)) {
                 char msg[256];
                 snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
@@ -546,6 +549,7 @@ static int idem__run(idem_store *s, idem__rbatch *b, int write)
         }
         for (size_t a = 0; a < nact; a++) {
             idem__rconn *conn = idem__conn_at(r, act[a]);
+            idem__rconn_deadline(conn, deadline - idem__mono_ms());
             if (conn->c && conn->nin)
                 idem__read_conn(s, b, act[a], &rd);
             else
@@ -688,7 +692,10 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
         }
         int st = c->status ? c->status : idem__claim_reply(s, &b, c, o);
         o->status = st;
-        if (st == IDEM_ENOMEM && !rc)
+        /* A key whose own script failed fails alone (EPROTO); a server
+         * that did not answer for it, or a WAIT that was not confirmed,
+         * is the batch's error too. */
+        if (st && st != IDEM_EPROTO && !rc)
             rc = st;
         if (st && !first_key_err)
             first_key_err = st;
@@ -770,6 +777,9 @@ static int idem__redis_complete_many(idem_store *s,
         }
         st[which[j]] = idem__finish_reply(s, &b, c, items[which[j]].token,
                                           "complete");
+        if (st[which[j]] && st[which[j]] != IDEM_ELOST &&
+            st[which[j]] != IDEM_EPROTO && !rc)
+            rc = st[which[j]];
         if (st[which[j]] == IDEM_ELOST && !lostmsg[0])
             idem__scopy(lostmsg, sizeof lostmsg, s->detail);
     }
