@@ -48,13 +48,13 @@
     "local function load(k, now)\n"                                        \
     "  local v = redis.call('HMGET', k, 'status', 'token', 'lease',\n"     \
     "    'expires', 'created_ts', 'released', 'fp', 'cid', 'fid')\n"       \
-    "  if not v[1] then return nil end\n"                                  \
+    "  if not v[1] then return nil, v end\n"                               \
     "  local r = {status = tonumber(v[1]), token = v[2] or '0',\n"         \
     "    lease = tonumber(v[3]) or 0, expires = tonumber(v[4]) or 0,\n"    \
     "    created = tonumber(v[5]) or now, released = v[6] == '1',\n"       \
     "    fp = v[7] or '', cid = v[8] or '', fid = v[9] or ''}\n"           \
-    "  if now >= r.expires then return nil end\n"                          \
-    "  return r\n"                                                         \
+    "  if now >= r.expires then return nil, v end\n"                       \
+    "  return r, v\n"                                                      \
     "end\n"                                                                \
     "local function why_not(r, token)\n"                                   \
     "  if not r then return 1 end\n"                                       \
@@ -70,7 +70,7 @@ static const char idem__lua_claim[] =
     IDEM__LUA_COMMON
     "local now = now_ms()\n"
     "local k, fp = KEYS[1], ARGV[2]\n"
-    "local r = load(k, now)\n"
+    "local r, v = load(k, now)\n"
     "if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"
     "  return {5, tonumber(r.token), 0}\n"
     "end\n"
@@ -92,10 +92,10 @@ static const char idem__lua_claim[] =
     "  if fp == '' then fp = r.fp end\n"
     "end\n"
     "local lease = now + tonumber(ARGV[3])\n"
-    "redis.call('DEL', k)\n"
+    "if v[1] then redis.call('DEL', k) end\n"
     "redis.call('HSET', k, 'status', 0, 'token', token, 'attempts', token,\n"
-    "  'lease', lease, 'expires', exp, 'created_ts', created, 'released', 0,\n"
-    "  'fp', fp, 'cid', ARGV[5])\n"
+    "  'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n"
+    "  'cid', ARGV[5])\n"
     "redis.call('PEXPIRE', k, exp - now)\n"
     "return {1, token, lease}\n";
 
