@@ -17,8 +17,9 @@
  *   set-nx-px      SET k 1 NX PX TTL pipelined 64 deep per node, the
  *                  cheapest atomic "first writer wins" Redis has
  *
- * as: system=NAME mode=single|cluster n=N seconds=S ops_per_sec=R,
- * then the ratios. Keys are the 36-byte stream of bench/keys36.h, fresh
+ * as: system=NAME mode=single|cluster n=N seconds=S ops_per_sec=R
+ * server_cpu_us_per_op=C (CPU time the servers spent per claim, from
+ * INFO cpu: steadier than wall time on a busy machine), then the ratios. Keys are the 36-byte stream of bench/keys36.h, fresh
  * for every system (their own prefixes). */
 #include <hiredis/hiredis.h>
 #include <stdio.h>
@@ -33,6 +34,30 @@
 
 #define MAXNODES 32
 
+/* Ports whose servers' CPU time a figure includes (the masters). */
+static int cpu_ports[MAXNODES], ncpu;
+static double cpu_start;
+
+/* used_cpu_sys + used_cpu_user of the servers, in seconds: a figure
+ * that, unlike wall time, other load on the machine barely moves. */
+static double server_cpu(void)
+{
+    double total = 0;
+    for (int i = 0; i < ncpu; i++) {
+        redisContext *c = redisConnect("127.0.0.1", cpu_ports[i]);
+        redisReply *r = c && !c->err ? redisCommand(c, "INFO cpu") : NULL;
+        if (r && r->type == REDIS_REPLY_STRING) {
+            const char *p = strstr(r->str, "used_cpu_sys:");
+            const char *q = strstr(r->str, "used_cpu_user:");
+            if (p && q)
+                total += strtod(p + 13, NULL) + strtod(q + 14, NULL);
+        }
+        freeReplyObject(r);
+        redisFree(c);
+    }
+    return total;
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -43,8 +68,10 @@ static double now_s(void)
 static double report(const char *name, const char *mode, size_t n,
                      double secs)
 {
-    printf("system=%s mode=%s n=%zu seconds=%.3f ops_per_sec=%.0f\n", name,
-           mode, n, secs, (double)n / secs);
+    double cpu = server_cpu() - cpu_start;
+    printf("system=%s mode=%s n=%zu seconds=%.3f ops_per_sec=%.0f "
+           "server_cpu_us_per_op=%.2f\n", name, mode, n, secs,
+           (double)n / secs, cpu * 1e6 / (double)n);
     fflush(stdout);
     return (double)n / secs;
 }
@@ -64,6 +91,7 @@ static double bench_idem(const char *uri, const char *mode, size_t n)
     static idem_key k[BATCH];
     static idem_outcome out[BATCH];
     size_t news = 0;
+    cpu_start = server_cpu();
     double t0 = now_s();
     for (size_t i = 0; i < n; i += BATCH) {
         size_t m = n - i < BATCH ? n - i : BATCH;
@@ -110,6 +138,7 @@ static double bench_watch(int port, size_t n)
     }
     char k[64], ts[24];
     size_t won = 0;
+    cpu_start = server_cpu();
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
         char raw[BENCH_KEYLEN + 1];
@@ -205,6 +234,7 @@ static double bench_setnx(const topo *t, const char *mode, size_t n)
     }
     size_t ok = 0;
     char k[64];
+    cpu_start = server_cpu();
     double t0 = now_s();
     size_t chunk = 64 * (size_t)t->nmasters;
     for (size_t i = 0; i < n; i += chunk) {
@@ -274,6 +304,8 @@ int main(int argc, char **argv)
         snprintf(uri + off, sizeof uri - off,
                  "?prefix=bench-idem-%d:&timeout_ms=30000", getpid());
         load_topology((int)strtol(argv[2], NULL, 10), &t);
+        ncpu = t.nmasters;
+        memcpy(cpu_ports, t.ports, sizeof cpu_ports);
         printf("# cluster: %d masters\n", t.nmasters);
         double idem = bench_idem(uri, "cluster", n);
         double setnx = bench_setnx(&t, "cluster", n);
@@ -286,6 +318,8 @@ int main(int argc, char **argv)
              port, getpid());
     t.nmasters = 1;
     t.ports[0] = port;
+    ncpu = 1;
+    cpu_ports[0] = port;
     double idem = bench_idem(uri, "single", n);
     /* The pattern is slow by nature (six round trips a key): a tenth of
      * the keys gives a stable figure in reasonable time. */

@@ -5,8 +5,11 @@
  *                 time limits, safe writes, reading error replies
  * redis_cluster.c the nodes and the slot map: where a key's command goes,
  *                 MOVED and ASK, refreshing the map from CLUSTER SLOTS
- * redis.c         the backend: commands for each operation, the pipelined
- *                 rounds with retries, replies turned into outcomes
+ * redis_pipe.c    batches of script calls: grouped, pipelined per node,
+ *                 retried through redirects and failures within a budget
+ * redis_sweep.c   SCAN every master: sweep and stats
+ * redis.c         the backend: each operation as a batch, replies turned
+ *                 into outcomes, open and close
  *
  * A single server is a cluster of one node that owns every slot and is
  * never asked for a map, so the same rounds serve both schemes. */
@@ -76,6 +79,81 @@ typedef struct idem__redis {
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
     uint64_t expired_total;
 } idem__redis;
+
+/* ---- redis_pipe.c */
+
+/* ARGV of one key after the shared ones; keys per multi-key call. */
+#define IDEM__RARGS 6
+#define IDEM__GROUP 64
+
+/* One key of a batch. */
+typedef struct idem__ritem {
+    size_t name_off, name_len;   /* its Redis key, in the batch's names */
+    unsigned slot;
+    int nargs;
+    const char *arg[IDEM__RARGS];
+    size_t argl[IDEM__RARGS];
+    char num[3][24];             /* storage for numeric arguments */
+    const redisReply *reply;     /* its answer after idem__run(), or NULL */
+    int status;                  /* ... or why it has none */
+} idem__ritem;
+
+/* One EVALSHA: one item, or up to IDEM__GROUP items of one slot. */
+typedef struct idem__rcmd {
+    size_t first, count;         /* its items: order[first..first+count) */
+    unsigned slot;
+    redisReply *reply;           /* once done with status 0 */
+    int status;                  /* final error, or 0 */
+    int done;
+    int ask;                     /* node to send ASKING + command, or -1 */
+    int lasterr;                 /* why the last try did not answer */
+} idem__rcmd;
+
+typedef struct idem__rbatch {
+    int script;
+    int multi;                   /* the script takes many keys */
+    int write;                   /* the script changes records */
+    idem__ritem *items;
+    size_t nitems;
+    size_t *order;               /* items grouped by slot */
+    idem__rcmd *cmds;
+    size_t n;
+    idem__buf names;
+    char now[24];                /* ARGV[1]: "" for server time */
+    const char *common[2];       /* ARGV shared by every key, after now */
+    size_t commonl[2];
+    int ncommon;
+    char cnum[2][24];
+    char firstmsg[512];          /* detail of the first final error */
+    char lastmsg[512];           /* detail of the last transient error */
+    const char *argv[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
+    size_t argl[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
+} idem__rbatch;
+
+/* A batch of up to n keys for script. 0 or IDEM_ENOMEM. */
+int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n);
+void idem__batch_free(idem__rbatch *b);
+/* Add key; fill its arguments with idem__arg*. NULL on ENOMEM. */
+idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
+                            size_t keylen);
+void idem__arg(idem__ritem *it, const void *p, size_t n);
+void idem__argnum(idem__ritem *it, int slot, long long v);
+/* A request id unique to this handle and, by its random base, to every
+ * other: lets a retried write recognise its own first run. */
+void idem__argrid(idem_store *s, idem__ritem *it, int slot);
+/* An argument every key of the batch shares, after the time. */
+void idem__batch_common(idem__rbatch *b, int slot, long long v);
+/* Run the batch. Each item ends with a reply or a status. Returns 0 if
+ * every item has a reply or an error of its own key (EPROTO); otherwise
+ * the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some from one. */
+int idem__run(idem_store *s, idem__rbatch *b, int write);
+/* Copy a message, cut to fit. */
+void idem__scopy(char *dst, size_t cap, const char *src);
+
+/* ---- redis_sweep.c */
+
+int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
+int idem__redis_stats(idem_store *s, idem_stats *out);
 
 /* ---- redis_conn.c */
 

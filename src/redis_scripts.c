@@ -64,57 +64,94 @@
     "  return 0\n"                                                         \
     "end\n"
 
-/* KEYS[1]; ARGV: now, fp, lease_ms, ttl_ms, request id.
- * -> {kind, token, lease_until[, data]} with kind as idem_outcome_kind. */
+/* Claims and completes take many keys (of one slot) per call and answer
+ * with one array entry per key. A key that is not a hash stops the script
+ * with WRONGTYPE; the client then sends the keys one by one. */
+
+/* KEYS: the keys; ARGV: now, lease_ms, ttl_ms, then fp and request id of
+ * each key. -> per key, {kind, token, lease_until[, data]} with kind as
+ * idem_outcome_kind, or for a fresh key just lease_until (NEW, token 1).
+ * The record of an expired key is replaced whole (DEL, then HSET). */
 static const char idem__lua_claim[] =
     IDEM__LUA_COMMON
+    "local now_s, lease_s, exp_s, lease_n\n"
+    "local function claim(k, fp, rid, now, lease_ms, ttl_ms)\n"
+    "  if redis.call('EXISTS', k) == 0 then\n"
+    /* The common case, a fresh key: every value is a string made once
+     * per call (formatting numbers costs more than the HSET itself), and
+     * the answer is the lease alone, meaning NEW with token 1. */
+    "    redis.call('HSET', k, 'status', '0', 'token', '1', 'attempts', '1',\n"
+    "      'lease', lease_s, 'expires', exp_s, 'created_ts', now_s, 'fp', fp,\n"
+    "      'cid', rid)\n"
+    "    redis.call('PEXPIRE', k, ARGV[3])\n"
+    "    return lease_n\n"
+    "  end\n"
+    "  local r, v = load(k, now)\n"
+    "  if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"
+    "    return {5, tonumber(r.token), 0}\n"
+    "  end\n"
+    "  if r and r.status == 1 then\n"
+    "    return {2, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
+    "  end\n"
+    "  if r and r.status == 2 then\n"
+    "    return {3, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
+    "  end\n"
+    "  if r and not r.released and now < r.lease then\n"
+    "    if r.cid == rid then return {1, tonumber(r.token), r.lease} end\n"
+    "    return {4, tonumber(r.token), r.lease}\n"
+    "  end\n"
+    "  local lease = now + lease_ms\n"
+    "  local token, created, exp = 1, now, now + ttl_ms\n"
+    "  if r then\n"
+    "    token = tonumber(r.token) + 1\n"
+    "    created = r.created\n"
+    "    if r.expires > exp then exp = r.expires end\n"
+    "    if fp == '' then fp = r.fp end\n"
+    "  end\n"
+    "  redis.call('DEL', k)\n"
+    "  redis.call('HSET', k, 'status', 0, 'token', token, 'attempts', token,\n"
+    "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n"
+    "    'cid', rid)\n"
+    "  redis.call('PEXPIRE', k, exp - now)\n"
+    "  return {1, token, lease}\n"
+    "end\n"
     "local now = now_ms()\n"
-    "local k, fp = KEYS[1], ARGV[2]\n"
-    "local r, v = load(k, now)\n"
-    "if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"
-    "  return {5, tonumber(r.token), 0}\n"
+    "local lease_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    "now_s = string.format('%.0f', now)\n"
+    "lease_n = now + lease_ms\n"
+    "lease_s = string.format('%.0f', lease_n)\n"
+    "exp_s = string.format('%.0f', now + ttl_ms)\n"
+    "local out = {}\n"
+    "for i, k in ipairs(KEYS) do\n"
+    "  out[i] = claim(k, ARGV[2 + 2 * i], ARGV[3 + 2 * i], now, lease_ms,\n"
+    "    ttl_ms)\n"
     "end\n"
-    "if r and r.status == 1 then\n"
-    "  return {2, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
-    "end\n"
-    "if r and r.status == 2 then\n"
-    "  return {3, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
-    "end\n"
-    "if r and not r.released and now < r.lease then\n"
-    "  if r.cid == ARGV[5] then return {1, tonumber(r.token), r.lease} end\n"
-    "  return {4, tonumber(r.token), r.lease}\n"
-    "end\n"
-    "local token, created, exp = 1, now, now + tonumber(ARGV[4])\n"
-    "if r then\n"
-    "  token = tonumber(r.token) + 1\n"
-    "  created = r.created\n"
-    "  if r.expires > exp then exp = r.expires end\n"
-    "  if fp == '' then fp = r.fp end\n"
-    "end\n"
-    "local lease = now + tonumber(ARGV[3])\n"
-    "if v[1] then redis.call('DEL', k) end\n"
-    "redis.call('HSET', k, 'status', 0, 'token', token, 'attempts', token,\n"
-    "  'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n"
-    "  'cid', ARGV[5])\n"
-    "redis.call('PEXPIRE', k, exp - now)\n"
-    "return {1, token, lease}\n";
+    "return out\n";
 
-/* KEYS[1]; ARGV: now, token, response, ttl_ms, request id. -> 0 or why. */
+/* KEYS: the keys; ARGV: now, then token, response, ttl_ms and request id
+ * of each key. -> one 0-or-why per key. */
 static const char idem__lua_complete[] =
     IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local k, tok = KEYS[1], ARGV[2]\n"
-    "local r = load(k, now)\n"
-    "if r and r.status == 1 and r.token == tok and r.fid == ARGV[5] then\n"
+    "local function complete(k, tok, resp, ttl, rid, now)\n"
+    "  local r, v = load(k, now)\n"
+    "  if r and r.status == 1 and r.token == tok and r.fid == rid then\n"
+    "    return 0\n"
+    "  end\n"
+    "  local w = why_not(r, tok)\n"
+    "  if w ~= 0 then return w end\n"
+    "  redis.call('HSET', k, 'status', 1, 'response', resp, 'lease', 0,\n"
+    "    'expires', now + ttl, 'fid', rid)\n"
+    "  redis.call('PEXPIRE', k, ttl)\n"
     "  return 0\n"
     "end\n"
-    "local w = why_not(r, tok)\n"
-    "if w ~= 0 then return w end\n"
-    "local ttl = tonumber(ARGV[4])\n"
-    "redis.call('HSET', k, 'status', 1, 'response', ARGV[3], 'lease', 0,\n"
-    "  'expires', now + ttl, 'fid', ARGV[5])\n"
-    "redis.call('PEXPIRE', k, ttl)\n"
-    "return 0\n";
+    "local now = now_ms()\n"
+    "local out = {}\n"
+    "for i, k in ipairs(KEYS) do\n"
+    "  local a = 4 * i - 2\n"
+    "  out[i] = complete(k, ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]),\n"
+    "    ARGV[a + 3], now)\n"
+    "end\n"
+    "return out\n";
 
 /* KEYS[1]; ARGV: now, token, error, retryable (0/1), failure_ttl_ms,
  * request id. -> 0 or why. */
