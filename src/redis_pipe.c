@@ -581,7 +581,10 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
             if (!conn->wrote)
                 continue;
             char nb[16], tb[24];
-            int64_t wait_ms = left - left / 10;
+            /* Redis times out blocked clients on its cron (10 Hz by
+             * default), so WAIT may answer ~100 ms after its timeout:
+             * leave room for that before the call's own deadline. */
+            int64_t wait_ms = left > 400 ? left - 200 : left / 2;
             snprintf(nb, sizeof nb, "%d", r->cfg.wait);
             snprintf(tb, sizeof tb, "%lld", (long long)(wait_ms > 0 ? wait_ms
                                                                     : 1));

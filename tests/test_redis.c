@@ -546,3 +546,98 @@ Test(redis, two_processes_same_keys)
     t_rmdir(dir);
     free(dir);
 }
+
+/* wait=1 on a server without replicas: the write is applied but cannot
+ * be confirmed, and the call says so instead of acknowledging it. */
+Test(redis, wait_without_replicas)
+{
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s&wait=1&timeout_ms=300",
+             th_redis_addr(), th_prefix());
+    idem_store *s = t_open(uri);
+    idem_key k[2] = {{"a", 1, NULL}, {"b", 1, NULL}};
+    idem_outcome o[2];
+    cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, 0), IDEM_ETIMEOUT);
+    cr_assert_eq(o[0].status, IDEM_ETIMEOUT);
+    cr_assert_eq(o[1].status, IDEM_ETIMEOUT);
+    cr_assert(strstr(idem_errdetail(s), "WAIT 1"), "%s", idem_errdetail(s));
+    /* Reads need no replica. */
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "a", 1, &rec), 0, "%s", idem_errdetail(s));
+    idem_close(s);
+}
+
+/* A server that stops answering: every call comes back with an error
+ * within its budget, and the handle works again once the server does. */
+Test(redis, unresponsive_server)
+{
+    th_servers sv;
+    th_start_single(&sv);
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d?timeout_ms=300",
+             sv.ports[0]);
+    idem_store *s = t_open(uri);
+    redisContext *c = th_connect(sv.ports[0]);
+    freeReplyObject(th_cmd(c, "CLIENT PAUSE 1500 ALL"));
+    idem_key k = {"k", 1, NULL};
+    idem_outcome o;
+    int rc = idem_claim(s, &k, NULL, &o);
+    cr_assert_eq(rc, IDEM_ETIMEOUT, "%s: %s", idem_strerror(rc),
+                 idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), "no answer within"), "%s",
+              idem_errdetail(s));
+    /* Once the pause is over the same handle answers again: the claim
+     * that timed out may have run, and its retry by the same handle
+     * would say so; a fresh key is simply NEW. */
+    freeReplyObject(th_cmd(c, "CLIENT UNPAUSE"));
+    idem_key k2 = {"k2", 2, NULL};
+    for (int i = 0; i < 50; i++) {
+        rc = idem_claim(s, &k2, NULL, &o);
+        if (rc == 0)
+            break;
+    }
+    cr_assert_eq(rc, 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_NEW);
+    idem_close(s);
+    redisFree(c);
+    th_stop(&sv);
+}
+
+/* A pool spreads a batch over several connections per node; answers are
+ * the same. */
+Test(redis, pool_of_connections)
+{
+    enum { N = 3000 };
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis-cluster://%s?prefix=%s&pool=4",
+             th_cluster_addr(), th_prefix());
+    idem_store *s = t_open(uri);
+    static char names[N][16];
+    static idem_key keys[N];
+    static idem_outcome outs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "p%d", i % (N / 2));
+        keys[i] = (idem_key){names[i], strlen(names[i]), NULL};
+    }
+    /* Each key twice in one batch: NEW, then BUSY. */
+    cr_assert_eq(idem_claim_many(s, keys, N, NULL, outs, 0), 0, "%s",
+                 idem_errdetail(s));
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(outs[i].kind, i < N / 2 ? IDEM_NEW : IDEM_BUSY,
+                     "%d: %d", i, outs[i].kind);
+    idem_close(s);
+}
+
+/* The CLI reaches Redis through the same URIs. */
+Test(redis, cli_takes_redis_uris)
+{
+    const char *cli = getenv("IDEM_CLI");
+    if (!cli)
+        cr_skip_test("IDEM_CLI not set");
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", th_redis_addr(),
+             th_prefix());
+    int st = t_sh("'%s' bench --store '%s' -n 2000 --batch 100 >/dev/null",
+                  cli, uri);
+    cr_assert_eq(st, 0);
+}
