@@ -33,6 +33,7 @@ BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 # Tests see every write, fdatasync and allocation the library makes, to
 # fail the Nth one on purpose (tests/fault.c).
 WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
+       -Wl,--wrap=aligned_alloc \
        -Wl,--wrap=pwrite,--wrap=fdatasync,--wrap=ftruncate
 
 .PHONY: all test asan bench demo install clean deps check-style

@@ -133,10 +133,13 @@ static int idem__meta_create(idem_store *s, int dirfd, const char *path,
 }
 
 int idem__dir_secret(idem_store *s, int dirfd, const char *path,
-                     unsigned char secret[IDEM__SECRET_LEN])
+                     int nocreate, unsigned char secret[IDEM__SECRET_LEN])
 {
     unsigned char m[IDEM__META_LEN + 1];
     int fd = openat(dirfd, IDEM__META, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && nocreate)
+        return idem__fail(s, IDEM_ENOTFOUND,
+                          "%s: not an idem store (no IDEM file)", path);
     if (fd < 0 && errno == ENOENT)
         return idem__meta_create(s, dirfd, path, secret);
     if (fd < 0)

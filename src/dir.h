@@ -18,10 +18,10 @@
 int idem__dir_open(idem_store *s, const char *path, int nocreate,
                    int *dirfd, int *lockfd);
 
-/* Read the secret from PATH/IDEM, creating the file if the directory has
- * no segments yet. */
+/* Read the secret from PATH/IDEM, creating the file if it is missing
+ * (unless nocreate: then IDEM_ENOTFOUND, "not an idem store"). */
 int idem__dir_secret(idem_store *s, int dirfd, const char *path,
-                     unsigned char secret[IDEM__SECRET_LEN]);
+                     int nocreate, unsigned char secret[IDEM__SECRET_LEN]);
 
 /* The ids of the segment files, sorted. *ids is malloc'ed (may be NULL
  * when *n is 0). */

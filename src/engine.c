@@ -93,8 +93,13 @@ static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
     size_t avail;
     const unsigned char *p =
         idem__log_at(&en->log, fo->e->seg, fo->e->off, &avail);
+    if (!p && !idem__log_seg(&en->log, fo->e->seg))
+        return 0;  /* its segment was dropped with every record expired */
     if (!p || idem__frame_decode(p, avail, &fo->f, 0))
-        return 0;
+        return idem__fail(s, p ? IDEM_ECORRUPT : IDEM_EIO,
+                          "cannot read the record at segment %u offset %u%s",
+                          fo->e->seg, fo->e->off,
+                          p ? "" : " (see the previous error)");
     if (fo->f.keylen != len || memcmp(fo->f.key, key, len) != 0)
         return idem__fail(s, IDEM_ECOLLISION,
                           "two keys share one 128-bit index hash");
@@ -516,6 +521,8 @@ static int idem__eng_sweep(idem_store *s, size_t max_work,
     idem__engine *en = idem__eng(s);
     int64_t now = idem__now(s);
     *expired = 0;
+    if (en->log.readonly)
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
     uint32_t hw = en->ix.hw;
     size_t todo = max_work ? max_work : hw;
     for (size_t k = 0; k < todo && hw; k++) {
@@ -569,36 +576,67 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
  * Open and close */
 
 /* Recovery: make the index agree with one committed frame. */
-static int idem__apply(void *ctx, idem__seg *g, uint32_t off,
-                       const idem__frame *f)
+static int idem__apply_one(idem_store *s, idem__seg *g, uint32_t off,
+                           const idem__frame *f, const uint64_t h[2],
+                           int64_t now)
 {
-    idem_store *s = ctx;
     idem__engine *en = idem__eng(s);
     if (f->type == IDEM__R_CHECKPOINT)
         return idem__ckpt_set(en, f->key, f->keylen, g->id, off)
                    ? idem__fail(s, IDEM_ENOMEM, "out of memory")
                    : 0;
-    uint64_t h[2];
-    idem__hash(en, f->key, f->keylen, h);
     idem__ient *e = idem__index_find(&en->ix, h);
     if (e) {
+        /* Older frame of the key: in g itself (not yet in the log) or in
+         * an earlier segment. */
         idem__seg *old = idem__log_seg(&en->log, e->seg);
         (old ? old : g)->live--;
-        idem__index_remove(&en->ix, e);
     }
-    if (f->type == IDEM__R_FORGET)
-        return 0;
-    if (f->rec.expires > g->max_expires)
+    if (f->type == IDEM__R_FORGET || f->rec.expires <= now) {
+        if (e)
+            idem__index_remove(&en->ix, e);
+    } else {
+        if (!e && idem__index_reserve(&en->ix, 1))
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+        e = e ? e : idem__index_insert(&en->ix, h);
+        e->seg = g->id;
+        e->off = off;
+        e->expires = f->rec.expires;
+        g->live++;
+    }
+    if (f->type != IDEM__R_FORGET && f->rec.expires > g->max_expires)
         g->max_expires = f->rec.expires;
-    if (f->rec.expires <= idem__now(s))
-        return 0;
-    if (idem__index_reserve(&en->ix, 1))
-        return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    e = idem__index_insert(&en->ix, h);
-    e->seg = g->id;
-    e->off = off;
-    e->expires = f->rec.expires;
-    g->live++;
+    return 0;
+}
+
+static int idem__apply(void *ctx, idem__seg *g, const uint32_t *off,
+                       const idem__frame *f, size_t n)
+{
+    idem_store *s = ctx;
+    idem__engine *en = idem__eng(s);
+    int64_t now = idem__now(s);
+    uint64_t h[IDEM__APPLY_WINDOW][2];
+    for (size_t i = 0; i < n; i++) {
+        idem__hash(en, f[i].key, f[i].keylen, h[i]);
+        idem__index_prefetch(&en->ix, h[i], 0);
+    }
+    for (size_t i = 0; i < n; i++)
+        idem__index_prefetch(&en->ix, h[i], 1);
+    for (size_t i = 0; i < n; i++) {
+        int rc = idem__apply_one(s, g, off[i], &f[i], h[i], now);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int idem__reserve(void *ctx, uint64_t records)
+{
+    idem_store *s = ctx;
+    if (records > SIZE_MAX / 2 ||
+        idem__index_presize(&idem__eng(s)->ix, (size_t)records))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory for %llu records",
+                          (unsigned long long)records);
     return 0;
 }
 
@@ -633,7 +671,8 @@ static int idem__engine_new(idem_store *s, int memory)
 static int idem__eng_close(idem_store *s)
 {
     idem__engine *en = idem__eng(s);
-    int rc = en->log.broken ? 0 : idem__log_commit(&en->log);
+    /* A broken log keeps its unsynced changes from the disk: say so. */
+    int rc = en->log.broken ? en->log.broken : idem__log_commit(&en->log);
     idem__engine_free(en);
     s->impl = NULL;
     return rc;
@@ -648,13 +687,15 @@ static int idem__open_local(idem_store *s, const char *path)
     en->log.dir = idem__strdup(path);
     if (!en->log.dir)
         rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int nocreate = (s->opts.flags & (IDEM_O_NOCREATE | IDEM_O_READONLY)) != 0;
+    en->log.readonly = (s->opts.flags & IDEM_O_READONLY) != 0;
     if (!rc)
-        rc = idem__dir_open(s, path, (s->opts.flags & IDEM_O_NOCREATE) != 0,
-                            &en->log.dirfd, &en->lockfd);
+        rc = idem__dir_open(s, path, nocreate, &en->log.dirfd, &en->lockfd);
     if (!rc)
-        rc = idem__dir_secret(s, en->log.dirfd, path, en->secret);
+        rc = idem__dir_secret(s, en->log.dirfd, path, nocreate, en->secret);
     if (!rc)
-        rc = idem__recover(&en->log, idem__now(s), idem__apply, s);
+        rc = idem__recover(&en->log, idem__now(s), idem__apply,
+                           idem__reserve, s);
     if (rc) {
         idem__engine_free(en);
         s->impl = NULL;

@@ -30,6 +30,8 @@ static const char *const idem__errors[] = {
 
 const char *idem_strerror(int code)
 {
+    if (code == IDEM_ECLOCK)
+        return "IDEM_ECLOCK: the clock is outside what the generator can use";
     size_t i = (size_t)(code <= 0 ? -(long)code : 0);
     if (code > 0 || i >= sizeof idem__errors / sizeof idem__errors[0])
         return "IDEM_E?: unknown error code";

@@ -45,6 +45,10 @@ void idem__index_free(idem__index *ix);
 /* Make sure `more` inserts will not allocate. 0 or IDEM_ENOMEM. */
 int idem__index_reserve(idem__index *ix, size_t more);
 
+/* Size the slot table for n keys now, so that loading them rehashes
+ * nothing. 0 or IDEM_ENOMEM. */
+int idem__index_presize(idem__index *ix, size_t n);
+
 /* The entry with hash h, or NULL. */
 idem__ient *idem__index_find(const idem__index *ix, const uint64_t h[2]);
 

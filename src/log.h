@@ -50,6 +50,7 @@ typedef struct idem__log {
     idem__buf wbuf;
     int in_group;           /* frames appended since the last commit */
     int broken;             /* 0, or the error that broke the log */
+    int readonly;           /* IDEM_O_READONLY: never write or cut */
     uint64_t segment_bytes;
     int64_t segment_span_ms;
 } idem__log;

@@ -1,10 +1,11 @@
 /* protocol.h - the claim protocol as pure functions over a record.
  *
- * The decision table of DESIGN.md ("The protocol") lives here and nowhere
- * else for the embedded engine: given the current record of a key (or
- * none), the time, and the request, it says what to answer and what the
- * record becomes. No I/O, no allocation: easy to test exhaustively, and
- * the Redis scripts mirror it line for line. */
+ * The decision table of the claim protocol (README, "The protocol") lives
+ * here and nowhere else for the embedded engine: given the current record
+ * of a key (or none), the time, and the request, it says what to answer
+ * and what the record becomes. No I/O, no allocation: easy to test
+ * exhaustively, and a server backend's scripts can mirror it line by
+ * line. */
 #ifndef IDEM_PROTOCOL_H
 #define IDEM_PROTOCOL_H
 

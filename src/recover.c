@@ -97,15 +97,22 @@ static void idem__scan_seg(const unsigned char *base, uint64_t size,
 static int idem__apply_range(const unsigned char *base, idem__seg *g,
                              uint64_t end, idem__apply_fn apply, void *ctx)
 {
-    idem__frame f;
-    for (uint64_t at = IDEM__SEG_HDR; at < end; at += f.len) {
-        if (idem__frame_decode(base + at, end - at, &f, 0))
+    idem__frame f[IDEM__APPLY_WINDOW];
+    uint32_t off[IDEM__APPLY_WINDOW];
+    size_t n = 0;
+    for (uint64_t at = IDEM__SEG_HDR; at < end;) {
+        if (idem__frame_decode(base + at, end - at, &f[n], 0))
             return IDEM_ECORRUPT;  /* verified by the scan: cannot happen */
-        if (f.type != IDEM__R_COMMIT) {
-            g->records++;
-            int rc = apply(ctx, g, (uint32_t)at, &f);
+        off[n] = (uint32_t)at;
+        at += f[n].len;
+        if (f[n].type != IDEM__R_COMMIT)
+            n++;
+        if (n == IDEM__APPLY_WINDOW || (at >= end && n)) {
+            g->records += n;
+            int rc = apply(ctx, g, off, f, n);
             if (rc)
                 return rc;
+            n = 0;
         }
     }
     return 0;
@@ -166,12 +173,13 @@ static int idem__cut_tail(idem__log *lg, idem__seg *g, uint64_t end)
     return 0;
 }
 
-/* Check, cut and apply one segment; on success it is lg's newest. */
-static int idem__load_seg(idem__log *lg, uint32_t id, int last,
-                          idem__apply_fn apply, void *ctx)
+/* Open and verify one segment, cutting a torn tail if it is the newest;
+ * on success it is lg's newest segment and *records its key frames. */
+static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
+                            uint64_t *records)
 {
     idem__seg g;
-    int rc = idem__open_seg(lg, id, &g, last);
+    int rc = idem__open_seg(lg, id, &g, last && !lg->readonly);
     if (rc)
         return rc;
     idem__scan sc;
@@ -190,10 +198,12 @@ static int idem__load_seg(idem__log *lg, uint32_t id, int last,
                                 "uncommitted records in a sealed segment",
                                 sc.commit_end, g.size);
     }
-    if (!rc && last && sc.commit_end < g.size)
+    if (!rc && last && sc.commit_end < g.size && lg->readonly)
+        g.size = sc.commit_end;  /* ignore the tail, leave the file be */
+    else if (!rc && last && sc.commit_end < g.size)
         rc = idem__cut_tail(lg, &g, sc.commit_end);
-    if (!rc)
-        rc = idem__apply_range(g.base, &g, g.size, apply, ctx);
+    if (!rc && last && lseek(g.fd, 0, SEEK_END) < 0)
+        rc = idem__log_ioerr(lg, "seek", id, errno);
     if (rc) {
         idem__close_seg(&g);
         return rc;
@@ -202,11 +212,8 @@ static int idem__load_seg(idem__log *lg, uint32_t id, int last,
     if (!last) {
         close(g.fd);
         g.fd = -1;
-    } else if (lseek(g.fd, 0, SEEK_END) < 0) {
-        rc = idem__log_ioerr(lg, "seek", id, errno);
-        idem__close_seg(&g);
-        return rc;
     }
+    *records += sc.records;
     lg->segs[lg->nsegs++] = g;
     return 0;
 }
@@ -226,10 +233,11 @@ static int idem__drop_stillborn(idem__log *lg, uint32_t id)
 }
 
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
-                  void *ctx)
+                  idem__reserve_fn reserve, void *ctx)
 {
     uint32_t *ids;
     size_t n;
+    uint64_t records = 0;
     int rc = idem__dir_segments(lg->s, lg->dirfd, lg->dir, &ids, &n);
     if (rc)
         return rc;
@@ -249,10 +257,17 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                             lg->dir, name);
             break;
         }
-        rc = idem__load_seg(lg, ids[i], i + 1 == n, apply, ctx);
+        rc = idem__verify_seg(lg, ids[i], i + 1 == n, &records);
     }
     free(ids);
-    if (!rc && lg->nsegs == 0)
+    /* Everything checked out: now build the state, sized up front. */
+    if (!rc && records)
+        rc = reserve(ctx, records);
+    for (size_t i = 0; !rc && i < lg->nsegs; i++) {
+        idem__seg *g = &lg->segs[i];
+        rc = idem__apply_range(g->base, g, g->size, apply, ctx);
+    }
+    if (!rc && lg->nsegs == 0 && !lg->readonly)
         rc = idem__log_new_segment(lg, now);
     return rc;
 }
@@ -306,6 +321,8 @@ static int idem__keep_frame(void *ctx, const unsigned char *frame,
 }
 
 /* Write segment id anew from w: temporary file, sync, rename. */
+/* Write segment `id` anew from w (header included): temporary file,
+ * sync, rename over the name for `id`. */
 static int idem__replace_seg(idem__log *lg, uint32_t id, idem__rewrite *w)
 {
     char name[32], tmp[40];
@@ -325,20 +342,34 @@ static int idem__replace_seg(idem__log *lg, uint32_t id, idem__rewrite *w)
     return 0;
 }
 
-/* Repair one segment if it needs it. The newest keeps frames up to its
- * last valid COMMIT (later ones were never durable); an older one keeps
- * every valid frame and gets a COMMIT at its end. */
-static int idem__repair_seg(idem__log *lg, idem__seg *g, int last,
-                            idem_check_report *r)
+/* Is the header of g sound and does it carry the id g should have? */
+static int idem__header_sound(const idem__seg *g, uint32_t want_id)
+{
+    int64_t created;
+    return g->id == want_id &&
+           idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created) == 0;
+}
+
+/* Repair one segment if it needs it, giving it id want_id (closing a gap
+ * left by a lost segment file). The newest keeps frames up to its last
+ * valid COMMIT (later ones were never durable); an older one keeps every
+ * valid frame and gets a COMMIT at its end. */
+static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
+                            int last, idem_check_report *r)
 {
     idem_check_report mine = {0};
     idem__rewrite w = {0};
-    int rc = idem__buf_append(&w.out, g->base, IDEM__SEG_HDR)
+    int64_t created = 0;
+    unsigned char hdr[IDEM__SEG_HDR];
+    if (idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created))
+        created = 0;  /* unknown: the segment only looks old */
+    idem__seg_header(hdr, want_id, created);
+    int rc = idem__buf_append(&w.out, hdr, sizeof hdr)
                  ? IDEM_ENOMEM
                  : idem__salvage_walk(g->base, g->size, &mine,
                                       idem__keep_frame, &w);
-    uint64_t uncommitted = w.out.len - (w.commit_len ? w.commit_len
-                                                      : IDEM__SEG_HDR);
+    uint64_t kept = w.commit_len ? w.commit_len : IDEM__SEG_HDR;
+    uint64_t uncommitted = rc ? 0 : w.out.len - kept;
     if (!rc && !last && w.commit_len < w.out.len) {
         size_t n = idem__frame_size(0, 0);
         idem__rec none = {0};
@@ -352,22 +383,49 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, int last,
     }
     if (!w.commit_len)
         w.commit_len = IDEM__SEG_HDR;
-    if (!rc && (mine.damaged || w.commit_len != g->size))
-        rc = idem__replace_seg(lg, g->id, &w);
+    int sound = idem__header_sound(g, want_id);
+    if (!rc && (mine.damaged || !sound || w.commit_len != g->size))
+        rc = idem__replace_seg(lg, want_id, &w);
+    if (!rc && g->id != want_id) {
+        char old[32];
+        idem__seg_name(old, sizeof old, g->id);
+        if (unlinkat(lg->dirfd, old, 0) != 0 || fsync(lg->dirfd) != 0)
+            rc = idem__log_ioerr(lg, "unlink", g->id, errno);
+    }
     if (rc == IDEM_ENOMEM)
         idem__fail(lg->s, rc, "out of memory");
     r->records += mine.records;
-    r->damaged += mine.damaged;
+    r->damaged += mine.damaged + !sound;
     r->bytes_lost += mine.bytes_lost + (last ? uncommitted : 0);
     idem__buf_free(&w.out);
     return rc;
 }
 
-static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
-                           idem_check_report *r)
+static void idem__note_damage(idem__log *lg, idem_check_report *r,
+                              uint32_t id, const char *what, uint64_t at)
+{
+    if (!r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "%.120s/seg-%08u.log: %s at offset %llu", lg->dir, id, what,
+                 (unsigned long long)at);
+}
+
+static int idem__check_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
+                           int last, idem_check_report *r)
 {
     idem__scan sc;
     idem_check_report mine = {0};
+    int64_t created;
+    if (g->id != want_id) {
+        r->damaged++;
+        if (!r->first_damage[0])
+            snprintf(r->first_damage, sizeof r->first_damage,
+                     "%.120s/seg-%08u.log is missing", lg->dir, want_id);
+    } else if (idem__seg_header_ok(g->base, (size_t)g->size, g->id,
+                                   &created)) {
+        r->damaged++;
+        idem__note_damage(lg, r, g->id, "bad segment header", 0);
+    }
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
     r->records += mine.records;
@@ -377,22 +435,38 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
     if (damaged) {
         r->damaged += mine.damaged ? mine.damaged : 1;
         r->bytes_lost += mine.bytes_lost;
-        if (!r->first_damage[0])
-            snprintf(r->first_damage, sizeof r->first_damage,
-                     "%s/seg-%08u.log: damaged record at offset %llu",
-                     lg->dir, g->id,
-                     (unsigned long long)(sc.bad_at < g->size ? sc.bad_at
-                                                             : sc.commit_end));
+        idem__note_damage(lg, r, g->id, "damaged record",
+                          sc.bad_at < g->size ? sc.bad_at : sc.commit_end);
     }
     return 0;
 }
 
-typedef int (*idem__seg_fn)(idem__log *lg, idem__seg *g, int last,
-                            idem_check_report *r);
+typedef int (*idem__seg_fn)(idem__log *lg, idem__seg *g, uint32_t want_id,
+                            int last, idem_check_report *r);
+
+/* The identity file: check reports damage; repair writes a new one (it
+ * only holds the index hash secret, which nothing on disk depends on). */
+static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
+{
+    unsigned char secret[IDEM__SECRET_LEN];
+    int rc = idem__dir_secret(lg->s, lg->dirfd, lg->dir, !repair, secret);
+    if (rc == 0 || (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND))
+        return rc;
+    r->damaged++;
+    if (!r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
+                 lg->s->detail);
+    if (!repair)
+        return 0;
+    if (unlinkat(lg->dirfd, "IDEM", 0) != 0)
+        return idem__fail(lg->s, IDEM_EIO, "%s/IDEM: %s", lg->dir,
+                          strerror(errno));
+    return idem__dir_secret(lg->s, lg->dirfd, lg->dir, 0, secret);
+}
 
 /* Open the store at uri for check/repair and run fn on every segment. */
 static int idem__each_seg(const char *uri, idem_check_report *r,
-                          idem__seg_fn fn, int writable)
+                          idem__seg_fn fn, int repair)
 {
     idem_check_report dummy;
     r = r ? r : &dummy;
@@ -411,13 +485,15 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     int rc = lg.dir ? idem__dir_open(&s, lg.dir, 1, &lg.dirfd, &lockfd)
                     : IDEM_ENOMEM;
     if (!rc)
+        rc = idem__check_meta(&lg, repair, r);
+    if (!rc)
         rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
     for (size_t i = 0; !rc && i < n; i++) {
         idem__seg g;
-        rc = idem__open_seg(&lg, ids[i], &g, writable);
+        rc = idem__open_seg(&lg, ids[i], &g, repair);
         if (!rc) {
             r->segments++;
-            rc = fn(&lg, &g, i + 1 == n, r);
+            rc = fn(&lg, &g, ids[0] + (uint32_t)i, i + 1 == n, r);
             idem__close_seg(&g);
         }
     }
@@ -427,7 +503,7 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     if (lockfd >= 0)
         close(lockfd);
     idem__log_close(&lg);
-    if (!rc && fn == idem__check_seg && r->damaged)
+    if (!rc && !repair && r->damaged)
         rc = IDEM_ECORRUPT;
     return rc;
 }

@@ -5,16 +5,26 @@
 #include "log.h"
 #include "record.h"
 
-/* Called for each committed frame, oldest first, while a store opens. */
-typedef int (*idem__apply_fn)(void *ctx, idem__seg *g, uint32_t off,
-                              const idem__frame *f);
+/* How many frames recovery hands over at once. */
+#define IDEM__APPLY_WINDOW 32
+
+/* Called with up to IDEM__APPLY_WINDOW committed frames at a time (f[i]
+ * at offset off[i] of g), oldest first, while a store opens. Handing over
+ * a window lets the index load the cache lines of many keys at once. */
+typedef int (*idem__apply_fn)(void *ctx, idem__seg *g, const uint32_t *off,
+                              const idem__frame *f, size_t n);
+
+/* Called once before the first apply with the number of key frames
+ * about to be applied (an upper bound on the keys). */
+typedef int (*idem__reserve_fn)(void *ctx, uint64_t records);
 
 /* Load every segment of lg->dir into lg (lg->dirfd is open and locked),
- * verifying each frame and calling apply for the committed ones. A torn
+ * verifying every segment first, then calling reserve once and apply
+ * for the committed frames. A torn
  * tail of the newest segment is cut at its last commit; damage anywhere
  * else is IDEM_ECORRUPT with the file and offset in the detail. Leaves an
  * active segment ready for appends. */
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
-                  void *ctx);
+                  idem__reserve_fn reserve, void *ctx);
 
 #endif

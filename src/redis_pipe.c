@@ -702,6 +702,11 @@ int idem__run(idem_store *s, idem__rbatch *b, int write)
     b->write = write;
     if (b->nitems == 0)
         return 0;
+    if (write && (s->opts.flags & IDEM_O_READONLY)) {
+        for (size_t i = 0; i < b->nitems; i++)
+            b->items[i].status = IDEM_EINVAL;
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
+    }
     if (idem__group(b))
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     int rc = idem__rounds(s, b);

@@ -260,6 +260,9 @@ int idem__redis_sweep(idem_store *s, size_t max_work,
                              uint64_t *expired)
 {
     idem__scan_acc acc = {0};
+    *expired = 0;
+    if (s->opts.flags & IDEM_O_READONLY)
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
     int rc = idem__scan_all(s, IDEM__S_SWEEP, max_work, &acc);
     *expired = acc.deleted;
     idem__r(s)->expired_total += acc.deleted;

@@ -19,6 +19,7 @@ int t_fail_errno = EIO;
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);
 void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
 ssize_t __real_write(int fd, const void *p, size_t n);
 ssize_t __real_pwrite(int fd, const void *p, size_t n, off_t off);
 int __real_fdatasync(int fd);
@@ -27,6 +28,7 @@ int __real_ftruncate(int fd, off_t len);
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
 void *__wrap_realloc(void *p, size_t n);
+void *__wrap_aligned_alloc(size_t a, size_t n);
 ssize_t __wrap_write(int fd, const void *p, size_t n);
 ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t off);
 int __wrap_fdatasync(int fd);
@@ -58,6 +60,11 @@ void *__wrap_calloc(size_t n, size_t m)
 void *__wrap_realloc(void *p, size_t n)
 {
     return t_trip(&t_fail_alloc_after) ? NULL : __real_realloc(p, n);
+}
+
+void *__wrap_aligned_alloc(size_t a, size_t n)
+{
+    return t_trip(&t_fail_alloc_after) ? NULL : __real_aligned_alloc(a, n);
 }
 
 ssize_t __wrap_write(int fd, const void *p, size_t n)

@@ -216,3 +216,21 @@ Test(faults, segment_creation_fails, .timeout = 120)
         free(dir);
     }
 }
+
+Test(faults, close_reports_a_broken_store, .timeout = 60)
+{
+    char *dir = t_tmpdir();
+    idem_store *s = t_open(t_local_uri(dir));
+    cr_assert_eq(cycle(s, 0), 0);
+    t_fail_errno = EIO;
+    t_fail_sync_after = 0;
+    cr_assert_eq(cycle(s, 1), IDEM_EIO);
+    t_fail_sync_after = -1;
+    /* Its changes never reached the disk: close must not return 0. */
+    cr_assert_eq(idem_close(s), IDEM_EIO);
+    s = t_open(t_local_uri(dir));
+    expect_done(s, 0);
+    idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}

@@ -286,3 +286,46 @@ Test(local, incremental_sweep_is_bounded)
     cr_assert_eq(st.live_keys, 0);
     idem_close(s);
 }
+
+Test(local, readonly_open_changes_nothing)
+{
+    idem_options o = t_options();
+    o.flags = IDEM_O_READONLY;
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ENOTFOUND,
+                 "a read-only open must not create a store");
+    cr_assert(strstr(idem_errdetail(s), "not an idem store"), "%s",
+                  idem_errdetail(s));
+    idem_close(s);
+    s = t_open(t_local_uri(dir));
+    claim_complete(s, "a", "1");
+    cr_assert_eq(idem_sync(s), 0);
+    claim_complete(s, "b", "2");  /* never committed: a torn tail */
+    char copy[4300];
+    snprintf(copy, sizeof copy, "%s/copy", dir);
+    cr_assert_eq(t_sh("mkdir '%s' && cp '%s'/IDEM '%s'/seg-* '%s'", copy,
+                      dir, dir, copy), 0);
+    idem_close(s);
+    /* Append a torn frame by hand so that there is a tail to leave be. */
+    cr_assert_eq(t_sh("printf 'torn-frame-bytes' >> '%s'/seg-00000001.log",
+                      copy), 0);
+    cr_assert_eq(t_sh("stat -c %%s '%s'/seg-00000001.log > '%s'/size",
+                      copy, dir), 0);
+    cr_assert_eq(idem_open(t_local_uri(copy), &o, &s), 0, "%s",
+                 idem_errdetail(s));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "a", 1, &r), 0);
+    cr_assert_eq(idem_get(s, "b", 1, &r), IDEM_ENOTFOUND);
+    idem_key k = {"c", 1, NULL};
+    idem_outcome out;
+    cr_assert_eq(idem_claim(s, &k, NULL, &out), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "read-only"));
+    cr_assert_eq(idem_sweep(s, 0, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_close(s), 0);
+    /* The torn tail is still there: nothing was cut. */
+    cr_assert_eq(t_sh("test \"$(stat -c %%s '%s'/seg-00000001.log)\" = "
+                      "\"$(cat '%s'/size)\"", copy, dir), 0);
+    o.flags = 0x80;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_EINVAL);
+    idem_close(s);
+}

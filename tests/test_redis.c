@@ -641,3 +641,25 @@ Test(redis, cli_takes_redis_uris)
                   cli, uri);
     cr_assert_eq(st, 0);
 }
+
+Test(redis, read_only_handle)
+{
+    const char *uri = single_uri();
+    idem_store *s = t_open(uri);
+    idem_key k = {"k", 1, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    idem_close(s);
+    idem_options opts = t_options();
+    opts.flags = IDEM_O_READONLY;
+    cr_assert_eq(idem_open(uri, &opts, &s), 0, "%s", idem_errdetail(s));
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "k", 1, &rec), 0);
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "read-only"), "%s",
+              idem_errdetail(s));
+    cr_assert_eq(idem_forget(s, "k", 1), IDEM_EINVAL);
+    uint64_t n;
+    cr_assert_eq(idem_sweep(s, 0, &n), IDEM_EINVAL);
+    idem_close(s);
+}

@@ -231,3 +231,43 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     idem_close(s);
     t_rmdir(dir);
 }
+
+Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
+{
+    build(4096);
+    char path[4300];
+    /* A garbled segment header, a lost segment file, a damaged IDEM. */
+    snprintf(path, sizeof path, "%s/seg-00000002.log", dir);
+    cr_assert_eq(t_sh("printf 'XXXX' | dd of='%s' bs=1 seek=0 conv=notrunc "
+                      "2>/dev/null", path), 0);
+    snprintf(path, sizeof path, "%s/seg-00000003.log", dir);
+    cr_assert_eq(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/IDEM", dir);
+    cr_assert_eq(t_sh("printf 'junk' | dd of='%s' bs=1 seek=20 conv=notrunc "
+                      "2>/dev/null", path), 0);
+    idem_check_report rep;
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT);
+    cr_assert(strstr(rep.first_damage, "IDEM"), "%s", rep.first_damage);
+    cr_assert_geq(rep.damaged, 3);
+    idem_store *s;
+    idem_options o = t_options();
+    cr_assert_neq(idem_open(t_local_uri(dir), &o, &s), 0);
+    idem_close(s);
+    cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0, "%s",
+                 idem_errdetail(s));
+    /* The records of segments 1, 2 (its frames were intact) and 4.. are
+     * there; those of the lost file are not. */
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_gt(st.done, BATCHES * PER / 2);
+    cr_assert_lt(st.done, BATCHES * PER);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    idem_close(s);
+    t_rmdir(dir);
+}

@@ -144,7 +144,9 @@ typedef struct idem_options {
                                 * 7 days */
 } idem_options;
 
-#define IDEM_O_READONLY 1u     /* open without writing (check, dump) */
+#define IDEM_O_READONLY 1u     /* open an existing store without writing:
+                                * a torn tail is ignored, not cut; every
+                                * write and idem_sweep fail with EINVAL */
 #define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
 
 /* Fill *opts with the defaults listed above. */
@@ -155,7 +157,8 @@ void idem_options_init(idem_options *opts);
  *
  * On success returns 0 and *out is the handle. On failure returns the error
  * and *out is still a handle (in a closed state) whose idem_errdetail()
- * explains it, e.g. "local:./d: locked by pid 4242"; pass it to
+ * explains it, e.g. "./d: in use by another process (pid 4242); ...";
+ * pass it to
  * idem_close(). *out is NULL only when even that could not be allocated
  * (IDEM_ENOMEM).
  *
@@ -215,9 +218,9 @@ const char *idem_errdetail(const idem_store *s);
  * The claim protocol */
 
 typedef enum idem_state {
-    IDEM_PENDING = 0,  /* claimed, work in progress (the brief's 0) */
-    IDEM_DONE = 1,     /* completed with a cached response (1) */
-    IDEM_FAILED_STATE = 2 /* failed permanently with a cached error (2) */
+    IDEM_PENDING = 0,  /* claimed, work in progress */
+    IDEM_DONE = 1,     /* completed with a cached response */
+    IDEM_FAILED_STATE = 2 /* failed permanently with a cached error */
 } idem_state;
 
 typedef enum idem_outcome_kind {
@@ -242,7 +245,8 @@ typedef struct idem_outcome {
     int status;            /* 0, or why this key was not claimed (batch) */
     idem_outcome_kind kind;
     uint64_t token;        /* NEW: yours. REPLAY/FAILED: the finisher's */
-    uint32_t attempts;     /* claims made on this record so far */
+    uint32_t attempts;     /* claims granted (NEW) on this record so far,
+                            * counting from 1 since it was created */
     int64_t lease_until;   /* NEW, BUSY: when the lease runs out (ms) */
     const void *data;      /* REPLAY: response. FAILED: error. else NULL */
     size_t len;
@@ -263,7 +267,12 @@ int idem_claim(idem_store *s, const idem_key *key,
 
 /* Complete a claim: PENDING with this token becomes DONE holding response,
  * living ttl_ms (0: the store default) from now. Does not sync.
- * IDEM_ELOST if the token does not hold the key. */
+ * IDEM_ELOST if the token does not hold the key.
+ *
+ * Tokens are per record: after a record expires or is forgotten, the next
+ * claim starts again at token 1. A worker still holding token 1 of the old
+ * record could then complete the new claim; keep TTLs far above the
+ * longest a worker can take, and forget only keys nobody works on. */
 int idem_complete(idem_store *s, const void *key, size_t keylen,
                   uint64_t token, const void *response, size_t len,
                   int64_t ttl_ms);
@@ -313,10 +322,14 @@ int idem_sync(idem_store *s);
 #define IDEM_NOSYNC 1u     /* batch forms: do not sync before returning */
 
 /* Claim n keys; outs[i] answers keys[i]. A key that could not be claimed
- * has outs[i].status < 0 (e.g. IDEM_EKEYSIZE) and the others proceed. The
- * return value is 0, or an error that stopped the batch part way (ENOMEM,
- * EIO, ENOSPC): then outs[i].status tells, per key, which claims were
- * made. Syncs before returning unless flags has IDEM_NOSYNC. */
+ * has outs[i].status < 0 (e.g. IDEM_EKEYSIZE) and the others proceed;
+ * idem_errdetail() then describes the last key refused. The return value
+ * is 0, or an error that stopped the batch part way (ENOMEM, EIO, ENOSPC):
+ * then outs[i].status tells, per key, which claims were made. Syncs before
+ * returning unless flags has IDEM_NOSYNC; if that sync fails, the return
+ * value says so and the claims made (status 0) are not durable.
+ * IDEM_EINVAL for invalid arguments (opts out of range, NULL arrays):
+ * then outs is not touched. */
 int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
                     const idem_claim_opts *opts, idem_outcome *outs,
                     unsigned flags);
@@ -360,8 +373,11 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
 /* Expire records: look at no more than max_work index entries (0: all),
  * remove the expired ones, drop whole segments whose records are all dead
  * and copy the few live records out of the oldest mostly-dead segment.
- * Bounded work per call, so a runner can call it between batches.
- * *expired (may be NULL) receives how many records were removed. */
+ * The index walk is bounded by max_work, so a runner can call it between
+ * batches; dropping a segment is one unlink, and copying survivors out
+ * costs at most a segment's worth of reads. Commits (syncs) whatever was
+ * pending first. *expired (may be NULL) receives how many records were
+ * removed. IDEM_EINVAL on a store opened with IDEM_O_READONLY. */
 int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 
 /* Counters and gauges of a store. */
@@ -369,8 +385,8 @@ typedef struct idem_stats {
     uint64_t live_keys;        /* records in the index, incl. expired ones
                                 * no sweep has removed yet */
     uint64_t pending, done, failed;  /* live (unexpired) records by state */
-    uint64_t segments;         /* local: segment files */
-    uint64_t disk_bytes;       /* local: bytes in segment files */
+    uint64_t segments;         /* log segments (files for local:) */
+    uint64_t disk_bytes;       /* bytes in segments, incl. buffered */
     uint64_t index_bytes;      /* RAM held by the index */
     int64_t oldest_ms, newest_ms;    /* times of oldest/newest segment */
     uint64_t expired_total;    /* records removed by sweeps */
@@ -396,9 +412,14 @@ typedef struct idem_check_report {
 int idem_check(const char *uri, idem_check_report *report);
 
 /* Rewrite each damaged segment of the store at uri keeping every valid
- * record; the damaged bytes are lost. A torn tail is cut. Returns 0 and
- * fills report. The store must not be open elsewhere. */
+ * record; the damaged bytes are lost. A torn tail is cut, a bad segment
+ * header rewritten, a gap left by a lost segment file closed, a damaged
+ * identity file replaced. Returns 0 and fills report, or IDEM_ENOTSUP
+ * (not a local: URI), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
+ * IDEM_ENOSPC, IDEM_ENOMEM. The store must not be open elsewhere. */
 int idem_repair(const char *uri, idem_check_report *report);
+
+#include "idem/keys.h"
 
 #ifdef __cplusplus
 }
