@@ -109,9 +109,15 @@ idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
         idem__buf_append(&b->names, "}", 1))
         return NULL;
     it->name_len = b->names.len - it->name_off;
-    it->slot = r->cfg.cluster
-                   ? idem__key_slot(b->names.data + it->name_off, it->name_len)
-                   : 0;
+    /* On a single server "slot" only picks one of the pool's
+     * connections: any key may share a script call with any other, but
+     * a key given twice must go down the same connection to keep its
+     * order. */
+    unsigned slot = r->cfg.cluster || r->cfg.pool > 1
+                        ? idem__key_slot(b->names.data + it->name_off,
+                                         it->name_len)
+                        : 0;
+    it->slot = r->cfg.cluster ? slot : slot % (unsigned)r->cfg.pool;
     b->nitems++;
     return it;
 }

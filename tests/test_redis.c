@@ -604,13 +604,13 @@ Test(redis, unresponsive_server)
 }
 
 /* A pool spreads a batch over several connections per node; answers are
- * the same. */
-Test(redis, pool_of_connections)
+ * the same, a key given twice included. */
+static void pool_test(const char *scheme, const char *addr)
 {
     enum { N = 3000 };
     char uri[1024];
-    snprintf(uri, sizeof uri, "redis-cluster://%s?prefix=%s&pool=4",
-             th_cluster_addr(), th_prefix());
+    snprintf(uri, sizeof uri, "%s://%s?prefix=%s&pool=4", scheme, addr,
+             th_prefix());
     idem_store *s = t_open(uri);
     static char names[N][16];
     static idem_key keys[N];
@@ -626,6 +626,16 @@ Test(redis, pool_of_connections)
         cr_assert_eq(outs[i].kind, i < N / 2 ? IDEM_NEW : IDEM_BUSY,
                      "%d: %d", i, outs[i].kind);
     idem_close(s);
+}
+
+Test(redis, pool_of_connections_single)
+{
+    pool_test("redis", th_redis_addr());
+}
+
+Test(redis, pool_of_connections_cluster)
+{
+    pool_test("redis-cluster", th_cluster_addr());
 }
 
 /* The CLI reaches Redis through the same URIs. */

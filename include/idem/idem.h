@@ -198,7 +198,11 @@ void idem_options_init(idem_options *opts);
  * released, cid, fid, and always a TTL (PEXPIRE). Every change is one Lua
  * script, atomic on the server. Writes are applied when a call returns
  * (and replicated with wait=N), so idem_sync() has nothing to do; a batch
- * is one pipelined round trip per node. Pointing redis:// at a cluster
+ * is one pipelined round trip per node. A call retried after a broken
+ * connection may run twice on the server; claims, completes and fails
+ * carry request ids so that the second run answers like the first, but a
+ * retried idem_forget() may answer IDEM_ENOTFOUND for the record it
+ * deleted itself. Pointing redis:// at a cluster
  * node, or redis-cluster:// at a plain server, is IDEM_EINVAL. Redis
  * stores keep no checkpoints (IDEM_ENOTSUP). idem_sweep() SCANs every
  * master (max_work bounds the keys looked at per call) and deletes records
