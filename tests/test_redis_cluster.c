@@ -16,6 +16,15 @@
 
 static th_servers sv;
 
+/* What these tests measure goes to the log and, so that a plain
+ * `make test` shows it, to stderr. */
+#define REPORT(...)                                                        \
+    do {                                                                   \
+        cr_log_info(__VA_ARGS__);                                          \
+        fprintf(stderr, "[info] " __VA_ARGS__);                            \
+        fputc('\n', stderr);                                              \
+    } while (0)
+
 static void fini(void)
 {
     th_stop(&sv);
@@ -122,8 +131,9 @@ Test(cluster_ops, slot_migration_while_claiming)
         if (kids[p] == 0)
             migration_child(uri, out, p);
     }
-    /* Let some keys be created on the source first. */
-    sleep_ms(100);
+    /* Let a good part of the keys be created on the source first: they
+     * move with MIGRATE, the later ones are created on the target (ASK). */
+    sleep_ms(300);
     redisContext *cs = th_connect(src), *cd = th_connect(dst);
     freeReplyObject(th_cmd(cd, "CLUSTER SETSLOT %u IMPORTING %s", slot,
                            src_id));
@@ -209,7 +219,7 @@ Test(cluster_ops, slot_migration_while_claiming)
     }
     idem_close(s);
     cr_assert_eq(th_slot_owner(sv.ports[0], slot), dst);
-    cr_log_info("slot %u migrated from %d to %d: %d keys moved by MIGRATE "
+    REPORT("slot %u migrated from %d to %d: %d keys moved by MIGRATE "
                 "while two processes claimed %d keys", slot, src, dst, moved,
                 MKEYS);
     t_rmdir(dir);
@@ -353,7 +363,7 @@ static size_t failover_phase(int wait, const char *tag)
             lost++;
     }
     idem_close(s);
-    cr_log_info("failover, wait=%d: master %d killed, replica %d promoted; "
+    REPORT("failover, wait=%d: master %d killed, replica %d promoted; "
                 "%zu claims acknowledged, %zu of them lost; %zu keys and "
                 "%zu calls failed with an error during the failover; "
                 "longest call %lld ms (timeout %d ms)", wait, victim,
