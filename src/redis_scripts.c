@@ -12,10 +12,15 @@
  *
  * The record is one hash, PREFIX{KEY}, with the brief's fields status
  * (0 PENDING, 1 DONE, 2 FAILED), response and created_ts, plus token,
- * attempts, lease, expires, released, fp (16 raw bytes or empty), and
- * cid/fid: the request ids of the claim and of the finish that made the
- * record what it is. Every write sets PEXPIRE, so no record lives
- * without a TTL.
+ * attempts, lease, expires, fp (16 raw bytes or empty), released (1,
+ * only after a retryable failure), and cid/fid: the request ids of the
+ * claim and of the finish that made the record what it is. Every write
+ * sets PEXPIRE, so no record lives without a TTL.
+ *
+ * Claims and completes take up to 64 keys of one slot per call, because
+ * the fixed cost of a script call on the server is larger than the work
+ * for one key. A fresh key, the common case, costs EXISTS, one HSET of
+ * preformatted strings and PEXPIRE, and answers with a bare integer.
  *
  * Time: ARGV[1] is the time in Unix ms, or empty for the server's TIME.
  * Using the server's clock means clients with skewed clocks agree on
