@@ -143,7 +143,8 @@ static double bench_watch(int port, size_t n)
     for (size_t i = 0; i < n; i++) {
         char raw[BENCH_KEYLEN + 1];
         bench_key(1, i, raw);
-        int kl = snprintf(k, sizeof k, "bench-watch:{%s}", raw);
+        int kl = snprintf(k, sizeof k, "bench-watch-%d:{%s}", (int)getpid(),
+                          raw);
         int tl = snprintf(ts, sizeof ts, "%lld", (long long)time(NULL) * 1000);
         const char *w[] = {"WATCH", k};
         size_t wl[] = {5, (size_t)kl};
@@ -242,7 +243,8 @@ static double bench_setnx(const topo *t, const char *mode, size_t n)
         for (size_t j = 0; j < m; j++) {
             char raw[BENCH_KEYLEN + 1];
             bench_key(1, i + j, raw);
-            int kl = snprintf(k, sizeof k, "bench-setnx:{%s}", raw);
+            int kl = snprintf(k, sizeof k, "bench-setnx-%d:{%s}",
+                              (int)getpid(), raw);
             int node = t->nmasters > 1
                            ? t->owner[idem__key_slot(k, (size_t)kl)]
                            : 0;
