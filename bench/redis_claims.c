@@ -19,8 +19,9 @@
  *
  * as: system=NAME mode=single|cluster n=N seconds=S ops_per_sec=R
  * server_cpu_us_per_op=C (CPU time the servers spent per claim, from
- * INFO cpu: steadier than wall time on a busy machine), then the ratios. Keys are the 36-byte stream of bench/keys36.h, fresh
- * for every system (their own prefixes). */
+ * INFO cpu: steadier than wall time on a busy machine), then the
+ * ratios. Keys are the 36-byte stream of bench/keys36.h, fresh for every
+ * system and run (prefixes with the system and the pid). */
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
