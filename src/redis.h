@@ -57,6 +57,8 @@ typedef struct idem__rconn {
     redisContext *c;          /* NULL: not connected */
     int loaded;               /* scripts were sent on this connection */
     int wrote;                /* this round sent writes (for WAIT) */
+    uint64_t fail_round;      /* the round a connect failed in ... */
+    int fail_code;            /* ... and why: not tried again in it */
     idem__inflight *in;       /* replies expected this round, in order */
     size_t nin, capin;
 } idem__rconn;
@@ -76,6 +78,7 @@ typedef struct idem__redis {
     uint16_t *slots;          /* cluster: slot -> node index + 1; 0 unknown */
     int map_stale;            /* refresh the slot map before the next round */
     uint64_t rid_base, rid_next;  /* request ids: random base, counter */
+    uint64_t round;           /* rounds run by this handle, from 1 */
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
     uint64_t expired_total;
 } idem__redis;

@@ -345,10 +345,19 @@ static int idem__ensure_conn(idem_store *s, idem__rbatch *b, size_t node,
     idem__rconn *conn = &r->nodes[node].conns[k];
     if (conn->c)
         return 0;
+    /* One attempt per connection and round: a dead node owning many of
+     * the batch's commands must not cost one connect timeout each. */
+    if (conn->fail_round == r->round)
+        return conn->fail_code;
+    if (left <= 0)
+        return IDEM_ETIMEOUT;
     int64_t ms = left < r->cfg.connect_ms ? left : r->cfg.connect_ms;
     int rc = idem__rconn_open(s, r, &r->nodes[node], conn, ms);
-    if (rc)
+    if (rc) {
         idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+        conn->fail_round = r->round;
+        conn->fail_code = rc;
+    }
     return rc;
 }
 
@@ -524,6 +533,7 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
         }
         idem__round rd = {0, 0};
         nact = 0;
+        r->round++;
         /* 1. dispatch */
         for (size_t i = 0; i < b->n && !fatal; i++) {
             idem__rcmd *c = &b->cmds[i];
@@ -540,7 +550,8 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
                 continue;
             }
             size_t k = c->slot % (unsigned)r->cfg.pool;
-            int rc = idem__ensure_conn(s, b, (size_t)node, k, left);
+            int rc = idem__ensure_conn(s, b, (size_t)node, k,
+                                       deadline - idem__mono_ms());
             if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM || rc == IDEM_EINVAL) {
                 fatal = rc;
                 break;
@@ -590,7 +601,8 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
             /* Redis times out blocked clients on its cron (10 Hz by
              * default), so WAIT may answer ~100 ms after its timeout:
              * leave room for that before the call's own deadline. */
-            int64_t wait_ms = left > 400 ? left - 200 : left / 2;
+            int64_t lw = deadline - idem__mono_ms();
+            int64_t wait_ms = lw > 400 ? lw - 200 : lw / 2;
             snprintf(nb, sizeof nb, "%d", r->cfg.wait);
             snprintf(tb, sizeof tb, "%lld", (long long)(wait_ms > 0 ? wait_ms
                                                                     : 1));

@@ -379,3 +379,46 @@ Test(cluster_ops, failover_under_load)
     size_t lost = failover_phase(1, "wait1");
     cr_assert_eq(lost, 0, "wait=1 lost %zu acknowledged claims", lost);
 }
+
+/* A master dies and has no replica to take over: the cluster cannot serve
+ * its slots. Every call fails within its budget (after retrying through
+ * refused connections and CLUSTERDOWN), however many of the batch's keys
+ * the dead node owns; once the node is back the same handle works. */
+Test(cluster_ops, dead_master_without_replica)
+{
+    enum { N = 600, TIMEOUT = 1000 };
+    th_start_cluster(&sv, 3, 0);
+    char uri[1024];
+    cluster_uri(uri, sizeof uri, th_prefix(), "&timeout_ms=1000");
+    idem_store *s = t_open(uri);
+    static char names[N][16];
+    static idem_key keys[N];
+    static idem_outcome outs[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "d%d", i);
+        keys[i] = (idem_key){names[i], strlen(names[i]), NULL};
+    }
+    int victim = sv.ports[0];
+    th_kill9(&sv, victim);
+    int64_t longest = 0;
+    for (int round = 0; round < 3; round++) {
+        int64_t t0 = mono_ms();
+        int rc = idem_claim_many(s, keys, N, NULL, outs, 0);
+        int64_t dt = mono_ms() - t0;
+        longest = dt > longest ? dt : longest;
+        cr_assert(rc == IDEM_ECONN || rc == IDEM_ETIMEOUT, "%s: %s",
+                  idem_strerror(rc), idem_errdetail(s));
+        /* Not a speed check: a call far past its budget would hang. */
+        cr_assert(dt < TIMEOUT + 5000, "a call took %lld ms", (long long)dt);
+    }
+    REPORT("dead master, no replica: calls failed with an error after at "
+           "most %lld ms (timeout %d ms)", (long long)longest, TIMEOUT);
+    th_restart(&sv, victim);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++)
+        rc = idem_claim_many(s, keys, N, NULL, outs, 0);
+    cr_assert_eq(rc, 0, "%s", idem_errdetail(s));
+    for (int i = 0; i < N; i++)
+        cr_assert(outs[i].kind == IDEM_NEW || outs[i].kind == IDEM_BUSY);
+    idem_close(s);
+}
