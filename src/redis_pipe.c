@@ -48,6 +48,8 @@
 
 /* Bytes of arguments per multi-key call (keys: IDEM__GROUP). */
 #define IDEM__GROUP_BYTES (1u << 20)
+/* Bytes of commands a connection buffers before it starts sending. */
+#define IDEM__EARLY_FLUSH 8192u
 
 void idem__scopy(char *dst, size_t cap, const char *src)
 {
@@ -582,6 +584,11 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
                 fatal = IDEM_ENOMEM;
                 break;
             }
+            /* Send what is built as it grows, so that the server works
+             * on the first commands while the rest are formatted. A
+             * failure here shows again, and is handled, at step 3. */
+            if (conn->c && sdslen(conn->c->obuf) >= IDEM__EARLY_FLUSH)
+                (void)idem__rconn_flush(conn);
         }
         if (fatal) {
             for (size_t a = 0; a < nact; a++)
