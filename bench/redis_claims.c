@@ -10,7 +10,7 @@
  *   idem           idem_claim_many() in batches of 1000 on one handle
  *                  (pool=1: one connection per node), the Lua claim
  *                  script per key, all pipelined
- *   watch-multi    the brief's pattern, per key: WATCH k; HEXISTS k
+ *   watch-multi    the classic optimistic pattern, per key: WATCH k; HEXISTS k
  *                  status; MULTI; HSET k status 0 response processing
  *                  created_ts T; PEXPIRE k TTL; EXEC (single server: it
  *                  cannot be pipelined, each step waits for the last)
@@ -128,7 +128,7 @@ static redisReply *cmd(redisContext *c, int argc, const char **argv,
     return r;
 }
 
-/* The brief's claim: WATCH, HEXISTS, then MULTI/HSET/PEXPIRE/EXEC if the
+/* The classic claim: WATCH, HEXISTS, then MULTI/HSET/PEXPIRE/EXEC if the
  * key is free. One round trip per step. */
 static double bench_watch(int port, size_t n)
 {

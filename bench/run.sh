@@ -4,7 +4,7 @@
 # Starts a private redis-server on a loopback port, runs `idem bench` for
 # each workload on a fresh local store, the reference programs on the same
 # key stream, and prints every figure and the ratios the README quotes.
-# Then the Redis backends: idem's claims against the brief's WATCH/MULTI
+# Then the Redis backends: idem's claims against the classic WATCH/MULTI
 # pattern and raw SET NX PX on the same server, and on a private 3-master
 # Redis Cluster (scripts/redis-test.sh starts it on free loopback ports).
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part

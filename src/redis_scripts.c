@@ -10,7 +10,7 @@
  * the longer expiry; only the current token of a PENDING, unreleased
  * record may complete, fail or extend it.
  *
- * The record is one hash, PREFIX{KEY}, with the brief's fields status
+ * The record is one hash, PREFIX{KEY}, with the classic idempotency-key fields status
  * (0 PENDING, 1 DONE, 2 FAILED), response and created_ts, plus token,
  * attempts, lease, expires, fp (16 raw bytes or empty), released (1,
  * only after a retryable failure), and cid/fid: the request ids of the

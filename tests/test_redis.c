@@ -1,5 +1,5 @@
 /* tests/test_redis.c - what only the Redis backends promise, on real
- * servers: URIs and their errors, the brief's schema, slots that agree
+ * servers: URIs and their errors, the documented schema, slots that agree
  * with the server's, keys with braces or any bytes, errors in the middle
  * of a pipeline, sweeps, and many processes racing for the same keys. */
 #include <stdio.h>
@@ -199,7 +199,7 @@ Test(redis, slots_agree_with_server)
 }
 
 /* Keys with braces and any bytes are kept apart exactly, and stored
- * under PREFIX{KEY} as the brief says. */
+ * under PREFIX{KEY} as docs/redis.md says. */
 static void odd_keys(const char *uri, int port)
 {
     static const char *const keys[] = {"}",    "{",    "a}b", "a}c", "{x}",
@@ -262,7 +262,7 @@ Test(redis, odd_keys_cluster)
     odd_keys(cluster_uri(), th_first_port(th_cluster_addr()));
 }
 
-/* The brief's fields, and a TTL on every record in every state. */
+/* The documented fields, and a TTL on every record in every state. */
 Test(redis, schema_and_ttl)
 {
     const char *uri = single_uri();
