@@ -85,19 +85,41 @@ static int idem__claim_reply(idem_store *s, const redisReply *rep,
     return 0;
 }
 
-static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
-                                  size_t n, const idem__claim_args *a,
-                                  idem_outcome *outs)
+/* A batch of n scripts and the map from its items back to the caller's
+ * indexes (items skip the keys refused before the batch). */
+static int idem__batch_new(idem_store *s, int script, size_t n,
+                           idem__rbatch **bp, size_t **whichp)
 {
     idem__rbatch *b = malloc(sizeof *b);
     size_t *which = malloc((n ? n : 1) * sizeof *which);
-    int rc = b && which ? idem__batch_init(s, b, IDEM__S_CLAIM, n)
+    int rc = b && which ? idem__batch_init(s, b, script, n)
                         : idem__fail(s, IDEM_ENOMEM, "out of memory");
     if (rc) {
         free(b);
         free(which);
         return rc;
     }
+    *bp = b;
+    *whichp = which;
+    return 0;
+}
+
+static void idem__batch_del(idem__rbatch *b, size_t *which)
+{
+    idem__batch_free(b);
+    free(b);
+    free(which);
+}
+
+static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
+                                  size_t n, const idem__claim_args *a,
+                                  idem_outcome *outs)
+{
+    idem__rbatch *b;
+    size_t *which;
+    int rc = idem__batch_new(s, IDEM__S_CLAIM, n, &b, &which);
+    if (rc)
+        return rc;
     idem__batch_common(b, 0, a->lease_ms);
     idem__batch_common(b, 1, a->ttl_ms);
     for (size_t i = 0; i < n && !rc; i++) {
@@ -132,9 +154,7 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
             idem__scopy(keep, sizeof keep, s->detail);
     }
     idem__scopy(s->detail, sizeof s->detail, keep);
-    idem__batch_free(b);
-    free(b);
-    free(which);
+    idem__batch_del(b, which);
     return rc;
 }
 
@@ -165,15 +185,11 @@ static int idem__redis_complete_many(idem_store *s,
                                      const idem_completion *items, size_t n,
                                      int *st)
 {
-    idem__rbatch *b = malloc(sizeof *b);
-    size_t *which = malloc((n ? n : 1) * sizeof *which);
-    int rc = b && which ? idem__batch_init(s, b, IDEM__S_COMPLETE, n)
-                        : idem__fail(s, IDEM_ENOMEM, "out of memory");
-    if (rc) {
-        free(b);
-        free(which);
+    idem__rbatch *b;
+    size_t *which;
+    int rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
+    if (rc)
         return rc;
-    }
     for (size_t i = 0; i < n && !rc; i++) {
         if (st[i])
             continue;
@@ -208,9 +224,7 @@ static int idem__redis_complete_many(idem_store *s,
             idem__scopy(keep, sizeof keep, s->detail);
     }
     idem__scopy(s->detail, sizeof s->detail, keep);
-    idem__batch_free(b);
-    free(b);
-    free(which);
+    idem__batch_del(b, which);
     return rc;
 }
 

@@ -18,17 +18,6 @@
 #define IDEM__RDEFAULT_PORT 6379
 #define IDEM__RDEFAULT_PREFIX "idempotency:"
 
-static int idem__hexval(int c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
 /* Percent-decode p[0..n) into a new NUL-terminated string; *outlen gets
  * its length (it may hold NULs). NULL on ENOMEM or a bad escape
  * (*bad set). */
