@@ -16,7 +16,7 @@ WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
        -Wno-unused-parameter
 CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
              -Iinclude -Isrc $(CFLAGS)
-LIBS = -lxxhash -lcrypto -lpthread
+LIBS = -lhiredis -lxxhash -lcrypto -lpthread
 
 LIB_SRC := $(sort $(wildcard src/*.c))
 CLI_SRC := $(sort $(wildcard tools/idem/*.c))
@@ -53,7 +53,7 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -llmdb -lhiredis -lyajl
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -llmdb -lyajl
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
@@ -66,7 +66,7 @@ $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libidem.a $(LIBS) -llmdb \
-	    -lhiredis -luuid
+	    -luuid
 
 deps:
 	@sh scripts/deps.sh

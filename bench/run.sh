@@ -4,7 +4,11 @@
 # Starts a private redis-server on a loopback port, runs `idem bench` for
 # each workload on a fresh local store, the reference programs on the same
 # key stream, and prints every figure and the ratios the README quotes.
-# IDEM_BENCH_N sets the message count (default 1000000).
+# Then the Redis backends: idem's claims against the classic WATCH/MULTI
+# pattern and raw SET NX PX on the same server, and on a private 3-master
+# Redis Cluster (scripts/redis-test.sh starts it on free loopback ports).
+# IDEM_BENCH_N sets the message count (default 1000000); the Redis part
+# uses IDEM_BENCH_REDIS_N (default 200000).
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_N:-1000000}
@@ -13,6 +17,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench-XXXXXX")
 port=$((20000 + $$ % 20000))
 cleanup() {
     [ -f "$tmp/redis.pid" ] && kill "$(cat "$tmp/redis.pid")" 2>/dev/null
+    sh scripts/redis-test.sh stop "$tmp/cluster" 2>/dev/null
     rm -rf "$tmp"
 }
 trap cleanup EXIT INT TERM
@@ -52,6 +57,17 @@ echo "reopen_seconds=$(val reopen_seconds "$claim") for $N keys"
 if [ -x "$BUILD/bench/keys" ]; then
     echo "# key generation"
     "$BUILD/bench/keys"
+fi
+
+if [ -x "$BUILD/bench/redis_claims" ]; then
+    RN=${IDEM_BENCH_REDIS_N:-200000}
+    echo "# redis: $RN random 36-byte keys, claim_many batches of 1000"
+    "$BUILD/bench/redis_claims" single "$port" "$RN"
+    if ports=$(sh scripts/redis-test.sh cluster "$tmp/cluster" 3 0); then
+        "$BUILD/bench/redis_claims" cluster "$ports" "$RN"
+    else
+        echo "# redis cluster: could not be started"
+    fi
 fi
 
 # dedup against mawk, and run with a trivial handler, on one corpus:

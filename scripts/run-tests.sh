@@ -3,11 +3,37 @@
 # "N passed, M failed". Each test runs in its own process with a timeout
 # (Criterion's isolation); a hang or crash counts as a failure.
 # IDEM_TEST_FILTER='suite/*' narrows the run.
+#
+# The Redis tests share one redis-server and one 6-node Redis Cluster
+# (3 masters, 3 replicas), started here on free loopback ports and killed
+# on exit together with every server a test started for itself (they all
+# live under one directory, IDEM_REDIS_ROOT), even when a test was killed
+# by its timeout. Without these variables a test starts its own servers.
 BUILD=${1:-build}
 out=$(mktemp)
-trap 'rm -f "$out"' EXIT
+root=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis-XXXXXX")
+cleanup() {
+    sh scripts/redis-test.sh stop "$root"
+    rm -rf "$out" "$root"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
 export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 export IDEM_PROGS="$PWD/$BUILD/progs" IDEM_CLI="$PWD/$BUILD/idem"
+export IDEM_SCRIPTS="$PWD/scripts" IDEM_REDIS_ROOT="$root"
+case "${IDEM_TEST_FILTER:-*}" in
+*redis*|*cluster*|*conf*|\**)
+    single=$(sh scripts/redis-test.sh single "$root/shared") &&
+        cluster=$(sh scripts/redis-test.sh cluster "$root/shared-cluster" 3 1) || {
+        echo "run-tests: cannot start the shared Redis servers" >&2
+        echo "0 passed, 1 failed"
+        exit 1
+    }
+    export IDEM_TEST_REDIS="127.0.0.1:$single"
+    IDEM_TEST_CLUSTER=$(echo "$cluster" | sed 's/\([0-9][0-9]*\)/127.0.0.1:\1/g')
+    export IDEM_TEST_CLUSTER
+    ;;
+esac
 "$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-2}" \
     ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} 2>&1 | tee "$out"
 syn=$(grep 'Synthesis:' "$out" | tail -n 1)

@@ -117,6 +117,17 @@ char *idem__strdup(const char *s)
     return p;
 }
 
+int idem__hexval(int c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
 int idem__random_bytes(void *buf, size_t n)
 {
     unsigned char *p = buf;

@@ -47,6 +47,9 @@ uint64_t idem__mono_ns(void);
  * it). NULL on ENOMEM. */
 char *idem__strdup(const char *s);
 
+/* The value of hex digit c (either case), or -1. */
+int idem__hexval(int c);
+
 /* Fill buf with n bytes from getrandom(2). 0 or IDEM_EIO. */
 int idem__random_bytes(void *buf, size_t n);
 

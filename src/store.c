@@ -19,6 +19,8 @@
 static const struct idem__backend *const idem__backends[] = {
     &idem__backend_local,
     &idem__backend_mem,
+    &idem__backend_redis,
+    &idem__backend_cluster,
 };
 
 void idem_options_init(idem_options *o)
@@ -30,6 +32,7 @@ void idem_options_init(idem_options *o)
     o->failure_ttl_ms = 3600 * 1000LL;
     o->segment_bytes = 64u << 20;
     o->segment_span_ms = 3600 * 1000LL;
+    o->retention_ms = 7 * 24 * 3600 * 1000LL;
 }
 
 int idem__fail(idem_store *s, int code, const char *fmt, ...)
@@ -85,6 +88,8 @@ static int idem__check_options(idem_store *s, const idem_options *o)
         return idem__fail(s, IDEM_EINVAL,
                           "ttl_ms, lease_ms and failure_ttl_ms must be "
                           "1 ms..100 years");
+    if (o->retention_ms <= 0)
+        return idem__fail(s, IDEM_EINVAL, "retention_ms must be > 0");
     if (o->flags & ~(IDEM_O_READONLY | IDEM_O_NOCREATE))
         return idem__fail(s, IDEM_EINVAL, "unknown option flags 0x%x",
                           o->flags & ~(IDEM_O_READONLY | IDEM_O_NOCREATE));
@@ -113,7 +118,8 @@ static int idem__pick_backend(idem_store *s, const char *uri,
         }
     }
     return idem__fail(s, IDEM_EINVAL,
-                      "unknown store URI '%s': expected local:PATH or mem:",
+                      "unknown store URI '%s': expected local:PATH, mem:, "
+                      "redis://host:port or redis-cluster://host:port",
                       uri);
 }
 
@@ -212,21 +218,28 @@ static int idem__finish_batch(idem_store *s, int rc, unsigned flags)
 }
 
 /* IDEM_CLAIM_DONE on a backend that cannot write DONE in one step:
- * complete each NEW claim with an empty response, in the same commit. */
+ * complete the NEW claims with an empty response, in one batch (one
+ * round trip on a server). */
 static int idem__complete_new(idem_store *s, const idem_key *keys, size_t n,
                               idem_outcome *outs, int64_t ttl_ms)
 {
-    for (size_t i = 0; i < n; i++) {
-        if (outs[i].status || outs[i].kind != IDEM_NEW)
-            continue;
-        idem_completion c = {keys[i].key, keys[i].len, outs[i].token, NULL,
-                             0, ttl_ms};
-        int st = 0;
-        int rc = s->be->complete_many(s, &c, 1, &st);
-        if (rc || st)
-            return rc ? rc : st;
-    }
-    return 0;
+    idem_completion *c = malloc(n * sizeof *c);
+    int *st = malloc(n * sizeof *st);
+    size_t m = 0;
+    int rc = c && st ? 0 : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!outs[i].status && outs[i].kind == IDEM_NEW) {
+            c[m] = (idem_completion){keys[i].key, keys[i].len,
+                                     outs[i].token, NULL, 0, ttl_ms};
+            st[m++] = 0;
+        }
+    if (!rc && m)
+        rc = s->be->complete_many(s, c, m, st);
+    for (size_t i = 0; !rc && i < m; i++)
+        rc = st[i];
+    free(c);
+    free(st);
+    return rc;
 }
 
 int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,

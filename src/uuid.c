@@ -142,16 +142,6 @@ void idem_uuid_format(const uint8_t u[IDEM_UUID_LEN],
     *p = '\0';
 }
 
-static int idem__hexval(char c)
-{
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
 
 int idem_uuid_parse(const char *text, size_t len, uint8_t out[IDEM_UUID_LEN])
 {

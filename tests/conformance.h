@@ -1,9 +1,12 @@
 /* tests/conformance.h - one suite, every backend.
  *
  * CONF_TEST(name) { ... } defines a test body that runs once per backend
- * (mem:, local:), each in its own process, against a fresh store whose
- * URI is conf_uri. A new backend joins by adding a Test() line per test
- * in CONF_BACKENDS and a suite init that sets conf_uri. */
+ * (mem:, local:, redis://, redis-cluster://), each in its own process,
+ * against a fresh store whose URI is conf_uri. A new backend joins by
+ * adding a Test() line per test in CONF_TEST and a suite init that sets
+ * conf_uri. The Redis suites share servers (tests/redis_harness.h); a
+ * store is fresh because its URI has a key prefix no other test uses,
+ * which, unlike a FLUSHALL, leaves tests running beside it alone. */
 #ifndef IDEM_TESTS_CONFORMANCE_H
 #define IDEM_TESTS_CONFORMANCE_H
 
@@ -12,6 +15,8 @@
 extern const char *conf_uri;
 void conf_setup_mem(void);
 void conf_setup_local(void);
+void conf_setup_redis(void);
+void conf_setup_cluster(void);
 void conf_teardown(void);
 
 #define CONF_TEST(name)                                                    \
@@ -22,6 +27,16 @@ void conf_teardown(void);
         conf_##name();                                                     \
     }                                                                      \
     Test(conf_local, name, .init = conf_setup_local,                       \
+         .fini = conf_teardown, .timeout = 60)                             \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    Test(conf_redis, name, .init = conf_setup_redis,                       \
+         .fini = conf_teardown, .timeout = 60)                             \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    Test(conf_cluster, name, .init = conf_setup_cluster,                   \
          .fini = conf_teardown, .timeout = 60)                             \
     {                                                                      \
         conf_##name();                                                     \

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "redis_harness.h"
 
 static char *dir;
 
@@ -289,4 +290,20 @@ Test(cli_dedup, second_process_gets_a_clear_lock_error)
     cr_assert(t_grep(at("err"), "in use by another process (pid"),
               "%s", t_read(at("err"), NULL));
     cr_assert(t_grep(at("err"), "give this one its own --store"));
+}
+
+Test(cli_dedup, on_a_redis_store_the_output_is_appended)
+{
+    char uri[2048];
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", th_redis_addr(),
+             th_prefix());
+    put("a", "{\"id\":1}\n{\"id\":2}\n");
+    put("b", "{\"id\":2}\n{\"id\":3}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store '%s' --output o "
+                            "a 2> err", uri), 0);
+    cr_assert(t_grep(at("err"), "keeps no checkpoints"));
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store '%s' --output o "
+                            "b 2> err", uri), 0);
+    expect("o", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
+    th_shared_stop();
 }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "conformance.h"
+#include "redis_harness.h"
 
 const char *conf_uri;
 static char *conf_dir;
@@ -20,10 +21,29 @@ void conf_setup_local(void)
     conf_uri = t_local_uri(conf_dir);
 }
 
+static char conf_uri_buf[1024];
+
+void conf_setup_redis(void)
+{
+    snprintf(conf_uri_buf, sizeof conf_uri_buf,
+             "redis://%s?prefix=%s&timeout_ms=20000", th_redis_addr(),
+             th_prefix());
+    conf_uri = conf_uri_buf;
+}
+
+void conf_setup_cluster(void)
+{
+    snprintf(conf_uri_buf, sizeof conf_uri_buf,
+             "redis-cluster://%s?prefix=%s&timeout_ms=20000",
+             th_cluster_addr(), th_prefix());
+    conf_uri = conf_uri_buf;
+}
+
 void conf_teardown(void)
 {
     if (conf_dir)
         t_rmdir(conf_dir);
+    th_shared_stop();
 }
 
 static idem_key K(const char *s)

@@ -34,6 +34,8 @@
  *     local:PATH   the embedded log engine in directory PATH (the default,
  *                  "local:./idem-data"); one process at a time
  *     mem:         the same engine in memory only; nothing survives close
+ *     redis://...  one Redis server, shared by any number of processes
+ *     redis-cluster://...  a Redis Cluster (see idem_open() for both)
  *
  * THREADS
  *
@@ -115,7 +117,10 @@ typedef struct idem_store idem_store;
 
 /* A clock in Unix milliseconds. Tests inject one to drive TTLs and leases
  * without sleeping. It must not go backwards for the results to make sense;
- * if it does, expiry simply waits. */
+ * if it does, expiry simply waits. Redis stores use the server's clock
+ * (TIME, inside their scripts) so that clients with skewed clocks agree; a
+ * clock set in the options overrides server time for that handle: meant
+ * for tests, since handles with different clocks disagree on leases. */
 typedef int64_t (*idem_clock_fn)(void *ctx);
 
 /* Options for idem_open(). Always initialise with idem_options_init(), then
@@ -134,6 +139,9 @@ typedef struct idem_options {
                                 * writes for this long (its time bucket);
                                 * 1 h */
     unsigned flags;            /* IDEM_O_* */
+    int64_t retention_ms;      /* redis: idem_sweep() deletes records that
+                                * have no TTL once created this long ago;
+                                * 7 days */
 } idem_options;
 
 #define IDEM_O_READONLY 1u     /* open an existing store without writing:
@@ -156,7 +164,49 @@ void idem_options_init(idem_options *opts);
  *
  * Errors: IDEM_EINVAL (bad URI or options), IDEM_ELOCKED, IDEM_ECORRUPT
  * (damage other than a torn tail: run idem_repair()), IDEM_EVERSION,
- * IDEM_EIO, IDEM_ENOSPC, IDEM_ENOMEM, IDEM_ENOTFOUND (IDEM_O_NOCREATE). */
+ * IDEM_EIO, IDEM_ENOSPC, IDEM_ENOMEM, IDEM_ENOTFOUND (IDEM_O_NOCREATE);
+ * for Redis also IDEM_ECONN (no seed reachable), IDEM_ETIMEOUT, IDEM_EAUTH
+ * (wrong user or password) and IDEM_EPROTO.
+ *
+ * REDIS URIS
+ *
+ *     redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?PARAM=VALUE&...]
+ *     redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][?...]
+ *
+ * PORT defaults to 6379, DB to 0 (a cluster has only 0); an IPv6 HOST goes
+ * in brackets. USER, PASSWORD and prefix may be %-encoded. "redis://pw@h"
+ * is a password without a user (AUTH pw); with a user it is AUTH user pw
+ * (Redis 6 ACLs). A cluster URI lists one or more nodes to learn the
+ * cluster from; the rest are found through CLUSTER SLOTS. Parameters:
+ *
+ *     timeout_ms=5000   the time one call may take, retries through
+ *                       redirects, refused connections and failover
+ *                       included; past it the call fails with IDEM_ECONN
+ *                       or IDEM_ETIMEOUT. No call waits longer.
+ *     connect_timeout_ms=N  one connection attempt (default timeout_ms)
+ *     prefix=idempotency:   key names are PREFIX{KEY}: one hash per key
+ *     pool=1            connections per node; a batch is spread over them
+ *     wait=0            after writes, WAIT for this many replicas: a call
+ *                       succeeds only once its writes reached them, so a
+ *                       master's death loses no acknowledged claim. If
+ *                       fewer replicas confirm within the timeout, the
+ *                       keys concerned fail with IDEM_ETIMEOUT (their
+ *                       writes may still have been applied).
+ *
+ * A record is one hash PREFIX{KEY} with fields status (0 PENDING, 1 DONE,
+ * 2 FAILED), response, created_ts, token, attempts, lease, expires, fp,
+ * released, cid, fid, and always a TTL (PEXPIRE). Every change is one Lua
+ * script, atomic on the server. Writes are applied when a call returns
+ * (and replicated with wait=N), so idem_sync() has nothing to do; a batch
+ * is one pipelined round trip per node. A call retried after a broken
+ * connection may run twice on the server; claims, completes and fails
+ * carry request ids so that the second run answers like the first, but a
+ * retried idem_forget() may answer IDEM_ENOTFOUND for the record it
+ * deleted itself. Pointing redis:// at a cluster
+ * node, or redis-cluster:// at a plain server, is IDEM_EINVAL. Redis
+ * stores keep no checkpoints (IDEM_ENOTSUP). idem_sweep() SCANs every
+ * master (max_work bounds the keys looked at per call) and deletes records
+ * without a TTL older than retention_ms. docs/redis.md has the details. */
 int idem_open(const char *uri, const idem_options *opts, idem_store **out);
 
 /* Sync what is pending, release the store and free the handle. Returns the

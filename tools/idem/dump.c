@@ -68,7 +68,7 @@ int idem_cmd_dump(int argc, char **argv)
         rc = cli_fail("dump", "writing %s: %s", out ? out : "standard output",
                       strerror(errno));
     else if (rc)
-        rc = cli_store_fail("dump", s, rc, "dump");
+        rc = cli_store_fail("dump", s, rc, "listing the records");
     else
         fprintf(stderr, "idem dump: %llu records\n", d.n);
     buf_free(&d.b);

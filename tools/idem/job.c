@@ -28,7 +28,9 @@
  *
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
- * clean runs; the job keeps no checkpoint and reads from the start. */
+ * clean runs; the job keeps no checkpoint and reads from the start. The
+ * same holds on a store that keeps no checkpoints (Redis): the output
+ * file is then appended to, never cut. */
 #include "job.h"
 
 #include <errno.h>
@@ -90,6 +92,15 @@ static int read_checkpoint(job *j, int *found)
     int rc = idem_checkpoint_get(j->s, j->name, &blob, &len);
     if (rc == IDEM_ENOTFOUND)
         return 0;
+    if (rc == IDEM_ENOTSUP) {
+        fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
+                "output is appended to: exactly-once across clean runs, "
+                "at-least-once across crashes (a local: store makes it "
+                "crash-proof)\n", j->cmd);
+        j->name[0] = '\0';
+        j->append = 1;
+        return 0;
+    }
     if (rc)
         return cli_store_fail(j->cmd, j->s, rc, "reading the checkpoint");
     char text[256];
@@ -196,7 +207,9 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
         return rc;
     if (!found)
         j->pos = (job_pos){0};
-    if (j->out_file && (rc = cut_output(j)) != 0)
+    if (j->append && j->out_file)
+        j->out_len = (uint64_t)lseek(j->out_fd, 0, SEEK_END);
+    else if (j->out_file && (rc = cut_output(j)) != 0)
         return rc;
     uint64_t id = inputs_id(inputs, ninputs);
     if (found && id && id == j->pos.inputs_id &&

@@ -29,6 +29,7 @@ typedef struct job {
     cli_buf obuf;          /* the output of the batch being committed */
     job_pos pos;           /* where the committed state ends */
     int resumed;
+    int append;            /* the store keeps no checkpoints */
 } job;
 
 /* Open the output and find where to start: the checkpoint of job `name`

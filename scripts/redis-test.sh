@@ -1,0 +1,141 @@
+#!/bin/sh
+# Start and stop the Redis servers the tests and benchmarks use, on free
+# loopback ports, each in its own directory under DIR:
+#
+#   redis-test.sh single DIR            one server; prints its port
+#   redis-test.sh cluster DIR M R       a cluster of M masters with R
+#                                       replicas each; prints the ports,
+#                                       comma-separated, masters first
+#   redis-test.sh restart DIR PORT      start the server of PORT again,
+#                                       as it was (a cluster node rejoins
+#                                       with its nodes.conf)
+#   redis-test.sh stop DIR              kill -9 every server under DIR
+#
+# Ports are picked at random in 21000-29999 (cluster bus: +10000) and
+# retried when taken, so concurrent runs (make test beside make asan,
+# Criterion's parallel jobs) do not collide. Nothing is written outside
+# DIR; nothing persists (no RDB, no AOF).
+set -eu
+cmd=$1
+dir=$2
+
+rand_port() {
+    n=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+    echo $((21000 + n % 9000))
+}
+
+# start_one PORTVAR EXTRA...: start a server on a free port, wait for it.
+start_one() {
+    extra="$*"
+    for _try in 1 2 3 4 5 6 7 8 9 10; do
+        p=$(rand_port)
+        [ -e "$dir/$p" ] && continue
+        if redis-cli -p "$p" ping >/dev/null 2>&1 ||
+            redis-cli -p $((p + 10000)) ping >/dev/null 2>&1; then
+            continue
+        fi
+        mkdir -p "$dir/$p"
+        echo "$extra" >"$dir/$p/args"
+        # shellcheck disable=SC2086
+        redis-server --port "$p" --bind 127.0.0.1 --save '' \
+            --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
+            --dir "$dir/$p" --logfile "$dir/$p/log" $extra
+        i=0
+        while [ $i -lt 100 ]; do
+            if redis-cli -p "$p" ping 2>/dev/null | grep -q PONG; then
+                echo "$p"
+                return 0
+            fi
+            if grep -q -i 'in use\|could not create\|fatal' \
+                "$dir/$p/log" 2>/dev/null; then
+                break
+            fi
+            sleep 0.05
+            i=$((i + 1))
+        done
+        [ -f "$dir/$p/pid" ] && kill -9 "$(cat "$dir/$p/pid")" 2>/dev/null
+        rm -rf "${dir:?}/$p"
+    done
+    echo "redis-test.sh: cannot start redis-server" >&2
+    return 1
+}
+
+case $cmd in
+single)
+    mkdir -p "$dir"
+    start_one
+    ;;
+cluster)
+    masters=$3
+    replicas=$4
+    mkdir -p "$dir"
+    n=$((masters * (replicas + 1)))
+    ports=""
+    addrs=""
+    i=0
+    while [ $i -lt "$n" ]; do
+        p=$(start_one --cluster-enabled yes --cluster-config-file nodes.conf \
+            --cluster-node-timeout 1000 --cluster-replica-validity-factor 0 \
+            --cluster-allow-replica-migration no --repl-diskless-sync-delay 0)
+        ports="$ports${ports:+,}$p"
+        addrs="$addrs 127.0.0.1:$p"
+        i=$((i + 1))
+    done
+    # shellcheck disable=SC2086
+    redis-cli --cluster create $addrs --cluster-replicas "$replicas" \
+        --cluster-yes >"$dir/create.log" 2>&1 || {
+        cat "$dir/create.log" >&2
+        exit 1
+    }
+    # Ready when every node says ok and sees every other node.
+    i=0
+    while [ $i -lt 200 ]; do
+        ready=1
+        for p in $(echo "$ports" | tr ',' ' '); do
+            info=$(redis-cli -p "$p" cluster info 2>/dev/null)
+            echo "$info" | grep -q 'cluster_state:ok' || ready=0
+            echo "$info" | grep -q "cluster_known_nodes:$n" || ready=0
+        done
+        [ $ready = 1 ] && break
+        sleep 0.05
+        i=$((i + 1))
+    done
+    # Replicas must have synced before a test may kill their master.
+    for p in $(echo "$ports" | tr ',' ' '); do
+        i=0
+        while [ $i -lt 200 ]; do
+            role=$(redis-cli -p "$p" info replication 2>/dev/null)
+            echo "$role" | grep -q 'role:master' && break
+            echo "$role" | grep -q 'master_link_status:up' && break
+            sleep 0.05
+            i=$((i + 1))
+        done
+    done
+    # Masters first: the order create used (the first M are masters).
+    echo "$ports"
+    ;;
+restart)
+    p=$3
+    # shellcheck disable=SC2046
+    redis-server --port "$p" --bind 127.0.0.1 --save '' \
+        --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
+        --dir "$dir/$p" --logfile "$dir/$p/log" $(cat "$dir/$p/args")
+    i=0
+    while [ $i -lt 100 ]; do
+        redis-cli -p "$p" ping 2>/dev/null | grep -q PONG && exit 0
+        sleep 0.05
+        i=$((i + 1))
+    done
+    echo "redis-test.sh: cannot restart $p" >&2
+    exit 1
+    ;;
+stop)
+    for f in $(find "$dir" -name pid 2>/dev/null); do
+        kill -9 "$(cat "$f")" 2>/dev/null || true
+    done
+    ;;
+*)
+    echo "usage: redis-test.sh single|cluster|stop DIR ..." >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,488 @@
+/* redis.c - the redis:// and redis-cluster:// store backends.
+ *
+ * Each operation of the store interface becomes a batch of script calls
+ * (redis_pipe.c runs them) and each answer becomes an outcome exactly as
+ * local: would give it: the scripts (redis_scripts.c) mirror protocol.c,
+ * and this file only translates. A single server and a cluster differ
+ * only in routing (redis_cluster.c), so one set of operations serves both
+ * schemes.
+ *
+ * There is nothing to flush: a write is applied when its reply arrives,
+ * and with wait=N replicated as well, so sync() has nothing left to do.
+ * Redis stores keep no checkpoints: a runner on Redis keeps its source
+ * position where its source does (consumer groups, Kafka offsets). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis.h"
+
+static idem__redis *idem__r(idem_store *s)
+{
+    return s->impl;
+}
+
+static int idem__int_of(const redisReply *e, long long *v)
+{
+    if (e->type == REDIS_REPLY_INTEGER) {
+        *v = e->integer;
+        return 0;
+    }
+    if (e->type == REDIS_REPLY_STRING && e->len && e->len < 24) {
+        char buf[24], *end;
+        memcpy(buf, e->str, e->len);
+        buf[e->len] = '\0';
+        *v = strtoll(buf, &end, 10);
+        return *end ? -1 : 0;
+    }
+    return -1;
+}
+
+static int idem__bad_reply(idem_store *s, const char *what)
+{
+    return idem__fail(s, IDEM_EPROTO, "%s: unexpected reply to %s", s->uri,
+                      what);
+}
+
+/* Keys whose own script failed (EPROTO) fail alone; keys the server did
+ * not answer for, or whose WAIT was not confirmed, fail the batch. */
+static int idem__batch_error(int st)
+{
+    return st && st != IDEM_EPROTO && st != IDEM_ELOST;
+}
+
+static int idem__claim_reply(idem_store *s, const redisReply *rep,
+                             idem_outcome *o)
+{
+    long long kind, token, lease;
+    if (rep->type == REDIS_REPLY_INTEGER) {
+        /* A fresh key: NEW with token 1, the lease its value. */
+        o->kind = IDEM_NEW;
+        o->token = 1;
+        o->attempts = 1;
+        o->lease_until = rep->integer;
+        return 0;
+    }
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3 ||
+        idem__int_of(rep->element[0], &kind) ||
+        idem__int_of(rep->element[1], &token) ||
+        idem__int_of(rep->element[2], &lease) || kind < IDEM_NEW ||
+        kind > IDEM_MISMATCH || token < 1)
+        return idem__bad_reply(s, "claim");
+    o->kind = (idem_outcome_kind)kind;
+    o->token = (uint64_t)token;
+    o->attempts = (uint32_t)token;
+    o->lease_until = lease;
+    if (kind == IDEM_REPLAY || kind == IDEM_FAILED) {
+        const redisReply *d = rep->elements > 3 ? rep->element[3] : NULL;
+        if (!d || d->type != REDIS_REPLY_STRING)
+            return idem__bad_reply(s, "claim");
+        o->data = idem__out_keep(s, d->str, d->len);
+        o->len = d->len;
+        if (!o->data)
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* A batch of n scripts and the map from its items back to the caller's
+ * indexes (items skip the keys refused before the batch). */
+static int idem__batch_new(idem_store *s, int script, size_t n,
+                           idem__rbatch **bp, size_t **whichp)
+{
+    idem__rbatch *b = malloc(sizeof *b);
+    size_t *which = malloc((n ? n : 1) * sizeof *which);
+    int rc = b && which ? idem__batch_init(s, b, script, n)
+                        : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    if (rc) {
+        free(b);
+        free(which);
+        return rc;
+    }
+    *bp = b;
+    *whichp = which;
+    return 0;
+}
+
+static void idem__batch_del(idem__rbatch *b, size_t *which)
+{
+    idem__batch_free(b);
+    free(b);
+    free(which);
+}
+
+static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
+                                  size_t n, const idem__claim_args *a,
+                                  idem_outcome *outs)
+{
+    idem__rbatch *b;
+    size_t *which;
+    int rc = idem__batch_new(s, IDEM__S_CLAIM, n, &b, &which);
+    if (rc)
+        return rc;
+    idem__batch_common(b, 0, a->lease_ms);
+    idem__batch_common(b, 1, a->ttl_ms);
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (outs[i].status)
+            continue;
+        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].len);
+        if (!it) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
+        }
+        which[b->nitems - 1] = i;
+        idem__arg(it, keys[i].fp, keys[i].fp ? IDEM_FP_LEN : 0);
+        idem__argrid(s, it, 0);
+    }
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            outs[i].status = outs[i].status ? outs[i].status : rc;
+        b->nitems = 0;
+    } else {
+        rc = idem__run(s, b, 1);
+    }
+    char keep[sizeof s->detail];
+    idem__scopy(keep, sizeof keep, s->detail);
+    for (size_t j = 0; j < b->nitems; j++) {
+        const idem__ritem *it = &b->items[j];
+        idem_outcome *o = &outs[which[j]];
+        o->status = it->reply ? idem__claim_reply(s, it->reply, o)
+                              : it->status;
+        if (idem__batch_error(o->status) && !rc)
+            rc = o->status;
+        if (o->status && it->reply)
+            idem__scopy(keep, sizeof keep, s->detail);
+    }
+    idem__scopy(s->detail, sizeof s->detail, keep);
+    idem__batch_del(b, which);
+    return rc;
+}
+
+static int idem__why_lost(idem_store *s, long long why, uint64_t token)
+{
+    return idem__fail(s, IDEM_ELOST, "token %llu does not hold the key (%s)",
+                      (unsigned long long)token,
+                      why == IDEM__WHY_NONE       ? "no live record"
+                      : why == IDEM__WHY_FINISHED ? "already finished"
+                      : why == IDEM__WHY_RELEASED ? "it was released"
+                                                  : "another worker took it "
+                                                    "over");
+}
+
+/* The answer of a finishing script: 0 or IDEM_ELOST (detail set). */
+static int idem__finish_reply(idem_store *s, const idem__ritem *it,
+                              uint64_t token, const char *what)
+{
+    long long v;
+    if (!it->reply)
+        return it->status;
+    if (idem__int_of(it->reply, &v) || v < 0 || v > IDEM__WHY_TAKEN)
+        return idem__bad_reply(s, what);
+    return v ? idem__why_lost(s, v, token) : 0;
+}
+
+static int idem__redis_complete_many(idem_store *s,
+                                     const idem_completion *items, size_t n,
+                                     int *st)
+{
+    idem__rbatch *b;
+    size_t *which;
+    int rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (st[i])
+            continue;
+        const idem_completion *c = &items[i];
+        idem__ritem *it = idem__item_add(s, b, c->key, c->keylen);
+        if (!it) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
+        }
+        which[b->nitems - 1] = i;
+        idem__argnum(it, 0, (long long)c->token);
+        idem__arg(it, c->response, c->len);
+        idem__argnum(it, 1, c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
+        idem__argrid(s, it, 2);
+    }
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            st[i] = st[i] ? st[i] : rc;
+        b->nitems = 0;
+    } else {
+        rc = idem__run(s, b, 1);
+    }
+    char keep[sizeof s->detail];
+    idem__scopy(keep, sizeof keep, s->detail);
+    for (size_t j = 0; j < b->nitems; j++) {
+        const idem__ritem *it = &b->items[j];
+        int *sp = &st[which[j]];
+        *sp = idem__finish_reply(s, it, items[which[j]].token, "complete");
+        if (idem__batch_error(*sp) && !rc)
+            rc = *sp;
+        if (*sp && it->reply)
+            idem__scopy(keep, sizeof keep, s->detail);
+    }
+    idem__scopy(s->detail, sizeof s->detail, keep);
+    idem__batch_del(b, which);
+    return rc;
+}
+
+/* One key, one script call. */
+typedef struct idem__one {
+    idem__rbatch *b;
+    idem__ritem *it;
+} idem__one;
+
+static int idem__one_begin(idem_store *s, idem__one *one, int script,
+                           const void *key, size_t keylen)
+{
+    one->b = malloc(sizeof *one->b);
+    if (!one->b)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int rc = idem__batch_init(s, one->b, script, 1);
+    if (rc) {
+        free(one->b);
+        return rc;
+    }
+    one->it = idem__item_add(s, one->b, key, keylen);
+    if (!one->it) {
+        idem__batch_free(one->b);
+        free(one->b);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+/* Run it: 0 with one->it->reply set, or the error. */
+static int idem__one_run(idem_store *s, idem__one *one, int write)
+{
+    int rc = idem__run(s, one->b, write);
+    return rc ? rc : one->it->reply ? 0 : one->it->status;
+}
+
+static void idem__one_end(idem__one *one)
+{
+    idem__batch_free(one->b);
+    free(one->b);
+}
+
+static int idem__redis_fail(idem_store *s, const void *key, size_t keylen,
+                            uint64_t token, const void *err, size_t len,
+                            int retryable)
+{
+    idem__one one;
+    int rc = idem__one_begin(s, &one, IDEM__S_FAIL, key, keylen);
+    if (rc)
+        return rc;
+    idem__argnum(one.it, 0, (long long)token);
+    idem__arg(one.it, err, len);
+    idem__arg(one.it, retryable ? "1" : "0", 1);
+    idem__argnum(one.it, 1, s->opts.failure_ttl_ms);
+    idem__argrid(s, one.it, 2);
+    rc = idem__one_run(s, &one, 1);
+    if (!rc)
+        rc = idem__finish_reply(s, one.it, token, "fail");
+    idem__one_end(&one);
+    return rc;
+}
+
+static int idem__redis_extend(idem_store *s, const void *key, size_t keylen,
+                              uint64_t token, int64_t lease_ms)
+{
+    idem__one one;
+    int rc = idem__one_begin(s, &one, IDEM__S_EXTEND, key, keylen);
+    if (rc)
+        return rc;
+    idem__argnum(one.it, 0, (long long)token);
+    idem__argnum(one.it, 1, lease_ms);
+    rc = idem__one_run(s, &one, 1);
+    if (!rc)
+        rc = idem__finish_reply(s, one.it, token, "extend");
+    idem__one_end(&one);
+    return rc;
+}
+
+static int idem__get_reply(idem_store *s, const redisReply *rep,
+                           idem_record *out)
+{
+    if (rep->type == REDIS_REPLY_NIL)
+        return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    long long v[6];
+    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 8;
+    for (int i = 0; ok && i < 6; i++)
+        ok = idem__int_of(rep->element[i], &v[i]) == 0;
+    const redisReply *fp = ok ? rep->element[6] : NULL;
+    const redisReply *d = ok ? rep->element[7] : NULL;
+    if (!ok || fp->type != REDIS_REPLY_STRING ||
+        (fp->len != 0 && fp->len != IDEM_FP_LEN) ||
+        (d->type != REDIS_REPLY_STRING && d->type != REDIS_REPLY_NIL))
+        return idem__bad_reply(s, "get");
+    out->state = (idem_state)v[0];
+    out->token = (uint64_t)v[1];
+    out->attempts = (uint32_t)v[1];
+    out->released = (int)v[2];
+    out->created_ms = v[3];
+    out->expires_ms = v[4];
+    out->lease_until = v[0] == IDEM_PENDING ? v[5] : 0;
+    out->has_fp = fp->len == IDEM_FP_LEN;
+    if (out->has_fp)
+        memcpy(out->fp, fp->str, IDEM_FP_LEN);
+    if (d->type == REDIS_REPLY_STRING && d->len) {
+        out->data = idem__out_keep(s, d->str, d->len);
+        out->len = d->len;
+        if (!out->data)
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static int idem__redis_get(idem_store *s, const void *key, size_t keylen,
+                           idem_record *out)
+{
+    idem__one one;
+    int rc = idem__one_begin(s, &one, IDEM__S_GET, key, keylen);
+    if (rc)
+        return rc;
+    rc = idem__one_run(s, &one, 0);
+    if (!rc)
+        rc = idem__get_reply(s, one.it->reply, out);
+    idem__one_end(&one);
+    return rc;
+}
+
+static int idem__redis_forget(idem_store *s, const void *key, size_t keylen)
+{
+    idem__one one;
+    int rc = idem__one_begin(s, &one, IDEM__S_FORGET, key, keylen);
+    if (rc)
+        return rc;
+    rc = idem__one_run(s, &one, 1);
+    long long v = 0;
+    if (!rc && idem__int_of(one.it->reply, &v))
+        rc = idem__bad_reply(s, "forget");
+    else if (!rc && v == 0)
+        rc = idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    idem__one_end(&one);
+    return rc;
+}
+
+static int idem__redis_sync(idem_store *s)
+{
+    (void)s;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Open and close */
+
+static void idem__redis_free(idem__redis *r)
+{
+    for (size_t i = 0; i < r->nnodes; i++) {
+        for (int k = 0; k < r->cfg.pool; k++) {
+            idem__rconn_close(&r->nodes[i].conns[k]);
+            free(r->nodes[i].conns[k].in);
+        }
+        free(r->nodes[i].conns);
+        free(r->nodes[i].host);
+    }
+    free(r->nodes);
+    free(r->slots);
+    free(r->scan_cursor);
+    idem__rcfg_free(&r->cfg);
+    free(r);
+}
+
+static int idem__redis_close(idem_store *s)
+{
+    idem__redis_free(idem__r(s));
+    s->impl = NULL;
+    return 0;
+}
+
+/* A redis:// store must not be a cluster node: it would answer MOVED for
+ * most keys. */
+static int idem__check_single(idem_store *s, idem__redis *r)
+{
+    idem__rconn *conn = &r->nodes[0].conns[0];
+    int rc = idem__rconn_open(s, r, &r->nodes[0], conn, r->cfg.connect_ms);
+    if (rc)
+        return rc;
+    idem__rconn_deadline(conn, r->cfg.timeout_ms);
+    const char *argv[2] = {"INFO", "cluster"};
+    size_t lens[2] = {4, 7};
+    redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &rc);
+    if (!rep)
+        return rc;
+    if (rep->type == REDIS_REPLY_STRING &&
+        strstr(rep->str, "cluster_enabled:1"))
+        rc = idem__fail(s, IDEM_EINVAL, "%s: %s:%d is a cluster node: use "
+                        "redis-cluster://", s->uri, r->nodes[0].host,
+                        r->nodes[0].port);
+    else if (rep->type == REDIS_REPLY_ERROR)
+        rc = idem__fail(s, IDEM_EPROTO, "%s: INFO: %s", s->uri, rep->str);
+    freeReplyObject(rep);
+    return rc;
+}
+
+static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
+{
+    idem__redis *r = calloc(1, sizeof *r);
+    if (!r)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    s->impl = r;
+    int rc = idem__rcfg_parse(s, cluster, rest, &r->cfg);
+    if (!rc && idem__random_bytes(&r->rid_base, sizeof r->rid_base))
+        rc = idem__fail(s, IDEM_EIO, "getrandom failed");
+    if (!rc)
+        idem__script_shas(r->shas);
+    for (size_t i = 0; !rc && i < r->cfg.nseeds; i++) {
+        int node = idem__rnode_get(r, r->cfg.hosts[i],
+                                   strlen(r->cfg.hosts[i]), r->cfg.ports[i]);
+        if (node < 0)
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+        else
+            r->nodes[node].is_seed = 1;
+    }
+    if (!rc && cluster) {
+        r->slots = calloc(IDEM__SLOTS, sizeof *r->slots);
+        if (!r->slots)
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    if (!rc) {
+        idem__sigstate sig;
+        idem__nosigpipe_begin(&sig);
+        rc = cluster ? idem__map_refresh(s, r, idem__mono_ms() +
+                                                   r->cfg.timeout_ms)
+                     : idem__check_single(s, r);
+        idem__nosigpipe_end(&sig);
+    }
+    if (rc) {
+        idem__redis_free(r);
+        s->impl = NULL;
+    }
+    return rc;
+}
+
+static int idem__redis_open(idem_store *s, const char *rest)
+{
+    return idem__redis_open_as(s, rest, 0);
+}
+
+static int idem__cluster_open(idem_store *s, const char *rest)
+{
+    return idem__redis_open_as(s, rest, 1);
+}
+
+#define IDEM__REDIS_OPS                                                    \
+    .close = idem__redis_close, .claim_many = idem__redis_claim_many,      \
+    .complete_many = idem__redis_complete_many, .fail = idem__redis_fail,  \
+    .extend = idem__redis_extend, .get = idem__redis_get,                  \
+    .forget = idem__redis_forget, .sync = idem__redis_sync,                \
+    .checkpoint_put = NULL, .checkpoint_get = NULL,                        \
+    .sweep = idem__redis_sweep, .stats = idem__redis_stats
+
+const struct idem__backend idem__backend_redis = {
+    .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};
+const struct idem__backend idem__backend_cluster = {
+    .scheme = "redis-cluster", .open = idem__cluster_open, IDEM__REDIS_OPS};

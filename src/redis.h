@@ -1,0 +1,209 @@
+/* redis.h - what the Redis backend's files share.
+ *
+ * redis_uri.c     turns a redis:// or redis-cluster:// URI into settings
+ * redis_conn.c    one connection: connect, AUTH, SELECT, load scripts,
+ *                 time limits, safe writes, reading error replies
+ * redis_cluster.c the nodes and the slot map: where a key's command goes,
+ *                 MOVED and ASK, refreshing the map from CLUSTER SLOTS
+ * redis_pipe.c    batches of script calls: grouped, pipelined per node,
+ *                 retried through redirects and failures within a budget
+ * redis_sweep.c   SCAN every master: sweep and stats
+ * redis.c         the backend: each operation as a batch, replies turned
+ *                 into outcomes, open and close
+ *
+ * A single server is a cluster of one node that owns every slot and is
+ * never asked for a map, so the same rounds serve both schemes. */
+#ifndef IDEM_REDIS_H
+#define IDEM_REDIS_H
+
+#include <hiredis/hiredis.h>
+#include <signal.h>
+
+#include "crc16.h"
+#include "redis_scripts.h"
+#include "store.h"
+
+/* Settings from the URI. */
+typedef struct idem__rcfg {
+    int cluster;              /* redis-cluster:// */
+    char **hosts;             /* seeds: host and port pairs */
+    int *ports;
+    size_t nseeds;
+    char *user, *pass;        /* NULL: no AUTH */
+    int db;                   /* SELECT; single server only */
+    int64_t timeout_ms;       /* budget of one call, retries included */
+    int64_t connect_ms;       /* budget of one connection attempt */
+    char *prefix;             /* key name prefix; "idempotency:" */
+    size_t prefixlen;
+    int pool;                 /* connections per node */
+    int wait;                 /* WAIT for this many replicas after writes */
+} idem__rcfg;
+
+/* Parse rest (what follows "redis:" or "redis-cluster:"). */
+int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
+                     idem__rcfg *cfg);
+void idem__rcfg_free(idem__rcfg *cfg);
+
+/* What a reply slot in a connection's pipeline stands for. */
+enum { IDEM__IN_LOAD, IDEM__IN_ASKING, IDEM__IN_CMD, IDEM__IN_WAIT };
+
+typedef struct idem__inflight {
+    int kind;
+    size_t cmd;               /* IDEM__IN_CMD: index of the command */
+} idem__inflight;
+
+/* One connection to one node. */
+typedef struct idem__rconn {
+    redisContext *c;          /* NULL: not connected */
+    int loaded;               /* scripts were sent on this connection */
+    int wrote;                /* this round sent writes (for WAIT) */
+    uint64_t fail_round;      /* the round a connect failed in ... */
+    int fail_code;            /* ... and why: not tried again in it */
+    idem__inflight *in;       /* replies expected this round, in order */
+    size_t nin, capin;
+} idem__rconn;
+
+typedef struct idem__rnode {
+    char *host;
+    int port;
+    int is_seed;
+    idem__rconn *conns;       /* cfg.pool of them */
+} idem__rnode;
+
+typedef struct idem__redis {
+    idem__rcfg cfg;
+    char shas[IDEM__S_COUNT][41];
+    idem__rnode *nodes;
+    size_t nnodes, capnodes;
+    uint16_t *slots;          /* cluster: slot -> node index + 1; 0 unknown */
+    int map_stale;            /* refresh the slot map before the next round */
+    uint64_t rid_base, rid_next;  /* request ids: random base, counter */
+    uint64_t round;           /* rounds run by this handle, from 1 */
+    uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
+    uint64_t expired_total;
+} idem__redis;
+
+/* ---- redis_pipe.c */
+
+/* ARGV of one key after the shared ones; keys per multi-key call. */
+#define IDEM__RARGS 6
+#define IDEM__GROUP 64
+
+/* One key of a batch. */
+typedef struct idem__ritem {
+    size_t name_off, name_len;   /* its Redis key, in the batch's names */
+    unsigned slot;
+    int nargs;
+    const char *arg[IDEM__RARGS];
+    size_t argl[IDEM__RARGS];
+    char num[3][24];             /* storage for numeric arguments */
+    const redisReply *reply;     /* its answer after idem__run(), or NULL */
+    int status;                  /* ... or why it has none */
+} idem__ritem;
+
+/* One EVALSHA: one item, or up to IDEM__GROUP items of one slot. */
+typedef struct idem__rcmd {
+    size_t first, count;         /* its items: order[first..first+count) */
+    unsigned slot;
+    redisReply *reply;           /* once done with status 0 */
+    int status;                  /* final error, or 0 */
+    int done;
+    int ask;                     /* node to send ASKING + command, or -1 */
+    int lasterr;                 /* why the last try did not answer */
+} idem__rcmd;
+
+typedef struct idem__rbatch {
+    int script;
+    int multi;                   /* the script takes many keys */
+    int write;                   /* the script changes records */
+    idem__ritem *items;
+    size_t nitems;
+    size_t *order;               /* items grouped by slot */
+    idem__rcmd *cmds;
+    size_t n;
+    idem__buf names;
+    char now[24];                /* ARGV[1]: "" for server time */
+    const char *common[2];       /* ARGV shared by every key, after now */
+    size_t commonl[2];
+    int ncommon;
+    char cnum[2][24];
+    char firstmsg[512];          /* detail of the first final error */
+    char lastmsg[512];           /* detail of the last transient error */
+    const char *argv[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
+    size_t argl[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
+} idem__rbatch;
+
+/* A batch of up to n keys for script. 0 or IDEM_ENOMEM. */
+int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n);
+void idem__batch_free(idem__rbatch *b);
+/* Add key; fill its arguments with idem__arg*. NULL on ENOMEM. */
+idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
+                            size_t keylen);
+void idem__arg(idem__ritem *it, const void *p, size_t n);
+void idem__argnum(idem__ritem *it, int slot, long long v);
+/* A request id unique to this handle and, by its random base, to every
+ * other: lets a retried write recognise its own first run. */
+void idem__argrid(idem_store *s, idem__ritem *it, int slot);
+/* An argument every key of the batch shares, after the time. */
+void idem__batch_common(idem__rbatch *b, int slot, long long v);
+/* Run the batch. Each item ends with a reply or a status. Returns 0 if
+ * every item has a reply or an error of its own key (EPROTO); otherwise
+ * the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some from one. */
+int idem__run(idem_store *s, idem__rbatch *b, int write);
+/* Copy a message, cut to fit. */
+void idem__scopy(char *dst, size_t cap, const char *src);
+
+/* ---- redis_sweep.c */
+
+int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
+int idem__redis_stats(idem_store *s, idem_stats *out);
+
+/* ---- redis_conn.c */
+
+/* SIGPIPE blocked in this thread for the duration of a call's I/O. */
+typedef struct idem__sigstate {
+    sigset_t old;
+    int was_pending;
+} idem__sigstate;
+void idem__nosigpipe_begin(idem__sigstate *st);
+void idem__nosigpipe_end(idem__sigstate *st);
+
+/* Connect conn to node within ms milliseconds and make it ready: AUTH,
+ * SELECT. 0 or IDEM_ECONN / IDEM_EAUTH / IDEM_ETIMEOUT / IDEM_EPROTO with
+ * the detail set. */
+int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
+                     idem__rconn *conn, int64_t ms);
+void idem__rconn_close(idem__rconn *conn);
+/* Read and write time limit for the next blocking step. */
+void idem__rconn_deadline(idem__rconn *conn, int64_t ms);
+/* Write everything buffered, without SIGPIPE. 0 or -1 (conn->c->errstr). */
+int idem__rconn_flush(idem__rconn *conn);
+/* Queue an expected reply. 0 or IDEM_ENOMEM. */
+int idem__rconn_expect(idem__rconn *conn, int kind, size_t cmd);
+/* A blocking command on a connection (setup, SCAN, CLUSTER SLOTS).
+ * Returns the reply (caller frees) or NULL with the detail set and *code
+ * the error. */
+redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
+                                const char **argv, const size_t *lens,
+                                int *code);
+/* Was the I/O error on conn a timeout? */
+int idem__rconn_timed_out(const idem__rconn *conn);
+
+/* Monotonic milliseconds. */
+int64_t idem__mono_ms(void);
+
+/* ---- redis_cluster.c */
+
+/* Find or add the node host:port; its index, or -1 on ENOMEM. */
+int idem__rnode_get(idem__redis *r, const char *host, size_t hostlen,
+                    int port);
+/* The node that owns slot, or -1 if the map does not say. */
+int idem__route(const idem__redis *r, unsigned slot);
+/* Rebuild the slot map from the first node that answers CLUSTER SLOTS,
+ * connecting as needed. 0, or the error of the last node tried. */
+int idem__map_refresh(idem_store *s, idem__redis *r, int64_t deadline);
+/* An error reply "MOVED slot host:port" or "ASK slot host:port": the
+ * node it names (added if new), or -1 if it is not one of those. */
+int idem__redirect(idem__redis *r, const redisReply *err, int *is_ask);
+
+#endif

@@ -1,0 +1,194 @@
+/* redis_conn.c - one connection to one Redis node.
+ *
+ * hiredis does the protocol; this file adds what a library needs around
+ * it: every blocking step has a time limit (a dead server must turn into
+ * an error, never a hang), credentials and database are applied on every
+ * (re)connect, and a write to a socket the server closed cannot kill the
+ * process. hiredis writes with write(2), which raises SIGPIPE on a closed
+ * socket; a library may not change the process's signal dispositions, so
+ * the caller blocks SIGPIPE in its own thread around the I/O and drops a
+ * SIGPIPE that the I/O itself raised (idem__nosigpipe_begin/end). */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "redis.h"
+
+int64_t idem__mono_ms(void)
+{
+    return (int64_t)(idem__mono_ns() / 1000000u);
+}
+
+static struct timeval idem__tv(int64_t ms)
+{
+    if (ms < 1)
+        ms = 1;
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    return tv;
+}
+
+void idem__nosigpipe_begin(idem__sigstate *st)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    st->was_pending = sigismember(&pending, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &pipe, &st->old);
+}
+
+void idem__nosigpipe_end(idem__sigstate *st)
+{
+    sigset_t pipe, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&pending);
+    sigpending(&pending);
+    if (!st->was_pending && sigismember(&pending, SIGPIPE) == 1) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&pipe, NULL, &zero) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &st->old, NULL);
+}
+
+void idem__rconn_close(idem__rconn *conn)
+{
+    if (conn->c)
+        redisFree(conn->c);
+    conn->c = NULL;
+    conn->loaded = 0;
+    conn->wrote = 0;
+    conn->nin = 0;
+}
+
+void idem__rconn_deadline(idem__rconn *conn, int64_t ms)
+{
+    if (conn->c)
+        redisSetTimeout(conn->c, idem__tv(ms));
+}
+
+int idem__rconn_timed_out(const idem__rconn *conn)
+{
+    return conn->c && conn->c->err == REDIS_ERR_IO &&
+           (strstr(conn->c->errstr, "temporarily unavailable") ||
+            strstr(conn->c->errstr, "timed out"));
+}
+
+int idem__rconn_flush(idem__rconn *conn)
+{
+    int done = 0;
+    do {
+        if (redisBufferWrite(conn->c, &done) != REDIS_OK)
+            return -1;
+    } while (!done);
+    return 0;
+}
+
+int idem__rconn_expect(idem__rconn *conn, int kind, size_t cmd)
+{
+    if (conn->nin == conn->capin) {
+        size_t cap = conn->capin ? conn->capin * 2 : 64;
+        idem__inflight *p = realloc(conn->in, cap * sizeof *p);
+        if (!p)
+            return IDEM_ENOMEM;
+        conn->in = p;
+        conn->capin = cap;
+    }
+    conn->in[conn->nin].kind = kind;
+    conn->in[conn->nin].cmd = cmd;
+    conn->nin++;
+    return 0;
+}
+
+/* Is this error reply a refusal of the credentials? */
+static int idem__is_auth_error(const redisReply *rep)
+{
+    return rep->type == REDIS_REPLY_ERROR &&
+           (strncmp(rep->str, "WRONGPASS", 9) == 0 ||
+            strncmp(rep->str, "NOAUTH", 6) == 0 ||
+            strstr(rep->str, "invalid password") ||
+            strstr(rep->str, "without any password") ||
+            strstr(rep->str, "invalid username"));
+}
+
+redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
+                                const char **argv, const size_t *lens,
+                                int *code)
+{
+    redisReply *rep = redisCommandArgv(conn->c, argc, argv, lens);
+    if (!rep) {
+        *code = idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT : IDEM_ECONN;
+        idem__fail(s, *code, "%s: %s: %s", s->uri, argv[0],
+                   conn->c->errstr[0] ? conn->c->errstr : "connection lost");
+        idem__rconn_close(conn);
+        return NULL;
+    }
+    if (idem__is_auth_error(rep)) {
+        *code = IDEM_EAUTH;
+        idem__fail(s, IDEM_EAUTH, "%s: the server refused the credentials: "
+                   "%s", s->uri, rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    *code = 0;
+    return rep;
+}
+
+int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
+                     idem__rconn *conn, int64_t ms)
+{
+    idem__rconn_close(conn);
+    redisContext *c = redisConnectWithTimeout(node->host, node->port,
+                                              idem__tv(ms));
+    if (!c)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    if (c->err) {
+        int code = strstr(c->errstr, "timed out") ? IDEM_ETIMEOUT
+                                                  : IDEM_ECONN;
+        idem__fail(s, code, "%s: cannot connect to %s:%d: %s", s->uri,
+                   node->host, node->port, c->errstr);
+        redisFree(c);
+        return code;
+    }
+    conn->c = c;
+    idem__rconn_deadline(conn, ms);
+    int code = 0;
+    if (r->cfg.pass) {
+        const char *argv[3] = {"AUTH"};
+        size_t lens[3] = {4};
+        int argc = 1;
+        if (r->cfg.user) {
+            argv[argc] = r->cfg.user;
+            lens[argc++] = strlen(r->cfg.user);
+        }
+        argv[argc] = r->cfg.pass;
+        lens[argc++] = strlen(r->cfg.pass);
+        redisReply *rep = idem__rconn_command(s, conn, argc, argv, lens,
+                                              &code);
+        if (rep && rep->type == REDIS_REPLY_ERROR) {
+            code = IDEM_EAUTH;
+            idem__fail(s, code, "%s: AUTH failed: %s", s->uri, rep->str);
+        }
+        freeReplyObject(rep);
+    }
+    if (!code && r->cfg.db) {
+        char db[16];
+        size_t n = (size_t)snprintf(db, sizeof db, "%d", r->cfg.db);
+        const char *argv[2] = {"SELECT", db};
+        size_t lens[2] = {6, n};
+        redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &code);
+        if (rep && rep->type == REDIS_REPLY_ERROR) {
+            code = IDEM_EINVAL;
+            idem__fail(s, code, "%s: SELECT %s: %s", s->uri, db, rep->str);
+        }
+        freeReplyObject(rep);
+    }
+    if (code)
+        idem__rconn_close(conn);
+    return code;
+}

@@ -1,0 +1,740 @@
+/* redis_pipe.c - batches of script calls, pipelined per node, retried
+ * through redirects and failures within a time budget.
+ *
+ * Every operation of the Redis backends is a batch of commands, each an
+ * EVALSHA of a script from redis_scripts.c, run in rounds:
+ *
+ *   1. each pending command goes to the connection of the node that owns
+ *      its key's slot (a single server owns them all); a connection that
+ *      has not loaded the scripts gets SCRIPT LOAD first in the same
+ *      pipeline, a command redirected by ASK gets ASKING before it;
+ *   2. with wait=N, every connection that carried writes ends its
+ *      pipeline with WAIT N, so a write counts as done only once N
+ *      replicas have it;
+ *   3. every connection's pipeline is written out, then the replies are
+ *      read back in order: one round trip per node however many keys;
+ *   4. commands whose reply says "not here, not now" (MOVED, ASK,
+ *      TRYAGAIN, CLUSTERDOWN, LOADING, NOSCRIPT, a refused or broken
+ *      connection) stay pending for the next round, after a backoff when
+ *      waiting can help and after reloading the slot map when the
+ *      cluster changed shape.
+ *
+ * The rounds stop when every command has its answer or the call's time
+ * budget (timeout_ms) is spent; commands still pending then fail with
+ * IDEM_ECONN or IDEM_ETIMEOUT. So a call never hangs, and a failover
+ * that completes within the budget is invisible to the caller.
+ *
+ * Retrying a command whose connection broke after it was sent may run it
+ * twice. Reads are harmless; claims, completes and fails carry a request
+ * id that makes the second run answer like the first (see
+ * redis_scripts.c); extend is harmless to repeat. forget is not: a
+ * repeated forget answers IDEM_ENOTFOUND for the record it deleted.
+ *
+ * Claims and completes take many keys per EVALSHA (up to IDEM__GROUP of
+ * them, all of one slot on a cluster): a script call has a fixed cost on
+ * the server (parsing, setting up KEYS/ARGV, the reply) that is larger
+ * than the work for one key, and sharing it is what brings a claim close
+ * to the cost of a plain SET NX. A key that is not an idem record (a
+ * string written by hand, say) stops such a script with WRONGTYPE; the
+ * group is then sent again one key per call, so that key alone fails and
+ * the keys done before it answer the same by their request ids. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "redis.h"
+
+/* Bytes of arguments per multi-key call (keys: IDEM__GROUP). */
+#define IDEM__GROUP_BYTES (1u << 20)
+/* Bytes of commands a connection buffers before it starts sending. */
+#define IDEM__EARLY_FLUSH 8192u
+
+void idem__scopy(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
+static idem__redis *idem__r(idem_store *s)
+{
+    return s->impl;
+}
+
+int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n)
+{
+    memset(b, 0, sizeof *b);
+    b->script = script;
+    b->multi = script == IDEM__S_CLAIM || script == IDEM__S_COMPLETE;
+    b->items = calloc(n ? n : 1, sizeof *b->items);
+    b->order = calloc(n ? n : 1, sizeof *b->order);
+    b->cmds = calloc(n ? n : 1, sizeof *b->cmds);
+    if (!b->items || !b->order || !b->cmds) {
+        idem__batch_free(b);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    if (s->opts.clock)
+        snprintf(b->now, sizeof b->now, "%lld", (long long)idem__now(s));
+    return 0;
+}
+
+void idem__batch_free(idem__rbatch *b)
+{
+    for (size_t i = 0; b->cmds && i < b->n; i++)
+        if (b->cmds[i].reply)
+            freeReplyObject(b->cmds[i].reply);
+    free(b->cmds);
+    free(b->items);
+    free(b->order);
+    idem__buf_free(&b->names);
+    memset(b, 0, sizeof *b);
+}
+
+idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
+                            size_t keylen)
+{
+    idem__redis *r = idem__r(s);
+    idem__ritem *it = &b->items[b->nitems];
+    memset(it, 0, sizeof *it);
+    it->name_off = b->names.len;
+    /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
+     * commands land on one slot whatever the prefix. A KEY holding '}'
+     * is still stored under its exact bytes; its tag then ends at its
+     * first '}', which only changes which slot it shares. */
+    if (idem__buf_append(&b->names, r->cfg.prefix, r->cfg.prefixlen) ||
+        idem__buf_append(&b->names, "{", 1) ||
+        idem__buf_append(&b->names, key, keylen) ||
+        idem__buf_append(&b->names, "}", 1))
+        return NULL;
+    it->name_len = b->names.len - it->name_off;
+    /* On a single server "slot" only picks one of the pool's
+     * connections: any key may share a script call with any other, but
+     * a key given twice must go down the same connection to keep its
+     * order. */
+    unsigned slot = r->cfg.cluster || r->cfg.pool > 1
+                        ? idem__key_slot(b->names.data + it->name_off,
+                                         it->name_len)
+                        : 0;
+    it->slot = r->cfg.cluster ? slot : slot % (unsigned)r->cfg.pool;
+    b->nitems++;
+    return it;
+}
+
+void idem__arg(idem__ritem *it, const void *p, size_t n)
+{
+    it->arg[it->nargs] = p ? p : "";
+    it->argl[it->nargs++] = n;
+}
+
+void idem__argnum(idem__ritem *it, int slot, long long v)
+{
+    int n = snprintf(it->num[slot], sizeof it->num[slot], "%lld", v);
+    idem__arg(it, it->num[slot], (size_t)n);
+}
+
+void idem__argrid(idem_store *s, idem__ritem *it, int slot)
+{
+    idem__redis *r = idem__r(s);
+    int n = snprintf(it->num[slot], sizeof it->num[slot], "%016llx%llx",
+                     (unsigned long long)r->rid_base,
+                     (unsigned long long)r->rid_next++);
+    if (n >= (int)sizeof it->num[slot])
+        n = (int)sizeof it->num[slot] - 1;
+    idem__arg(it, it->num[slot], (size_t)n);
+}
+
+void idem__batch_common(idem__rbatch *b, int slot, long long v)
+{
+    int n = snprintf(b->cnum[slot], sizeof b->cnum[slot], "%lld", v);
+    b->common[b->ncommon] = b->cnum[slot];
+    b->commonl[b->ncommon++] = (size_t)n;
+}
+
+/* Order the items by slot, keeping the caller's order within a slot (a
+ * key given twice is claimed in that order): a counting sort over the
+ * 16384 slots, O(n) and with no shared state. */
+static int idem__sort_slots(idem__rbatch *b)
+{
+    uint32_t *start = calloc(IDEM__SLOTS + 1, sizeof *start);
+    if (!start)
+        return IDEM_ENOMEM;
+    for (size_t i = 0; i < b->nitems; i++)
+        start[b->items[i].slot + 1]++;
+    for (size_t k = 0; k < IDEM__SLOTS; k++)
+        start[k + 1] += start[k];
+    for (size_t i = 0; i < b->nitems; i++)
+        b->order[start[b->items[i].slot]++] = i;
+    free(start);
+    return 0;
+}
+
+/* Group the items into commands: one per item, or for multi-key scripts
+ * up to IDEM__GROUP items of one slot per command. */
+static int idem__group(idem__rbatch *b)
+{
+    for (size_t i = 0; i < b->nitems; i++)
+        b->order[i] = i;
+    if (b->multi && b->nitems > 1) {
+        int differ = 0;
+        for (size_t i = 1; i < b->nitems && !differ; i++)
+            differ = b->items[i].slot != b->items[0].slot;
+        if (differ && idem__sort_slots(b))
+            return IDEM_ENOMEM;
+    }
+    b->n = 0;
+    for (size_t i = 0; i < b->nitems;) {
+        idem__rcmd *c = &b->cmds[b->n++];
+        memset(c, 0, sizeof *c);
+        c->first = i;
+        c->slot = b->items[b->order[i]].slot;
+        c->ask = -1;
+        size_t bytes = 0;
+        do {
+            const idem__ritem *it = &b->items[b->order[i]];
+            for (int k = 0; k < it->nargs; k++)
+                bytes += it->argl[k];
+            i++;
+        } while (b->multi && i < b->nitems && i - c->first < IDEM__GROUP &&
+                 bytes < IDEM__GROUP_BYTES &&
+                 b->items[b->order[i]].slot == c->slot);
+        c->count = i - c->first;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------
+ * Rounds */
+
+typedef struct idem__active {
+    size_t node, conn;
+} idem__active;
+
+static idem__rconn *idem__conn_at(idem__redis *r, idem__active a)
+{
+    return &r->nodes[a.node].conns[a.conn];
+}
+
+static void idem__final(idem__rbatch *b, idem__rcmd *c, int code,
+                        const char *msg)
+{
+    c->done = 1;
+    c->status = code;
+    if (c->reply && code) {
+        freeReplyObject(c->reply);
+        c->reply = NULL;
+    }
+    if (code && !b->firstmsg[0])
+        idem__scopy(b->firstmsg, sizeof b->firstmsg, msg);
+}
+
+/* Take back every command of a connection that broke: unless its answer
+ * is final already, it goes round again. */
+static void idem__requeue_conn(idem__rbatch *b, idem__rconn *conn, int code,
+                               const char *msg)
+{
+    for (size_t j = 0; j < conn->nin; j++) {
+        if (conn->in[j].kind != IDEM__IN_CMD)
+            continue;
+        idem__rcmd *c = &b->cmds[conn->in[j].cmd];
+        if (c->done)
+            continue;
+        if (c->reply) {
+            freeReplyObject(c->reply);
+            c->reply = NULL;
+        }
+        c->lasterr = code;
+    }
+    idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
+}
+
+/* Errors after which the same command may succeed later. */
+static int idem__transient(const char *e)
+{
+    static const char *const words[] = {"TRYAGAIN", "CLUSTERDOWN",
+                                        "LOADING", "BUSY ", "MASTERDOWN",
+                                        "READONLY"};
+    for (size_t i = 0; i < sizeof words / sizeof *words; i++)
+        if (strncmp(e, words[i], strlen(words[i])) == 0)
+            return 1;
+    return 0;
+}
+
+typedef struct idem__round {
+    int backoff;         /* something may get better by waiting */
+    int fatal;           /* an error that ends the call for every key */
+} idem__round;
+
+/* Handle reply `rep` to the command of inflight entry e on conn. */
+static void idem__on_cmd_reply(idem_store *s, idem__rbatch *b,
+                               idem__rconn *conn, size_t cmdi,
+                               redisReply *rep, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    idem__rcmd *c = &b->cmds[cmdi];
+    char msg[sizeof b->firstmsg];
+    if (rep->type != REDIS_REPLY_ERROR) {
+        c->reply = rep;
+        if (!r->cfg.wait || !b->write)
+            c->done = 1;  /* else: done once WAIT confirms */
+        return;
+    }
+    const char *e = rep->str;
+    int is_ask;
+    if (strncmp(e, "NOSCRIPT", 8) == 0) {
+        conn->loaded = 0;
+        c->lasterr = IDEM_EPROTO;
+        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
+    } else if (strncmp(e, "MOVED ", 6) == 0 || strncmp(e, "ASK ", 4) == 0) {
+        int node = r->cfg.cluster ? idem__redirect(r, rep, &is_ask) : -1;
+        if (!r->cfg.cluster) {
+            snprintf(msg, sizeof msg, "%s: the server is a cluster node "
+                     "(%s): use redis-cluster://", s->uri, e);
+            idem__final(b, c, IDEM_EPROTO, msg);
+        } else if (node < 0) {
+            r->map_stale = 1;
+            rd->backoff = 1;
+            c->lasterr = IDEM_EPROTO;
+            snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
+        } else if (is_ask) {
+            c->ask = node;
+        } else {
+            r->map_stale = 1;
+        }
+    } else if (idem__transient(e)) {
+        rd->backoff = 1;
+        if (strncmp(e, "READONLY", 8) == 0)
+            r->map_stale = r->cfg.cluster;
+        c->lasterr = IDEM_ETIMEOUT;
+        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
+    } else if (strncmp(e, "NOAUTH", 6) == 0 ||
+               strncmp(e, "WRONGPASS", 9) == 0) {
+        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
+        idem__final(b, c, IDEM_EAUTH, msg);
+        rd->fatal = IDEM_EAUTH;
+    } else if (c->count > 1) {
+        /* A script over many keys stopped at a key that is not an idem
+         * record (WRONGTYPE). Send each key on its own, so that only
+         * that key fails; keys the script had already done answer the
+         * same again, by their request ids. */
+        for (size_t j = 1; j < c->count; j++) {
+            idem__rcmd *d = &b->cmds[b->n++];
+            memset(d, 0, sizeof *d);
+            d->first = c->first + j;
+            d->count = 1;
+            d->slot = c->slot;
+            d->ask = -1;
+        }
+        c->count = 1;
+        c->lasterr = IDEM_EPROTO;
+    } else {
+        /* The script failed, e.g. WRONGTYPE: the key holds something
+         * that is not an idem record. This key alone fails. */
+        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
+        idem__final(b, c, IDEM_EPROTO, msg);
+    }
+    freeReplyObject(rep);
+}
+
+/* Make sure node's connection k is up; 0 or the error. */
+static int idem__ensure_conn(idem_store *s, idem__rbatch *b, size_t node,
+                             size_t k, int64_t left)
+{
+    idem__redis *r = idem__r(s);
+    idem__rconn *conn = &r->nodes[node].conns[k];
+    if (conn->c)
+        return 0;
+    /* One attempt per connection and round: a dead node owning many of
+     * the batch's commands must not cost one connect timeout each. */
+    if (conn->fail_round == r->round)
+        return conn->fail_code;
+    if (left <= 0)
+        return IDEM_ETIMEOUT;
+    int64_t ms = left < r->cfg.connect_ms ? left : r->cfg.connect_ms;
+    int rc = idem__rconn_open(s, r, &r->nodes[node], conn, ms);
+    if (rc) {
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+        conn->fail_round = r->round;
+        conn->fail_code = rc;
+    }
+    return rc;
+}
+
+static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
+                            size_t i)
+{
+    idem__rcmd *c = &b->cmds[i];
+    if (!conn->loaded) {
+        for (int k = 0; k < IDEM__S_COUNT; k++) {
+            const char *la[3] = {"SCRIPT", "LOAD", idem__script_text(k)};
+            size_t ll[3] = {6, 4, strlen(la[2])};
+            if (redisAppendCommandArgv(conn->c, 3, la, ll) != REDIS_OK ||
+                idem__rconn_expect(conn, IDEM__IN_LOAD, 0))
+                return IDEM_ENOMEM;
+        }
+        conn->loaded = 1;
+    }
+    if (c->ask >= 0) {
+        const char *aa[1] = {"ASKING"};
+        size_t al[1] = {6};
+        if (redisAppendCommandArgv(conn->c, 1, aa, al) != REDIS_OK ||
+            idem__rconn_expect(conn, IDEM__IN_ASKING, 0))
+            return IDEM_ENOMEM;
+        c->ask = -1;
+    }
+    /* EVALSHA sha numkeys key... now common... then each key's own. */
+    const char **argv = b->argv;
+    size_t *lens = b->argl;
+    int argc = 0;
+    char nk[24];
+    argv[argc] = "EVALSHA";
+    lens[argc++] = 7;
+    argv[argc] = r->shas[b->script];
+    lens[argc++] = 40;
+    argv[argc] = nk;
+    lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%zu", c->count);
+    for (size_t j = 0; j < c->count; j++) {
+        const idem__ritem *it = &b->items[b->order[c->first + j]];
+        argv[argc] = (const char *)b->names.data + it->name_off;
+        lens[argc++] = it->name_len;
+    }
+    argv[argc] = b->now;
+    lens[argc++] = strlen(b->now);
+    for (int k = 0; k < b->ncommon; k++) {
+        argv[argc] = b->common[k];
+        lens[argc++] = b->commonl[k];
+    }
+    for (size_t j = 0; j < c->count; j++) {
+        const idem__ritem *it = &b->items[b->order[c->first + j]];
+        for (int k = 0; k < it->nargs; k++) {
+            argv[argc] = it->arg[k];
+            lens[argc++] = it->argl[k];
+        }
+    }
+    if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK ||
+        idem__rconn_expect(conn, IDEM__IN_CMD, i))
+        return IDEM_ENOMEM;
+    conn->wrote |= b->write;
+    return 0;
+}
+
+static void idem__sleep_ms(int64_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* Read every reply a connection is owed this round. */
+static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
+                            idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    idem__rconn *conn = idem__conn_at(r, a);
+    for (size_t j = 0; j < conn->nin; j++) {
+        redisReply *rep = NULL;
+        if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK || !rep) {
+            int code = idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
+                                                   : IDEM_ECONN;
+            char msg[sizeof b->lastmsg];
+            snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
+                     r->nodes[a.node].host, r->nodes[a.node].port,
+                     conn->c->errstr[0] ? conn->c->errstr
+                                        : "connection lost");
+            idem__requeue_conn(b, conn, code, msg);
+            idem__rconn_close(conn);
+            r->map_stale = r->cfg.cluster;
+            rd->backoff = 1;
+            return;
+        }
+        idem__inflight in = conn->in[j];
+        if (in.kind == IDEM__IN_CMD) {
+            /* A redirect may add a node and move r->nodes: look the
+             * connection up again afterwards. */
+            idem__on_cmd_reply(s, b, conn, in.cmd, rep, rd);
+            conn = idem__conn_at(r, a);
+        } else if (in.kind == IDEM__IN_WAIT) {
+            long long acked = rep->type == REDIS_REPLY_INTEGER ? rep->integer
+                                                               : -1;
+            char msg[sizeof b->firstmsg];
+            snprintf(msg, sizeof msg, "%s: WAIT %d: %s%lld replica(s) "
+                     "acknowledged in time", s->uri, r->cfg.wait,
+                     acked < 0 ? "failed, " : "only ", acked < 0 ? 0 : acked);
+            for (size_t k = 0; k < j; k++) {
+                if (conn->in[k].kind != IDEM__IN_CMD)
+                    continue;
+                idem__rcmd *c = &b->cmds[conn->in[k].cmd];
+                if (c->done || !c->reply)
+                    continue;
+                if (acked >= r->cfg.wait)
+                    c->done = 1;
+                else
+                    idem__final(b, c, IDEM_ETIMEOUT, msg);
+            }
+            freeReplyObject(rep);
+        } else {
+            /* SCRIPT LOAD or ASKING: an error shows up again as NOSCRIPT
+             * or a redirect of the command that follows. */
+            if (in.kind == IDEM__IN_LOAD && rep->type == REDIS_REPLY_ERROR)
+                conn->loaded = 0;
+            freeReplyObject(rep);
+        }
+    }
+    conn->nin = 0;
+    conn->wrote = 0;
+}
+
+/* Run every command of b to an answer or to the end of the time budget.
+ * Returns 0 if each command has an answer or an error of its own key;
+ * otherwise the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some
+ * command from being answered. */
+static int idem__rounds(idem_store *s, idem__rbatch *b)
+{
+    idem__redis *r = idem__r(s);
+    int64_t deadline = idem__mono_ms() + r->cfg.timeout_ms;
+    int64_t backoff = 0;
+    int fatal = 0;
+    idem__active *act = NULL;
+    size_t nact = 0, capact = 0;
+    idem__sigstate sig;
+    /* Transient failures write the detail as they happen; what the
+     * caller sees is the detail from before, or the final errors. */
+    char before[sizeof s->detail];
+    idem__scopy(before, sizeof before, s->detail);
+    idem__nosigpipe_begin(&sig);
+    for (;;) {
+        size_t pending = 0;
+        for (size_t i = 0; i < b->n; i++)
+            pending += !b->cmds[i].done;
+        if (!pending || fatal)
+            break;
+        int64_t left = deadline - idem__mono_ms();
+        if (left <= 0)
+            break;
+        if (backoff) {
+            idem__sleep_ms(backoff < left ? backoff : left);
+            left = deadline - idem__mono_ms();
+            if (left <= 0)
+                break;
+        }
+        if (r->cfg.cluster && r->map_stale) {
+            int rc = idem__map_refresh(s, r, deadline);
+            if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM) {
+                fatal = rc;
+                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+                break;
+            }
+            if (rc)
+                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+            left = deadline - idem__mono_ms();
+            if (left <= 0)
+                break;
+        }
+        idem__round rd = {0, 0};
+        nact = 0;
+        r->round++;
+        /* 1. dispatch */
+        for (size_t i = 0; i < b->n && !fatal; i++) {
+            idem__rcmd *c = &b->cmds[i];
+            if (c->done)
+                continue;
+            int node = c->ask >= 0 ? c->ask : idem__route(r, c->slot);
+            if (node < 0) {
+                r->map_stale = 1;
+                rd.backoff = 1;
+                c->lasterr = IDEM_ECONN;
+                snprintf(b->lastmsg, sizeof b->lastmsg,
+                         "%s: no known master serves slot %u", s->uri,
+                         c->slot);
+                continue;
+            }
+            size_t k = c->slot % (unsigned)r->cfg.pool;
+            int rc = idem__ensure_conn(s, b, (size_t)node, k,
+                                       deadline - idem__mono_ms());
+            if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM || rc == IDEM_EINVAL) {
+                fatal = rc;
+                break;
+            }
+            if (rc) {
+                c->lasterr = rc;
+                r->map_stale = r->cfg.cluster;
+                rd.backoff = 1;
+                continue;
+            }
+            idem__rconn *conn = &r->nodes[node].conns[k];
+            if (conn->nin == 0) {
+                if (nact == capact) {
+                    size_t cap = capact ? capact * 2 : 16;
+                    idem__active *p = realloc(act, cap * sizeof *p);
+                    if (!p) {
+                        fatal = IDEM_ENOMEM;
+                        break;
+                    }
+                    act = p;
+                    capact = cap;
+                }
+                act[nact].node = (size_t)node;
+                act[nact++].conn = k;
+                idem__rconn_deadline(conn, left);
+            }
+            if (idem__append_cmd(r, b, conn, i)) {
+                fatal = IDEM_ENOMEM;
+                break;
+            }
+            /* Send what is built as it grows, so that the server works
+             * on the first commands while the rest are formatted. A
+             * failure here shows again, and is handled, at step 3. */
+            if (conn->c && sdslen(conn->c->obuf) >= IDEM__EARLY_FLUSH)
+                (void)idem__rconn_flush(conn);
+        }
+        if (fatal) {
+            for (size_t a = 0; a < nact; a++)
+                idem__rconn_close(idem__conn_at(r, act[a]));
+            if (fatal == IDEM_ENOMEM)
+                snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
+            else
+                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+            break;
+        }
+        /* 2. WAIT after the writes of each connection */
+        for (size_t a = 0; a < nact && r->cfg.wait; a++) {
+            idem__rconn *conn = idem__conn_at(r, act[a]);
+            if (!conn->wrote)
+                continue;
+            char nb[16], tb[24];
+            /* Redis times out blocked clients on its cron (10 Hz by
+             * default), so WAIT may answer ~100 ms after its timeout:
+             * leave room for that before the call's own deadline. */
+            int64_t lw = deadline - idem__mono_ms();
+            int64_t wait_ms = lw > 400 ? lw - 200 : lw / 2;
+            snprintf(nb, sizeof nb, "%d", r->cfg.wait);
+            snprintf(tb, sizeof tb, "%lld", (long long)(wait_ms > 0 ? wait_ms
+                                                                    : 1));
+            const char *wa[3] = {"WAIT", nb, tb};
+            size_t wl[3] = {4, strlen(nb), strlen(tb)};
+            if (redisAppendCommandArgv(conn->c, 3, wa, wl) != REDIS_OK ||
+                idem__rconn_expect(conn, IDEM__IN_WAIT, 0)) {
+                fatal = IDEM_ENOMEM;
+                snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
+            }
+        }
+        /* 3. write every pipeline, then read every reply */
+        /* Each blocking step gets what is left of the budget, so that
+         * several slow nodes in a row cannot add up past it. */
+        for (size_t a = 0; a < nact; a++) {
+            idem__rconn *conn = idem__conn_at(r, act[a]);
+            idem__rconn_deadline(conn, deadline - idem__mono_ms());
+            if (conn->c && idem__rconn_flush(conn)) {
+                char msg[sizeof b->lastmsg];
+                snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
+                         r->nodes[act[a].node].host,
+                         r->nodes[act[a].node].port, conn->c->errstr);
+                idem__requeue_conn(b, conn, idem__rconn_timed_out(conn)
+                                                ? IDEM_ETIMEOUT
+                                                : IDEM_ECONN, msg);
+                idem__rconn_close(conn);
+                r->map_stale = r->cfg.cluster;
+                rd.backoff = 1;
+            }
+        }
+        for (size_t a = 0; a < nact; a++) {
+            idem__rconn *conn = idem__conn_at(r, act[a]);
+            idem__rconn_deadline(conn, deadline - idem__mono_ms());
+            if (conn->c && conn->nin)
+                idem__read_conn(s, b, act[a], &rd);
+            else
+                conn->nin = 0;
+        }
+        if (rd.fatal)
+            fatal = rd.fatal;
+        /* 4. back off only when waiting can help; a redirect is retried
+         * at once. */
+        if (rd.backoff)
+            backoff = backoff ? (backoff * 2 > 500 ? 500 : backoff * 2) : 10;
+        else
+            backoff = 0;
+    }
+    idem__nosigpipe_end(&sig);
+    free(act);
+    int rc = 0;
+    int64_t spent = r->cfg.timeout_ms - (deadline - idem__mono_ms());
+    for (size_t i = 0; i < b->n; i++) {
+        idem__rcmd *c = &b->cmds[i];
+        if (c->done)
+            continue;
+        int code = fatal ? fatal : c->lasterr ? c->lasterr : IDEM_ETIMEOUT;
+        char msg[2 * sizeof b->lastmsg];
+        if (fatal)
+            idem__scopy(msg, sizeof msg, b->lastmsg);
+        else
+            snprintf(msg, sizeof msg, "%s: no answer within %lld ms%s%s",
+                     s->uri, (long long)spent, b->lastmsg[0] ? "; last: " : "",
+                     b->lastmsg);
+        idem__final(b, c, code, msg);
+        if (!rc)
+            rc = code;
+    }
+    idem__scopy(s->detail, sizeof s->detail,
+                b->firstmsg[0] ? b->firstmsg : before);
+    return rc;
+}
+
+
+/* Give each item its own answer: the command's reply, or its element
+ * of the reply of a multi-key script. */
+static void idem__distribute(idem_store *s, idem__rbatch *b, int rc)
+{
+    for (size_t i = 0; i < b->n; i++) {
+        idem__rcmd *c = &b->cmds[i];
+        const redisReply *rep = c->reply;
+        int bad = b->multi && rep && c->status == 0 &&
+                  (rep->type != REDIS_REPLY_ARRAY || rep->elements != c->count);
+        for (size_t j = 0; j < c->count; j++) {
+            idem__ritem *it = &b->items[b->order[c->first + j]];
+            if (!c->done)
+                it->status = rc;
+            else if (c->status)
+                it->status = c->status;
+            else if (bad)
+                it->status = IDEM_EPROTO;
+            else
+                it->reply = b->multi ? rep->element[j] : rep;
+            if (it->reply && it->reply->type == REDIS_REPLY_ERROR) {
+                /* A key's own failure inside a multi-key script. */
+                char msg[sizeof b->firstmsg];
+                snprintf(msg, sizeof msg, "%s: %s", s->uri, it->reply->str);
+                if (!b->firstmsg[0])
+                    idem__scopy(b->firstmsg, sizeof b->firstmsg, msg);
+                it->status = IDEM_EPROTO;
+                it->reply = NULL;
+            }
+            if (bad && !b->firstmsg[0])
+                snprintf(b->firstmsg, sizeof b->firstmsg, "%s: a script "
+                         "answered %zu results for %zu keys", s->uri,
+                         rep->type == REDIS_REPLY_ARRAY ? rep->elements : 0,
+                         c->count);
+        }
+    }
+    if (b->firstmsg[0])
+        idem__scopy(s->detail, sizeof s->detail, b->firstmsg);
+}
+
+int idem__run(idem_store *s, idem__rbatch *b, int write)
+{
+    b->write = write;
+    if (b->nitems == 0)
+        return 0;
+    if (write && (s->opts.flags & IDEM_O_READONLY)) {
+        for (size_t i = 0; i < b->nitems; i++)
+            b->items[i].status = IDEM_EINVAL;
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
+    }
+    if (idem__group(b))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int rc = idem__rounds(s, b);
+    idem__distribute(s, b, rc);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* redis_scripts.h - the Lua scripts behind every Redis state change. */
+#ifndef IDEM_REDIS_SCRIPTS_H
+#define IDEM_REDIS_SCRIPTS_H
+
+#include <stddef.h>
+
+enum idem__script {
+    IDEM__S_CLAIM,
+    IDEM__S_COMPLETE,
+    IDEM__S_FAIL,
+    IDEM__S_EXTEND,
+    IDEM__S_GET,
+    IDEM__S_FORGET,
+    IDEM__S_SWEEP,
+    IDEM__S_STATS,
+    IDEM__S_COUNT
+};
+
+/* Reasons a finishing script (complete, fail, extend) refuses a token;
+ * 0 means it accepted. They are the reasons local: gives for IDEM_ELOST. */
+enum {
+    IDEM__WHY_NONE = 1,      /* no live record */
+    IDEM__WHY_FINISHED = 2,  /* already DONE or FAILED */
+    IDEM__WHY_RELEASED = 3,  /* released by a retryable failure */
+    IDEM__WHY_TAKEN = 4      /* another token holds it */
+};
+
+/* The text of script i. */
+const char *idem__script_text(enum idem__script i);
+
+/* SHA-1 of every script in hex, as EVALSHA wants it: out[i] has 41 bytes. */
+void idem__script_shas(char out[IDEM__S_COUNT][41]);
+
+#endif

@@ -1,0 +1,282 @@
+/* redis_sweep.c - sweep and stats on Redis: SCAN every master.
+ *
+ * Records carry a TTL, so Redis removes them on its own. What a sweep is
+ * for: records written without a TTL (by hand, by older tools, or when
+ * a PEXPIRE was lost), which it deletes once created_ts is older than
+ * the retention, and records whose expiry passed under a caller's clock
+ * before Redis's own. SCAN MATCH PREFIX* COUNT 1000 walks each master;
+ * each page's keys go to one script call per slot (a script may only
+ * touch keys of one slot in a cluster), all of a page pipelined. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis.h"
+
+static idem__redis *idem__r(idem_store *s)
+{
+    return s->impl;
+}
+
+
+typedef struct idem__scan_acc {
+    uint64_t deleted;
+    uint64_t counts[3];
+    uint64_t seen;
+    int err;
+} idem__scan_acc;
+
+static int idem__slot_cmp(const void *a, const void *b)
+{
+    const unsigned *x = a, *y = b;
+    return (x[0] > y[0]) - (x[0] < y[0]);
+}
+
+/* The glob pattern matching every key under the prefix. */
+static char *idem__scan_pattern(const idem__redis *r, size_t *len)
+{
+    char *p = malloc(2 * r->cfg.prefixlen + 2);
+    size_t n = 0;
+    if (!p)
+        return NULL;
+    for (size_t i = 0; i < r->cfg.prefixlen; i++) {
+        char ch = r->cfg.prefix[i];
+        if (ch == '*' || ch == '?' || ch == '[' || ch == ']' || ch == '\\')
+            p[n++] = '\\';
+        p[n++] = ch;
+    }
+    p[n++] = '*';
+    p[n] = '\0';
+    *len = n;
+    return p;
+}
+
+/* Run `script` over the keys of one SCAN page, grouped by slot. */
+static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
+                           const redisReply *keys, int script,
+                           const char *now, idem__scan_acc *acc)
+{
+    size_t n = keys->elements;
+    if (n == 0)
+        return 0;
+    unsigned(*order)[2] = malloc(n * sizeof *order);
+    const char **argv = malloc((n + 6) * sizeof *argv);
+    size_t *lens = malloc((n + 6) * sizeof *lens);
+    if (!order || !argv || !lens) {
+        free(order);
+        free(argv);
+        free(lens);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        order[i][0] = r->cfg.cluster
+                          ? idem__key_slot(keys->element[i]->str,
+                                           keys->element[i]->len)
+                          : 0;
+        order[i][1] = (unsigned)i;
+    }
+    qsort(order, n, sizeof *order, idem__slot_cmp);
+    char ret[24];
+    snprintf(ret, sizeof ret, "%lld", (long long)s->opts.retention_ms);
+    size_t groups = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        while (j < n && order[j][0] == order[i][0])
+            j++;
+        int argc = 0;
+        char nk[24];
+        snprintf(nk, sizeof nk, "%zu", j - i);
+        argv[argc] = "EVALSHA";
+        lens[argc++] = 7;
+        argv[argc] = r->shas[script];
+        lens[argc++] = 40;
+        argv[argc] = nk;
+        lens[argc++] = strlen(nk);
+        for (size_t k = i; k < j; k++) {
+            const redisReply *e = keys->element[order[k][1]];
+            argv[argc] = e->str;
+            lens[argc++] = e->len;
+        }
+        argv[argc] = now;
+        lens[argc++] = strlen(now);
+        if (script == IDEM__S_SWEEP) {
+            argv[argc] = ret;
+            lens[argc++] = strlen(ret);
+        }
+        if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
+        }
+        groups++;
+        i = j;
+    }
+    free(order);
+    free(argv);
+    free(lens);
+    if (!rc && idem__rconn_flush(conn))
+        groups = 0, rc = idem__fail(s, IDEM_ECONN, "%s: %s", s->uri,
+                                    conn->c->errstr);
+    for (size_t g = 0; g < groups; g++) {
+        redisReply *rep;
+        if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK) {
+            rc = idem__fail(s, idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
+                                                           : IDEM_ECONN,
+                            "%s: %s", s->uri, conn->c->errstr);
+            break;
+        }
+        if (rep->type == REDIS_REPLY_INTEGER) {
+            acc->deleted += (uint64_t)rep->integer;
+        } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
+            for (int k = 0; k < 3; k++)
+                if (rep->element[k]->type == REDIS_REPLY_INTEGER)
+                    acc->counts[k] += (uint64_t)rep->element[k]->integer;
+        } else if (rep->type == REDIS_REPLY_ERROR &&
+                   strncmp(rep->str, "MOVED", 5) != 0 &&
+                   strncmp(rep->str, "ASK", 3) != 0 && !acc->err) {
+            /* A slot that moved away mid-scan is swept on its new node;
+             * any other error is reported once the scan is over. */
+            acc->err = IDEM_EPROTO;
+            idem__fail(s, IDEM_EPROTO, "%s: sweep: %s", s->uri, rep->str);
+            if (strncmp(rep->str, "NOSCRIPT", 8) == 0)
+                conn->loaded = 0;
+        }
+        freeReplyObject(rep);
+    }
+    if (rc)
+        idem__rconn_close(conn);
+    return rc;
+}
+
+/* Scan node from *cursor until the end or until max_work keys (0: no
+ * limit) were seen in this call; *cursor is 0 when the node is done. */
+static int idem__scan_node(idem_store *s, idem__redis *r, size_t node,
+                           int script, size_t max_work, uint64_t *cursor,
+                           idem__scan_acc *acc)
+{
+    idem__rconn *conn = &r->nodes[node].conns[0];
+    int rc = 0;
+    if (!conn->c)
+        rc = idem__rconn_open(s, r, &r->nodes[node], conn, r->cfg.connect_ms);
+    if (rc)
+        return rc;
+    idem__rconn_deadline(conn, r->cfg.timeout_ms);
+    if (!conn->loaded) {
+        for (int k = 0; k < IDEM__S_COUNT && !rc; k++) {
+            const char *la[3] = {"SCRIPT", "LOAD", idem__script_text(k)};
+            size_t ll[3] = {6, 4, strlen(la[2])};
+            redisReply *rep = idem__rconn_command(s, conn, 3, la, ll, &rc);
+            if (rep && rep->type == REDIS_REPLY_ERROR)
+                rc = idem__fail(s, IDEM_EPROTO, "%s: SCRIPT LOAD: %s",
+                                s->uri, rep->str);
+            freeReplyObject(rep);
+        }
+        if (rc)
+            return rc;
+        conn->loaded = 1;
+    }
+    char now[24] = "";
+    if (s->opts.clock)
+        snprintf(now, sizeof now, "%lld", (long long)idem__now(s));
+    size_t patlen;
+    char *pat = idem__scan_pattern(r, &patlen);
+    if (!pat)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    do {
+        char cur[24];
+        snprintf(cur, sizeof cur, "%llu", (unsigned long long)*cursor);
+        const char *argv[6] = {"SCAN", cur, "MATCH", pat, "COUNT", "1000"};
+        size_t lens[6] = {4, strlen(cur), 5, patlen, 5, 4};
+        redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens, &rc);
+        if (!rep)
+            break;
+        if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+            rep->element[0]->type != REDIS_REPLY_STRING ||
+            rep->element[1]->type != REDIS_REPLY_ARRAY) {
+            rc = idem__fail(s, IDEM_EPROTO, "%s: SCAN: %s", s->uri,
+                            rep->type == REDIS_REPLY_ERROR ? rep->str
+                                                           : "bad reply");
+            freeReplyObject(rep);
+            break;
+        }
+        *cursor = strtoull(rep->element[0]->str, NULL, 10);
+        acc->seen += rep->element[1]->elements;
+        rc = idem__scan_page(s, r, conn, rep->element[1], script, now, acc);
+        freeReplyObject(rep);
+    } while (!rc && *cursor != 0 && (!max_work || acc->seen < max_work));
+    free(pat);
+    return rc;
+}
+
+/* Every node that serves slots (the server, for redis://). */
+static int idem__masters(idem_store *s, idem__redis *r, unsigned char **is)
+{
+    if (r->cfg.cluster && r->map_stale) {
+        int rc = idem__map_refresh(s, r, idem__mono_ms() + r->cfg.timeout_ms);
+        if (rc)
+            return rc;
+    }
+    *is = calloc(r->nnodes ? r->nnodes : 1, 1);
+    if (!*is)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    if (!r->cfg.cluster)
+        (*is)[0] = 1;
+    else
+        for (size_t k = 0; k < IDEM__SLOTS; k++)
+            if (r->slots[k])
+                (*is)[r->slots[k] - 1] = 1;
+    return 0;
+}
+
+static int idem__scan_all(idem_store *s, int script, size_t max_work,
+                          idem__scan_acc *acc)
+{
+    idem__redis *r = idem__r(s);
+    unsigned char *is;
+    int rc = idem__masters(s, r, &is);
+    if (rc)
+        return rc;
+    idem__sigstate sig;
+    idem__nosigpipe_begin(&sig);
+    /* With a work limit the cursors persist, so successive sweeps walk
+     * the whole keyspace a page at a time; stats always start afresh. */
+    size_t nn = r->nnodes;
+    for (size_t i = 0; i < nn && !rc; i++) {
+        if (!is[i])
+            continue;
+        uint64_t cursor = max_work ? r->scan_cursor[i] : 0;
+        rc = idem__scan_node(s, r, i, script, max_work, &cursor, acc);
+        if (max_work)
+            r->scan_cursor[i] = cursor;
+        if (max_work && acc->seen >= max_work)
+            break;
+    }
+    idem__nosigpipe_end(&sig);
+    free(is);
+    return rc ? rc : acc->err;
+}
+
+int idem__redis_sweep(idem_store *s, size_t max_work,
+                             uint64_t *expired)
+{
+    idem__scan_acc acc = {0};
+    *expired = 0;
+    if (s->opts.flags & IDEM_O_READONLY)
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
+    int rc = idem__scan_all(s, IDEM__S_SWEEP, max_work, &acc);
+    *expired = acc.deleted;
+    idem__r(s)->expired_total += acc.deleted;
+    return rc;
+}
+
+int idem__redis_stats(idem_store *s, idem_stats *out)
+{
+    idem__scan_acc acc = {0};
+    int rc = idem__scan_all(s, IDEM__S_STATS, 0, &acc);
+    out->live_keys = acc.seen;
+    out->pending = acc.counts[0];
+    out->done = acc.counts[1];
+    out->failed = acc.counts[2];
+    out->expired_total = idem__r(s)->expired_total;
+    return rc;
+}

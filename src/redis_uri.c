@@ -1,0 +1,274 @@
+/* redis_uri.c - redis:// and redis-cluster:// URIs into settings.
+ *
+ *   redis://[[user]:password@]host[:port][/db][?param=value&...]
+ *   redis-cluster://[[user]:password@]host:port[,host:port...][?...]
+ *
+ * The URI is the whole configuration of a Redis store, so that every
+ * tool that takes --store reaches every setting without flags of its own.
+ * User, password and prefix may be percent-encoded (a password with '@'
+ * or ':' in it). Anything not understood is an error that names it: a
+ * misspelt "timout_ms" silently ignored would be a store that hangs for
+ * the default time instead of the one asked for. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "redis.h"
+
+#define IDEM__RDEFAULT_PORT 6379
+#define IDEM__RDEFAULT_PREFIX "idempotency:"
+
+/* Percent-decode p[0..n) into a new NUL-terminated string; *outlen gets
+ * its length (it may hold NULs). NULL on ENOMEM or a bad escape
+ * (*bad set). */
+static char *idem__pct_decode(const char *p, size_t n, size_t *outlen,
+                              int *bad)
+{
+    char *out = malloc(n + 1);
+    size_t j = 0;
+    *bad = 0;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '%') {
+            if (i + 2 >= n || idem__hexval(p[i + 1]) < 0 ||
+                idem__hexval(p[i + 2]) < 0) {
+                free(out);
+                *bad = 1;
+                return NULL;
+            }
+            out[j++] = (char)(idem__hexval(p[i + 1]) * 16 +
+                              idem__hexval(p[i + 2]));
+            i += 2;
+        } else {
+            out[j++] = p[i];
+        }
+    }
+    out[j] = '\0';
+    if (outlen)
+        *outlen = j;
+    return out;
+}
+
+/* A decimal number in [lo, hi] spelled by p[0..n). */
+static int idem__parse_num(const char *p, size_t n, long long lo,
+                           long long hi, long long *out)
+{
+    char buf[32];
+    if (n == 0 || n >= sizeof buf)
+        return -1;
+    memcpy(buf, p, n);
+    buf[n] = '\0';
+    for (size_t i = 0; i < n; i++)
+        if (buf[i] < '0' || buf[i] > '9')
+            return -1;
+    errno = 0;
+    long long v = strtoll(buf, NULL, 10);
+    if (errno || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* One host[:port] of p[0..n); IPv6 in brackets. */
+static int idem__add_host(idem_store *s, idem__rcfg *cfg, const char *p,
+                          size_t n)
+{
+    const char *host = p, *colon = NULL;
+    size_t hostlen;
+    if (n && p[0] == '[') {
+        const char *close = memchr(p, ']', n);
+        if (!close)
+            return idem__fail(s, IDEM_EINVAL, "%s: unclosed '[' in host",
+                              s->uri);
+        host = p + 1;
+        hostlen = (size_t)(close - host);
+        if (close + 1 < p + n) {
+            if (close[1] != ':')
+                return idem__fail(s, IDEM_EINVAL,
+                                  "%s: expected ':' after ']'", s->uri);
+            colon = close + 1;
+        }
+    } else {
+        colon = memchr(p, ':', n);
+        hostlen = colon ? (size_t)(colon - p) : n;
+    }
+    if (hostlen == 0)
+        return idem__fail(s, IDEM_EINVAL, "%s: empty host", s->uri);
+    long long port = IDEM__RDEFAULT_PORT;
+    if (colon && idem__parse_num(colon + 1, (size_t)(p + n - colon - 1), 1,
+                                 65535, &port))
+        return idem__fail(s, IDEM_EINVAL, "%s: bad port in '%.*s'", s->uri,
+                          (int)n, p);
+    char **hosts = realloc(cfg->hosts, (cfg->nseeds + 1) * sizeof *hosts);
+    if (!hosts)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    cfg->hosts = hosts;
+    int *ports = realloc(cfg->ports, (cfg->nseeds + 1) * sizeof *ports);
+    if (!ports)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    cfg->ports = ports;
+    char *h = malloc(hostlen + 1);
+    if (!h)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    memcpy(h, host, hostlen);
+    h[hostlen] = '\0';
+    cfg->hosts[cfg->nseeds] = h;
+    cfg->ports[cfg->nseeds] = (int)port;
+    cfg->nseeds++;
+    return 0;
+}
+
+static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
+                             size_t n)
+{
+    const char *eq = memchr(p, '=', n);
+    if (!eq)
+        return idem__fail(s, IDEM_EINVAL, "%s: parameter '%.*s' has no "
+                          "value", s->uri, (int)n, p);
+    size_t klen = (size_t)(eq - p), vlen = n - klen - 1;
+    const char *v = eq + 1;
+    long long num;
+#define IDEM__IS(name) (klen == strlen(name) && memcmp(p, name, klen) == 0)
+    if (IDEM__IS("prefix")) {
+        int bad;
+        char *d = idem__pct_decode(v, vlen, &cfg->prefixlen, &bad);
+        if (!d)
+            return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
+                                    "prefix", s->uri)
+                       : idem__fail(s, IDEM_ENOMEM, "out of memory");
+        free(cfg->prefix);
+        cfg->prefix = d;
+        return 0;
+    }
+    struct {
+        const char *name;
+        long long lo, hi;
+    } nums[] = {{"timeout_ms", 1, 3600000},
+                {"connect_timeout_ms", 1, 3600000},
+                {"pool", 1, 64},
+                {"wait", 0, 64},
+                {"db", 0, 1000000}};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+        if (!IDEM__IS(nums[i].name))
+            continue;
+        if (idem__parse_num(v, vlen, nums[i].lo, nums[i].hi, &num))
+            return idem__fail(s, IDEM_EINVAL, "%s: %s must be a number "
+                              "in %lld..%lld", s->uri, nums[i].name,
+                              nums[i].lo, nums[i].hi);
+        switch (i) {
+        case 0: cfg->timeout_ms = num; break;
+        case 1: cfg->connect_ms = num; break;
+        case 2: cfg->pool = (int)num; break;
+        case 3: cfg->wait = (int)num; break;
+        default: cfg->db = (int)num; break;
+        }
+        return 0;
+    }
+#undef IDEM__IS
+    return idem__fail(s, IDEM_EINVAL, "%s: unknown parameter '%.*s' "
+                      "(known: timeout_ms, connect_timeout_ms, prefix, pool, "
+                      "wait, db)", s->uri, (int)klen, p);
+}
+
+int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
+                     idem__rcfg *cfg)
+{
+    int bad = 0;
+    memset(cfg, 0, sizeof *cfg);
+    cfg->cluster = cluster;
+    cfg->timeout_ms = 5000;
+    cfg->pool = 1;
+    cfg->prefix = idem__strdup(IDEM__RDEFAULT_PREFIX);
+    if (!cfg->prefix)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    cfg->prefixlen = strlen(cfg->prefix);
+    if (strncmp(rest, "//", 2) != 0)
+        return idem__fail(s, IDEM_EINVAL, "%s: expected %s://host:port",
+                          s->uri, cluster ? "redis-cluster" : "redis");
+    rest += 2;
+    const char *q = strchr(rest, '?');
+    size_t authlen = q ? (size_t)(q - rest) : strlen(rest);
+    /* userinfo@ : the last '@' before the query, so passwords may hold
+     * a raw '@' too. */
+    const char *at = NULL;
+    for (const char *p = rest; p < rest + authlen; p++)
+        if (*p == '@')
+            at = p;
+    if (at) {
+        const char *colon = memchr(rest, ':', (size_t)(at - rest));
+        size_t ulen = colon ? (size_t)(colon - rest) : (size_t)(at - rest);
+        if (ulen) {
+            cfg->user = idem__pct_decode(rest, ulen, NULL, &bad);
+            if (!cfg->user)
+                goto decode_failed;
+        }
+        if (colon) {
+            cfg->pass = idem__pct_decode(colon + 1,
+                                         (size_t)(at - colon - 1), NULL, &bad);
+            if (!cfg->pass)
+                goto decode_failed;
+        } else if (cfg->user) {
+            /* "redis://secret@host": a password alone, as redis-cli reads
+             * it. */
+            cfg->pass = cfg->user;
+            cfg->user = NULL;
+        }
+        authlen -= (size_t)(at + 1 - rest);
+        rest = at + 1;
+    }
+    /* hosts, then an optional /db */
+    const char *slash = memchr(rest, '/', authlen);
+    size_t hostslen = slash ? (size_t)(slash - rest) : authlen;
+    for (const char *p = rest; p < rest + hostslen;) {
+        const char *comma = memchr(p, ',', (size_t)(rest + hostslen - p));
+        size_t n = comma ? (size_t)(comma - p) : (size_t)(rest + hostslen - p);
+        int rc = idem__add_host(s, cfg, p, n);
+        if (rc)
+            return rc;
+        p += n + (comma != NULL);
+    }
+    if (cfg->nseeds == 0)
+        return idem__fail(s, IDEM_EINVAL, "%s: no host", s->uri);
+    if (!cluster && cfg->nseeds > 1)
+        return idem__fail(s, IDEM_EINVAL, "%s: several hosts: use "
+                          "redis-cluster:// for a cluster", s->uri);
+    if (slash && slash + 1 < rest + authlen) {
+        long long db;
+        if (idem__parse_num(slash + 1, (size_t)(rest + authlen - slash - 1),
+                            0, 1000000, &db))
+            return idem__fail(s, IDEM_EINVAL, "%s: bad database number",
+                              s->uri);
+        cfg->db = (int)db;
+    }
+    for (const char *p = q ? q + 1 : NULL; p && *p;) {
+        const char *amp = strchr(p, '&');
+        size_t n = amp ? (size_t)(amp - p) : strlen(p);
+        int rc = n ? idem__parse_param(s, cfg, p, n) : 0;
+        if (rc)
+            return rc;
+        p += n + (amp != NULL);
+    }
+    if (cluster && cfg->db != 0)
+        return idem__fail(s, IDEM_EINVAL, "%s: a cluster has only "
+                          "database 0", s->uri);
+    if (!cfg->connect_ms)
+        cfg->connect_ms = cfg->timeout_ms;
+    return 0;
+decode_failed:
+    return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in user or "
+                            "password", s->uri)
+               : idem__fail(s, IDEM_ENOMEM, "out of memory");
+}
+
+void idem__rcfg_free(idem__rcfg *cfg)
+{
+    for (size_t i = 0; i < cfg->nseeds; i++)
+        free(cfg->hosts[i]);
+    free(cfg->hosts);
+    free(cfg->ports);
+    free(cfg->user);
+    free(cfg->pass);
+    free(cfg->prefix);
+    memset(cfg, 0, sizeof *cfg);
+}
