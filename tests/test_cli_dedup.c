@@ -142,10 +142,17 @@ Test(cli_dedup, bad_json_stops_with_file_line_column)
 {
     put("in", "{\"id\":\"a\"}\n{\"id\": \"ü\", oops}\n{\"id\":\"b\"}\n");
     cr_assert_eq(t_cli(dir, "dedup --key id --output out in 2> err"), 1);
-    cr_assert(t_grep(at("err"), "in:2:14: invalid JSON"), "%s",
+    cr_assert(t_grep(at("err"), "in:2:13: invalid JSON"), "%s",
               t_read(at("err"), NULL));
     cr_assert(t_grep(at("err"), "--on-bad-input skip"));
     expect("out", "{\"id\":\"a\"}\n");
+    /* columns count characters, and a cut line points past its end */
+    put("c", "{\"a\" 1}\n{\"a\":1\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --store mem: --on-bad-input "
+                            "skip c 2> err"), 0);
+    cr_assert(t_grep(at("err"), "c:1:6: invalid JSON: parse error"));
+    cr_assert(t_grep(at("err"), "c:2:7: invalid JSON: parse error: "
+                                "premature EOF"));
     /* fixed input: the rerun resumes after line 1 */
     put("in", "{\"id\":\"a\"}\n{\"id\": \"c\"}\n{\"id\":\"b\"}\n");
     cr_assert_eq(t_cli(dir, "dedup --key id --output out in 2> err"), 0);

@@ -194,15 +194,19 @@ static size_t column_of(const char *line, size_t off)
     return col;
 }
 
-static void parse_error(jk *x, yajl_handle h, const char *line, size_t len)
+/* at_end: the line ended inside a value (yajl_complete_parse failed). */
+static void parse_error(jk *x, yajl_handle h, const char *line, size_t len,
+                        int at_end)
 {
     unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
-    size_t off = yajl_get_bytes_consumed(h);
+    size_t off = at_end ? len + 1 : yajl_get_bytes_consumed(h);
     snprintf(x->err, sizeof x->err, "%s", msg ? (char *)msg : "bad JSON");
     x->err[strcspn(x->err, "\n")] = '\0';
     if (msg)
         yajl_free_error(h, msg);
-    x->column = column_of(line, off < len ? off : len);
+    /* yajl counts the byte it stopped at as consumed */
+    x->column = off == 0 ? 1
+                         : column_of(line, off - 1 < len ? off - 1 : len);
 }
 
 jk_result jk_extract(jk *x, const char *line, size_t len, const char **key,
@@ -217,14 +221,15 @@ jk_result jk_extract(jk *x, const char *line, size_t len, const char **key,
         return JK_BAD_JSON;
     }
     yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
-    if (st == yajl_status_ok)
+    int at_end = st == yajl_status_ok;
+    if (at_end)
         st = yajl_complete_parse(h);
     jk_result r = JK_OK;
     if (st == yajl_status_client_canceled) {
         snprintf(x->err, sizeof x->err, "out of memory");
         r = JK_BAD_JSON;
     } else if (st != yajl_status_ok) {
-        parse_error(x, h, line, len);
+        parse_error(x, h, line, len, at_end);
         r = JK_BAD_JSON;
     } else if (!x->found) {
         r = JK_MISSING;
