@@ -216,15 +216,38 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
     return 0;
 }
 
-/* A newest segment shorter than its header was being created when the
- * process died: it never held a record. */
+/* Was the newest segment being created when the process or the machine
+ * died? Its header is written and synced before any frame, so it ends
+ * within its header, or it is just a header that does not check out: a
+ * power loss can make the file's size durable but not its bytes. Either
+ * way it never held a record. A header of a newer version is not ours to
+ * judge. */
+static int idem__stillborn(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    unsigned char hdr[IDEM__SEG_HDR];
+    struct stat st;
+    int64_t created;
+    idem__seg_name(name, sizeof name, id);
+    int fd = openat(lg->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;  /* opening it again reports why */
+    ssize_t n = fstat(fd, &st) == 0 && st.st_size <= IDEM__SEG_HDR
+                    ? pread(fd, hdr, sizeof hdr, 0)
+                    : -1;
+    close(fd);
+    return n >= 0 && (n < (ssize_t)IDEM__SEG_HDR ||
+                      idem__seg_header_ok(hdr, (size_t)n, id, &created) ==
+                          IDEM_ECORRUPT);
+}
+
+/* Delete a stillborn newest segment: 1 if it was one, 0 if not. */
 static int idem__drop_stillborn(idem__log *lg, uint32_t id)
 {
     char name[32];
-    struct stat st;
-    idem__seg_name(name, sizeof name, id);
-    if (fstatat(lg->dirfd, name, &st, 0) != 0 || st.st_size >= IDEM__SEG_HDR)
+    if (!idem__stillborn(lg, id))
         return 0;
+    idem__seg_name(name, sizeof name, id);
     if (unlinkat(lg->dirfd, name, 0) != 0)
         return idem__log_ioerr(lg, "unlink", id, errno);
     return 1;

@@ -231,3 +231,37 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     idem_close(s);
     t_rmdir(dir);
 }
+
+/* A new segment file as a crash during rotation can leave it: created but
+ * empty, part of its header written, or (power loss before its fdatasync)
+ * its size durable but its header bytes not. */
+static void make_fresh_segment(const unsigned char *p, size_t n)
+{
+    char path[4300];
+    snprintf(path, sizeof path, "%s/seg-00000002.log", dir);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    cr_assert_geq(fd, 0);
+    if (n)
+        cr_assert_eq(write(fd, p, n), (ssize_t)n);
+    close(fd);
+}
+
+Test(torn, fresh_segment_with_lost_header_opens, .timeout = 60)
+{
+    build(64u << 20);
+    unsigned char zeros[32] = {0};
+    make_fresh_segment(zeros, sizeof zeros);
+    expect_batches(BATCHES, "zeroed header", 0);
+    /* The store goes on writing after it. */
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_key k = {"after", 5, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(t_local_uri(dir));
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(o.kind, IDEM_BUSY);
+    idem_close(s);
+    t_rmdir(dir);
+}
