@@ -369,10 +369,24 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, int last,
 {
     idem_check_report mine = {0};
     idem__rewrite w = {0};
-    int rc = idem__buf_append(&w.out, g->base, IDEM__SEG_HDR)
-                 ? IDEM_ENOMEM
-                 : idem__salvage_walk(g->base, g->size, &mine,
-                                      idem__keep_frame, &w);
+    int64_t created;
+    int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
+    if (hdr == IDEM_EVERSION)
+        return idem__seg_fail(lg, hdr, g->id, "segment of a newer format", 0,
+                              g->size);
+    int rc = idem__buf_reserve(&w.out, IDEM__SEG_HDR) ? IDEM_ENOMEM : 0;
+    if (!rc) {
+        /* A header that does not check out is written anew; its time
+         * bucket is unknown, so it counts as long over. */
+        if (hdr)
+            idem__seg_header(w.out.data, g->id, 0);
+        else
+            memcpy(w.out.data, g->base, IDEM__SEG_HDR);
+        w.out.len = IDEM__SEG_HDR;
+        mine.damaged = hdr != 0;
+        rc = idem__salvage_walk(g->base, g->size, &mine, idem__keep_frame,
+                                &w);
+    }
     uint64_t uncommitted = w.out.len - (w.commit_len ? w.commit_len
                                                       : IDEM__SEG_HDR);
     if (!rc && !last && w.commit_len < w.out.len) {
@@ -404,6 +418,8 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
 {
     idem__scan sc;
     idem_check_report mine = {0};
+    int64_t created;
+    int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
     r->records += mine.records;
@@ -413,13 +429,20 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, int last,
     if (damaged) {
         r->damaged += mine.damaged ? mine.damaged : 1;
         r->bytes_lost += mine.bytes_lost;
-        if (!r->first_damage[0])
-            snprintf(r->first_damage, sizeof r->first_damage,
-                     "%s/seg-%08u.log: damaged record at offset %llu",
-                     lg->dir, g->id,
-                     (unsigned long long)(sc.bad_at < g->size ? sc.bad_at
-                                                             : sc.commit_end));
     }
+    if (hdr)
+        r->damaged++;
+    if (r->first_damage[0])
+        return 0;
+    if (hdr)
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "%s/seg-%08u.log: bad segment header", lg->dir, g->id);
+    else if (damaged)
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "%s/seg-%08u.log: damaged record at offset %llu", lg->dir,
+                 g->id,
+                 (unsigned long long)(sc.bad_at < g->size ? sc.bad_at
+                                                         : sc.commit_end));
     return 0;
 }
 
@@ -448,6 +471,12 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
                     : IDEM_ENOMEM;
     if (!rc)
         rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
+    /* A newest segment left stillborn by a crash is no damage: open drops
+     * it, and so does repair. */
+    if (!rc && n &&
+        (rc = writable ? idem__drop_stillborn(&lg, ids[n - 1])
+                       : idem__stillborn(&lg, ids[n - 1])) == 1)
+        n--, rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         idem__seg g;
         rc = idem__open_seg(&lg, ids[i], &g, writable);

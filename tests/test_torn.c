@@ -265,3 +265,49 @@ Test(torn, fresh_segment_with_lost_header_opens, .timeout = 60)
     idem_close(s);
     t_rmdir(dir);
 }
+Test(torn, check_and_repair_after_crash_in_rotation, .timeout = 60)
+{
+    build(64u << 20);
+    size_t lens[] = {0, 7, 32};
+    unsigned char zeros[32] = {0};
+    for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+        make_fresh_segment(zeros, lens[i]);
+        idem_check_report rep;
+        cr_assert_eq(idem_check(t_local_uri(dir), &rep), 0, "%zu: %s",
+                     lens[i], rep.first_damage);
+        cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%zu: %s",
+                     lens[i], rep.first_damage);
+        cr_assert_eq(rep.damaged, 0);
+        expect_batches(BATCHES, "repaired fresh segment", lens[i]);
+    }
+    t_rmdir(dir);
+}
+
+Test(torn, bad_header_is_checked_and_repaired, .timeout = 60)
+{
+    build(4096);
+    char first[4300];
+    snprintf(first, sizeof first, "%s/seg-00000001.log", dir);
+    unsigned char *p;
+    size_t n;
+    load_file(first, &p, &n);
+    p[3] ^= 0xff;  /* inside the magic */
+    write_file(first, p, n);
+    free(p);
+    idem_store *s;
+    idem_options o = t_options();
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
+    cr_assert(strstr(idem_errdetail(s), "idem repair"), "%s",
+              idem_errdetail(s));
+    idem_close(s);
+    idem_check_report rep;
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT);
+    cr_assert(strstr(rep.first_damage, "seg-00000001.log"), "%s",
+              rep.first_damage);
+    cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+    expect_batches(BATCHES, "repaired header", 0);
+    t_rmdir(dir);
+}
