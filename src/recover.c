@@ -14,9 +14,12 @@
  * sectors, so past a bad frame there may still be valid frames of that
  * group, up to and including its COMMIT, but never anything after that
  * COMMIT. A valid frame past a later COMMIT means committed data was
- * damaged. The scanner finds valid frames past damage by trying every
- * 8-byte boundary (frames are 8-aligned); a checksum matching by chance
- * in garbage has odds of 2^-64. */
+ * damaged; so does a first COMMIT past the damage whose group (a COMMIT
+ * records where its group began) starts after the damage, as when the
+ * damage hit the COMMIT of the group before. The scanner finds valid
+ * frames past damage by trying every 8-byte boundary (frames are
+ * 8-aligned); a checksum matching by chance in garbage has odds of
+ * 2^-64. */
 #include "recover.h"
 
 #include <errno.h>
@@ -64,7 +67,8 @@ static int idem__damage_is_midfile(const unsigned char *base, uint64_t size,
             continue;
         }
         if (f.type == IDEM__R_COMMIT)
-            return idem__next_valid(base, size, p + f.len) != 0;
+            return (uint64_t)f.rec.created > at ||
+                   idem__next_valid(base, size, p + f.len) != 0;
         p += f.len;
     }
     return 0;

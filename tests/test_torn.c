@@ -311,3 +311,29 @@ Test(torn, bad_header_is_checked_and_repaired, .timeout = 60)
     expect_batches(BATCHES, "repaired header", 0);
     t_rmdir(dir);
 }
+
+Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
+{
+    /* The COMMIT that ends batch 8 is damaged; batch 9 follows it whole.
+     * No crash does that (batch 8 was synced before batch 9 was written),
+     * so it must not pass for a torn batch 9, silently dropping both. */
+    build(64u << 20);
+    unsigned char *bad = malloc(orig_len);
+    cr_assert(bad);
+    for (size_t at = ends[BATCHES - 2] - 72; at < ends[BATCHES - 2];
+         at += 8) {
+        memcpy(bad, orig, orig_len);
+        bad[at] ^= 0x5a;
+        write_file(seg_path, bad, orig_len);
+        idem_store *s;
+        idem_options o = t_options();
+        cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
+                     "damage at %zu: %s", at, idem_errdetail(s));
+        idem_close(s);
+    }
+    /* Repair keeps both batches. */
+    cr_assert_eq(idem_repair(t_local_uri(dir), NULL), 0);
+    expect_batches(BATCHES, "repaired commit", 0);
+    free(bad);
+    t_rmdir(dir);
+}
