@@ -108,23 +108,28 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
     return 0;
 }
 
-const unsigned char *idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
-                                  size_t *avail)
+int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
+                 const unsigned char **p, size_t *avail)
 {
     idem__seg *g = idem__log_seg(lg, seg);
     if (!g)
-        return NULL;
+        return IDEM_ENOTFOUND;
     if (g == idem__active(lg) && off >= g->size) {
         size_t at = (size_t)(off - g->size);
         if (at >= lg->wbuf.len)
-            return NULL;
+            return IDEM_ECORRUPT;
         *avail = lg->wbuf.len - at;
-        return lg->wbuf.data + at;
+        *p = lg->wbuf.data + at;
+        return 0;
     }
-    if (off >= g->size || idem__log_map(lg, g, (size_t)g->size))
-        return NULL;
+    if (off >= g->size)
+        return IDEM_ECORRUPT;
+    int rc = idem__log_map(lg, g, (size_t)g->size);
+    if (rc)
+        return rc;
     *avail = (size_t)(g->size - off);
-    return g->base + off;
+    *p = g->base + off;
+    return 0;
 }
 
 /* Move the buffer into the active segment: write(2) for files, memcpy for

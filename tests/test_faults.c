@@ -216,3 +216,35 @@ Test(faults, segment_creation_fails, .timeout = 120)
         free(dir);
     }
 }
+
+/* A record that cannot be read (here: its segment cannot be mapped) is an
+ * error, never "no record": a claim answering NEW for a key that is DONE
+ * would run its effects twice. */
+Test(faults, unreadable_record_is_not_absent, .timeout = 60)
+{
+    char *dir = t_tmpdir();
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_key k = {"done", 4, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(idem_complete(s, "done", 4, o.token, "resp", 4, 0), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    t_fail_mmap_after = 0;
+    int rc = idem_claim(s, &k, NULL, &o);
+    int tripped = t_fail_mmap_after < 0;
+    t_fail_mmap_after = -1;
+    cr_assert(tripped, "the claim read nothing through a mapping");
+    cr_assert_eq(rc, IDEM_ENOMEM, "rc %d, kind %d: %s", rc, o.kind,
+                 idem_errdetail(s));
+    idem_record r;
+    t_fail_mmap_after = 0;
+    cr_assert_eq(idem_get(s, "done", 4, &r), IDEM_ENOMEM);
+    t_fail_mmap_after = -1;
+    /* The handle is still good. */
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    cr_assert(o.len == 4 && memcmp(o.data, "resp", 4) == 0);
+    idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}

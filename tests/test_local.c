@@ -286,3 +286,29 @@ Test(local, incremental_sweep_is_bounded)
     cr_assert_eq(st.live_keys, 0);
     idem_close(s);
 }
+
+Test(local, damaged_record_read_back_is_an_error)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    claim_complete(s, "k", "resp");
+    cr_assert_eq(idem_sync(s), 0);
+    /* The disk (or someone) damages the COMPLETE frame under the open
+     * store: header 32, CLAIM frame 80 bytes, then the COMPLETE frame,
+     * whose type byte is at 13. */
+    char path[4300];
+    snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    cr_assert_eq(fseek(f, 32 + 80 + 13, SEEK_SET), 0);
+    cr_assert_eq(fputc(0xee, f), 0xee);
+    fclose(f);
+    idem_key k = {"k", 1, NULL};
+    idem_outcome o;
+    int rc = idem_claim(s, &k, NULL, &o);
+    cr_assert_eq(rc, IDEM_ECORRUPT, "rc %d kind %d", rc, o.kind);
+    cr_assert(strstr(idem_errdetail(s), "seg-00000001.log"), "%s",
+              idem_errdetail(s));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ECORRUPT);
+    idem_close(s);
+}
