@@ -157,7 +157,12 @@ static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
         return idem__seg_fail(lg, IDEM_ECORRUPT, id, "segment too large",
                               g->size, g->size);
     }
-    return idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+    int rc = idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+    if (rc) {
+        close(g->fd);
+        g->fd = -1;
+    }
+    return rc;
 }
 
 static void idem__close_seg(idem__seg *g)

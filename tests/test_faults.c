@@ -5,6 +5,7 @@
  * cycle the library must return an error (never crash, never leak: the
  * ASan run checks), keep the handle usable after ENOMEM, and lose nothing
  * that an earlier sync reported durable. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -244,6 +245,53 @@ Test(faults, unreadable_record_is_not_absent, .timeout = 60)
     cr_assert_eq(idem_claim(s, &k, NULL, &o), 0, "%s", idem_errdetail(s));
     cr_assert_eq(o.kind, IDEM_REPLAY);
     cr_assert(o.len == 4 && memcmp(o.data, "resp", 4) == 0);
+    idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
+{
+    char *dir = t_tmpdir();
+    idem_options o = t_options();
+    o.segment_bytes = 4096;
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+    for (int b = 0; b < 4; b++)
+        cr_assert_eq(cycle(s, b), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_gt(st.segments, 1);
+    idem_close(s);
+    int fds = open_fds();
+    /* One mapping per segment: fail each. */
+    for (long n = 0; n < (long)st.segments; n++) {
+        t_fail_mmap_after = n;
+        int rc = idem_open(t_local_uri(dir), &o, &s);
+        t_fail_mmap_after = -1;
+        cr_assert_eq(rc, IDEM_ENOMEM, "n=%ld: %s", n, idem_errdetail(s));
+        idem_close(s);
+        cr_assert_eq(open_fds(), fds, "n=%ld: a file was left open", n);
+        t_fail_mmap_after = n;
+        rc = idem_check(t_local_uri(dir), NULL);
+        t_fail_mmap_after = -1;
+        cr_assert_eq(rc, IDEM_ENOMEM, "n=%ld", n);
+        cr_assert_eq(open_fds(), fds, "n=%ld: check left a file open", n);
+    }
+    s = t_open(t_local_uri(dir));
+    for (int b = 0; b < 4; b++)
+        expect_done(s, b);
     idem_close(s);
     t_rmdir(dir);
     free(dir);
