@@ -268,7 +268,9 @@ static int idem__create_file(idem__log *lg, uint32_t id, int64_t now,
         return idem__log_ioerr(lg, "create", id, errno);
     ssize_t w = write(fd, hdr, sizeof hdr);
     if (w != (ssize_t)sizeof hdr || fdatasync(fd) != 0 || fsync(lg->dirfd)) {
-        int rc = idem__log_ioerr(lg, "create", id, w < 0 ? errno : ENOSPC);
+        /* A short write is a full disk; a failed sync sets errno. */
+        int err = w >= 0 && w < (ssize_t)sizeof hdr ? ENOSPC : errno;
+        int rc = idem__log_ioerr(lg, "create", id, err);
         close(fd);
         unlinkat(lg->dirfd, name, 0);
         return rc;

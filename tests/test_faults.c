@@ -296,3 +296,41 @@ Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
     t_rmdir(dir);
     free(dir);
 }
+
+Test(faults, segment_creation_sync_fails, .timeout = 120)
+{
+    /* Small segments: the failing fdatasync may be a new segment's. The
+     * error must say what happened (EIO), not that the disk is full. */
+    int seen_rotation_failure = 0;
+    for (long n = 0; n < 12; n++) {
+        char *dir = t_tmpdir();
+        idem_options o = t_options();
+        o.segment_bytes = 4096;
+        idem_store *s;
+        cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+        t_fail_errno = EIO;
+        t_fail_sync_after = n;
+        int rc = 0, synced = 0;
+        for (int b = 0; b < 8 && !rc; b++) {
+            rc = cycle(s, b);
+            synced += rc == 0;
+        }
+        t_fail_sync_after = -1;
+        cr_assert(rc == 0 || rc == IDEM_EIO, "n=%ld: rc %d: %s", n, rc,
+                  idem_errdetail(s));
+        if (rc) {
+            cr_assert(strstr(idem_errdetail(s), strerror(EIO)), "n=%ld: %s",
+                      n, idem_errdetail(s));
+            seen_rotation_failure |= strstr(idem_errdetail(s), "create") != 0;
+        }
+        idem_close(s);
+        cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0, "%s",
+                     idem_errdetail(s));
+        for (int b = 0; b < synced; b++)
+            expect_done(s, b);
+        idem_close(s);
+        t_rmdir(dir);
+        free(dir);
+    }
+    cr_assert(seen_rotation_failure);
+}
