@@ -163,9 +163,13 @@ static int idem__flush(idem__log *lg)
         if (w <= 0) {
             int err = w < 0 ? errno : ENOSPC;
             lg->broken = idem__log_ioerr(lg, "write", g->id, err);
-            /* Best effort: leave the file ending at the last commit. */
-            if (ftruncate(g->fd, (off_t)g->committed) == 0)
-                g->size = g->committed;
+            /* Keep the invariant: what was written is counted in size,
+             * the rest stays in the buffer, so reads still find every
+             * frame. (Cutting the file back to the last commit would
+             * leave frames of earlier flushes of this group nowhere.)
+             * Recovery cuts the uncommitted tail. */
+            memmove(lg->wbuf.data, p, n);
+            lg->wbuf.len = n;
             return lg->broken;
         }
         p += w;
@@ -228,7 +232,10 @@ int idem__log_commit(idem__log *lg)
     lg->wbuf.len += n;
     int rc = idem__flush(lg);
     if (rc) {
-        lg->wbuf.len -= n;  /* memory: the commit frame was not taken */
+        /* memory (ENOMEM): nothing moved, take the commit frame back and
+         * let a later commit try again; files: the log is broken. */
+        if (lg->memory)
+            lg->wbuf.len -= n;
         return rc;
     }
     idem__seg *g = idem__active(lg);

@@ -334,3 +334,53 @@ Test(faults, segment_creation_sync_fails, .timeout = 120)
     }
     cr_assert(seen_rotation_failure);
 }
+
+Test(faults, reads_after_a_failed_write_of_a_large_group, .timeout = 120)
+{
+    /* A group over the 4 MiB flush size reaches the file in several
+     * writes. When a later one fails the store is broken for writes, but
+     * what it answers for the keys of the group must still be right. */
+    enum { N = 6, BIG = 1u << 20 };
+    char *dir = t_tmpdir();
+    idem_store *s = t_open(t_local_uri(dir));
+    char *resp = malloc(BIG);
+    cr_assert(resp);
+    char key[N][16];
+    t_fail_errno = EIO;
+    t_fail_write_after = 1;  /* the first flush goes through */
+    int rc = 0;
+    for (int i = 0; i < N && !rc; i++) {
+        snprintf(key[i], sizeof key[i], "big-%d", i);
+        memset(resp, 'a' + i, BIG);
+        idem_key k = {key[i], strlen(key[i]), NULL};
+        idem_outcome o;
+        rc = idem_claim(s, &k, NULL, &o);
+        if (!rc)
+            rc = idem_complete(s, key[i], strlen(key[i]), o.token, resp, BIG,
+                               0);
+    }
+    if (!rc)
+        rc = idem_sync(s);
+    t_fail_write_after = -1;
+    cr_assert_eq(rc, IDEM_EIO, "%s", idem_errdetail(s));
+    for (int i = 0; i < N; i++) {
+        idem_record r;
+        rc = idem_get(s, key[i], strlen(key[i]), &r);
+        cr_assert_eq(rc, 0, "%s: %s", key[i], idem_errdetail(s));
+        cr_assert_eq(r.state, IDEM_DONE, "%s", key[i]);
+        cr_assert_eq(r.len, BIG);
+        const char *d = r.data;
+        cr_assert(d[0] == 'a' + i && d[BIG - 1] == 'a' + i, "%s", key[i]);
+    }
+    idem_close(s);
+    /* Nothing of the group was durable. */
+    s = t_open(t_local_uri(dir));
+    idem_record r;
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(idem_get(s, key[i], strlen(key[i]), &r),
+                     IDEM_ENOTFOUND);
+    idem_close(s);
+    free(resp);
+    t_rmdir(dir);
+    free(dir);
+}
