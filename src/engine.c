@@ -502,6 +502,9 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
     return idem__log_commit(&en->log);
 }
 
+/* Survivors few enough to copy out of the oldest segment in any case. */
+#define IDEM__FEW 8
+
 /* Drop (or empty, then drop) the oldest segments while that is cheap. */
 static int idem__retire_segments(idem_store *s, int64_t now)
 {
@@ -512,8 +515,13 @@ static int idem__retire_segments(idem_store *s, int64_t now)
         uint64_t pins = idem__ckpt_pins(en, g->id);
         int dead = (g->live == 0 || g->max_expires <= now) && pins == 0;
         if (!dead) {
-            /* Mostly dead: move the few survivors, then drop. */
-            if ((g->live + pins) * 4 > g->records + 1)
+            /* Mostly dead: move the few survivors, then drop. A handful
+             * of survivors is cheap to move whatever the ratio; waiting
+             * for them instead would let a small segment holding, say, a
+             * checkpoint nobody updates any more keep itself, and every
+             * segment after it, forever. */
+            uint64_t keep = g->live + pins;
+            if (keep > IDEM__FEW && keep * 4 > g->records + 1)
                 return 0;
             int rc = idem__copy_forward(s, g, now);
             if (rc)
