@@ -151,6 +151,8 @@ static void do_claim(idem_store *s, const char *key, mrec *m,
     n.expires = t_clock_ms + co.ttl_ms;
     if (live && m->expires > n.expires)
         n.expires = m->expires;
+    if (n.expires < n.lease)
+        n.expires = n.lease;
     if (use_fp || (live && m->has_fp)) {
         n.has_fp = 1;
         memcpy(n.fp, use_fp ? fp : m->fp, IDEM_FP_LEN);
