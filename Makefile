@@ -30,10 +30,10 @@ TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 PROGS := $(PROG_SRC:tests/progs/%.c=$(BUILD)/progs/%)
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-# Tests see every write, fdatasync and allocation the library makes, to
-# fail the Nth one on purpose (tests/fault.c).
+# Tests see every write, fdatasync, mmap and allocation the library makes,
+# to fail the Nth one on purpose (tests/fault.c).
 WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
-       -Wl,--wrap=aligned_alloc \
+       -Wl,--wrap=aligned_alloc,--wrap=mmap \
        -Wl,--wrap=pwrite,--wrap=fdatasync,--wrap=ftruncate
 
 .PHONY: all test asan bench demo install clean deps check-style

@@ -79,9 +79,32 @@ static void idem__unlink_entry(idem__engine *en, idem__ient *e)
     idem__index_remove(&en->ix, e);
 }
 
-/* Find key's record, whose hash is in fo->h. Returns 0 (see *fo) or
- * IDEM_ECOLLISION. An entry whose frame was dropped with its expired
- * segment counts as absent. */
+/* Decode the frame at (seg, off) into *f. 0; IDEM_ENOTFOUND if its
+ * segment was dropped; else the error, with the detail set. A frame that
+ * cannot be read is never taken for a missing one: for a key that is
+ * DONE, "no record" would let a claim run the work a second time. */
+static int idem__read_frame(idem_store *s, uint32_t seg, uint32_t off,
+                            idem__frame *f)
+{
+    idem__log *lg = &idem__eng(s)->log;
+    const unsigned char *p;
+    size_t avail;
+    int rc = idem__log_at(lg, seg, off, &p, &avail);
+    if (!rc && idem__frame_decode(p, avail, f, 0))
+        rc = IDEM_ECORRUPT;
+    if (rc == IDEM_ECORRUPT) {
+        char name[32];
+        idem__seg_name(name, sizeof name, seg);
+        return idem__fail(s, rc, "%s%s%s: no valid record at offset %u",
+                          lg->dir ? lg->dir : "", lg->dir ? "/" : "", name,
+                          off);
+    }
+    return rc == IDEM_ENOMEM ? idem__fail(s, rc, "out of memory") : rc;
+}
+
+/* Find key's record, whose hash is in fo->h. Returns 0 (see *fo),
+ * IDEM_ECOLLISION, or why the record could not be read. An entry whose
+ * frame was dropped with its expired segment counts as absent. */
 static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
                                int64_t now, idem__found *fo)
 {
@@ -90,16 +113,9 @@ static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
     fo->live = 0;
     if (!fo->e || now >= fo->e->expires)
         return 0;
-    size_t avail;
-    const unsigned char *p =
-        idem__log_at(&en->log, fo->e->seg, fo->e->off, &avail);
-    if (!p && !idem__log_seg(&en->log, fo->e->seg))
-        return 0;  /* its segment was dropped with every record expired */
-    if (!p || idem__frame_decode(p, avail, &fo->f, 0))
-        return idem__fail(s, p ? IDEM_ECORRUPT : IDEM_EIO,
-                          "cannot read the record at segment %u offset %u%s",
-                          fo->e->seg, fo->e->off,
-                          p ? "" : " (see the previous error)");
+    int rc = idem__read_frame(s, fo->e->seg, fo->e->off, &fo->f);
+    if (rc)
+        return rc == IDEM_ENOTFOUND ? 0 : rc;
     if (fo->f.keylen != len || memcmp(fo->f.key, key, len) != 0)
         return idem__fail(s, IDEM_ECOLLISION,
                           "two keys share one 128-bit index hash");
@@ -164,6 +180,7 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     if (out->kind == IDEM_NEW && a->done) {
         next.state = IDEM_DONE;
         next.lease = 0;
+        next.expires = now + a->ttl_ms;  /* as a completion sets it */
         return idem__put(s, &fo, IDEM__R_COMPLETE, &next, k->key, k->len,
                          NULL, 0, now);
     }
@@ -206,7 +223,7 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
         if (outs[i].status)
             continue;
         int rc = idem__claim_one(s, &keys[i], h[w], a, now, &outs[i]);
-        if (rc == IDEM_ECOLLISION) {
+        if (rc == IDEM_ECOLLISION || rc == IDEM_ECORRUPT) {
             outs[i].status = rc;
         } else if (rc) {
             for (size_t j = i; j < n; j++)
@@ -258,7 +275,8 @@ static int idem__eng_complete_many(idem_store *s, const idem_completion *it,
         if (st[i])
             continue;
         st[i] = idem__complete_one(s, &it[i], now);
-        if (st[i] && st[i] != IDEM_ELOST && st[i] != IDEM_ECOLLISION) {
+        if (st[i] && st[i] != IDEM_ELOST && st[i] != IDEM_ECOLLISION &&
+            st[i] != IDEM_ECORRUPT) {
             int rc = st[i];
             for (size_t j = i + 1; j < n; j++)
                 st[j] = st[j] ? st[j] : rc;
@@ -347,17 +365,17 @@ static int idem__eng_scan(idem_store *s, idem_scan_fn fn, void *ctx)
     int64_t now = idem__now(s);
     for (uint32_t id = 0; id < en->ix.hw; id++) {
         idem__ient *e = idem__index_at(&en->ix, id);
-        size_t avail;
         idem__frame f;
-        const unsigned char *p =
-            e->seg == IDEM__IENT_FREE || now >= e->expires
-                ? NULL
-                : idem__log_at(&en->log, e->seg, e->off, &avail);
-        if (!p || idem__frame_decode(p, avail, &f, 0))
+        if (e->seg == IDEM__IENT_FREE || now >= e->expires)
             continue;
+        int rc = idem__read_frame(s, e->seg, e->off, &f);
+        if (rc == IDEM_ENOTFOUND)
+            continue;  /* dropped with its expired segment */
+        if (rc)
+            return rc;
         idem_record r;
         idem__to_record(&f, &r);
-        int rc = fn(ctx, f.key, f.keylen, &r);
+        rc = fn(ctx, f.key, f.keylen, &r);
         if (rc)
             return rc;
     }
@@ -483,13 +501,13 @@ static int idem__eng_ckpt_get(idem_store *s, const char *name,
 {
     idem__engine *en = idem__eng(s);
     idem__ckpt *c = idem__ckpt_find(en, name, strlen(name));
-    size_t avail;
     idem__frame f;
-    const unsigned char *p =
-        c && c->seg ? idem__log_at(&en->log, c->seg, c->off, &avail) : NULL;
-    if (!p || idem__frame_decode(p, avail, &f, 0))
-        return idem__fail(s, IDEM_ENOTFOUND, "no checkpoint named '%s'",
-                          name);
+    int rc = c && c->seg ? idem__read_frame(s, c->seg, c->off, &f)
+                         : IDEM_ENOTFOUND;
+    if (rc == IDEM_ENOTFOUND)
+        return idem__fail(s, rc, "no checkpoint named '%s'", name);
+    if (rc)
+        return rc;
     *blob = idem__out_keep(s, f.val, f.vallen);
     *len = f.vallen;
     return *blob ? 0 : idem__fail(s, IDEM_ENOMEM, "out of memory");
@@ -515,18 +533,14 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
     uint64_t size = g->size;
     idem__frame f;
     for (uint64_t at = IDEM__SEG_HDR; at < size; at += f.len) {
-        size_t avail;
-        const unsigned char *p = idem__log_at(&en->log, id, (uint32_t)at,
-                                              &avail);
-        if (!p || idem__frame_decode(p, avail, &f, 0))
-            return idem__fail(s, IDEM_ECORRUPT, "unreadable frame in "
-                              "segment %u at %llu", id,
-                              (unsigned long long)at);
+        int rc = idem__read_frame(s, id, (uint32_t)at, &f);
+        if (rc)
+            return rc;
         idem__ckpt *c = f.type == IDEM__R_CHECKPOINT
                             ? idem__ckpt_find(en, f.key, f.keylen)
                             : NULL;
         if (c && c->seg == id && c->off == at) {
-            int rc = idem__eng_ckpt_put(s, c->name, f.val, f.vallen);
+            rc = idem__eng_ckpt_put(s, c->name, f.val, f.vallen);
             if (rc)
                 return rc;
             en->copied_total++;
@@ -546,8 +560,8 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
         idem__buf kv = {0};
         if (idem__buf_append(&kv, f.key, f.keylen + f.vallen))
             return idem__fail(s, IDEM_ENOMEM, "out of memory");
-        int rc = idem__put(s, &fo, type, &r, kv.data, f.keylen,
-                           kv.data + f.keylen, f.vallen, now);
+        rc = idem__put(s, &fo, type, &r, kv.data, f.keylen,
+                     kv.data + f.keylen, f.vallen, now);
         idem__buf_free(&kv);
         if (rc)
             return rc;
@@ -555,6 +569,9 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
     }
     return idem__log_commit(&en->log);
 }
+
+/* Survivors few enough to copy out of the oldest segment in any case. */
+#define IDEM__FEW 8
 
 /* Drop (or empty, then drop) the oldest segments while that is cheap. */
 static int idem__retire_segments(idem_store *s, int64_t now)
@@ -566,8 +583,13 @@ static int idem__retire_segments(idem_store *s, int64_t now)
         uint64_t pins = idem__ckpt_pins(en, g->id);
         int dead = (g->live == 0 || g->max_expires <= now) && pins == 0;
         if (!dead) {
-            /* Mostly dead: move the few survivors, then drop. */
-            if ((g->live + pins) * 4 > g->records + 1)
+            /* Mostly dead: move the few survivors, then drop. A handful
+             * of survivors is cheap to move whatever the ratio; waiting
+             * for them instead would let a small segment holding, say, a
+             * checkpoint nobody updates any more keep itself, and every
+             * segment after it, forever. */
+            uint64_t keep = g->live + pins;
+            if (keep > IDEM__FEW && keep * 4 > g->records + 1)
                 return 0;
             int rc = idem__copy_forward(s, g, now);
             if (rc)
@@ -613,13 +635,12 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
     out->live_keys = en->ix.count;
     for (uint32_t id = 0; id < en->ix.hw; id++) {
         idem__ient *e = idem__index_at(&en->ix, id);
+        const unsigned char *p;
         size_t avail;
         idem__frame f;
-        const unsigned char *p =
-            e->seg == IDEM__IENT_FREE || now >= e->expires
-                ? NULL
-                : idem__log_at(&en->log, e->seg, e->off, &avail);
-        if (!p || idem__frame_decode(p, avail, &f, 0))
+        if (e->seg == IDEM__IENT_FREE || now >= e->expires ||
+            idem__log_at(&en->log, e->seg, e->off, &p, &avail) ||
+            idem__frame_decode(p, avail, &f, 0))
             continue;
         out->pending += f.rec.state == IDEM_PENDING;
         out->done += f.rec.state == IDEM_DONE;

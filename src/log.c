@@ -108,23 +108,28 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
     return 0;
 }
 
-const unsigned char *idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
-                                  size_t *avail)
+int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
+                 const unsigned char **p, size_t *avail)
 {
     idem__seg *g = idem__log_seg(lg, seg);
     if (!g)
-        return NULL;
+        return IDEM_ENOTFOUND;
     if (g == idem__active(lg) && off >= g->size) {
         size_t at = (size_t)(off - g->size);
         if (at >= lg->wbuf.len)
-            return NULL;
+            return IDEM_ECORRUPT;
         *avail = lg->wbuf.len - at;
-        return lg->wbuf.data + at;
+        *p = lg->wbuf.data + at;
+        return 0;
     }
-    if (off >= g->size || idem__log_map(lg, g, (size_t)g->size))
-        return NULL;
+    if (off >= g->size)
+        return IDEM_ECORRUPT;
+    int rc = idem__log_map(lg, g, (size_t)g->size);
+    if (rc)
+        return rc;
     *avail = (size_t)(g->size - off);
-    return g->base + off;
+    *p = g->base + off;
+    return 0;
 }
 
 /* Move the buffer into the active segment: write(2) for files, memcpy for
@@ -158,9 +163,13 @@ static int idem__flush(idem__log *lg)
         if (w <= 0) {
             int err = w < 0 ? errno : ENOSPC;
             lg->broken = idem__log_ioerr(lg, "write", g->id, err);
-            /* Best effort: leave the file ending at the last commit. */
-            if (ftruncate(g->fd, (off_t)g->committed) == 0)
-                g->size = g->committed;
+            /* Keep the invariant: what was written is counted in size,
+             * the rest stays in the buffer, so reads still find every
+             * frame. (Cutting the file back to the last commit would
+             * leave frames of earlier flushes of this group nowhere.)
+             * Recovery cuts the uncommitted tail. */
+            memmove(lg->wbuf.data, p, n);
+            lg->wbuf.len = n;
             return lg->broken;
         }
         p += w;
@@ -218,13 +227,18 @@ int idem__log_commit(idem__log *lg)
     size_t n = idem__frame_size(0, 0);
     if (idem__buf_reserve(&lg->wbuf, n))
         return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
-    idem__rec none = {0};
+    /* The group began where the last commit ended; saying so lets
+     * recovery tell damage inside this group from damage before it. */
+    idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
     idem__frame_encode(lg->wbuf.data + lg->wbuf.len, IDEM__R_COMMIT, &none,
                        NULL, 0, NULL, 0);
     lg->wbuf.len += n;
     int rc = idem__flush(lg);
     if (rc) {
-        lg->wbuf.len -= n;  /* memory: the commit frame was not taken */
+        /* memory (ENOMEM): nothing moved, take the commit frame back and
+         * let a later commit try again; files: the log is broken. */
+        if (lg->memory)
+            lg->wbuf.len -= n;
         return rc;
     }
     idem__seg *g = idem__active(lg);
@@ -264,7 +278,9 @@ static int idem__create_file(idem__log *lg, uint32_t id, int64_t now,
         return idem__log_ioerr(lg, "create", id, errno);
     ssize_t w = write(fd, hdr, sizeof hdr);
     if (w != (ssize_t)sizeof hdr || fdatasync(fd) != 0 || fsync(lg->dirfd)) {
-        int rc = idem__log_ioerr(lg, "create", id, w < 0 ? errno : ENOSPC);
+        /* A short write is a full disk; a failed sync sets errno. */
+        int err = w >= 0 && w < (ssize_t)sizeof hdr ? ENOSPC : errno;
+        int rc = idem__log_ioerr(lg, "create", id, err);
         close(fd);
         unlinkat(lg->dirfd, name, 0);
         return rc;

@@ -69,10 +69,12 @@ int idem__log_commit(idem__log *lg);
 /* The segment with this id, or NULL if it was dropped. */
 idem__seg *idem__log_seg(idem__log *lg, uint32_t id);
 
-/* Bytes readable at (seg, off) in *avail and a pointer to them, valid
- * until the next log call; NULL if the segment is gone. */
-const unsigned char *idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
-                                  size_t *avail);
+/* Point *p at the bytes at (seg, off) and *avail at how many are
+ * readable there, valid until the next log call. 0; IDEM_ENOTFOUND if
+ * the segment was dropped; IDEM_ECORRUPT if nothing was written there;
+ * or the error that kept the segment from being mapped. */
+int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
+                 const unsigned char **p, size_t *avail);
 
 /* Start a new active segment whose bucket begins at now. */
 int idem__log_new_segment(idem__log *lg, int64_t now);

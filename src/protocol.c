@@ -32,6 +32,10 @@ static void idem__new_record(const idem__rec *cur, const uint8_t *fp,
     /* A takeover must not shorten the life the first claim was given. */
     if (cur && cur->expires > next->expires)
         next->expires = cur->expires;
+    /* Nor may the record die while its lease runs (as extend keeps it):
+     * an absent record is NEW to anyone, a second holder. */
+    if (next->expires < next->lease)
+        next->expires = next->lease;
     if (fp) {
         next->has_fp = 1;
         memcpy(next->fp, fp, IDEM_FP_LEN);

@@ -48,7 +48,9 @@ enum idem__rtype {
     IDEM__R_EXTEND,
     IDEM__R_FORGET,     /* tombstone: key only */
     IDEM__R_CHECKPOINT, /* key = name, value = blob */
-    IDEM__R_COMMIT,     /* end of one group commit; no key */
+    IDEM__R_COMMIT,     /* end of one group commit; no key; created is
+                         * the offset where the group's first frame is
+                         * (0 in stores written before it said so) */
     IDEM__R_MAX_
 };
 

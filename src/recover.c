@@ -14,9 +14,12 @@
  * sectors, so past a bad frame there may still be valid frames of that
  * group, up to and including its COMMIT, but never anything after that
  * COMMIT. A valid frame past a later COMMIT means committed data was
- * damaged. The scanner finds valid frames past damage by trying every
- * 8-byte boundary (frames are 8-aligned); a checksum matching by chance
- * in garbage has odds of 2^-64. */
+ * damaged; so does a first COMMIT past the damage whose group (a COMMIT
+ * records where its group began) starts after the damage, as when the
+ * damage hit the COMMIT of the group before. The scanner finds valid
+ * frames past damage by trying every 8-byte boundary (frames are
+ * 8-aligned); a checksum matching by chance in garbage has odds of
+ * 2^-64. */
 #include "recover.h"
 
 #include <errno.h>
@@ -64,7 +67,8 @@ static int idem__damage_is_midfile(const unsigned char *base, uint64_t size,
             continue;
         }
         if (f.type == IDEM__R_COMMIT)
-            return idem__next_valid(base, size, p + f.len) != 0;
+            return (uint64_t)f.rec.created > at ||
+                   idem__next_valid(base, size, p + f.len) != 0;
         p += f.len;
     }
     return 0;
@@ -153,7 +157,12 @@ static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
         return idem__seg_fail(lg, IDEM_ECORRUPT, id, "segment too large",
                               g->size, g->size);
     }
-    return idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+    int rc = idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+    if (rc) {
+        close(g->fd);
+        g->fd = -1;
+    }
+    return rc;
 }
 
 static void idem__close_seg(idem__seg *g)
@@ -218,15 +227,38 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
     return 0;
 }
 
-/* A newest segment shorter than its header was being created when the
- * process died: it never held a record. */
+/* Was the newest segment being created when the process or the machine
+ * died? Its header is written and synced before any frame, so it ends
+ * within its header, or it is just a header that does not check out: a
+ * power loss can make the file's size durable but not its bytes. Either
+ * way it never held a record. A header of a newer version is not ours to
+ * judge. */
+static int idem__stillborn(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    unsigned char hdr[IDEM__SEG_HDR];
+    struct stat st;
+    int64_t created;
+    idem__seg_name(name, sizeof name, id);
+    int fd = openat(lg->dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;  /* opening it again reports why */
+    ssize_t n = fstat(fd, &st) == 0 && st.st_size <= IDEM__SEG_HDR
+                    ? pread(fd, hdr, sizeof hdr, 0)
+                    : -1;
+    close(fd);
+    return n >= 0 && (n < (ssize_t)IDEM__SEG_HDR ||
+                      idem__seg_header_ok(hdr, (size_t)n, id, &created) ==
+                          IDEM_ECORRUPT);
+}
+
+/* Delete a stillborn newest segment: 1 if it was one, 0 if not. */
 static int idem__drop_stillborn(idem__log *lg, uint32_t id)
 {
     char name[32];
-    struct stat st;
-    idem__seg_name(name, sizeof name, id);
-    if (fstatat(lg->dirfd, name, &st, 0) != 0 || st.st_size >= IDEM__SEG_HDR)
+    if (!idem__stillborn(lg, id))
         return 0;
+    idem__seg_name(name, sizeof name, id);
     if (unlinkat(lg->dirfd, name, 0) != 0)
         return idem__log_ioerr(lg, "unlink", id, errno);
     return 1;
@@ -359,12 +391,16 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
 {
     idem_check_report mine = {0};
     idem__rewrite w = {0};
-    int64_t created = 0;
-    unsigned char hdr[IDEM__SEG_HDR];
-    if (idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created))
-        created = 0;  /* unknown: the segment only looks old */
-    idem__seg_header(hdr, want_id, created);
-    int rc = idem__buf_append(&w.out, hdr, sizeof hdr)
+    int64_t created;
+    int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
+    if (hdr == IDEM_EVERSION)
+        return idem__seg_fail(lg, hdr, g->id, "segment of a newer format", 0,
+                              g->size);
+    /* A header that does not check out is written anew; its time bucket
+     * is unknown, so it counts as long over. */
+    unsigned char fresh[IDEM__SEG_HDR];
+    idem__seg_header(fresh, want_id, hdr ? 0 : created);
+    int rc = idem__buf_append(&w.out, fresh, sizeof fresh)
                  ? IDEM_ENOMEM
                  : idem__salvage_walk(g->base, g->size, &mine,
                                       idem__keep_frame, &w);
@@ -488,6 +524,12 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
         rc = idem__check_meta(&lg, repair, r);
     if (!rc)
         rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
+    /* A newest segment left stillborn by a crash is no damage: open drops
+     * it, and so does repair. */
+    if (!rc && n &&
+        (rc = repair ? idem__drop_stillborn(&lg, ids[n - 1])
+                       : idem__stillborn(&lg, ids[n - 1])) == 1)
+        n--, rc = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         idem__seg g;
         rc = idem__open_seg(&lg, ids[i], &g, repair);

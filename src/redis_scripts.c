@@ -88,7 +88,7 @@ static const char idem__lua_claim[] =
     "    redis.call('HSET', k, 'status', '0', 'token', '1', 'attempts', '1',\n"
     "      'lease', lease_s, 'expires', exp_s, 'created_ts', now_s, 'fp', fp,\n"
     "      'cid', rid)\n"
-    "    redis.call('PEXPIRE', k, ARGV[3])\n"
+    "    redis.call('PEXPIRE', k, ttl_ms)\n"
     "    return lease_n\n"
     "  end\n"
     "  local r, v = load(k, now)\n"
@@ -122,6 +122,8 @@ static const char idem__lua_claim[] =
     "end\n"
     "local now = now_ms()\n"
     "local lease_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3])\n"
+    /* A record lives at least as long as its lease (as in protocol.c). */
+    "if ttl_ms < lease_ms then ttl_ms = lease_ms end\n"
     "now_s = string.format('%.0f', now)\n"
     "lease_n = now + lease_ms\n"
     "lease_s = string.format('%.0f', lease_n)\n"

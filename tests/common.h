@@ -26,10 +26,11 @@ const char *t_local_uri(const char *dir);
 
 /* Fault injection: after `n` more successful calls, the next call of that
  * kind fails (malloc/calloc/realloc return NULL; write, pwrite, fdatasync
- * and ftruncate fail with t_fail_errno). -1 disarms. */
+ * and ftruncate fail with t_fail_errno; mmap with ENOMEM). -1 disarms. */
 extern long t_fail_alloc_after;
 extern long t_fail_write_after;
 extern long t_fail_sync_after;
+extern long t_fail_mmap_after;
 extern int t_fail_errno;
 
 /* A whole file in malloc'ed memory (NUL-terminated; *len may be NULL);

@@ -6,6 +6,7 @@
  * returned as errors without crashes, leaks or lost data. */
 #include <errno.h>
 #include <stddef.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -14,6 +15,7 @@
 long t_fail_alloc_after = -1;
 long t_fail_write_after = -1;
 long t_fail_sync_after = -1;
+long t_fail_mmap_after = -1;
 int t_fail_errno = EIO;
 
 void *__real_malloc(size_t n);
@@ -24,6 +26,8 @@ ssize_t __real_write(int fd, const void *p, size_t n);
 ssize_t __real_pwrite(int fd, const void *p, size_t n, off_t off);
 int __real_fdatasync(int fd);
 int __real_ftruncate(int fd, off_t len);
+void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd,
+                  off_t off);
 
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
@@ -33,6 +37,8 @@ ssize_t __wrap_write(int fd, const void *p, size_t n);
 ssize_t __wrap_pwrite(int fd, const void *p, size_t n, off_t off);
 int __wrap_fdatasync(int fd);
 int __wrap_ftruncate(int fd, off_t len);
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
+                  off_t off);
 
 /* Count down; true when this call must fail. */
 static int t_trip(long *counter)
@@ -97,4 +103,14 @@ int __wrap_fdatasync(int fd)
 int __wrap_ftruncate(int fd, off_t len)
 {
     return __real_ftruncate(fd, len);
+}
+
+void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
+                  off_t off)
+{
+    if (t_trip(&t_fail_mmap_after)) {
+        errno = ENOMEM;
+        return MAP_FAILED;
+    }
+    return __real_mmap(addr, len, prot, flags, fd, off);
 }

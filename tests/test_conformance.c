@@ -246,6 +246,23 @@ CONF_TEST(ttl_expiry)
     idem_close(s);
 }
 
+CONF_TEST(lease_outlives_a_shorter_ttl)
+{
+    /* A claim whose TTL is shorter than its lease: while the lease runs
+     * the key has a holder, so nobody else may get NEW (as extend keeps
+     * a record alive for the lease it grants). */
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 5000, 1000);
+    cr_assert_eq(a.kind, IDEM_NEW);
+    t_clock_ms += 2000;
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_BUSY, "a second holder in a live lease");
+    cr_assert_eq(b.lease_until, a.lease_until);
+    complete(s, "k", a.token, "once");
+    cr_assert_eq(claim(s, K("k")).kind, IDEM_REPLAY);
+    idem_close(s);
+}
+
 CONF_TEST(get_and_forget)
 {
     idem_store *s = t_open(conf_uri);

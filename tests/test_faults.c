@@ -5,6 +5,7 @@
  * cycle the library must return an error (never crash, never leak: the
  * ASan run checks), keep the handle usable after ENOMEM, and lose nothing
  * that an earlier sync reported durable. */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -231,6 +232,173 @@ Test(faults, close_reports_a_broken_store, .timeout = 60)
     s = t_open(t_local_uri(dir));
     expect_done(s, 0);
     idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}
+
+/* A record that cannot be read (here: its segment cannot be mapped) is an
+ * error, never "no record": a claim answering NEW for a key that is DONE
+ * would run its effects twice. */
+Test(faults, unreadable_record_is_not_absent, .timeout = 60)
+{
+    char *dir = t_tmpdir();
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_key k = {"done", 4, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    cr_assert_eq(idem_complete(s, "done", 4, o.token, "resp", 4, 0), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    t_fail_mmap_after = 0;
+    int rc = idem_claim(s, &k, NULL, &o);
+    int tripped = t_fail_mmap_after < 0;
+    t_fail_mmap_after = -1;
+    cr_assert(tripped, "the claim read nothing through a mapping");
+    cr_assert_eq(rc, IDEM_ENOMEM, "rc %d, kind %d: %s", rc, o.kind,
+                 idem_errdetail(s));
+    idem_record r;
+    t_fail_mmap_after = 0;
+    cr_assert_eq(idem_get(s, "done", 4, &r), IDEM_ENOMEM);
+    t_fail_mmap_after = -1;
+    /* The handle is still good. */
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    cr_assert(o.len == 4 && memcmp(o.data, "resp", 4) == 0);
+    idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}
+
+static int open_fds(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    cr_assert(d);
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
+{
+    char *dir = t_tmpdir();
+    idem_options o = t_options();
+    o.segment_bytes = 4096;
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+    for (int b = 0; b < 4; b++)
+        cr_assert_eq(cycle(s, b), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_gt(st.segments, 1);
+    idem_close(s);
+    int fds = open_fds();
+    /* One mapping per segment: fail each. */
+    for (long n = 0; n < (long)st.segments; n++) {
+        t_fail_mmap_after = n;
+        int rc = idem_open(t_local_uri(dir), &o, &s);
+        t_fail_mmap_after = -1;
+        cr_assert_eq(rc, IDEM_ENOMEM, "n=%ld: %s", n, idem_errdetail(s));
+        idem_close(s);
+        cr_assert_eq(open_fds(), fds, "n=%ld: a file was left open", n);
+        t_fail_mmap_after = n;
+        rc = idem_check(t_local_uri(dir), NULL);
+        t_fail_mmap_after = -1;
+        cr_assert_eq(rc, IDEM_ENOMEM, "n=%ld", n);
+        cr_assert_eq(open_fds(), fds, "n=%ld: check left a file open", n);
+    }
+    s = t_open(t_local_uri(dir));
+    for (int b = 0; b < 4; b++)
+        expect_done(s, b);
+    idem_close(s);
+    t_rmdir(dir);
+    free(dir);
+}
+
+Test(faults, segment_creation_sync_fails, .timeout = 120)
+{
+    /* Small segments: the failing fdatasync may be a new segment's. The
+     * error must say what happened (EIO), not that the disk is full. */
+    int seen_rotation_failure = 0;
+    for (long n = 0; n < 12; n++) {
+        char *dir = t_tmpdir();
+        idem_options o = t_options();
+        o.segment_bytes = 4096;
+        idem_store *s;
+        cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+        t_fail_errno = EIO;
+        t_fail_sync_after = n;
+        int rc = 0, synced = 0;
+        for (int b = 0; b < 8 && !rc; b++) {
+            rc = cycle(s, b);
+            synced += rc == 0;
+        }
+        t_fail_sync_after = -1;
+        cr_assert(rc == 0 || rc == IDEM_EIO, "n=%ld: rc %d: %s", n, rc,
+                  idem_errdetail(s));
+        if (rc) {
+            cr_assert(strstr(idem_errdetail(s), strerror(EIO)), "n=%ld: %s",
+                      n, idem_errdetail(s));
+            seen_rotation_failure |= strstr(idem_errdetail(s), "create") != 0;
+        }
+        idem_close(s);
+        cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0, "%s",
+                     idem_errdetail(s));
+        for (int b = 0; b < synced; b++)
+            expect_done(s, b);
+        idem_close(s);
+        t_rmdir(dir);
+        free(dir);
+    }
+    cr_assert(seen_rotation_failure);
+}
+
+Test(faults, reads_after_a_failed_write_of_a_large_group, .timeout = 120)
+{
+    /* A group over the 4 MiB flush size reaches the file in several
+     * writes. When a later one fails the store is broken for writes, but
+     * what it answers for the keys of the group must still be right. */
+    enum { N = 6, BIG = 1u << 20 };
+    char *dir = t_tmpdir();
+    idem_store *s = t_open(t_local_uri(dir));
+    char *resp = malloc(BIG);
+    cr_assert(resp);
+    char key[N][16];
+    t_fail_errno = EIO;
+    t_fail_write_after = 1;  /* the first flush goes through */
+    int rc = 0;
+    for (int i = 0; i < N && !rc; i++) {
+        snprintf(key[i], sizeof key[i], "big-%d", i);
+        memset(resp, 'a' + i, BIG);
+        idem_key k = {key[i], strlen(key[i]), NULL};
+        idem_outcome o;
+        rc = idem_claim(s, &k, NULL, &o);
+        if (!rc)
+            rc = idem_complete(s, key[i], strlen(key[i]), o.token, resp, BIG,
+                               0);
+    }
+    if (!rc)
+        rc = idem_sync(s);
+    t_fail_write_after = -1;
+    cr_assert_eq(rc, IDEM_EIO, "%s", idem_errdetail(s));
+    for (int i = 0; i < N; i++) {
+        idem_record r;
+        rc = idem_get(s, key[i], strlen(key[i]), &r);
+        cr_assert_eq(rc, 0, "%s: %s", key[i], idem_errdetail(s));
+        cr_assert_eq(r.state, IDEM_DONE, "%s", key[i]);
+        cr_assert_eq(r.len, BIG);
+        const char *d = r.data;
+        cr_assert(d[0] == 'a' + i && d[BIG - 1] == 'a' + i, "%s", key[i]);
+    }
+    idem_close(s);
+    /* Nothing of the group was durable. */
+    s = t_open(t_local_uri(dir));
+    idem_record r;
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(idem_get(s, key[i], strlen(key[i]), &r),
+                     IDEM_ENOTFOUND);
+    idem_close(s);
+    free(resp);
     t_rmdir(dir);
     free(dir);
 }

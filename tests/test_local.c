@@ -329,3 +329,74 @@ Test(local, readonly_open_changes_nothing)
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_EINVAL);
     idem_close(s);
 }
+
+Test(local, damaged_record_read_back_is_an_error)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    claim_complete(s, "k", "resp");
+    cr_assert_eq(idem_sync(s), 0);
+    /* The disk (or someone) damages the COMPLETE frame under the open
+     * store: header 32, CLAIM frame 80 bytes, then the COMPLETE frame,
+     * whose type byte is at 13. */
+    char path[4300];
+    snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
+    FILE *f = fopen(path, "r+b");
+    cr_assert(f);
+    cr_assert_eq(fseek(f, 32 + 80 + 13, SEEK_SET), 0);
+    cr_assert_eq(fputc(0xee, f), 0xee);
+    fclose(f);
+    idem_key k = {"k", 1, NULL};
+    idem_outcome o;
+    int rc = idem_claim(s, &k, NULL, &o);
+    cr_assert_eq(rc, IDEM_ECORRUPT, "rc %d kind %d", rc, o.kind);
+    cr_assert(strstr(idem_errdetail(s), "seg-00000001.log"), "%s",
+              idem_errdetail(s));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ECORRUPT);
+    idem_close(s);
+}
+
+Test(local, idle_checkpoint_does_not_stop_segment_drops)
+{
+    /* A checkpoint nobody updates any more (an idle source) sits in a
+     * small segment. Once the records around it are dead, that segment
+     * must go like any other: it is the oldest, and while it stays no
+     * segment after it can be dropped. */
+    idem_store *s = open_small_segments();
+    idem_key k = {"x", 1, NULL};
+    idem_outcome o;
+    idem_claim_opts co = {1000, 2000};
+    cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
+    cr_assert_eq(idem_checkpoint_put(s, "idle", "pos=7", 5), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    t_clock_ms += 1000;  /* the next write starts a new segment */
+    char key[32];
+    for (int i = 0; i < 150; i++) {
+        snprintf(key, sizeof key, "s-%d", i);
+        idem_key ki = {key, strlen(key), NULL};
+        cr_assert_eq(idem_claim(s, &ki, &co, &o), 0);
+        cr_assert_eq(idem_checkpoint_put(s, "busy", key, strlen(key)), 0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    uint64_t before = st.segments;
+    cr_assert_gt(before, 5);
+    t_clock_ms += 5000;
+    uint64_t expired;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(expired, 151);
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_leq(st.segments, 2, "%llu of %llu segments left",
+                  (unsigned long long)st.segments,
+                  (unsigned long long)before);
+    cr_assert_eq(idem_close(s), 0);
+    s = open_small_segments();
+    const void *b;
+    size_t n;
+    cr_assert_eq(idem_checkpoint_get(s, "idle", &b, &n), 0);
+    cr_assert(n == 5 && memcmp(b, "pos=7", 5) == 0);
+    cr_assert_eq(idem_checkpoint_get(s, "busy", &b, &n), 0);
+    cr_assert(n == 5 && memcmp(b, "s-149", 5) == 0);
+    idem_close(s);
+}

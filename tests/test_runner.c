@@ -65,7 +65,7 @@ Test(scan, visits_every_live_record_once)
     cr_assert_eq(idem_complete(s, "a", 1, o.token, "ok", 2, 0), 0);
     cr_assert_eq(idem_forget(s, "k5", 2), 0);
     cr_assert_eq(idem_claim(s, &(idem_key){"short", 5, NULL},
-                            &(idem_claim_opts){0, 10}, &o), 0);
+                            &(idem_claim_opts){5, 10}, &o), 0);
     t_clock_ms += 20;
     seen sn = {0};
     cr_assert_eq(idem_scan(s, count_rec, &sn), 0);

@@ -260,12 +260,13 @@ typedef struct idem_outcome {
  * field also means "the default". */
 typedef struct idem_claim_opts {
     int64_t lease_ms;      /* how long the claim is yours */
-    int64_t ttl_ms;        /* how long the record lives */
+    int64_t ttl_ms;        /* how long the record lives (PENDING: at
+                            * least as long as its lease) */
 } idem_claim_opts;
 
 /* Claim one key. Does not sync. Returns 0 and fills *out, or an error:
  * IDEM_EKEYSIZE, IDEM_EINVAL, IDEM_ENOMEM, IDEM_EIO, IDEM_ENOSPC,
- * IDEM_ECOLLISION. */
+ * IDEM_ECOLLISION, IDEM_ECORRUPT (the key's record cannot be read back). */
 int idem_claim(idem_store *s, const idem_key *key,
                const idem_claim_opts *opts, idem_outcome *out);
 
