@@ -1,5 +1,6 @@
 /* stats.c - `idem stats`: what a store holds and what it costs. */
 #include <inttypes.h>
+#include <string.h>
 #include <time.h>
 
 #include "cli.h"
@@ -21,6 +22,23 @@ static void when(char *buf, size_t n, int64_t ms)
     buf[0] = '\0';
     if (ms && gmtime_r(&t, &tm))
         strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
+/* Segments, disk and the index exist on the embedded stores only; a
+ * server store reports its keys by state. */
+static void print_text(const char *uri, const idem_stats *st,
+                       const char *oldest, const char *newest)
+{
+    printf("store          %s\nkeys           %" PRIu64 " pending, %" PRIu64
+           " done, %" PRIu64 " failed\n",
+           uri, st->pending, st->done, st->failed);
+    if (strncmp(uri, "local:", 6) && strncmp(uri, "mem:", 4))
+        return;
+    printf("index entries  %" PRIu64 "\nsegments       %" PRIu64
+           "\ndisk           %" PRIu64 " bytes\nRAM (index)    %" PRIu64
+           " bytes\noldest         %s\nnewest         %s\n",
+           st->live_keys, st->segments, st->disk_bytes, st->index_bytes,
+           oldest, newest);
 }
 
 int idem_cmd_stats(int argc, char **argv)
@@ -53,13 +71,6 @@ int idem_cmd_stats(int argc, char **argv)
                st.disk_bytes, st.index_bytes, (long long)st.oldest_ms,
                (long long)st.newest_ms);
     else
-        printf("store          %s\nkeys           %" PRIu64 " pending, %"
-               PRIu64 " done, %" PRIu64 " failed\nindex entries  %" PRIu64
-               "\nsegments       %" PRIu64 "\ndisk           %" PRIu64
-               " bytes\nRAM (index)    %" PRIu64 " bytes\noldest         "
-               "%s\nnewest         %s\n",
-               cli_store_uri(o.uri), st.pending, st.done, st.failed,
-               st.live_keys, st.segments, st.disk_bytes, st.index_bytes,
-               oldest, newest);
+        print_text(cli_store_uri(o.uri), &st, oldest, newest);
     return idem_close(s) ? 1 : 0;
 }
