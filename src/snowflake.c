@@ -372,7 +372,15 @@ static int idem__next_locked(idem_snowflake *g, uint64_t *id)
                              "failed");
     int64_t ms;
     unsigned seq;
-    for (;;) {
+    /* Each sleep should bring the clock to the ms waited for; a clock that
+     * does not move (a stuck or injected one) must not hold the lock
+     * forever. */
+    int64_t sleeps_left = g->max_wait_ms + 1000;
+    for (;; sleeps_left--) {
+        if (sleeps_left < 0)
+            return idem__sf_fail(g, IDEM_ECLOCK,
+                                 "the clock did not advance while waiting "
+                                 "for ms %" PRId64, g->last_ms + 1);
         int64_t now = idem__sf_now(g);
         if (now < g->epoch_ms)
             return idem__sf_fail(g, IDEM_ECLOCK,

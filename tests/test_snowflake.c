@@ -526,3 +526,31 @@ Test(snowflake, state_file_write_failure_issues_nothing, .timeout = 10)
     cr_assert(strstr(idem_snowflake_errdetail(g), "/dev/full"));
     idem_snowflake_close(g);
 }
+
+/* A clock that never moves, behind by less than max_wait_ms: the wait
+ * ends in an error instead of holding the generator forever. */
+static void stuck_sleep(void *ctx, int64_t until_ms)
+{
+    (void)until_ms;
+    ((struct fake *)ctx)->sleeps++;
+}
+
+Test(snowflake, stuck_clock_is_an_error, .timeout = 10)
+{
+    struct fake f = {T0, 0, 0};
+    idem_snowflake_opts o;
+    fake_opts(&o, &f);
+    o.sleep = stuck_sleep;
+    o.max_wait_ms = 50;
+    idem_snowflake *g = open_ok(&o);
+    next_ok(g);
+    f.now = T0 - 10;
+    uint64_t id;
+    cr_assert_eq(idem_snowflake_next(g, &id), IDEM_ECLOCK);
+    cr_assert(strstr(idem_snowflake_errdetail(g), "did not advance"), "%s",
+              idem_snowflake_errdetail(g));
+    cr_assert_gt(f.sleeps, 50u);
+    f.now = T0 + 1;  /* the clock moves again: so does the generator */
+    cr_assert_eq(idem_snowflake_next(g, &id), 0);
+    idem_snowflake_close(g);
+}
