@@ -85,6 +85,19 @@ static int idem__claim_reply(idem_store *s, const redisReply *rep,
     return 0;
 }
 
+/* In the day layout a record lives no longer than its bucket, which
+ * lasts at least `days` days after the write that put it there: a TTL
+ * or lease beyond that is refused rather than cut short in silence. */
+static int idem__ttl_fits(idem_store *s, int64_t ms, const char *what)
+{
+    const idem__rcfg *cfg = &idem__r(s)->cfg;
+    if (cfg->layout != IDEM__LAYOUT_DAY || ms <= cfg->days * IDEM__DAY_MS)
+        return 0;
+    return idem__fail(s, IDEM_EINVAL, "%s: a %s of %lld ms outlives the "
+                      "buckets of layout=day (days=%d)", s->uri, what,
+                      (long long)ms, cfg->days);
+}
+
 /* A batch of n scripts and the map from its items back to the caller's
  * indexes (items skip the keys refused before the batch). */
 static int idem__batch_new(idem_store *s, int script, size_t n,
@@ -117,9 +130,16 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
 {
     idem__rbatch *b;
     size_t *which;
-    int rc = idem__batch_new(s, IDEM__S_CLAIM, n, &b, &which);
-    if (rc)
+    int rc = idem__ttl_fits(s, a->lease_ms, "lease");
+    if (!rc)
+        rc = idem__ttl_fits(s, a->ttl_ms, "TTL");
+    if (!rc)
+        rc = idem__batch_new(s, IDEM__S_CLAIM, n, &b, &which);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            outs[i].status = outs[i].status ? outs[i].status : rc;
         return rc;
+    }
     idem__batch_common(b, 0, a->lease_ms);
     idem__batch_common(b, 1, a->ttl_ms);
     for (size_t i = 0; i < n && !rc; i++) {
@@ -187,9 +207,17 @@ static int idem__redis_complete_many(idem_store *s,
 {
     idem__rbatch *b;
     size_t *which;
-    int rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
-    if (rc)
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!st[i] && items[i].ttl_ms)
+            rc = idem__ttl_fits(s, items[i].ttl_ms, "TTL");
+    if (!rc)
+        rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            st[i] = st[i] ? st[i] : rc;
         return rc;
+    }
     for (size_t i = 0; i < n && !rc; i++) {
         if (st[i])
             continue;
@@ -291,7 +319,9 @@ static int idem__redis_extend(idem_store *s, const void *key, size_t keylen,
                               uint64_t token, int64_t lease_ms)
 {
     idem__one one;
-    int rc = idem__one_begin(s, &one, IDEM__S_EXTEND, key, keylen);
+    int rc = idem__ttl_fits(s, lease_ms, "lease");
+    if (!rc)
+        rc = idem__one_begin(s, &one, IDEM__S_EXTEND, key, keylen);
     if (rc)
         return rc;
     idem__argnum(one.it, 0, (long long)token);
@@ -425,6 +455,69 @@ static int idem__check_single(idem_store *s, idem__redis *r)
     return rc;
 }
 
+/* Ask the node serving name's slot one blocking command. The reply (the
+ * caller frees it), or NULL with the error in *rc. */
+static redisReply *idem__ask_owner(idem_store *s, idem__redis *r,
+                                   const idem__buf *name, int argc,
+                                   const char **argv, const size_t *lens,
+                                   int *rc)
+{
+    int node = idem__route(r, idem__key_slot(name->data, name->len));
+    if (node < 0) {
+        *rc = idem__fail(s, IDEM_ECONN, "%s: no known master serves the "
+                         "slot of %.*s", s->uri, (int)name->len, name->data);
+        return NULL;
+    }
+    idem__rconn *conn = &r->nodes[node].conns[0];
+    *rc = conn->c ? 0 : idem__rconn_open(s, r, &r->nodes[node], conn,
+                                         r->cfg.connect_ms);
+    if (*rc)
+        return NULL;
+    idem__rconn_deadline(conn, r->cfg.timeout_ms);
+    return idem__rconn_command(s, conn, argc, argv, lens, rc);
+}
+
+/* The day layout's shard count decides in which buckets every key lives,
+ * so a store opened later with another count, or with the hash layout,
+ * would not find the records and would answer NEW for keys already
+ * done. The day layout therefore writes its settings beside its
+ * buckets, in PREFIX "layout" (a string, without TTL), and an open that
+ * disagrees fails. The hash layout writes nothing (its records are the
+ * brief's schema, which other tools share) but refuses a marked prefix. */
+static int idem__check_layout(idem_store *s, idem__redis *r)
+{
+    idem__buf name = {0};
+    char want[32];
+    int day = r->cfg.layout == IDEM__LAYOUT_DAY;
+    int set = day && !(s->opts.flags & IDEM_O_READONLY);
+    size_t wl = (size_t)snprintf(want, sizeof want, "day shards=%d",
+                                 r->cfg.shards);
+    if (idem__buf_append(&name, r->cfg.prefix, r->cfg.prefixlen) ||
+        idem__buf_append(&name, "layout", 6)) {
+        idem__buf_free(&name);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    /* SET ... NX GET: mark a new prefix and read an old mark at once. */
+    const char *argv[5] = {set ? "SET" : "GET", (const char *)name.data,
+                           want, "NX", "GET"};
+    size_t lens[5] = {3, name.len, wl, 2, 3};
+    int rc;
+    redisReply *rep = idem__ask_owner(s, r, &name, set ? 5 : 2, argv, lens,
+                                      &rc);
+    if (rep && rep->type == REDIS_REPLY_ERROR)
+        rc = idem__fail(s, IDEM_EPROTO, "%s: reading %.*s: %s", s->uri,
+                        (int)name.len, name.data, rep->str);
+    else if (rep && rep->type == REDIS_REPLY_STRING &&
+             (!day || rep->len != wl || memcmp(rep->str, want, wl) != 0))
+        rc = idem__fail(s, IDEM_EINVAL, "%s: the prefix holds records of "
+                        "'%s' (%.*s says so); open it with the same layout "
+                        "and shards", s->uri, rep->str, (int)name.len,
+                        name.data);
+    freeReplyObject(rep);
+    idem__buf_free(&name);
+    return rc;
+}
+
 static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
 {
     idem__redis *r = calloc(1, sizeof *r);
@@ -435,7 +528,11 @@ static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
     if (!rc && idem__random_bytes(&r->rid_base, sizeof r->rid_base))
         rc = idem__fail(s, IDEM_EIO, "getrandom failed");
     if (!rc)
-        idem__script_shas(r->shas);
+        rc = idem__ttl_fits(s, s->opts.ttl_ms, "default TTL");
+    if (!rc)
+        rc = idem__ttl_fits(s, s->opts.failure_ttl_ms, "failure TTL");
+    if (!rc)
+        idem__script_shas(r->cfg.layout, r->shas);
     for (size_t i = 0; !rc && i < r->cfg.nseeds; i++) {
         int node = idem__rnode_get(r, r->cfg.hosts[i],
                                    strlen(r->cfg.hosts[i]), r->cfg.ports[i]);
@@ -455,6 +552,8 @@ static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
         rc = cluster ? idem__map_refresh(s, r, idem__mono_ms() +
                                                    r->cfg.timeout_ms)
                      : idem__check_single(s, r);
+        if (!rc)
+            rc = idem__check_layout(s, r);
         idem__nosigpipe_end(&sig);
     }
     if (rc) {

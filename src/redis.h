@@ -37,7 +37,18 @@ typedef struct idem__rcfg {
     size_t prefixlen;
     int pool;                 /* connections per node */
     int wait;                 /* WAIT for this many replicas after writes */
+    int layout;               /* IDEM__LAYOUT_HASH or IDEM__LAYOUT_DAY */
+    int days;                 /* day layout: a bucket's life after its day */
+    int shards;               /* day layout: buckets per day */
+    char (*tags)[12];         /* day layout: shard -> hash tag ... */
+    unsigned *tag_slots;      /* ... and the slot it hashes to */
 } idem__rcfg;
+
+/* Bounds of the day layout's settings: a lookup reads days + 1 buckets,
+ * and a call names days + 3 of them. */
+#define IDEM__MAX_DAYS 90
+#define IDEM__MAX_SHARDS 1024
+#define IDEM__DAY_MS 86400000LL
 
 /* Parse rest (what follows "redis:" or "redis-cluster:"). */
 int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
@@ -91,8 +102,10 @@ typedef struct idem__redis {
 
 /* One key of a batch. */
 typedef struct idem__ritem {
-    size_t name_off, name_len;   /* its Redis key, in the batch's names */
+    size_t name_off, name_len;   /* its Redis key (day layout: its field
+                                  * in a bucket), in the batch's names */
     unsigned slot;
+    unsigned shard;              /* day layout: its buckets' shard */
     int nargs;
     const char *arg[IDEM__RARGS];
     size_t argl[IDEM__RARGS];
@@ -129,8 +142,10 @@ typedef struct idem__rbatch {
     char cnum[2][24];
     char firstmsg[512];          /* detail of the first final error */
     char lastmsg[512];           /* detail of the last transient error */
-    const char *argv[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
-    size_t argl[8 + IDEM__GROUP * (IDEM__RARGS + 1)];
+    int64_t day0;                /* day layout: the first bucket's day */
+    idem__buf buckets;           /* day layout: one command's bucket names */
+    const char *argv[12 + IDEM__MAX_DAYS + IDEM__GROUP * (IDEM__RARGS + 2)];
+    size_t argl[12 + IDEM__MAX_DAYS + IDEM__GROUP * (IDEM__RARGS + 2)];
 } idem__rbatch;
 
 /* A batch of up to n keys for script. 0 or IDEM_ENOMEM. */

@@ -77,8 +77,14 @@ int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n)
         idem__batch_free(b);
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     }
+    int64_t now = idem__now(s);
     if (s->opts.clock)
-        snprintf(b->now, sizeof b->now, "%lld", (long long)idem__now(s));
+        snprintf(b->now, sizeof b->now, "%lld", (long long)now);
+    /* The buckets named run from days + 1 before the client's day to
+     * the day after it: the script finds today and the days before it
+     * among them for a server clock up to a day off the client's. */
+    int64_t today = now / IDEM__DAY_MS - (now % IDEM__DAY_MS < 0);
+    b->day0 = today - idem__r(s)->cfg.days - 1;
     return 0;
 }
 
@@ -91,7 +97,17 @@ void idem__batch_free(idem__rbatch *b)
     free(b->items);
     free(b->order);
     idem__buf_free(&b->names);
+    idem__buf_free(&b->buckets);
     memset(b, 0, sizeof *b);
+}
+
+/* Day layout: the key is a field of its shard's buckets. The shard is a
+ * hash of the key's bytes, and is part of the data's format. */
+static void idem__item_day(idem__redis *r, idem__ritem *it, const void *key,
+                           size_t keylen)
+{
+    it->shard = idem__crc16(key, keylen) % (unsigned)r->cfg.shards;
+    it->slot = r->cfg.tag_slots[it->shard];
 }
 
 idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
@@ -99,18 +115,25 @@ idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
 {
     idem__redis *r = idem__r(s);
     idem__ritem *it = &b->items[b->nitems];
+    int day = r->cfg.layout == IDEM__LAYOUT_DAY;
     memset(it, 0, sizeof *it);
     it->name_off = b->names.len;
     /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
      * commands land on one slot whatever the prefix. A KEY holding '}'
      * is still stored under its exact bytes; its tag then ends at its
      * first '}', which only changes which slot it shares. */
-    if (idem__buf_append(&b->names, r->cfg.prefix, r->cfg.prefixlen) ||
-        idem__buf_append(&b->names, "{", 1) ||
+    if ((!day && (idem__buf_append(&b->names, r->cfg.prefix,
+                                   r->cfg.prefixlen) ||
+                  idem__buf_append(&b->names, "{", 1))) ||
         idem__buf_append(&b->names, key, keylen) ||
-        idem__buf_append(&b->names, "}", 1))
+        (!day && idem__buf_append(&b->names, "}", 1)))
         return NULL;
     it->name_len = b->names.len - it->name_off;
+    b->nitems++;
+    if (day) {
+        idem__item_day(r, it, key, keylen);
+        return it;
+    }
     /* On a single server "slot" only picks one of the pool's
      * connections: any key may share a script call with any other, but
      * a key given twice must go down the same connection to keep its
@@ -120,7 +143,6 @@ idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
                                          it->name_len)
                         : 0;
     it->slot = r->cfg.cluster ? slot : slot % (unsigned)r->cfg.pool;
-    b->nitems++;
     return it;
 }
 
@@ -363,13 +385,37 @@ static int idem__ensure_conn(idem_store *s, idem__rbatch *b, size_t node,
     return rc;
 }
 
+/* The names of shard's buckets for days day0 .. day0 + days + 2, all
+ * of one length, into b->buckets: PREFIX YYYY-MM-DD:{TAG}. */
+static int idem__bucket_names(idem__redis *r, idem__rbatch *b,
+                              unsigned shard)
+{
+    b->buckets.len = 0;
+    for (int d = 0; d < r->cfg.days + 3; d++) {
+        time_t t = (time_t)((b->day0 + d) * (IDEM__DAY_MS / 1000));
+        struct tm tm;
+        char date[32];
+        size_t dl = gmtime_r(&t, &tm) ? strftime(date, sizeof date,
+                                                 "%Y-%m-%d", &tm) : 0;
+        if (dl != 10)
+            return -1;
+        int n = snprintf(date + dl, sizeof date - dl, ":{%s}",
+                         r->cfg.tags[shard]);
+        if (idem__buf_append(&b->buckets, r->cfg.prefix, r->cfg.prefixlen) ||
+            idem__buf_append(&b->buckets, date, dl + (size_t)n))
+            return -1;
+    }
+    return 0;
+}
+
 static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
                             size_t i)
 {
     idem__rcmd *c = &b->cmds[i];
     if (!conn->loaded) {
         for (int k = 0; k < IDEM__S_COUNT; k++) {
-            const char *la[3] = {"SCRIPT", "LOAD", idem__script_text(k)};
+            const char *la[3] = {"SCRIPT", "LOAD",
+                                 idem__script_text(r->cfg.layout, k)};
             size_t ll[3] = {6, 4, strlen(la[2])};
             if (redisAppendCommandArgv(conn->c, 3, la, ll) != REDIS_OK ||
                 idem__rconn_expect(conn, IDEM__IN_LOAD, 0))
@@ -385,24 +431,53 @@ static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
             return IDEM_ENOMEM;
         c->ask = -1;
     }
-    /* EVALSHA sha numkeys key... now common... then each key's own. */
     const char **argv = b->argv;
     size_t *lens = b->argl;
     int argc = 0;
-    char nk[24];
+    char nk[24], day[3][24];
     argv[argc] = "EVALSHA";
     lens[argc++] = 7;
     argv[argc] = r->shas[b->script];
     lens[argc++] = 40;
-    argv[argc] = nk;
-    lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%zu", c->count);
+    if (r->cfg.layout == IDEM__LAYOUT_DAY) {
+        /* EVALSHA sha numkeys bucket... now day0 days n name... common...
+         * then each key's own. */
+        const idem__ritem *first = &b->items[b->order[c->first]];
+        int nb = r->cfg.days + 3;
+        if (idem__bucket_names(r, b, first->shard))
+            return IDEM_ENOMEM;
+        argv[argc] = nk;
+        lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%d", nb);
+        size_t one = b->buckets.len / (size_t)nb;
+        for (int d = 0; d < nb; d++) {
+            argv[argc] = (const char *)b->buckets.data + (size_t)d * one;
+            lens[argc++] = one;
+        }
+        argv[argc] = b->now;
+        lens[argc++] = strlen(b->now);
+        argv[argc] = day[0];
+        lens[argc++] = (size_t)snprintf(day[0], sizeof day[0], "%lld",
+                                        (long long)b->day0);
+        argv[argc] = day[1];
+        lens[argc++] = (size_t)snprintf(day[1], sizeof day[1], "%d",
+                                        r->cfg.days);
+        argv[argc] = day[2];
+        lens[argc++] = (size_t)snprintf(day[2], sizeof day[2], "%zu",
+                                        c->count);
+    } else {
+        /* EVALSHA sha numkeys key... now common... then each key's own. */
+        argv[argc] = nk;
+        lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%zu", c->count);
+    }
     for (size_t j = 0; j < c->count; j++) {
         const idem__ritem *it = &b->items[b->order[c->first + j]];
         argv[argc] = (const char *)b->names.data + it->name_off;
         lens[argc++] = it->name_len;
     }
-    argv[argc] = b->now;
-    lens[argc++] = strlen(b->now);
+    if (r->cfg.layout != IDEM__LAYOUT_DAY) {
+        argv[argc] = b->now;
+        lens[argc++] = strlen(b->now);
+    }
     for (int k = 0; k < b->ncommon; k++) {
         argv[argc] = b->common[k];
         lens[argc++] = b->commonl[k];

@@ -10,17 +10,33 @@
  * the longer expiry; only the current token of a PENDING, unreleased
  * record may complete, fail or extend it.
  *
- * The record is one hash, PREFIX{KEY}, with the classic idempotency-key fields status
- * (0 PENDING, 1 DONE, 2 FAILED), response and created_ts, plus token,
- * attempts, lease, expires, fp (16 raw bytes or empty), released (1,
- * only after a retryable failure), and cid/fid: the request ids of the
- * claim and of the finish that made the record what it is. Every write
- * sets PEXPIRE, so no record lives without a TTL.
+ * A record has the classic idempotency-key fields status (0 PENDING,
+ * 1 DONE, 2 FAILED), response and created_ts, plus token, attempts,
+ * lease, expires, fp (16 raw bytes or empty), released (1, only after a
+ * retryable failure), and cid/fid: the request ids of the claim and of
+ * the finish that made the record what it is. Where a record lives is
+ * the layout's business, and each script is its layout's prelude
+ * followed by one body, so the protocol is written once:
+ *
+ *   hash  one hash per key, PREFIX{KEY}, whose fields are the record's;
+ *         every write sets PEXPIRE, so no record lives without a TTL.
+ *   day   one hash per day and shard, PREFIX YYYY-MM-DD:{TAG}, with one
+ *         field per key whose value is the record packed by MessagePack.
+ *         A write moves the record into today's bucket; a bucket expires
+ *         as a whole `days` days after its day ends, so Redis drops a
+ *         day's records with one key. A lookup reads today's bucket and
+ *         the `days` before it. The client names the buckets (KEYS must
+ *         be declared for a cluster); the script picks today among them
+ *         by the server's clock.
+ *
+ * A layout prelude defines RECS (the records' names), ARG (the
+ * arguments as the bodies see them: now, then the script's own) and
+ * start(), fresh(), raw(), create(), update(), response() and del().
  *
  * Claims and completes take up to 64 keys of one slot per call, because
  * the fixed cost of a script call on the server is larger than the work
- * for one key. A fresh key, the common case, costs EXISTS, one HSET of
- * preformatted strings and PEXPIRE, and answers with a bare integer.
+ * for one key. A fresh key, the common case, costs one existence check
+ * and one write of preformatted strings, and answers with a bare integer.
  *
  * Time: ARGV[1] is the time in Unix ms, or empty for the server's TIME.
  * Using the server's clock means clients with skewed clocks agree on
@@ -36,30 +52,125 @@
  * is what lets a claim be retried through a failover safely.
  *
  * Numbers: Lua's are doubles, exact to 2^53, far beyond any ms time or
- * token. Numbers passed to redis.call are written as integers.
- * Tokens are compared as the decimal strings they are stored as. */
+ * token. Numbers passed to redis.call are written as integers, and the
+ * day layout stores them as the same decimal strings. Tokens are
+ * compared as those strings. */
 #include "redis_scripts.h"
 
 #include <openssl/sha.h>
 #include <stdio.h>
 #include <string.h>
 
-#define IDEM__LUA_COMMON                                                   \
+#define IDEM__LUA_CLOCK                                                    \
+    "local DAY = 86400000\n"                                               \
     "local function now_ms()\n"                                            \
     "  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end\n"               \
     "  local t = redis.call('TIME')\n"                                     \
     "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
-    "end\n"                                                                \
-    "local function load(k, now)\n"                                        \
-    "  local v = redis.call('HMGET', k, 'status', 'token', 'lease',\n"     \
+    "end\n"
+
+/* The hash layout: KEYS are the records; ARGV is as the bodies want it.
+ * raw() answers the fields load() needs, in this order. */
+#define IDEM__LUA_HASH                                                     \
+    IDEM__LUA_CLOCK                                                        \
+    "local RECS, ARG = KEYS, ARGV\n"                                       \
+    "local function start() return now_ms() end\n"                         \
+    "local function raw(k)\n"                                              \
+    "  return redis.call('HMGET', k, 'status', 'token', 'lease',\n"        \
     "    'expires', 'created_ts', 'released', 'fp', 'cid', 'fid')\n"       \
-    "  if not v[1] then return nil, v end\n"                               \
+    "end\n"                                                                \
+    "local function fresh(k) return redis.call('EXISTS', k) == 0 end\n"    \
+    "local function create(k, f, ttl, old)\n"                              \
+    "  if old then redis.call('DEL', k) end\n"                             \
+    "  redis.call('HSET', k, unpack(f))\n"                                 \
+    "  redis.call('PEXPIRE', k, ttl)\n"                                    \
+    "end\n"                                                                \
+    "local function update(k, f, ttl)\n"                                   \
+    "  redis.call('HSET', k, unpack(f))\n"                                 \
+    "  if ttl then redis.call('PEXPIRE', k, ttl) end\n"                    \
+    "end\n"                                                                \
+    "local function response(k) return redis.call('HGET', k, 'response') end\n" \
+    "local function del(k) redis.call('DEL', k) end\n"
+
+/* The day layout. KEYS: the buckets of one shard for consecutive days
+ * from day0 (days since the epoch) on, enough to hold today and the
+ * `days` before it for any server clock within a day of the client's.
+ * ARGV: now, day0, days, n, the n records' names, then the bodies'
+ * arguments. A record is an array in raw()'s order, then attempts and
+ * response; false marks an absent field. Lookups and writes of one call
+ * are remembered (seen, where, recs): a key given twice in one call sees
+ * its first claim. */
+#define IDEM__LUA_DAY                                                      \
+    IDEM__LUA_CLOCK                                                        \
+    "local F = {status = 1, token = 2, lease = 3, expires = 4,\n"          \
+    "  created_ts = 5, released = 6, fp = 7, cid = 8, fid = 9,\n"          \
+    "  attempts = 10, response = 11}\n"                                    \
+    "local day0, ndays, nrec = tonumber(ARGV[2]), tonumber(ARGV[3]),\n"    \
+    "  tonumber(ARGV[4])\n"                                                \
+    "local RECS, ARG = {}, {ARGV[1]}\n"                                    \
+    "for j = 1, nrec do RECS[j] = ARGV[4 + j] end\n"                       \
+    "for j = 5 + nrec, #ARGV do ARG[#ARG + 1] = ARGV[j] end\n"             \
+    "local today, tnow, seen, where, recs, set = 0, 0, {}, {}, {}, {}\n"   \
+    "local function start()\n"                                             \
+    "  tnow = now_ms()\n"                                                  \
+    "  today = math.floor(tnow / DAY) - day0 + 1\n"                        \
+    "  if today - ndays < 1 or today > #KEYS then\n"                       \
+    "    error('idem: the clocks of client and server are more than a '\n" \
+    "      .. 'day apart')\n"                                              \
+    "  end\n"                                                              \
+    "  return tnow\n"                                                      \
+    "end\n"                                                                \
+    "local function find(k)\n"                                             \
+    "  if seen[k] then return recs[k] end\n"                               \
+    "  seen[k] = true\n"                                                   \
+    "  for i = today, today - ndays, -1 do\n"                              \
+    "    local v = redis.call('HGET', KEYS[i], k)\n"                       \
+    "    if v then\n"                                                      \
+    "      where[k], recs[k] = i, cmsgpack.unpack(v)\n"                    \
+    "      return recs[k]\n"                                               \
+    "    end\n"                                                            \
+    "  end\n"                                                              \
+    "  return nil\n"                                                       \
+    "end\n"                                                                \
+    "local function raw(k) return find(k) or {false} end\n"                \
+    "local function fresh(k) return find(k) == nil end\n"                  \
+    "local function put(k, t, f)\n"                                        \
+    "  for j = 1, #f, 2 do\n"                                              \
+    "    local v = f[j + 1]\n"                                             \
+    "    if type(v) == 'number' then v = string.format('%.0f', v) end\n"   \
+    "    t[F[f[j]]] = v\n"                                                 \
+    "  end\n"                                                              \
+    "  local w, b = where[k], KEYS[today]\n"                               \
+    "  if w and w ~= today then redis.call('HDEL', KEYS[w], k) end\n"      \
+    "  redis.call('HSET', b, k, cmsgpack.pack(t))\n"                       \
+    "  if not set[today] then\n"                                           \
+    "    redis.call('PEXPIRE', b, (day0 + today + ndays) * DAY - tnow)\n"  \
+    "    set[today] = true\n"                                              \
+    "  end\n"                                                              \
+    "  where[k], recs[k] = today, t\n"                                     \
+    "end\n"                                                                \
+    "local function create(k, f)\n"                                        \
+    "  put(k, {false, false, false, false, false, false, false, false,\n"  \
+    "    false, false, false}, f)\n"                                       \
+    "end\n"                                                                \
+    "local function update(k, f) put(k, recs[k], f) end\n"                 \
+    "local function response(k) return recs[k][11] end\n"                  \
+    "local function del(k)\n"                                              \
+    "  if where[k] then redis.call('HDEL', KEYS[where[k]], k) end\n"       \
+    "  where[k], recs[k] = nil, nil\n"                                     \
+    "end\n"
+
+/* What every body shares, after its layout's prelude. */
+#define IDEM__LUA_COMMON                                                   \
+    "local function load(k, now)\n"                                        \
+    "  local v = raw(k)\n"                                                 \
+    "  if not v[1] then return nil end\n"                                  \
     "  local r = {status = tonumber(v[1]), token = v[2] or '0',\n"         \
     "    lease = tonumber(v[3]) or 0, expires = tonumber(v[4]) or 0,\n"    \
     "    created = tonumber(v[5]) or now, released = v[6] == '1',\n"       \
     "    fp = v[7] or '', cid = v[8] or '', fid = v[9] or ''}\n"           \
-    "  if now >= r.expires then return nil, v end\n"                       \
-    "  return r, v\n"                                                      \
+    "  if now >= r.expires then return nil end\n"                          \
+    "  return r\n"                                                         \
     "end\n"                                                                \
     "local function why_not(r, token)\n"                                   \
     "  if not r then return 1 end\n"                                       \
@@ -73,211 +184,274 @@
  * with one array entry per key. A key that is not a hash stops the script
  * with WRONGTYPE; the client then sends the keys one by one. */
 
-/* KEYS: the keys; ARGV: now, lease_ms, ttl_ms, then fp and request id of
+/* RECS: the keys; ARG: now, lease_ms, ttl_ms, then fp and request id of
  * each key. -> per key, {kind, token, lease_until[, data]} with kind as
  * idem_outcome_kind, or for a fresh key just lease_until (NEW, token 1).
- * The record of an expired key is replaced whole (DEL, then HSET). */
-static const char idem__lua_claim[] =
-    IDEM__LUA_COMMON
-    "local now_s, lease_s, exp_s, lease_n\n"
-    "local function claim(k, fp, rid, now, lease_ms, ttl_ms)\n"
-    "  if redis.call('EXISTS', k) == 0 then\n"
-    /* The common case, a fresh key: every value is a string made once
-     * per call (formatting numbers costs more than the HSET itself), and
-     * the answer is the lease alone, meaning NEW with token 1. */
-    "    redis.call('HSET', k, 'status', '0', 'token', '1', 'attempts', '1',\n"
-    "      'lease', lease_s, 'expires', exp_s, 'created_ts', now_s, 'fp', fp,\n"
-    "      'cid', rid)\n"
-    "    redis.call('PEXPIRE', k, ttl_ms)\n"
-    "    return lease_n\n"
-    "  end\n"
-    "  local r, v = load(k, now)\n"
-    "  if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"
-    "    return {5, tonumber(r.token), 0}\n"
-    "  end\n"
-    "  if r and r.status == 1 then\n"
-    "    return {2, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
-    "  end\n"
-    "  if r and r.status == 2 then\n"
-    "    return {3, tonumber(r.token), 0, redis.call('HGET', k, 'response') or ''}\n"
-    "  end\n"
-    "  if r and not r.released and now < r.lease then\n"
-    "    if r.cid == rid then return {1, tonumber(r.token), r.lease} end\n"
-    "    return {4, tonumber(r.token), r.lease}\n"
-    "  end\n"
-    "  local lease = now + lease_ms\n"
-    "  local token, created, exp = 1, now, now + ttl_ms\n"
-    "  if r then\n"
-    "    token = tonumber(r.token) + 1\n"
-    "    created = r.created\n"
-    "    if r.expires > exp then exp = r.expires end\n"
-    "    if fp == '' then fp = r.fp end\n"
-    "  end\n"
-    "  redis.call('DEL', k)\n"
-    "  redis.call('HSET', k, 'status', 0, 'token', token, 'attempts', token,\n"
-    "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n"
-    "    'cid', rid)\n"
-    "  redis.call('PEXPIRE', k, exp - now)\n"
-    "  return {1, token, lease}\n"
-    "end\n"
-    "local now = now_ms()\n"
-    "local lease_ms, ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3])\n"
-    /* A record lives at least as long as its lease (as in protocol.c). */
-    "if ttl_ms < lease_ms then ttl_ms = lease_ms end\n"
-    "now_s = string.format('%.0f', now)\n"
-    "lease_n = now + lease_ms\n"
-    "lease_s = string.format('%.0f', lease_n)\n"
-    "exp_s = string.format('%.0f', now + ttl_ms)\n"
-    "local out = {}\n"
-    "for i, k in ipairs(KEYS) do\n"
-    "  out[i] = claim(k, ARGV[2 + 2 * i], ARGV[3 + 2 * i], now, lease_ms,\n"
-    "    ttl_ms)\n"
-    "end\n"
-    "return out\n";
+ * The record of an expired key is replaced whole. */
+#define IDEM__LUA_CLAIM                                                    \
+    "local now_s, lease_s, exp_s, lease_n\n"                               \
+    "local function claim(k, fp, rid, now, lease_ms, ttl_ms)\n"            \
+    "  if fresh(k) then\n"                                                 \
+    /* The common case, a fresh key: every value is a string made once    \
+     * per call (formatting numbers costs more than the write itself),    \
+     * and the answer is the lease alone, meaning NEW with token 1. */    \
+    "    create(k, {'status', '0', 'token', '1', 'attempts', '1',\n"       \
+    "      'lease', lease_s, 'expires', exp_s, 'created_ts', now_s,\n"     \
+    "      'fp', fp, 'cid', rid}, ttl_ms, false)\n"                        \
+    "    return lease_n\n"                                                 \
+    "  end\n"                                                              \
+    "  local r = load(k, now)\n"                                           \
+    "  if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"             \
+    "    return {5, tonumber(r.token), 0}\n"                               \
+    "  end\n"                                                              \
+    "  if r and r.status == 1 then\n"                                      \
+    "    return {2, tonumber(r.token), 0, response(k) or ''}\n"            \
+    "  end\n"                                                              \
+    "  if r and r.status == 2 then\n"                                      \
+    "    return {3, tonumber(r.token), 0, response(k) or ''}\n"            \
+    "  end\n"                                                              \
+    "  if r and not r.released and now < r.lease then\n"                   \
+    "    if r.cid == rid then return {1, tonumber(r.token), r.lease} end\n" \
+    "    return {4, tonumber(r.token), r.lease}\n"                         \
+    "  end\n"                                                              \
+    "  local lease = now + lease_ms\n"                                     \
+    "  local token, created, exp = 1, now, now + ttl_ms\n"                 \
+    "  if r then\n"                                                        \
+    "    token = tonumber(r.token) + 1\n"                                  \
+    "    created = r.created\n"                                            \
+    "    if r.expires > exp then exp = r.expires end\n"                    \
+    "    if fp == '' then fp = r.fp end\n"                                 \
+    "  end\n"                                                              \
+    "  create(k, {'status', 0, 'token', token, 'attempts', token,\n"       \
+    "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n" \
+    "    'cid', rid}, exp - now, true)\n"                                  \
+    "  return {1, token, lease}\n"                                         \
+    "end\n"                                                                \
+    "local now = start()\n"                                                \
+    "local lease_ms, ttl_ms = tonumber(ARG[2]), tonumber(ARG[3])\n"        \
+    /* A record lives at least as long as its lease (as in protocol.c). */ \
+    "if ttl_ms < lease_ms then ttl_ms = lease_ms end\n"                    \
+    "now_s = string.format('%.0f', now)\n"                                 \
+    "lease_n = now + lease_ms\n"                                           \
+    "lease_s = string.format('%.0f', lease_n)\n"                           \
+    "exp_s = string.format('%.0f', now + ttl_ms)\n"                        \
+    "local out = {}\n"                                                     \
+    "for i, k in ipairs(RECS) do\n"                                        \
+    "  out[i] = claim(k, ARG[2 + 2 * i], ARG[3 + 2 * i], now, lease_ms,\n" \
+    "    ttl_ms)\n"                                                        \
+    "end\n"                                                                \
+    "return out\n"
 
-/* KEYS: the keys; ARGV: now, then token, response, ttl_ms and request id
+/* RECS: the keys; ARG: now, then token, response, ttl_ms and request id
  * of each key. -> one 0-or-why per key. */
-static const char idem__lua_complete[] =
-    IDEM__LUA_COMMON
-    "local function complete(k, tok, resp, ttl, rid, now)\n"
-    "  local r, v = load(k, now)\n"
-    "  if r and r.status == 1 and r.token == tok and r.fid == rid then\n"
-    "    return 0\n"
-    "  end\n"
-    "  local w = why_not(r, tok)\n"
-    "  if w ~= 0 then return w end\n"
-    "  redis.call('HSET', k, 'status', 1, 'response', resp, 'lease', 0,\n"
-    "    'expires', now + ttl, 'fid', rid)\n"
-    "  redis.call('PEXPIRE', k, ttl)\n"
-    "  return 0\n"
-    "end\n"
-    "local now = now_ms()\n"
-    "local out = {}\n"
-    "for i, k in ipairs(KEYS) do\n"
-    "  local a = 4 * i - 2\n"
-    "  out[i] = complete(k, ARGV[a], ARGV[a + 1], tonumber(ARGV[a + 2]),\n"
-    "    ARGV[a + 3], now)\n"
-    "end\n"
-    "return out\n";
+#define IDEM__LUA_COMPLETE                                                 \
+    "local function complete(k, tok, resp, ttl, rid, now)\n"               \
+    "  local r = load(k, now)\n"                                           \
+    "  if r and r.status == 1 and r.token == tok and r.fid == rid then\n"  \
+    "    return 0\n"                                                       \
+    "  end\n"                                                              \
+    "  local w = why_not(r, tok)\n"                                        \
+    "  if w ~= 0 then return w end\n"                                      \
+    "  update(k, {'status', 1, 'response', resp, 'lease', 0,\n"            \
+    "    'expires', now + ttl, 'fid', rid}, ttl)\n"                        \
+    "  return 0\n"                                                         \
+    "end\n"                                                                \
+    "local now = start()\n"                                                \
+    "local out = {}\n"                                                     \
+    "for i, k in ipairs(RECS) do\n"                                        \
+    "  local a = 4 * i - 2\n"                                              \
+    "  out[i] = complete(k, ARG[a], ARG[a + 1], tonumber(ARG[a + 2]),\n"   \
+    "    ARG[a + 3], now)\n"                                               \
+    "end\n"                                                                \
+    "return out\n"
 
-/* KEYS[1]; ARGV: now, token, error, retryable (0/1), failure_ttl_ms,
+/* RECS[1]; ARG: now, token, error, retryable (0/1), failure_ttl_ms,
  * request id. -> 0 or why. */
-static const char idem__lua_fail[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local k, tok = KEYS[1], ARGV[2]\n"
-    "local r = load(k, now)\n"
-    "if r and r.token == tok and r.fid == ARGV[6] and\n"
-    "   (r.status == 2 or r.released) then\n"
-    "  return 0\n"
-    "end\n"
-    "local w = why_not(r, tok)\n"
-    "if w ~= 0 then return w end\n"
-    "if ARGV[4] == '1' then\n"
-    "  redis.call('HSET', k, 'released', 1, 'lease', 0, 'response', ARGV[3],\n"
-    "    'fid', ARGV[6])\n"
-    "else\n"
-    "  local ttl = tonumber(ARGV[5])\n"
-    "  redis.call('HSET', k, 'status', 2, 'lease', 0, 'response', ARGV[3],\n"
-    "    'expires', now + ttl, 'fid', ARGV[6])\n"
-    "  redis.call('PEXPIRE', k, ttl)\n"
-    "end\n"
-    "return 0\n";
+#define IDEM__LUA_FAIL                                                     \
+    "local now = start()\n"                                                \
+    "local k, tok = RECS[1], ARG[2]\n"                                     \
+    "local r = load(k, now)\n"                                             \
+    "if r and r.token == tok and r.fid == ARG[6] and\n"                    \
+    "   (r.status == 2 or r.released) then\n"                              \
+    "  return 0\n"                                                         \
+    "end\n"                                                                \
+    "local w = why_not(r, tok)\n"                                          \
+    "if w ~= 0 then return w end\n"                                        \
+    "if ARG[4] == '1' then\n"                                              \
+    "  update(k, {'released', 1, 'lease', 0, 'response', ARG[3],\n"        \
+    "    'fid', ARG[6]})\n"                                                \
+    "else\n"                                                               \
+    "  local ttl = tonumber(ARG[5])\n"                                     \
+    "  update(k, {'status', 2, 'lease', 0, 'response', ARG[3],\n"          \
+    "    'expires', now + ttl, 'fid', ARG[6]}, ttl)\n"                     \
+    "end\n"                                                                \
+    "return 0\n"
 
-/* KEYS[1]; ARGV: now, token, lease_ms. -> 0 or why. */
-static const char idem__lua_extend[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local k = KEYS[1]\n"
-    "local r = load(k, now)\n"
-    "local w = why_not(r, ARGV[2])\n"
-    "if w ~= 0 then return w end\n"
-    "local lease = now + tonumber(ARGV[3])\n"
-    "local exp = r.expires\n"
-    "if exp < lease then exp = lease end\n"
-    "redis.call('HSET', k, 'lease', lease, 'expires', exp)\n"
-    "redis.call('PEXPIRE', k, exp - now)\n"
-    "return 0\n";
+/* RECS[1]; ARG: now, token, lease_ms. -> 0 or why. */
+#define IDEM__LUA_EXTEND                                                   \
+    "local now = start()\n"                                                \
+    "local k = RECS[1]\n"                                                  \
+    "local r = load(k, now)\n"                                             \
+    "local w = why_not(r, ARG[2])\n"                                       \
+    "if w ~= 0 then return w end\n"                                        \
+    "local lease = now + tonumber(ARG[3])\n"                               \
+    "local exp = r.expires\n"                                              \
+    "if exp < lease then exp = lease end\n"                                \
+    "update(k, {'lease', lease, 'expires', exp}, exp - now)\n"             \
+    "return 0\n"
 
-/* KEYS[1]; ARGV: now. -> nil, or {status, token, released, created,
+/* RECS[1]; ARG: now. -> nil, or {status, token, released, created,
  * expires, lease, fp, response or nil}. Reads only. */
-static const char idem__lua_get[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local r = load(KEYS[1], now)\n"
-    "if not r then return false end\n"
-    "local resp = redis.call('HGET', KEYS[1], 'response')\n"
-    "return {r.status, tonumber(r.token), r.released and 1 or 0, r.created,\n"
-    "  r.expires, r.lease, r.fp, resp}\n";
+#define IDEM__LUA_GET                                                      \
+    "local now = start()\n"                                                \
+    "local r = load(RECS[1], now)\n"                                       \
+    "if not r then return false end\n"                                     \
+    "return {r.status, tonumber(r.token), r.released and 1 or 0,\n"        \
+    "  r.created, r.expires, r.lease, r.fp, response(RECS[1])}\n"
 
-/* KEYS[1]; ARGV: now. -> 1 if a live record was deleted, else 0. */
-static const char idem__lua_forget[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local r = load(KEYS[1], now)\n"
-    "redis.call('DEL', KEYS[1])\n"
-    "if r then return 1 end\n"
-    "return 0\n";
+/* RECS[1]; ARG: now. -> 1 if a live record was deleted, else 0. */
+#define IDEM__LUA_FORGET                                                   \
+    "local now = start()\n"                                                \
+    "local r = load(RECS[1], now)\n"                                       \
+    "del(RECS[1])\n"                                                       \
+    "if r then return 1 end\n"                                             \
+    "return 0\n"
 
-/* KEYS: names found by SCAN, all in one slot; ARGV: now, retention_ms.
- * Deletes the records that are past their expiry, and those that have no
- * TTL (written by hand or by an older tool) and were created longer than
- * the retention ago. Keys that are not idem records are left alone.
- * -> how many were deleted. */
-static const char idem__lua_sweep[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local cutoff = now - tonumber(ARGV[2])\n"
-    "local n = 0\n"
-    "for _, k in ipairs(KEYS) do\n"
-    "  if redis.call('TYPE', k).ok == 'hash' then\n"
-    "    local v = redis.call('HMGET', k, 'created_ts', 'expires')\n"
-    "    local created, exp = tonumber(v[1]), tonumber(v[2])\n"
-    "    if created then\n"
-    "      local gone = exp ~= nil and now >= exp\n"
-    "      if not gone and created < cutoff and\n"
-    "         redis.call('PTTL', k) == -1 then\n"
-    "        gone = true\n"
-    "      end\n"
-    "      if gone then redis.call('DEL', k); n = n + 1 end\n"
-    "    end\n"
-    "  end\n"
+/* KEYS: names found by SCAN, all in one slot; ARGV: now, retention_ms,
+ * days. Deletes the records that are past their expiry, and those that
+ * have no TTL (written by hand or by an older tool) and were created
+ * longer than the retention ago. Keys that are not idem records are left
+ * alone. -> how many were deleted. */
+#define IDEM__LUA_SWEEP_HASH                                               \
+    "local now = now_ms()\n"                                               \
+    "local cutoff = now - tonumber(ARGV[2])\n"                             \
+    "local n = 0\n"                                                        \
+    "for _, k in ipairs(KEYS) do\n"                                        \
+    "  if redis.call('TYPE', k).ok == 'hash' then\n"                       \
+    "    local v = redis.call('HMGET', k, 'created_ts', 'expires')\n"      \
+    "    local created, exp = tonumber(v[1]), tonumber(v[2])\n"            \
+    "    if created then\n"                                                \
+    "      local gone = exp ~= nil and now >= exp\n"                       \
+    "      if not gone and created < cutoff and\n"                         \
+    "         redis.call('PTTL', k) == -1 then\n"                          \
+    "        gone = true\n"                                                \
+    "      end\n"                                                          \
+    "      if gone then redis.call('DEL', k); n = n + 1 end\n"             \
+    "    end\n"                                                            \
+    "  end\n"                                                              \
+    "end\n"                                                                \
+    "return n\n"
+
+/* KEYS: names found by SCAN, all in one slot; ARGV: now. -> {pending,
+ * done, failed} among the live records. */
+#define IDEM__LUA_STATS_HASH                                               \
+    "local now = now_ms()\n"                                               \
+    "local c = {0, 0, 0}\n"                                                \
+    "for _, k in ipairs(KEYS) do\n"                                        \
+    "  if redis.call('TYPE', k).ok == 'hash' then\n"                       \
+    "    local r = load(k, now)\n"                                         \
+    "    if r and r.status and r.status >= 0 and r.status <= 2 then\n"     \
+    "      c[r.status + 1] = c[r.status + 1] + 1\n"                        \
+    "    end\n"                                                            \
+    "  end\n"                                                              \
+    "end\n"                                                                \
+    "return c\n"
+
+/* The day of a bucket from its name, ...YYYY-MM-DD:{TAG}, in days since
+ * the epoch (the civil-from-days inverse of Howard Hinnant's algorithm),
+ * or nil if the name is not a bucket's. */
+#define IDEM__LUA_DAY_OF                                                   \
+    "local function day_of(k)\n"                                           \
+    "  local y, m, d = string.match(k,\n"                                  \
+    "    '(%d%d%d%d)%-(%d%d)%-(%d%d):{[^}]*}$')\n"                         \
+    "  if not y then return nil end\n"                                     \
+    "  y, m, d = tonumber(y), tonumber(m), tonumber(d)\n"                  \
+    "  if m <= 2 then y = y - 1 end\n"                                     \
+    "  local era = math.floor(y / 400)\n"                                  \
+    "  local yoe = y - era * 400\n"                                        \
+    "  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1\n"   \
+    "  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100)\n" \
+    "    + doy\n"                                                          \
+    "  return era * 146097 + doe - 719468\n"                               \
     "end\n"
-    "return n\n";
 
-/* KEYS: names found by SCAN, all in one slot; ARGV: now.
- * -> {pending, done, failed} among the live records. */
-static const char idem__lua_stats[] =
-    IDEM__LUA_COMMON
-    "local now = now_ms()\n"
-    "local c = {0, 0, 0}\n"
-    "for _, k in ipairs(KEYS) do\n"
-    "  if redis.call('TYPE', k).ok == 'hash' then\n"
-    "    local r = load(k, now)\n"
-    "    if r and r.status and r.status >= 0 and r.status <= 2 then\n"
-    "      c[r.status + 1] = c[r.status + 1] + 1\n"
-    "    end\n"
-    "  end\n"
-    "end\n"
-    "return c\n";
+/* KEYS: buckets found by SCAN, all in one slot; ARGV: now, retention_ms
+ * (unused: a bucket's life is its days), days. Drops, whole, every
+ * bucket whose days are over: those Redis has not expired yet because
+ * their TTL was lost or the clock is a caller's. -> the records dropped
+ * with them. */
+#define IDEM__LUA_SWEEP_DAY                                                \
+    IDEM__LUA_DAY_OF                                                       \
+    "local now, ndays = now_ms(), tonumber(ARGV[3])\n"                     \
+    "local n = 0\n"                                                        \
+    "for _, k in ipairs(KEYS) do\n"                                        \
+    "  local day = day_of(k)\n"                                            \
+    "  if day and now >= (day + ndays + 1) * DAY and\n"                    \
+    "     redis.call('TYPE', k).ok == 'hash' then\n"                       \
+    "    n = n + redis.call('HLEN', k)\n"                                  \
+    "    redis.call('UNLINK', k)\n"                                        \
+    "  end\n"                                                              \
+    "end\n"                                                                \
+    "return n\n"
 
-static const char *const idem__scripts[IDEM__S_COUNT] = {
-    idem__lua_claim,  idem__lua_complete, idem__lua_fail,
-    idem__lua_extend, idem__lua_get,      idem__lua_forget,
-    idem__lua_sweep,  idem__lua_stats,
+/* KEYS: buckets found by SCAN, all in one slot; ARGV: now. -> {pending,
+ * done, failed} among the live records in them. */
+#define IDEM__LUA_STATS_DAY                                                \
+    IDEM__LUA_DAY_OF                                                       \
+    "local now = now_ms()\n"                                               \
+    "local c = {0, 0, 0}\n"                                                \
+    "for _, k in ipairs(KEYS) do\n"                                        \
+    "  if day_of(k) and redis.call('TYPE', k).ok == 'hash' then\n"         \
+    "    for _, v in ipairs(redis.call('HVALS', k)) do\n"                  \
+    "      local ok, t = pcall(cmsgpack.unpack, v)\n"                      \
+    "      if ok and type(t) == 'table' then\n"                            \
+    "        local st, exp = tonumber(t[1]), tonumber(t[4])\n"             \
+    "        if st and exp and now < exp and st >= 0 and st <= 2 then\n"   \
+    "          c[st + 1] = c[st + 1] + 1\n"                                \
+    "        end\n"                                                        \
+    "      end\n"                                                          \
+    "    end\n"                                                            \
+    "  end\n"                                                              \
+    "end\n"                                                                \
+    "return c\n"
+
+#define IDEM__LUA_HASH_ALL IDEM__LUA_HASH IDEM__LUA_COMMON
+#define IDEM__LUA_DAY_ALL IDEM__LUA_DAY IDEM__LUA_COMMON
+
+static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
+    {
+        IDEM__LUA_HASH_ALL IDEM__LUA_CLAIM,
+        IDEM__LUA_HASH_ALL IDEM__LUA_COMPLETE,
+        IDEM__LUA_HASH_ALL IDEM__LUA_FAIL,
+        IDEM__LUA_HASH_ALL IDEM__LUA_EXTEND,
+        IDEM__LUA_HASH_ALL IDEM__LUA_GET,
+        IDEM__LUA_HASH_ALL IDEM__LUA_FORGET,
+        IDEM__LUA_CLOCK IDEM__LUA_SWEEP_HASH,
+        IDEM__LUA_HASH_ALL IDEM__LUA_STATS_HASH,
+    },
+    {
+        IDEM__LUA_DAY_ALL IDEM__LUA_CLAIM,
+        IDEM__LUA_DAY_ALL IDEM__LUA_COMPLETE,
+        IDEM__LUA_DAY_ALL IDEM__LUA_FAIL,
+        IDEM__LUA_DAY_ALL IDEM__LUA_EXTEND,
+        IDEM__LUA_DAY_ALL IDEM__LUA_GET,
+        IDEM__LUA_DAY_ALL IDEM__LUA_FORGET,
+        IDEM__LUA_CLOCK IDEM__LUA_SWEEP_DAY,
+        IDEM__LUA_CLOCK IDEM__LUA_STATS_DAY,
+    },
 };
 
-const char *idem__script_text(enum idem__script i)
+const char *idem__script_text(int layout, enum idem__script i)
 {
-    return idem__scripts[i];
+    return idem__scripts[layout][i];
 }
 
-void idem__script_shas(char out[IDEM__S_COUNT][41])
+void idem__script_shas(int layout, char out[IDEM__S_COUNT][41])
 {
     for (int i = 0; i < IDEM__S_COUNT; i++) {
+        const char *text = idem__scripts[layout][i];
         unsigned char md[SHA_DIGEST_LENGTH];
-        SHA1((const unsigned char *)idem__scripts[i],
-             strlen(idem__scripts[i]), md);
+        SHA1((const unsigned char *)text, strlen(text), md);
         for (int j = 0; j < SHA_DIGEST_LENGTH; j++)
             snprintf(&out[i][2 * j], 3, "%02x", md[j]);
     }

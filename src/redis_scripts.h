@@ -25,10 +25,14 @@ enum {
     IDEM__WHY_TAKEN = 4      /* another token holds it */
 };
 
-/* The text of script i. */
-const char *idem__script_text(enum idem__script i);
+/* Where records live (redis_scripts.c explains both). */
+enum { IDEM__LAYOUT_HASH, IDEM__LAYOUT_DAY, IDEM__LAYOUTS };
 
-/* SHA-1 of every script in hex, as EVALSHA wants it: out[i] has 41 bytes. */
-void idem__script_shas(char out[IDEM__S_COUNT][41]);
+/* The text of script i for layout. */
+const char *idem__script_text(int layout, enum idem__script i);
+
+/* SHA-1 of every script of layout in hex, as EVALSHA wants it: out[i]
+ * has 41 bytes. */
+void idem__script_shas(int layout, char out[IDEM__S_COUNT][41]);
 
 #endif

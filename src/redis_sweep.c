@@ -6,7 +6,11 @@
  * the retention, and records whose expiry passed under a caller's clock
  * before Redis's own. SCAN MATCH PREFIX* COUNT 1000 walks each master;
  * each page's keys go to one script call per slot (a script may only
- * touch keys of one slot in a cluster), all of a page pipelined. */
+ * touch keys of one slot in a cluster), all of a page pipelined.
+ *
+ * The day layout has its whole days to drop instead: SCAN finds the
+ * buckets, and a bucket whose days are over goes at once, with UNLINK
+ * (its memory is freed off Redis's main thread). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,10 +36,13 @@ static int idem__slot_cmp(const void *a, const void *b)
     return (x[0] > y[0]) - (x[0] < y[0]);
 }
 
-/* The glob pattern matching every key under the prefix. */
+/* The glob pattern matching every key under the prefix (day layout:
+ * every bucket). */
 static char *idem__scan_pattern(const idem__redis *r, size_t *len)
 {
-    char *p = malloc(2 * r->cfg.prefixlen + 2);
+    static const char bucket[] =
+        "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]:{*}";
+    char *p = malloc(2 * r->cfg.prefixlen + sizeof bucket);
     size_t n = 0;
     if (!p)
         return NULL;
@@ -45,8 +52,13 @@ static char *idem__scan_pattern(const idem__redis *r, size_t *len)
             p[n++] = '\\';
         p[n++] = ch;
     }
-    p[n++] = '*';
-    p[n] = '\0';
+    if (r->cfg.layout == IDEM__LAYOUT_DAY) {
+        memcpy(p + n, bucket, sizeof bucket);
+        n += sizeof bucket - 1;
+    } else {
+        p[n++] = '*';
+        p[n] = '\0';
+    }
     *len = n;
     return p;
 }
@@ -76,8 +88,9 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
         order[i][1] = (unsigned)i;
     }
     qsort(order, n, sizeof *order, idem__slot_cmp);
-    char ret[24];
+    char ret[24], days[24];
     snprintf(ret, sizeof ret, "%lld", (long long)s->opts.retention_ms);
+    snprintf(days, sizeof days, "%d", r->cfg.days);
     size_t groups = 0;
     int rc = 0;
     for (size_t i = 0; i < n;) {
@@ -103,6 +116,8 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
         if (script == IDEM__S_SWEEP) {
             argv[argc] = ret;
             lens[argc++] = strlen(ret);
+            argv[argc] = days;
+            lens[argc++] = strlen(days);
         }
         if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK) {
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
@@ -163,7 +178,8 @@ static int idem__scan_node(idem_store *s, idem__redis *r, size_t node,
     idem__rconn_deadline(conn, r->cfg.timeout_ms);
     if (!conn->loaded) {
         for (int k = 0; k < IDEM__S_COUNT && !rc; k++) {
-            const char *la[3] = {"SCRIPT", "LOAD", idem__script_text(k)};
+            const char *la[3] = {"SCRIPT", "LOAD",
+                                 idem__script_text(r->cfg.layout, k)};
             size_t ll[3] = {6, 4, strlen(la[2])};
             redisReply *rep = idem__rconn_command(s, conn, 3, la, ll, &rc);
             if (rep && rep->type == REDIS_REPLY_ERROR)
@@ -273,7 +289,11 @@ int idem__redis_stats(idem_store *s, idem_stats *out)
 {
     idem__scan_acc acc = {0};
     int rc = idem__scan_all(s, IDEM__S_STATS, 0, &acc);
-    out->live_keys = acc.seen;
+    /* Hash layout: the keys under the prefix; day layout: the records
+     * in the buckets. */
+    out->live_keys = idem__r(s)->cfg.layout == IDEM__LAYOUT_DAY
+                         ? acc.counts[0] + acc.counts[1] + acc.counts[2]
+                         : acc.seen;
     out->pending = acc.counts[0];
     out->done = acc.counts[1];
     out->failed = acc.counts[2];

@@ -3,6 +3,10 @@
  *   redis://[[user]:password@]host[:port][/db][?param=value&...]
  *   redis-cluster://[[user]:password@]host:port[,host:port...][?...]
  *
+ * Parameters: timeout_ms, connect_timeout_ms, prefix, pool, wait, and
+ * the layout of the records: layout=hash (one hash per key, the default)
+ * or layout=day with days and shards (buckets per day and shard).
+ *
  * The URI is the whole configuration of a Redis store, so that every
  * tool that takes --store reaches every setting without flags of its own.
  * User, password and prefix may be percent-encoded (a password with '@'
@@ -141,6 +145,16 @@ static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
         cfg->prefix = d;
         return 0;
     }
+    if (IDEM__IS("layout")) {
+        if (vlen == 4 && memcmp(v, "hash", 4) == 0)
+            cfg->layout = IDEM__LAYOUT_HASH;
+        else if (vlen == 3 && memcmp(v, "day", 3) == 0)
+            cfg->layout = IDEM__LAYOUT_DAY;
+        else
+            return idem__fail(s, IDEM_EINVAL, "%s: layout must be hash or "
+                              "day, not '%.*s'", s->uri, (int)vlen, v);
+        return 0;
+    }
     struct {
         const char *name;
         long long lo, hi;
@@ -148,7 +162,9 @@ static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
                 {"connect_timeout_ms", 1, 3600000},
                 {"pool", 1, 64},
                 {"wait", 0, 64},
-                {"db", 0, 1000000}};
+                {"db", 0, 1000000},
+                {"days", 1, IDEM__MAX_DAYS},
+                {"shards", 1, IDEM__MAX_SHARDS}};
     for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
         if (!IDEM__IS(nums[i].name))
             continue;
@@ -161,14 +177,73 @@ static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
         case 1: cfg->connect_ms = num; break;
         case 2: cfg->pool = (int)num; break;
         case 3: cfg->wait = (int)num; break;
-        default: cfg->db = (int)num; break;
+        case 4: cfg->db = (int)num; break;
+        case 5: cfg->days = (int)num; break;
+        default: cfg->shards = (int)num; break;
         }
         return 0;
     }
 #undef IDEM__IS
     return idem__fail(s, IDEM_EINVAL, "%s: unknown parameter '%.*s' "
                       "(known: timeout_ms, connect_timeout_ms, prefix, pool, "
-                      "wait, db)", s->uri, (int)klen, p);
+                      "wait, db, layout, days, shards)", s->uri, (int)klen,
+                      p);
+}
+
+/* The day layout's bucket names end in :{TAG}, TAG chosen per shard so
+ * that shard i's buckets hash to slot i * 16384 / shards: distinct
+ * shards never share a slot (a script call's buckets are one shard's),
+ * and the shards spread evenly over the masters of a cluster. TAG is the
+ * first decimal number that hashes there; the names are part of the
+ * data's format, so this search must never change. */
+static int idem__shard_tags(idem_store *s, idem__rcfg *cfg)
+{
+    unsigned n = (unsigned)cfg->shards;
+    int *shard_of = malloc(IDEM__SLOTS * sizeof *shard_of);
+    cfg->tags = calloc(n, sizeof *cfg->tags);
+    cfg->tag_slots = calloc(n, sizeof *cfg->tag_slots);
+    if (!shard_of || !cfg->tags || !cfg->tag_slots) {
+        free(shard_of);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    for (unsigned k = 0; k < IDEM__SLOTS; k++)
+        shard_of[k] = -1;
+    for (unsigned i = 0; i < n; i++) {
+        cfg->tag_slots[i] = i * IDEM__SLOTS / n;
+        shard_of[cfg->tag_slots[i]] = (int)i;
+    }
+    unsigned found = 0;
+    for (unsigned long v = 0; found < n; v++) {
+        char t[12];
+        int len = snprintf(t, sizeof t, "%lu", v);
+        int i = shard_of[idem__crc16(t, (size_t)len) % IDEM__SLOTS];
+        if (i >= 0 && !cfg->tags[i][0]) {
+            memcpy(cfg->tags[i], t, (size_t)len + 1);
+            found++;
+        }
+    }
+    free(shard_of);
+    return 0;
+}
+
+/* Check and complete the day layout's settings. */
+static int idem__day_layout(idem_store *s, idem__rcfg *cfg)
+{
+    if (cfg->layout != IDEM__LAYOUT_DAY) {
+        if (cfg->days || cfg->shards)
+            return idem__fail(s, IDEM_EINVAL, "%s: days and shards belong "
+                              "to layout=day", s->uri);
+        return 0;
+    }
+    if (memchr(cfg->prefix, '{', cfg->prefixlen))
+        return idem__fail(s, IDEM_EINVAL, "%s: layout=day needs a prefix "
+                          "without '{': the buckets' hash tags are idem's",
+                          s->uri);
+    if (!cfg->days)
+        cfg->days = 7;
+    if (!cfg->shards)
+        cfg->shards = 16;
+    return idem__shard_tags(s, cfg);
 }
 
 int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
@@ -254,7 +329,7 @@ int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
                           "database 0", s->uri);
     if (!cfg->connect_ms)
         cfg->connect_ms = cfg->timeout_ms;
-    return 0;
+    return idem__day_layout(s, cfg);
 decode_failed:
     return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in user or "
                             "password", s->uri)
@@ -270,5 +345,7 @@ void idem__rcfg_free(idem__rcfg *cfg)
     free(cfg->user);
     free(cfg->pass);
     free(cfg->prefix);
+    free(cfg->tags);
+    free(cfg->tag_slots);
     memset(cfg, 0, sizeof *cfg);
 }

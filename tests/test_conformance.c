@@ -39,6 +39,24 @@ void conf_setup_cluster(void)
     conf_uri = conf_uri_buf;
 }
 
+/* The day layout with few days and shards, so that the tests' keys
+ * share buckets and their clock jumps cross days. */
+void conf_setup_redis_day(void)
+{
+    snprintf(conf_uri_buf, sizeof conf_uri_buf,
+             "redis://%s?prefix=%s&timeout_ms=20000&layout=day&days=2&"
+             "shards=3", th_redis_addr(), th_prefix());
+    conf_uri = conf_uri_buf;
+}
+
+void conf_setup_cluster_day(void)
+{
+    snprintf(conf_uri_buf, sizeof conf_uri_buf,
+             "redis-cluster://%s?prefix=%s&timeout_ms=20000&layout=day&"
+             "days=2&shards=3", th_cluster_addr(), th_prefix());
+    conf_uri = conf_uri_buf;
+}
+
 void conf_teardown(void)
 {
     if (conf_dir)
