@@ -44,5 +44,9 @@ fi
 tested=$(echo "$syn" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
 passing=$(echo "$syn" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
 failed=$((tested - passing))
+if [ "$tested" -eq 0 ]; then
+    echo "run-tests: no test ran${IDEM_TEST_FILTER:+ (filter: $IDEM_TEST_FILTER)}" >&2
+    failed=1
+fi
 echo "$passing passed, $failed failed"
 [ "$failed" -eq 0 ]
