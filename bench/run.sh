@@ -7,6 +7,11 @@
 # Then the Redis backends: idem's claims against the classic WATCH/MULTI
 # pattern and raw SET NX PX on the same server, and on a private 3-master
 # Redis Cluster (scripts/redis-test.sh starts it on free loopback ports).
+# Then scaling with masters: 6 more nodes, which redis_claims regroups
+# into clusters of 1, 2 and 3 masters claiming the same keys in turns;
+# with fewer cores than masters the wall clock cannot grow, so beside it
+# it prints the claims/s projected from each master's measured CPU time
+# (see bench/redis_claims.c).
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part
 # uses IDEM_BENCH_REDIS_N (default 200000).
 set -eu
@@ -18,6 +23,7 @@ port=$((20000 + $$ % 20000))
 cleanup() {
     [ -f "$tmp/redis.pid" ] && kill "$(cat "$tmp/redis.pid")" 2>/dev/null
     sh scripts/redis-test.sh stop "$tmp/cluster" 2>/dev/null
+    sh scripts/redis-test.sh stop "$tmp/scale" 2>/dev/null
     rm -rf "$tmp"
 }
 trap cleanup EXIT INT TERM
@@ -68,6 +74,17 @@ if [ -x "$BUILD/bench/redis_claims" ]; then
     else
         echo "# redis cluster: could not be started"
     fi
+    # Stopped now, and their pid files gone so that cleanup cannot signal
+    # a reused pid.
+    sh scripts/redis-test.sh stop "$tmp/cluster"
+    rm -rf "$tmp/cluster"
+    if ports=$(sh scripts/redis-test.sh cluster "$tmp/scale" 6 0); then
+        "$BUILD/bench/redis_claims" scale "$ports" "$RN"
+    else
+        echo "# redis scaling: 6 nodes could not be started"
+    fi
+    sh scripts/redis-test.sh stop "$tmp/scale"
+    rm -rf "$tmp/scale"
 fi
 
 # dedup against mawk, and run with a trivial handler, on one corpus:
