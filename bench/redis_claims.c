@@ -14,6 +14,9 @@
  *   idem           idem_claim_many() in batches of 1000 on one handle
  *                  (pool=1: one connection per node), the Lua claim
  *                  script per key, all pipelined
+ *   idem-day       the same with layout=day (days=7, 16 shards): a
+ *                  batch's keys go to 16 buckets, so a call takes up to
+ *                  64 keys on a cluster too
  *   watch-multi    the classic optimistic pattern, per key: WATCH k; HEXISTS k
  *                  status; MULTI; HSET k status 0 response processing
  *                  created_ts T; PEXPIRE k TTL; EXEC (single server: it
@@ -23,7 +26,8 @@
  *
  * as: system=NAME mode=single|cluster n=N seconds=S ops_per_sec=R
  * server_cpu_us_per_op=C (CPU time the servers spent per claim, from
- * INFO cpu: steadier than wall time on a busy machine), then the
+ * INFO cpu: steadier than wall time on a busy machine)
+ * server_mem_bytes_per_op=B (growth of used_memory per key), then the
  * ratios. Keys are the 36-byte stream of bench/keys36.h, fresh for every
  * system and run (prefixes with the system and the pid).
  *
@@ -81,36 +85,58 @@
 
 #define MAXNODES 32
 
-/* Ports whose servers' CPU time a figure includes (the masters). */
+/* Ports whose servers' CPU time and memory a figure includes (the
+ * masters). */
 static int cpu_ports[MAXNODES], ncpu;
-static double cpu_start;
+static double cpu_start, mem_start;
 
-/* used_cpu_sys + used_cpu_user of the server on PORT, in seconds: a
- * figure that, unlike wall time, other load on the machine barely
- * moves. */
-static double port_cpu(int port)
+/* The sum of the named fields ("used_cpu_sys:", ...) of INFO section on
+ * the server on PORT. */
+static double port_info(int port, const char *section,
+                        const char *const *fields, int nfields)
 {
     double total = 0;
     redisContext *c = redisConnect("127.0.0.1", port);
-    redisReply *r = c && !c->err ? redisCommand(c, "INFO cpu") : NULL;
-    if (r && r->type == REDIS_REPLY_STRING) {
-        const char *p = strstr(r->str, "used_cpu_sys:");
-        const char *q = strstr(r->str, "used_cpu_user:");
-        if (p && q)
-            total = strtod(p + 13, NULL) + strtod(q + 14, NULL);
+    redisReply *r =
+        c && !c->err ? redisCommand(c, "INFO %s", section) : NULL;
+    for (int i = 0; r && r->type == REDIS_REPLY_STRING && i < nfields; i++) {
+        const char *p = strstr(r->str, fields[i]);
+        if (p)
+            total += strtod(p + strlen(fields[i]), NULL);
     }
     freeReplyObject(r);
     redisFree(c);
     return total;
 }
 
-/* The same, summed over the servers a figure includes. */
-static double server_cpu(void)
+/* used_cpu_sys + used_cpu_user of the server on PORT, in seconds: a
+ * figure that, unlike wall time, other load on the machine barely
+ * moves. */
+static double port_cpu(int port)
+{
+    static const char *const f[] = {"used_cpu_sys:", "used_cpu_user:"};
+    return port_info(port, "cpu", f, 2);
+}
+
+/* Bytes of data the server on PORT holds (used_memory). */
+static double port_mem(int port)
+{
+    static const char *const f[] = {"\r\nused_memory:"};
+    return port_info(port, "memory", f, 1);
+}
+
+/* One of those, summed over the servers a figure includes. */
+static double servers(double (*of)(int))
 {
     double total = 0;
     for (int i = 0; i < ncpu; i++)
-        total += port_cpu(cpu_ports[i]);
+        total += of(cpu_ports[i]);
     return total;
+}
+
+static double server_cpu(void)
+{
+    return servers(port_cpu);
 }
 
 /* User + system CPU seconds of this process. */
@@ -133,9 +159,11 @@ static double report(const char *name, const char *mode, size_t n,
                      double secs)
 {
     double cpu = server_cpu() - cpu_start;
+    double mem = servers(port_mem) - mem_start;
     printf("system=%s mode=%s n=%zu seconds=%.3f ops_per_sec=%.0f "
-           "server_cpu_us_per_op=%.2f\n", name, mode, n, secs,
-           (double)n / secs, cpu * 1e6 / (double)n);
+           "server_cpu_us_per_op=%.2f server_mem_bytes_per_op=%.0f\n", name,
+           mode, n, secs, (double)n / secs, cpu * 1e6 / (double)n,
+           mem / (double)n);
     fflush(stdout);
     return (double)n / secs;
 }
@@ -194,12 +222,27 @@ static claim_run claim_stream(const char *uri, size_t n, void (*before)(void))
 static void start_server_cpu(void)
 {
     cpu_start = server_cpu();
+    mem_start = servers(port_mem);
 }
 
-static double bench_idem(const char *uri, const char *mode, size_t n)
+static double bench_idem(const char *name, const char *uri,
+                         const char *mode, size_t n)
 {
     claim_run run = claim_stream(uri, n, start_server_cpu);
-    return report("idem", mode, n, run.secs);
+    return report(name, mode, n, run.secs);
+}
+
+/* idem in both layouts on the store URI base (a query follows it). */
+static double bench_layouts(char *uri, size_t cap, const char *mode,
+                            size_t n)
+{
+    size_t len = strlen(uri);
+    double idem = bench_idem("idem", uri, mode, n);
+    snprintf(uri + len, cap - len, "&layout=day&prefix=bench-day-%d:",
+             getpid());
+    bench_idem("idem-day", uri, mode, n);
+    uri[len] = '\0';
+    return idem;
 }
 
 static redisReply *cmd(redisContext *c, int argc, const char **argv,
@@ -224,7 +267,7 @@ static double bench_watch(int port, size_t n)
     }
     char k[64], ts[24];
     size_t won = 0;
-    cpu_start = server_cpu();
+    start_server_cpu();
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
         char raw[BENCH_KEYLEN + 1];
@@ -321,7 +364,7 @@ static double bench_setnx(const topo *t, const char *mode, size_t n)
     }
     size_t ok = 0;
     char k[64];
-    cpu_start = server_cpu();
+    start_server_cpu();
     double t0 = now_s();
     size_t chunk = 64 * (size_t)t->nmasters;
     for (size_t i = 0; i < n; i += chunk) {
@@ -632,7 +675,7 @@ int main(int argc, char **argv)
         ncpu = t.nmasters;
         memcpy(cpu_ports, t.ports, sizeof cpu_ports);
         printf("# cluster: %d masters\n", t.nmasters);
-        double idem = bench_idem(uri, "cluster", n);
+        double idem = bench_layouts(uri, sizeof uri, "cluster", n);
         double setnx = bench_setnx(&t, "cluster", n);
         printf("cluster_idem_vs_set_nx_px=%.2f (>= 0.5)\n", idem / setnx);
         return 0;
@@ -645,7 +688,7 @@ int main(int argc, char **argv)
     t.ports[0] = port;
     ncpu = 1;
     cpu_ports[0] = port;
-    double idem = bench_idem(uri, "single", n);
+    double idem = bench_layouts(uri, sizeof uri, "single", n);
     /* The pattern is slow by nature (six round trips a key): a tenth of
      * the keys gives a stable figure in reasonable time. */
     size_t nw = n / 10 ? n / 10 : 1;
