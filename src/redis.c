@@ -397,6 +397,34 @@ static int idem__redis_forget(idem_store *s, const void *key, size_t keylen)
     return rc;
 }
 
+static int idem__redis_import(idem_store *s, const void *key, size_t keylen,
+                              const idem_record *rec)
+{
+    static const char *const states[] = {"0", "1", "2"};
+    int rc = idem__ttl_fits(s, rec->expires_ms - idem__now(s), "TTL");
+    idem__one one;
+    if (!rc)
+        rc = idem__one_begin(s, &one, IDEM__S_IMPORT, key, keylen);
+    if (rc)
+        return rc;
+    int pending = rec->state == IDEM_PENDING;
+    idem__arg(one.it, states[rec->state], 1);
+    idem__argnum(one.it, 0, (long long)rec->token);
+    idem__arg(one.it, pending && rec->released ? "1" : "0", 1);
+    idem__argnum(one.it, 1, rec->created_ms);
+    idem__argnum(one.it, 2, rec->expires_ms);
+    idem__argnum(one.it, 3, pending ? rec->lease_until : 0);
+    idem__arg(one.it, rec->has_fp ? rec->fp : NULL,
+              rec->has_fp ? IDEM_FP_LEN : 0);
+    idem__arg(one.it, rec->data, rec->len);
+    rc = idem__one_run(s, &one, 1);
+    long long v;
+    if (!rc && idem__int_of(one.it->reply, &v))
+        rc = idem__bad_reply(s, "import");
+    idem__one_end(&one);
+    return rc;
+}
+
 static int idem__redis_sync(idem_store *s)
 {
     (void)s;
@@ -579,7 +607,8 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     .extend = idem__redis_extend, .get = idem__redis_get,                  \
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
     .checkpoint_put = NULL, .checkpoint_get = NULL,                        \
-    .sweep = idem__redis_sweep, .stats = idem__redis_stats
+    .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
+    .scan = idem__redis_scan, .import = idem__redis_import
 
 const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};

@@ -97,7 +97,7 @@ typedef struct idem__redis {
 /* ---- redis_pipe.c */
 
 /* ARGV of one key after the shared ones; keys per multi-key call. */
-#define IDEM__RARGS 6
+#define IDEM__RARGS 8
 #define IDEM__GROUP 64
 
 /* One key of a batch. */
@@ -109,7 +109,7 @@ typedef struct idem__ritem {
     int nargs;
     const char *arg[IDEM__RARGS];
     size_t argl[IDEM__RARGS];
-    char num[3][24];             /* storage for numeric arguments */
+    char num[4][24];             /* storage for numeric arguments */
     const redisReply *reply;     /* its answer after idem__run(), or NULL */
     int status;                  /* ... or why it has none */
 } idem__ritem;
@@ -172,6 +172,8 @@ void idem__scopy(char *dst, size_t cap, const char *src);
 
 int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 int idem__redis_stats(idem_store *s, idem_stats *out);
+/* idem_scan(): every live record, through fn. */
+int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx);
 
 /* ---- redis_conn.c */
 

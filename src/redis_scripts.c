@@ -309,6 +309,24 @@
     "return {r.status, tonumber(r.token), r.released and 1 or 0,\n"        \
     "  r.created, r.expires, r.lease, r.fp, response(RECS[1])}\n"
 
+/* RECS[1]; ARG: now, status, token, released (0/1), created_ts,
+ * expires, lease, fp, response. Writes the record whole, replacing any
+ * (fresh() finds where the old one is). -> 1, or 0 if already expired. */
+#define IDEM__LUA_IMPORT                                                   \
+    "local now = start()\n"                                                \
+    "local k, exp = RECS[1], tonumber(ARG[6])\n"                           \
+    "if exp <= now then return 0 end\n"                                    \
+    "fresh(k)\n"                                                           \
+    "local f = {'status', ARG[2], 'token', ARG[3], 'attempts', ARG[3],\n"  \
+    "  'lease', ARG[7], 'expires', ARG[6], 'created_ts', ARG[5],\n"        \
+    "  'fp', ARG[8]}\n"                                                    \
+    "if ARG[4] == '1' then f[#f + 1] = 'released'; f[#f + 1] = '1' end\n"  \
+    "if ARG[2] ~= '0' or ARG[9] ~= '' then\n"                              \
+    "  f[#f + 1] = 'response'; f[#f + 1] = ARG[9]\n"                       \
+    "end\n"                                                                \
+    "create(k, f, exp - now, true)\n"                                      \
+    "return 1\n"
+
 /* RECS[1]; ARG: now. -> 1 if a live record was deleted, else 0. */
 #define IDEM__LUA_FORGET                                                   \
     "local now = start()\n"                                                \
@@ -342,8 +360,8 @@
     "end\n"                                                                \
     "return n\n"
 
-/* KEYS: names found by SCAN, all in one slot; ARGV: now. -> {pending,
- * done, failed} among the live records. */
+/* KEYS: names found by SCAN, all in one slot; ARGV: now, cursor
+ * (unused). -> {'0', {pending, done, failed}} among the live records. */
 #define IDEM__LUA_STATS_HASH                                               \
     "local now = now_ms()\n"                                               \
     "local c = {0, 0, 0}\n"                                                \
@@ -355,7 +373,7 @@
     "    end\n"                                                            \
     "  end\n"                                                              \
     "end\n"                                                                \
-    "return c\n"
+    "return {'0', c}\n"
 
 /* The day of a bucket from its name, ...YYYY-MM-DD:{TAG}, in days since
  * the epoch (the civil-from-days inverse of Howard Hinnant's algorithm),
@@ -394,26 +412,70 @@
     "end\n"                                                                \
     "return n\n"
 
-/* KEYS: buckets found by SCAN, all in one slot; ARGV: now. -> {pending,
- * done, failed} among the live records in them. */
+/* -> {cursor, {pending, done, failed}} among the live records of the
+ * page. */
 #define IDEM__LUA_STATS_DAY                                                \
-    IDEM__LUA_DAY_OF                                                       \
-    "local now = now_ms()\n"                                               \
+    IDEM__LUA_BUCKET_PAGE                                                  \
     "local c = {0, 0, 0}\n"                                                \
+    "local cur = page(function(k, t)\n"                                    \
+    "  local st = tonumber(t[1])\n"                                        \
+    "  if st >= 0 and st <= 2 then c[st + 1] = c[st + 1] + 1 end\n"        \
+    "end)\n"                                                               \
+    "return {cur, c}\n"
+
+/* KEYS: names found by SCAN, all in one slot; ARGV: now, cursor
+ * (unused). -> {'0', {{name, status, token, released, created, expires,
+ * lease, fp, response}, ...}} for the live records among them. */
+#define IDEM__LUA_DUMP_HASH                                                \
+    "local now = start()\n"                                                \
+    "local out = {}\n"                                                     \
     "for _, k in ipairs(KEYS) do\n"                                        \
-    "  if day_of(k) and redis.call('TYPE', k).ok == 'hash' then\n"         \
-    "    for _, v in ipairs(redis.call('HVALS', k)) do\n"                  \
-    "      local ok, t = pcall(cmsgpack.unpack, v)\n"                      \
-    "      if ok and type(t) == 'table' then\n"                            \
-    "        local st, exp = tonumber(t[1]), tonumber(t[4])\n"             \
-    "        if st and exp and now < exp and st >= 0 and st <= 2 then\n"   \
-    "          c[st + 1] = c[st + 1] + 1\n"                                \
-    "        end\n"                                                        \
-    "      end\n"                                                          \
+    "  if redis.call('TYPE', k).ok == 'hash' then\n"                       \
+    "    local r = load(k, now)\n"                                         \
+    "    if r and r.status then\n"                                         \
+    "      out[#out + 1] = {k, r.status, tonumber(r.token),\n"             \
+    "        r.released and 1 or 0, r.created, r.expires, r.lease, r.fp,\n" \
+    "        response(k) or ''}\n"                                         \
     "    end\n"                                                            \
     "  end\n"                                                              \
     "end\n"                                                                \
-    "return c\n"
+    "return {'0', out}\n"
+
+/* The day layout reads a bucket a page at a time (HSCAN ... COUNT 1000),
+ * so that listing a day of millions of records never holds Redis up for
+ * long. KEYS[1]: a bucket found by SCAN; ARGV: now, HSCAN cursor. Calls
+ * each(name, record) for its live records -> the next cursor. */
+#define IDEM__LUA_BUCKET_PAGE                                              \
+    IDEM__LUA_DAY_OF                                                       \
+    "local now = now_ms()\n"                                               \
+    "local function page(each)\n"                                          \
+    "  local b = KEYS[1]\n"                                                \
+    "  if not day_of(b) or redis.call('TYPE', b).ok ~= 'hash' then\n"      \
+    "    return '0'\n"                                                     \
+    "  end\n"                                                              \
+    "  local p = redis.call('HSCAN', b, ARGV[2], 'COUNT', 1000)\n"         \
+    "  local kv = p[2]\n"                                                  \
+    "  for i = 1, #kv, 2 do\n"                                             \
+    "    local ok, t = pcall(cmsgpack.unpack, kv[i + 1])\n"                \
+    "    if ok and type(t) == 'table' and tonumber(t[1]) and\n"            \
+    "       tonumber(t[4]) and now < tonumber(t[4]) then\n"                \
+    "      each(kv[i], t)\n"                                               \
+    "    end\n"                                                            \
+    "  end\n"                                                              \
+    "  return p[1]\n"                                                      \
+    "end\n"
+
+/* -> {cursor, {{name, status, token, released, created, expires, lease,
+ * fp, response}, ...}}, as the hash layout's. */
+#define IDEM__LUA_DUMP_DAY                                                 \
+    IDEM__LUA_BUCKET_PAGE                                                  \
+    "local out = {}\n"                                                     \
+    "local cur = page(function(k, t)\n"                                    \
+    "  out[#out + 1] = {k, tonumber(t[1]), tonumber(t[2]),\n"              \
+    "    t[6] == '1' and 1 or 0, tonumber(t[5]) or now, tonumber(t[4]),\n" \
+    "    tonumber(t[3]) or 0, t[7] or '', t[11] or ''}\n"                  \
+    "end)\n"                                                               \
+    "return {cur, out}\n"
 
 #define IDEM__LUA_HASH_ALL IDEM__LUA_HASH IDEM__LUA_COMMON
 #define IDEM__LUA_DAY_ALL IDEM__LUA_DAY IDEM__LUA_COMMON
@@ -428,6 +490,8 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_HASH_ALL IDEM__LUA_FORGET,
         IDEM__LUA_CLOCK IDEM__LUA_SWEEP_HASH,
         IDEM__LUA_HASH_ALL IDEM__LUA_STATS_HASH,
+        IDEM__LUA_HASH_ALL IDEM__LUA_DUMP_HASH,
+        IDEM__LUA_HASH_ALL IDEM__LUA_IMPORT,
     },
     {
         IDEM__LUA_DAY_ALL IDEM__LUA_CLAIM,
@@ -438,6 +502,8 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_DAY_ALL IDEM__LUA_FORGET,
         IDEM__LUA_CLOCK IDEM__LUA_SWEEP_DAY,
         IDEM__LUA_CLOCK IDEM__LUA_STATS_DAY,
+        IDEM__LUA_CLOCK IDEM__LUA_DUMP_DAY,
+        IDEM__LUA_DAY_ALL IDEM__LUA_IMPORT,
     },
 };
 

@@ -13,6 +13,8 @@ enum idem__script {
     IDEM__S_FORGET,
     IDEM__S_SWEEP,
     IDEM__S_STATS,
+    IDEM__S_DUMP,
+    IDEM__S_IMPORT,
     IDEM__S_COUNT
 };
 

@@ -1,4 +1,4 @@
-/* redis_sweep.c - sweep and stats on Redis: SCAN every master.
+/* redis_sweep.c - sweep, stats and dump on Redis: SCAN every master.
  *
  * Records carry a TTL, so Redis removes them on its own. What a sweep is
  * for: records written without a TTL (by hand, by older tools, or when
@@ -10,7 +10,13 @@
  *
  * The day layout has its whole days to drop instead: SCAN finds the
  * buckets, and a bucket whose days are over goes at once, with UNLINK
- * (its memory is freed off Redis's main thread). */
+ * (its memory is freed off Redis's main thread). Stats and dump read a
+ * bucket a page at a time (HSCAN inside the script), one call per page,
+ * so that a day of millions of records never holds Redis up for long.
+ *
+ * Stats and dump answer {cursor, what}: the hash layout's cursor is
+ * always 0 (a call covers its keys), the day layout's is the bucket's
+ * HSCAN cursor. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +34,100 @@ typedef struct idem__scan_acc {
     uint64_t counts[3];
     uint64_t seen;
     int err;
+    idem_scan_fn fn;             /* dump: called for each record ... */
+    void *ctx;
+    int fn_rc;                   /* ... until it answers nonzero */
 } idem__scan_acc;
+
+static int idem__num(const redisReply *e, int64_t *v)
+{
+    if (e->type == REDIS_REPLY_INTEGER) {
+        *v = e->integer;
+        return 0;
+    }
+    return -1;
+}
+
+/* One dumped record: {name, status, token, released, created, expires,
+ * lease, fp, response}. The hash layout's name is PREFIX{KEY}. */
+static int idem__dump_one(const idem__redis *r, const redisReply *e,
+                          idem__scan_acc *acc)
+{
+    int64_t v[6];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 9 ||
+        e->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[7]->type != REDIS_REPLY_STRING ||
+        e->element[8]->type != REDIS_REPLY_STRING)
+        return -1;
+    for (int i = 0; i < 6; i++)
+        if (idem__num(e->element[i + 1], &v[i]))
+            return -1;
+    const char *key = e->element[0]->str;
+    size_t keylen = e->element[0]->len;
+    if (r->cfg.layout == IDEM__LAYOUT_HASH) {
+        size_t p = r->cfg.prefixlen;
+        if (keylen < p + 2 || memcmp(key, r->cfg.prefix, p) != 0 ||
+            key[p] != '{' || key[keylen - 1] != '}')
+            return 0;  /* not a name idem gave: not an idem record */
+        key += p + 1;
+        keylen -= p + 2;
+    }
+    const redisReply *fp = e->element[7], *d = e->element[8];
+    idem_record rec = {.state = (idem_state)v[0], .token = (uint64_t)v[1],
+                       .attempts = (uint32_t)v[1], .released = (int)v[2],
+                       .created_ms = v[3], .expires_ms = v[4],
+                       .lease_until = v[0] == IDEM_PENDING ? v[5] : 0,
+                       .has_fp = fp->len == IDEM_FP_LEN,
+                       .data = d->len ? d->str : NULL, .len = d->len};
+    if (rec.has_fp)
+        memcpy(rec.fp, fp->str, IDEM_FP_LEN);
+    acc->fn_rc = acc->fn(acc->ctx, key, keylen, &rec);
+    return 0;
+}
+
+/* Take the answer of one script call. Stats and dump answers are
+ * {cursor, what}: *cursor gets the cursor (NULL: not wanted). */
+static int idem__take(idem_store *s, int script, const redisReply *rep,
+                      idem__scan_acc *acc, uint64_t *cursor)
+{
+    idem__redis *r = idem__r(s);
+    if (script == IDEM__S_SWEEP && rep->type == REDIS_REPLY_INTEGER) {
+        acc->deleted += (uint64_t)rep->integer;
+        return 0;
+    }
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+        rep->element[0]->type != REDIS_REPLY_STRING ||
+        rep->element[1]->type != REDIS_REPLY_ARRAY)
+        return -1;
+    if (cursor)
+        *cursor = strtoull(rep->element[0]->str, NULL, 10);
+    const redisReply *w = rep->element[1];
+    if (script == IDEM__S_STATS) {
+        for (size_t k = 0; k < 3 && k < w->elements; k++)
+            if (w->element[k]->type == REDIS_REPLY_INTEGER)
+                acc->counts[k] += (uint64_t)w->element[k]->integer;
+        return 0;
+    }
+    for (size_t k = 0; k < w->elements && !acc->fn_rc; k++)
+        if (idem__dump_one(r, w->element[k], acc))
+            return -1;
+    return 0;
+}
+
+/* Note an error reply of one call. A slot that moved away mid-scan is
+ * visited on its new node; any other error is reported once the scan is
+ * over. */
+static void idem__scan_error(idem_store *s, idem__rconn *conn,
+                             const redisReply *rep, idem__scan_acc *acc)
+{
+    if (strncmp(rep->str, "MOVED", 5) == 0 || strncmp(rep->str, "ASK", 3) == 0 ||
+        acc->err)
+        return;
+    acc->err = IDEM_EPROTO;
+    idem__fail(s, IDEM_EPROTO, "%s: scan: %s", s->uri, rep->str);
+    if (strncmp(rep->str, "NOSCRIPT", 8) == 0)
+        conn->loaded = 0;
+}
 
 static int idem__slot_cmp(const void *a, const void *b)
 {
@@ -118,6 +217,9 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
             lens[argc++] = strlen(ret);
             argv[argc] = days;
             lens[argc++] = strlen(days);
+        } else {
+            argv[argc] = "0";  /* the cursor: every key in one call */
+            lens[argc++] = 1;
         }
         if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK) {
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
@@ -140,26 +242,48 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
                             "%s: %s", s->uri, conn->c->errstr);
             break;
         }
-        if (rep->type == REDIS_REPLY_INTEGER) {
-            acc->deleted += (uint64_t)rep->integer;
-        } else if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 3) {
-            for (int k = 0; k < 3; k++)
-                if (rep->element[k]->type == REDIS_REPLY_INTEGER)
-                    acc->counts[k] += (uint64_t)rep->element[k]->integer;
-        } else if (rep->type == REDIS_REPLY_ERROR &&
-                   strncmp(rep->str, "MOVED", 5) != 0 &&
-                   strncmp(rep->str, "ASK", 3) != 0 && !acc->err) {
-            /* A slot that moved away mid-scan is swept on its new node;
-             * any other error is reported once the scan is over. */
-            acc->err = IDEM_EPROTO;
-            idem__fail(s, IDEM_EPROTO, "%s: sweep: %s", s->uri, rep->str);
-            if (strncmp(rep->str, "NOSCRIPT", 8) == 0)
-                conn->loaded = 0;
-        }
+        if (rep->type == REDIS_REPLY_ERROR)
+            idem__scan_error(s, conn, rep, acc);
+        else if (idem__take(s, script, rep, acc, NULL) && !acc->err)
+            acc->err = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
+                                  "reply", s->uri);
         freeReplyObject(rep);
     }
     if (rc)
         idem__rconn_close(conn);
+    return rc;
+}
+
+/* Day layout, stats and dump: each bucket of a SCAN page, a page of
+ * its records per call. */
+static int idem__scan_buckets(idem_store *s, idem__rconn *conn,
+                              const redisReply *keys, int script,
+                              const char *now, idem__scan_acc *acc)
+{
+    idem__redis *r = idem__r(s);
+    int rc = 0;
+    for (size_t i = 0; i < keys->elements && !rc && !acc->fn_rc; i++) {
+        const redisReply *b = keys->element[i];
+        uint64_t cursor = 0;
+        do {
+            char cur[24];
+            snprintf(cur, sizeof cur, "%llu", (unsigned long long)cursor);
+            const char *argv[6] = {"EVALSHA", r->shas[script], "1", b->str,
+                                   now, cur};
+            size_t lens[6] = {7, 40, 1, b->len, strlen(now), strlen(cur)};
+            redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens,
+                                                  &rc);
+            if (!rep)
+                break;
+            cursor = 0;
+            if (rep->type == REDIS_REPLY_ERROR)
+                idem__scan_error(s, conn, rep, acc);
+            else if (idem__take(s, script, rep, acc, &cursor))
+                rc = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
+                                "reply", s->uri);
+            freeReplyObject(rep);
+        } while (!rc && cursor && !acc->fn_rc);
+    }
     return rc;
 }
 
@@ -217,9 +341,14 @@ static int idem__scan_node(idem_store *s, idem__redis *r, size_t node,
         }
         *cursor = strtoull(rep->element[0]->str, NULL, 10);
         acc->seen += rep->element[1]->elements;
-        rc = idem__scan_page(s, r, conn, rep->element[1], script, now, acc);
+        rc = r->cfg.layout == IDEM__LAYOUT_DAY && script != IDEM__S_SWEEP
+                 ? idem__scan_buckets(s, conn, rep->element[1], script, now,
+                                      acc)
+                 : idem__scan_page(s, r, conn, rep->element[1], script, now,
+                                   acc);
         freeReplyObject(rep);
-    } while (!rc && *cursor != 0 && (!max_work || acc->seen < max_work));
+    } while (!rc && *cursor != 0 && (!max_work || acc->seen < max_work) &&
+             !acc->fn_rc);
     free(pat);
     return rc;
 }
@@ -264,7 +393,7 @@ static int idem__scan_all(idem_store *s, int script, size_t max_work,
         rc = idem__scan_node(s, r, i, script, max_work, &cursor, acc);
         if (max_work)
             r->scan_cursor[i] = cursor;
-        if (max_work && acc->seen >= max_work)
+        if ((max_work && acc->seen >= max_work) || acc->fn_rc)
             break;
     }
     idem__nosigpipe_end(&sig);
@@ -299,4 +428,11 @@ int idem__redis_stats(idem_store *s, idem_stats *out)
     out->failed = acc.counts[2];
     out->expired_total = idem__r(s)->expired_total;
     return rc;
+}
+
+int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx)
+{
+    idem__scan_acc acc = {.fn = fn, .ctx = ctx};
+    int rc = idem__scan_all(s, IDEM__S_DUMP, 0, &acc);
+    return acc.fn_rc ? acc.fn_rc : rc;
 }

@@ -453,3 +453,105 @@ CONF_TEST(many_keys)
         cr_assert_eq(outs[i].kind, IDEM_BUSY);
     idem_close(s);
 }
+
+CONF_TEST(claim_done_writes_done_at_once)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_key k[2] = {{"a", 1, NULL}, {"b", 1, NULL}};
+    idem_outcome o[2];
+    cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
+    cr_assert_eq(o[0].kind, IDEM_NEW);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "a", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.len, 0);
+    cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
+    cr_assert_eq(o[1].kind, IDEM_REPLAY);
+    idem_close(s);
+}
+
+typedef struct seen {
+    int n, a_done;
+} seen;
+
+static int count_rec(void *ctx, const void *key, size_t len,
+                     const idem_record *r)
+{
+    seen *sn = ctx;
+    sn->n++;
+    if (len == 1 && !memcmp(key, "a", 1))
+        sn->a_done = r->state == IDEM_DONE && r->len == 2 &&
+                     !memcmp(r->data, "ok", 2);
+    return 0;
+}
+
+static int stop_at_first(void *ctx, const void *key, size_t len,
+                         const idem_record *r)
+{
+    (void)ctx, (void)key, (void)len, (void)r;
+    return 7;
+}
+
+CONF_TEST(scan_visits_every_live_record_once)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome o;
+    for (int i = 0; i < 100; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i % 1000);
+        cr_assert_eq(idem_claim(s, &(idem_key){k, strlen(k), NULL}, NULL,
+                                &o), 0);
+    }
+    cr_assert_eq(idem_claim(s, &(idem_key){"a", 1, NULL}, NULL, &o), 0);
+    cr_assert_eq(idem_complete(s, "a", 1, o.token, "ok", 2, 0), 0);
+    cr_assert_eq(idem_forget(s, "k5", 2), 0);
+    cr_assert_eq(idem_claim(s, &(idem_key){"short", 5, NULL},
+                            &(idem_claim_opts){5, 10}, &o), 0);
+    t_clock_ms += 20;
+    seen sn = {0};
+    cr_assert_eq(idem_scan(s, count_rec, &sn), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(sn.n, 100, "99 k's and a; k5 forgotten, short expired");
+    cr_assert(sn.a_done);
+    cr_assert_eq(idem_scan(s, stop_at_first, NULL), 7);
+    idem_close(s);
+}
+
+/* What a restore from `idem dump` needs: the record exactly, tokens and
+ * clocks included, and the protocol going on from it. */
+CONF_TEST(import_restores_a_record_exactly)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_record in = {.state = IDEM_FAILED_STATE, .token = 4,
+                      .created_ms = t_clock_ms - 1000,
+                      .expires_ms = t_clock_ms + 5000, .has_fp = 1,
+                      .data = "boom", .len = 4};
+    memset(in.fp, 0xab, IDEM_FP_LEN);
+    cr_assert_eq(idem_import(s, "k", 1, &in), 0, "%s", idem_errdetail(s));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_FAILED_STATE);
+    cr_assert_eq(r.token, 4);
+    cr_assert_eq(r.created_ms, in.created_ms);
+    cr_assert_eq(r.expires_ms, in.expires_ms);
+    cr_assert(r.has_fp && r.fp[3] == 0xab);
+    cr_assert(r.len == 4 && !memcmp(r.data, "boom", 4));
+    /* Replacing a live record: a PENDING one, its lease running. */
+    in = (idem_record){.state = IDEM_PENDING, .token = 6,
+                       .created_ms = t_clock_ms,
+                       .expires_ms = t_clock_ms + 60000,
+                       .lease_until = t_clock_ms + 1000};
+    cr_assert_eq(idem_import(s, "k", 1, &in), 0, "%s", idem_errdetail(s));
+    idem_outcome o = claim(s, K("k"));
+    cr_assert_eq(o.kind, IDEM_BUSY);
+    cr_assert_eq(o.token, 6);
+    t_clock_ms += 1000;
+    o = claim(s, K("k"));
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(o.token, 7);
+    in.expires_ms = t_clock_ms - 1;
+    cr_assert_eq(idem_import(s, "old", 3, &in), 0);
+    cr_assert_eq(idem_get(s, "old", 3, &r), IDEM_ENOTFOUND);
+    in.token = 0;
+    cr_assert_eq(idem_import(s, "bad", 3, &in), IDEM_EINVAL);
+    idem_close(s);
+}

@@ -673,3 +673,35 @@ Test(redis, read_only_handle)
     cr_assert_eq(idem_sweep(s, 0, &n), IDEM_EINVAL);
     idem_close(s);
 }
+
+/* A store outgrows one machine: `idem dump` of a local store piped into
+ * `idem load` on Redis (both layouts) keeps every record, so the keys
+ * stay duplicates there, and a dump of Redis gives the same records. */
+Test(redis, cli_migrates_a_local_store)
+{
+    const char *cli = getenv("IDEM_CLI");
+    if (!cli)
+        cr_skip_test("IDEM_CLI not set");
+    char *dir = t_tmpdir();
+    char path[1100];
+    snprintf(path, sizeof path, "%s/in.ndjson", dir);
+    const char lines[] = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n";
+    t_write(path, lines, sizeof lines - 1);
+    cr_assert_eq(t_sh("cd '%s' && '%s' dedup --store local:st --key id "
+                      "in.ndjson >/dev/null 2>&1 && '%s' dump --store local:st"
+                      " | sort > local.dump", dir, cli, cli), 0);
+    static const char *const layouts[] = {"", "&layout=day&days=2"};
+    for (int i = 0; i < 2; i++) {
+        char uri[1024];
+        snprintf(uri, sizeof uri, "redis://%s?prefix=%s%s", th_redis_addr(),
+                 th_prefix(), layouts[i]);
+        cr_assert_eq(t_sh("cd '%s' && '%s' load --store '%s' local.dump "
+                          "2>/dev/null && '%s' dump --store '%s' 2>/dev/null"
+                          " | sort | cmp -s - local.dump", dir, cli, uri, cli,
+                          uri), 0, "%s", uri);
+        cr_assert_eq(t_sh("cd '%s' && '%s' dedup --store '%s' --key id "
+                          "in.ndjson 2>/dev/null > out && test ! -s out", dir,
+                          cli, uri), 0, "%s", uri);
+    }
+    t_rmdir(dir);
+}

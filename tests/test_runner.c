@@ -1,6 +1,7 @@
-/* tests/test_runner.c - the stream runner and the API it brought:
- * IDEM_CLAIM_DONE, idem_scan, idem_import. The kill -9 side of the runner
- * is tested through the CLI (test_cli_crash.c). */
+/* tests/test_runner.c - the stream runner. The API it brought
+ * (IDEM_CLAIM_DONE, idem_scan, idem_import) is in the conformance suite;
+ * the kill -9 side of the runner is tested through the CLI
+ * (test_cli_crash.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,93 +12,6 @@ static idem_msg msg(const char *key)
 {
     return (idem_msg){.key = key, .keylen = strlen(key), .msg = key,
                       .msglen = strlen(key)};
-}
-
-Test(claim_done, one_record_done_at_once)
-{
-    idem_store *s = t_open("mem:");
-    idem_key k[2] = {{"a", 1, NULL}, {"b", 1, NULL}};
-    idem_outcome o[2];
-    cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
-    cr_assert_eq(o[0].kind, IDEM_NEW);
-    idem_record r;
-    cr_assert_eq(idem_get(s, "a", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
-    cr_assert_eq(r.len, 0);
-    cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
-    cr_assert_eq(o[1].kind, IDEM_REPLAY);
-    idem_close(s);
-}
-
-typedef struct seen {
-    int n, a_done;
-} seen;
-
-static int count_rec(void *ctx, const void *key, size_t len,
-                     const idem_record *r)
-{
-    seen *sn = ctx;
-    sn->n++;
-    if (len == 1 && !memcmp(key, "a", 1))
-        sn->a_done = r->state == IDEM_DONE && r->len == 2 &&
-                     !memcmp(r->data, "ok", 2);
-    return 0;
-}
-
-static int stop_at_first(void *ctx, const void *key, size_t len,
-                         const idem_record *r)
-{
-    (void)ctx, (void)key, (void)len, (void)r;
-    return 7;
-}
-
-Test(scan, visits_every_live_record_once)
-{
-    idem_store *s = t_open("mem:");
-    idem_outcome o;
-    for (int i = 0; i < 100; i++) {
-        char k[16];
-        snprintf(k, sizeof k, "k%d", i % 1000);
-        cr_assert_eq(idem_claim(s, &(idem_key){k, strlen(k), NULL}, NULL,
-                                &o), 0);
-    }
-    cr_assert_eq(idem_claim(s, &(idem_key){"a", 1, NULL}, NULL, &o), 0);
-    cr_assert_eq(idem_complete(s, "a", 1, o.token, "ok", 2, 0), 0);
-    cr_assert_eq(idem_forget(s, "k5", 2), 0);
-    cr_assert_eq(idem_claim(s, &(idem_key){"short", 5, NULL},
-                            &(idem_claim_opts){5, 10}, &o), 0);
-    t_clock_ms += 20;
-    seen sn = {0};
-    cr_assert_eq(idem_scan(s, count_rec, &sn), 0);
-    cr_assert_eq(sn.n, 100, "99 k's and a; k5 forgotten, short expired");
-    cr_assert(sn.a_done);
-    cr_assert_eq(idem_scan(s, stop_at_first, NULL), 7);
-    idem_close(s);
-}
-
-Test(import, restores_a_record_exactly)
-{
-    idem_store *s = t_open("mem:");
-    idem_record in = {.state = IDEM_FAILED_STATE, .token = 4,
-                      .created_ms = t_clock_ms - 1000,
-                      .expires_ms = t_clock_ms + 5000, .has_fp = 1,
-                      .data = "boom", .len = 4};
-    memset(in.fp, 0xab, IDEM_FP_LEN);
-    cr_assert_eq(idem_import(s, "k", 1, &in), 0);
-    idem_record r;
-    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_FAILED_STATE);
-    cr_assert_eq(r.token, 4);
-    cr_assert_eq(r.created_ms, in.created_ms);
-    cr_assert_eq(r.expires_ms, in.expires_ms);
-    cr_assert(r.has_fp && r.fp[3] == 0xab);
-    cr_assert(r.len == 4 && !memcmp(r.data, "boom", 4));
-    in.expires_ms = t_clock_ms - 1;
-    cr_assert_eq(idem_import(s, "old", 3, &in), 0);
-    cr_assert_eq(idem_get(s, "old", 3, &r), IDEM_ENOTFOUND);
-    in.token = 0;
-    cr_assert_eq(idem_import(s, "bad", 3, &in), IDEM_EINVAL);
-    idem_close(s);
 }
 
 /* A handler scripted by key: "done:*", "fail:*", "retry:*" (retryable
