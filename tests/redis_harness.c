@@ -1,6 +1,8 @@
 /* tests/redis_harness.c - see redis_harness.h. */
 #include "redis_harness.h"
 
+#include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -158,6 +160,26 @@ int th_first_port(const char *addrs)
 void th_kill9(const th_servers *sv, int port)
 {
     t_sh("kill -9 $(cat '%s/%d/pid') 2>/dev/null", sv->dir, port);
+}
+
+long th_pid(const th_servers *sv, int port)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s/%d/pid", sv->dir, port);
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "no pid file %s", path);
+    long pid = 0;
+    int got = fscanf(f, "%ld", &pid);
+    fclose(f);
+    cr_assert(got == 1 && pid > 0, "bad pid file %s", path);
+    return pid;
+}
+
+void th_signal(const th_servers *sv, int port, int sig)
+{
+    long pid = th_pid(sv, port);
+    cr_assert_eq(kill((pid_t)pid, sig), 0, "kill %ld (port %d): %s", pid,
+                 port, strerror(errno));
 }
 
 void th_restart(const th_servers *sv, int port)

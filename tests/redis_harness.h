@@ -50,6 +50,10 @@ int th_first_port(const char *addrs);
 
 /* kill -9 the server on port (one of sv's); start it again as it was. */
 void th_kill9(const th_servers *sv, int port);
+/* The pid of the server on port (one of sv's), from its pid file, and a
+ * signal sent to it (SIGSTOP, SIGCONT, SIGKILL); fail the test if not. */
+long th_pid(const th_servers *sv, int port);
+void th_signal(const th_servers *sv, int port, int sig);
 void th_restart(const th_servers *sv, int port);
 /* The cluster node id of the server on port. */
 void th_node_id(int port, char id[64]);

@@ -1,7 +1,9 @@
 /* tests/test_redis_cluster.c - a Redis Cluster changing shape under load:
- * a slot migrated by hand while two processes claim its keys, and a
- * master killed with kill -9 while claims keep coming. Each test starts
- * its own cluster, since it breaks it on purpose. */
+ * a slot migrated by hand while two processes claim its keys, a master
+ * killed with kill -9 while claims keep coming, and a master killed
+ * while its replica is cut off, to show which acknowledged claims die
+ * with it with and without wait=1. Each test starts its own cluster,
+ * since it breaks it on purpose. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,8 +235,11 @@ Test(cluster_ops, slot_migration_while_claiming)
  * being reopened; afterwards every claim that was acknowledged (NEW with
  * status 0) must still be there. Without wait= a claim acknowledged by the
  * master but not yet sent to its replica can be lost; with wait=1 none may
- * be. The killed node is restarted once its replica has taken over and
- * rejoins as the new master's replica. */
+ * be. On loopback the replica is so close behind that the kill all but
+ * never lands in that window, so both runs usually lose nothing: the
+ * staged test below (wait_keeps_claims_async_loses_them) holds the window
+ * open to show the difference. The killed node is restarted once its
+ * replica has taken over and rejoins as the new master's replica. */
 
 enum { FBATCH = 40, FMAX_BATCHES = 3000 };
 
@@ -378,6 +383,382 @@ Test(cluster_ops, failover_under_load)
     failover_phase(0, "nowait");
     size_t lost = failover_phase(1, "wait1");
     cr_assert_eq(lost, 0, "wait=1 lost %zu acknowledged claims", lost);
+}
+
+/* ------------------------------------------------------------------------
+ * Acknowledged but not replicated, staged. On loopback a replica trails
+ * its master by microseconds, so a kill -9 under load (above) almost
+ * never lands between a claim's acknowledgement and its replication, and
+ * loses nothing with or without wait=1: that test cannot show what wait
+ * is for. This one holds the window open on purpose:
+ *
+ *   1. pick a master M with a synced replica R; SIGSTOP R, then close M's
+ *      replication link (CLIENT KILL TYPE replica). R, stopped, cannot
+ *      reconnect, so from here on M's writes reach no replica. (Stopping
+ *      R alone is not enough: what M sends lands in R's socket buffer,
+ *      and R would apply it on SIGCONT.)
+ *   2. claim keys through idem, most of them in M's slots, the others on
+ *      masters whose replicas are fine;
+ *   3. kill -9 M (and wait until it is gone, so R cannot resync from it),
+ *      SIGCONT R, and wait until R has been promoted;
+ *   4. claim the same keys again through a new handle: a key that comes
+ *      back NEW had no record any more. If its first claim was
+ *      acknowledged, that claim was lost: a second worker would run the
+ *      effect again.
+ *
+ * Without wait every claim is acknowledged and every one in M's slots is
+ * lost, deterministically. With wait=1 the claims in M's slots fail with
+ * IDEM_ETIMEOUT (WAIT 1 answered 0 replicas) and none that was
+ * acknowledged is lost. Either way every call answers within its
+ * timeout, and the keys on the healthy masters are acknowledged and kept.
+ * Both phases run on one cluster: the second picks a master that still
+ * has a replica. */
+
+enum { SKEYS = 96, SCALLS = 3, STIMEOUT = 3000, SRETRY_TIMEOUT = 10000 };
+
+typedef struct staged {
+    int master, replica;      /* M and R */
+    int takeover;             /* R needed CLUSTER FAILOVER TAKEOVER */
+    size_t on_m;              /* keys in M's slots (the rest elsewhere) */
+    size_t acked_m, acked_other;   /* first claims answered NEW */
+    size_t failed_m, failed_other; /* ... or with an error */
+    size_t failed_timeout;    /* ... that error being IDEM_ETIMEOUT */
+    size_t lost_m, lost_other;     /* acknowledged, then NEW again */
+    size_t unacked_gone;      /* failed, and NEW again: never replicated */
+    int64_t longest;          /* longest call, ms */
+    int64_t promote_ms;       /* from M's death to R serving its slots */
+    char detail[256];         /* idem_errdetail() of a failed claim */
+} staged;
+
+/* A field of INFO section on port, as a number; -1 if absent. */
+static long info_num(int port, const char *section, const char *field)
+{
+    redisContext *c = th_connect(port);
+    redisReply *r = th_cmd(c, "INFO %s", section);
+    long v = -1;
+    size_t fl = strlen(field);
+    for (const char *p = r->type == REDIS_REPLY_STRING ? r->str : NULL; p;
+         p = strchr(p, '\n')) {
+        p += *p == '\n';
+        if (strncmp(p, field, fl) == 0 && p[fl] == ':') {
+            v = strtol(p + fl + 1, NULL, 10);
+            break;
+        }
+    }
+    freeReplyObject(r);
+    redisFree(c);
+    return v;
+}
+
+/* The state letter of /proc/PID/stat ('T' once SIGSTOP took effect). */
+static char proc_state(long pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    /* "pid (comm) S ...": comm may hold spaces, so look after the ')'. */
+    const char *p = strrchr(buf, ')');
+    return p && p[1] == ' ' ? p[2] : 0;
+}
+
+/* Poll (never a fixed sleep: the machine may be slow) until cond(port)
+ * holds or ms have passed; whether it held. */
+static int poll_until(int (*cond)(int), int port, int64_t ms)
+{
+    int64_t end = mono_ms() + ms;
+    for (;;) {
+        if (cond(port))
+            return 1;
+        if (mono_ms() > end)
+            return 0;
+        sleep_ms(50);
+    }
+}
+
+static int is_stopped(int port)
+{
+    return proc_state(th_pid(&sv, port)) == 'T';
+}
+
+static int refuses(int port)
+{
+    redisContext *c = redisConnect("127.0.0.1", port);
+    int down = !c || c->err;
+    redisFree(c);
+    return down;
+}
+
+static int no_replica_linked(int port)
+{
+    return info_num(port, "replication", "connected_slaves") == 0;
+}
+
+/* R is a master and, in its own view, the cluster serves every slot. */
+static int promoted(int port)
+{
+    if (!role_is_master(port))
+        return 0;
+    redisContext *c = redisConnect("127.0.0.1", port);
+    redisReply *r = c && !c->err ? redisCommand(c, "CLUSTER INFO") : NULL;
+    int ok = r && r->type == REDIS_REPLY_STRING &&
+             strstr(r->str, "cluster_state:ok");
+    freeReplyObject(r);
+    redisFree(c);
+    return ok;
+}
+
+/* A live master that has a replica (-1 if none), and that replica. */
+static int master_with_replica(int *replica)
+{
+    for (int i = 0; i < sv.n; i++) {
+        int p = sv.ports[i];
+        if (refuses(p) || !role_is_master(p))
+            continue;
+        int r = th_replica_of(&sv, p);
+        if (r > 0) {
+            *replica = r;
+            return p;
+        }
+    }
+    return -1;
+}
+
+/* owner[slot]: port of the master that serves it, as port sees it. */
+static void slot_owners(int port, int *owner)
+{
+    for (unsigned k = 0; k < IDEM__SLOTS; k++)
+        owner[k] = -1;
+    redisContext *c = th_connect(port);
+    redisReply *r = th_cmd(c, "CLUSTER SLOTS");
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *e = r->element[i];
+        for (long long k = e->element[0]->integer;
+             k <= e->element[1]->integer; k++)
+            owner[k] = (int)e->element[2]->element[1]->integer;
+    }
+    freeReplyObject(r);
+    redisFree(c);
+}
+
+/* One claim call, its time bounded; the outcomes in o. */
+static int timed_claim(idem_store *s, char (*names)[32], const size_t *idx,
+                       size_t n, idem_outcome *o, int64_t timeout,
+                       int64_t *longest)
+{
+    idem_key k[SKEYS];
+    for (size_t i = 0; i < n; i++)
+        k[i] = (idem_key){names[idx[i]], strlen(names[idx[i]]), NULL};
+    int64_t t0 = mono_ms();
+    int rc = idem_claim_many(s, k, n, NULL, o, 0);
+    int64_t dt = mono_ms() - t0;
+    *longest = dt > *longest ? dt : *longest;
+    /* Not a speed check: a call far past its budget would be a hang. */
+    cr_assert(dt < timeout + 5000, "a call took %lld ms (timeout %lld)",
+              (long long)dt, (long long)timeout);
+    return rc;
+}
+
+static void staged_phase(int wait, staged *st)
+{
+    memset(st, 0, sizeof *st);
+    st->master = master_with_replica(&st->replica);
+    cr_assert(st->master > 0, "no master with a replica left");
+    int m = st->master, rep = st->replica;
+    wait_link_up(rep);
+    char prefix[64], uri[1024], extra[64];
+    snprintf(prefix, sizeof prefix, "%s", th_prefix());
+
+    /* Keys: two in three in M's slots, the rest on other masters that
+     * have a replica (so that with wait=1 they can be acknowledged). */
+    static int owner[IDEM__SLOTS];
+    slot_owners(m, owner);
+    static char names[SKEYS][32];
+    int on_m[SKEYS];
+    size_t want_m = SKEYS - SKEYS / 3, got_m = 0, got_o = 0;
+    int healthy[TH_MAX_NODES], nh = 0;
+    for (int i = 0; i < sv.n; i++)
+        if (sv.ports[i] != m && !refuses(sv.ports[i]) &&
+            role_is_master(sv.ports[i]) && th_replica_of(&sv, sv.ports[i]) > 0)
+            healthy[nh++] = sv.ports[i];
+    cr_assert(nh > 0, "no other master with a replica");
+    for (int h = 0; h < nh; h++)
+        wait_link_up(th_replica_of(&sv, healthy[h]));
+    for (int c = 0; got_m + got_o < SKEYS; c++) {
+        char name[32], tagged[128];
+        snprintf(name, sizeof name, "w%d-%d", wait, c);
+        int len = snprintf(tagged, sizeof tagged, "%s{%s}", prefix, name);
+        int o = owner[idem__key_slot(tagged, (size_t)len)];
+        int is_m = o == m, is_h = 0;
+        for (int h = 0; h < nh; h++)
+            is_h |= o == healthy[h];
+        size_t at = got_m + got_o;
+        if ((is_m && got_m < want_m) || (is_h && got_o < SKEYS - want_m)) {
+            memcpy(names[at], name, sizeof name);
+            on_m[at] = is_m;
+            got_m += (size_t)is_m;
+            got_o += (size_t)!is_m;
+        }
+    }
+    st->on_m = got_m;
+
+    /* Open before R stops: opening asks a node for the slot map, and a
+     * stopped node accepts the connection but never answers. */
+    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", STIMEOUT, wait);
+    cluster_uri(uri, sizeof uri, prefix, extra);
+    idem_store *s = t_open(uri);
+
+    /* 1. cut M off from its replica */
+    th_signal(&sv, rep, SIGSTOP);
+    cr_assert(poll_until(is_stopped, rep, 10000), "%d did not stop", rep);
+    redisContext *cm = th_connect(m);
+    redisReply *k = th_cmd(cm, "CLIENT KILL TYPE replica");
+    cr_assert(k->type == REDIS_REPLY_INTEGER && k->integer >= 1,
+              "CLIENT KILL TYPE replica on %d: %s", m,
+              k->type == REDIS_REPLY_ERROR ? k->str : "killed none");
+    freeReplyObject(k);
+    redisFree(cm);
+    cr_assert(poll_until(no_replica_linked, m, 10000),
+              "%d still has a replica", m);
+
+    /* 2. claim, SCALLS calls of SKEYS / SCALLS keys */
+    static idem_outcome first[SKEYS];
+    for (int call = 0; call < SCALLS; call++) {
+        size_t idx[SKEYS], n = 0;
+        for (size_t i = (size_t)call; i < SKEYS; i += SCALLS)
+            idx[n++] = i;
+        idem_outcome o[SKEYS];
+        timed_claim(s, names, idx, n, o, STIMEOUT, &st->longest);
+        for (size_t j = 0; j < n; j++) {
+            size_t i = idx[j];
+            first[i] = o[j];
+            if (o[j].status == 0) {
+                cr_assert_eq(o[j].kind, IDEM_NEW, "%s", names[i]);
+                *(on_m[i] ? &st->acked_m : &st->acked_other) += 1;
+            } else {
+                *(on_m[i] ? &st->failed_m : &st->failed_other) += 1;
+                st->failed_timeout += o[j].status == IDEM_ETIMEOUT;
+                /* The detail starts with the URI: keep what follows. */
+                const char *d = idem_errdetail(s);
+                size_t ul = strlen(uri);
+                if (strncmp(d, uri, ul) == 0 && d[ul] == ':')
+                    d += ul + 1 + (d[ul + 1] == ' ');
+                if (!st->detail[0])
+                    snprintf(st->detail, sizeof st->detail, "%s", d);
+            }
+        }
+    }
+    idem_close(s);
+
+    /* 3. M dies with the claims only it had; R takes over */
+    th_signal(&sv, m, SIGKILL);
+    cr_assert(poll_until(refuses, m, 10000), "%d did not die", m);
+    int64_t dead_at = mono_ms();
+    th_signal(&sv, rep, SIGCONT);
+    /* The other masters mark M failed after the node timeout (1 s) and
+     * vote R in (cluster-replica-validity-factor 0: however long R was
+     * stopped). Should the election not come on a loaded machine, a
+     * TAKEOVER needs no votes. */
+    if (!poll_until(promoted, rep, 20000)) {
+        redisContext *cr = th_connect(rep);
+        redisReply *t = th_cmd(cr, "CLUSTER FAILOVER TAKEOVER");
+        cr_assert(t->type == REDIS_REPLY_STATUS, "TAKEOVER: %s",
+                  t->type == REDIS_REPLY_ERROR ? t->str : "?");
+        freeReplyObject(t);
+        redisFree(cr);
+        st->takeover = 1;
+        cr_assert(poll_until(promoted, rep, 20000), "%d not promoted", rep);
+    }
+    st->promote_ms = mono_ms() - dead_at;
+
+    /* 4. claim again through a new handle. Without wait: a promoted R
+     * has no replica of its own (M is dead), so wait=1 would fail here.
+     * A key keeps its first answer: claiming it again would turn a NEW
+     * (lost) into BUSY (our own second claim). */
+    snprintf(extra, sizeof extra, "&timeout_ms=%d", SRETRY_TIMEOUT);
+    cluster_uri(uri, sizeof uri, prefix, extra);
+    idem_store *s2 = t_open(uri);
+    static idem_outcome again[SKEYS];
+    int answered[SKEYS] = {0};
+    for (int round = 0; round < 5; round++) {
+        size_t idx[SKEYS], n = 0;
+        for (size_t i = 0; i < SKEYS; i++)
+            if (!answered[i])
+                idx[n++] = i;
+        if (!n)
+            break;
+        idem_outcome o[SKEYS];
+        timed_claim(s2, names, idx, n, o, SRETRY_TIMEOUT, &st->longest);
+        for (size_t j = 0; j < n; j++)
+            if (o[j].status == 0) {
+                again[idx[j]] = o[j];
+                answered[idx[j]] = 1;
+            }
+    }
+    for (size_t i = 0; i < SKEYS; i++) {
+        cr_assert(answered[i], "%s: no answer after the failover: %s",
+                  names[i], idem_errdetail(s2));
+        cr_assert(again[i].kind == IDEM_NEW || again[i].kind == IDEM_BUSY,
+                  "%s: kind %d", names[i], again[i].kind);
+        int gone = again[i].kind == IDEM_NEW;
+        if (first[i].status == 0 && gone)
+            *(on_m[i] ? &st->lost_m : &st->lost_other) += 1;
+        else if (first[i].status != 0 && gone)
+            st->unacked_gone++;
+    }
+    idem_close(s2);
+}
+
+static void staged_report(int wait, const staged *st)
+{
+    REPORT("staged failover, wait=%d: master %d killed with its replica %d "
+           "cut off; %d promoted %s after %lld ms; %zu keys in its slots, "
+           "%zu elsewhere; acknowledged=%zu (%zu in its slots), lost=%zu "
+           "(%zu in its slots); failed=%zu (%zu in its slots; %zu of them "
+           "NEW again after the failover)%s%s; longest call %lld ms "
+           "(timeouts %d ms, %d ms after the failover)", wait, st->master,
+           st->replica, st->replica,
+           st->takeover ? "by TAKEOVER" : "by election",
+           (long long)st->promote_ms, st->on_m, (size_t)SKEYS - st->on_m,
+           st->acked_m + st->acked_other, st->acked_m,
+           st->lost_m + st->lost_other, st->lost_m,
+           st->failed_m + st->failed_other, st->failed_m, st->unacked_gone,
+           st->detail[0] ? ", with " : "", st->detail,
+           (long long)st->longest, STIMEOUT, SRETRY_TIMEOUT);
+}
+
+Test(cluster_ops, wait_keeps_claims_async_loses_them)
+{
+    th_start_cluster(&sv, 3, 1);
+    staged a, b;
+    staged_phase(0, &a);
+    staged_report(0, &a);
+    staged_phase(1, &b);
+    staged_report(1, &b);
+    REPORT("failover: wait=0 acknowledged=%zu lost=%zu; wait=1 "
+           "acknowledged=%zu lost=%zu", a.acked_m + a.acked_other,
+           a.lost_m + a.lost_other, b.acked_m + b.acked_other,
+           b.lost_m + b.lost_other);
+    /* Without wait: every claim acknowledged, and each one M had alone
+     * is gone. */
+    cr_assert_eq(a.failed_m + a.failed_other, 0, "%s", a.detail);
+    cr_assert_gt(a.lost_m, 0);
+    cr_assert_eq(a.lost_m, a.acked_m, "%zu of %zu claims in M's slots lost",
+                 a.lost_m, a.acked_m);
+    cr_assert_eq(a.lost_other, 0);
+    /* With wait=1: the claims M could not replicate failed instead of
+     * being acknowledged, and no acknowledged claim is lost. */
+    cr_assert_eq(b.acked_m, 0);
+    cr_assert_eq(b.failed_m, b.on_m);
+    cr_assert_eq(b.failed_timeout, b.failed_m, "%s", b.detail);
+    cr_assert_eq(b.failed_other, 0, "%s", b.detail);
+    cr_assert_gt(b.acked_other, 0);
+    cr_assert_eq(b.lost_m + b.lost_other, 0);
 }
 
 /* A master dies and has no replica to take over: the cluster cannot serve
