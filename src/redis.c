@@ -551,6 +551,7 @@ static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
     idem__redis *r = calloc(1, sizeof *r);
     if (!r)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    r->map_node = -1;
     s->impl = r;
     int rc = idem__rcfg_parse(s, cluster, rest, &r->cfg);
     if (!rc && idem__random_bytes(&r->rid_base, sizeof r->rid_base))

@@ -88,6 +88,7 @@ typedef struct idem__redis {
     size_t nnodes, capnodes;
     uint16_t *slots;          /* cluster: slot -> node index + 1; 0 unknown */
     int map_stale;            /* refresh the slot map before the next round */
+    int map_node;             /* the node that gave the map last; -1 */
     uint64_t rid_base, rid_next;  /* request ids: random base, counter */
     uint64_t round;           /* rounds run by this handle, from 1 */
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */

@@ -154,70 +154,90 @@ static int idem__map_parse(idem_store *s, idem__redis *r, size_t from,
     return 0;
 }
 
-int idem__map_refresh(idem_store *s, idem__redis *r, int64_t deadline)
+/* The order to ask nodes for the map in: the node that answered last
+ * time, then nodes that own slots (the likeliest to be alive and to know
+ * the newest map), then every other node, seeds included. */
+static size_t idem__map_order(const idem__redis *r, size_t *order)
 {
-    uint16_t *slots = calloc(IDEM__SLOTS, sizeof *slots);
-    if (!slots)
-        return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    int rc = IDEM_ECONN;
-    /* Nodes that own slots first: they are the likeliest to be alive and
-     * to know the newest map. Then every other node, seeds included. */
-    for (int pass = 0; pass < 2; pass++) {
+    size_t n = 0;
+    if (r->map_node >= 0 && (size_t)r->map_node < r->nnodes)
+        order[n++] = (size_t)r->map_node;
+    for (int pass = 0; pass < 2; pass++)
         for (size_t i = 0; i < r->nnodes; i++) {
             int owns = 0;
             for (size_t k = 0; k < IDEM__SLOTS && !owns; k++)
                 owns = r->slots[k] == i + 1;
-            if (owns != (pass == 0))
-                continue;
-            int64_t left = deadline - idem__mono_ms();
-            if (left <= 0)
-                goto out;
-            idem__rconn *conn = &r->nodes[i].conns[0];
-            if (!conn->c) {
-                int64_t ms = left < r->cfg.connect_ms ? left
-                                                      : r->cfg.connect_ms;
-                rc = idem__rconn_open(s, r, &r->nodes[i], conn, ms);
-                if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM)
-                    goto out;
-                if (rc)
-                    continue;
-            }
-            idem__rconn_deadline(conn, left);
-            const char *argv[] = {"CLUSTER", "SLOTS"};
-            size_t lens[] = {7, 5};
-            redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &rc);
-            if (!rep) {
-                if (rc == IDEM_EAUTH)
-                    goto out;
-                continue;
-            }
-            if (rep->type == REDIS_REPLY_ERROR) {
-                if (strstr(rep->str, "cluster support disabled"))
-                    rc = idem__fail(s, IDEM_EINVAL, "%s: %s:%d is not a "
-                                    "cluster node (cluster support "
-                                    "disabled): use redis://", s->uri,
-                                    r->nodes[i].host, r->nodes[i].port);
-                else
-                    rc = idem__fail(s, IDEM_EPROTO, "%s: CLUSTER SLOTS: %s",
-                                    s->uri, rep->str);
-                freeReplyObject(rep);
-                if (rc == IDEM_EINVAL)
-                    goto out;
-                continue;
-            }
-            memset(slots, 0, IDEM__SLOTS * sizeof *slots);
-            rc = idem__map_parse(s, r, i, rep, slots);
-            freeReplyObject(rep);
-            if (rc == 0) {
-                memcpy(r->slots, slots, IDEM__SLOTS * sizeof *slots);
-                r->map_stale = 0;
-                goto out;
-            }
-            if (rc == IDEM_ENOMEM)
-                goto out;
+            if (owns == (pass == 0) && (int)i != r->map_node)
+                order[n++] = i;
         }
+    return n;
+}
+
+/* Ask node i for CLUSTER SLOTS within ms; 0 with the map in slots. */
+static int idem__map_ask(idem_store *s, idem__redis *r, size_t i, int64_t ms,
+                         uint16_t *slots)
+{
+    idem__rconn *conn = &r->nodes[i].conns[0];
+    int rc = 0;
+    if (!conn->c)
+        rc = idem__rconn_open(s, r, &r->nodes[i], conn,
+                              ms < r->cfg.connect_ms ? ms : r->cfg.connect_ms);
+    if (rc)
+        return rc;
+    idem__rconn_deadline(conn, ms);
+    const char *argv[] = {"CLUSTER", "SLOTS"};
+    size_t lens[] = {7, 5};
+    redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &rc);
+    if (!rep)
+        return rc;
+    if (rep->type == REDIS_REPLY_ERROR) {
+        if (strstr(rep->str, "cluster support disabled"))
+            rc = idem__fail(s, IDEM_EINVAL, "%s: %s:%d is not a cluster node "
+                            "(cluster support disabled): use redis://",
+                            s->uri, r->nodes[i].host, r->nodes[i].port);
+        else
+            rc = idem__fail(s, IDEM_EPROTO, "%s: CLUSTER SLOTS: %s", s->uri,
+                            rep->str);
+    } else {
+        memset(slots, 0, IDEM__SLOTS * sizeof *slots);
+        rc = idem__map_parse(s, r, i, rep, slots);
     }
-out:
+    freeReplyObject(rep);
+    return rc;
+}
+
+/* A node that accepts connections but never answers (stopped, hung in a
+ * fork, behind a black hole) must not cost the whole budget, or the map
+ * would never be refreshed past it: each node gets an equal share of
+ * what is left, but no less than IDEM__MAP_SLICE_MS. */
+#define IDEM__MAP_SLICE_MS 250
+
+int idem__map_refresh(idem_store *s, idem__redis *r, int64_t deadline)
+{
+    uint16_t *slots = calloc(IDEM__SLOTS, sizeof *slots);
+    size_t *order = calloc(r->nnodes ? r->nnodes : 1, sizeof *order);
+    int rc = slots && order ? IDEM_ECONN
+                            : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    size_t n = rc == IDEM_ECONN ? idem__map_order(r, order) : 0;
+    for (size_t j = 0; j < n; j++) {
+        int64_t left = deadline - idem__mono_ms();
+        if (left <= 0)
+            break;
+        int64_t ms = left / (int64_t)(n - j);
+        ms = ms < IDEM__MAP_SLICE_MS ? IDEM__MAP_SLICE_MS : ms;
+        rc = idem__map_ask(s, r, order[j], ms < left ? ms : left, slots);
+        if (rc == 0) {
+            memcpy(r->slots, slots, IDEM__SLOTS * sizeof *slots);
+            r->map_stale = 0;
+            r->map_node = (int)order[j];
+            break;
+        }
+        if ((int)order[j] == r->map_node)
+            r->map_node = -1;
+        if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM || rc == IDEM_EINVAL)
+            break;
+    }
+    free(order);
     free(slots);
     return rc;
 }

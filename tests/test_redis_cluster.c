@@ -803,3 +803,80 @@ Test(cluster_ops, dead_master_without_replica)
         cr_assert(outs[i].kind == IDEM_NEW || outs[i].kind == IDEM_BUSY);
     idem_close(s);
 }
+
+/* ------------------------------------------------------------------------
+ * A hung master: one that accepts connections and never answers (here
+ * SIGSTOP; in life a long fork, a swapped-out process, a black hole). Its
+ * keys fail within the timeout, but keys on the other masters must keep
+ * working, and once its replica is promoted its keys too: the slot map
+ * must be refreshable past a node that never answers. */
+
+/* The nth key (k<i>) whose slot the master on port serves, under
+ * prefix. */
+static void key_on(const int *owner, int port, const char *prefix, int nth,
+                   char out[32])
+{
+    for (int i = 0;; i++) {
+        char name[128];
+        snprintf(out, 32, "k%d", i);
+        int n = snprintf(name, sizeof name, "%s{%s}", prefix, out);
+        if (owner[idem__key_slot(name, (size_t)n)] == port && nth-- == 0)
+            return;
+    }
+}
+
+static int claim_rc(idem_store *s, const char *key, int64_t *took)
+{
+    idem_key k = {key, strlen(key), NULL};
+    idem_outcome o;
+    int64_t t0 = mono_ms();
+    int rc = idem_claim(s, &k, NULL, &o);
+    *took = mono_ms() - t0;
+    return rc;
+}
+
+Test(cluster_ops, hung_master_does_not_stall_the_others)
+{
+    enum { TIMEOUT = 2000 };
+    th_start_cluster(&sv, 3, 1);
+    char prefix[64], uri[1024];
+    snprintf(prefix, sizeof prefix, "%s", th_prefix());
+    cluster_uri(uri, sizeof uri, prefix, "&timeout_ms=2000");
+    idem_store *s = t_open(uri);
+    static int owner[IDEM__SLOTS];
+    int replica, hung = master_with_replica(&replica);
+    cr_assert(hung > 0);
+    slot_owners(hung, owner);
+    char on_hung[32], elsewhere[32];
+    key_on(owner, hung, prefix, 0, on_hung);
+    int other = owner[0] == hung ? owner[IDEM__SLOTS - 1] : owner[0];
+    key_on(owner, other, prefix, 0, elsewhere);
+    int64_t took;
+    cr_assert_eq(claim_rc(s, elsewhere, &took), 0, "%s", idem_errdetail(s));
+    th_signal(&sv, hung, SIGSTOP);
+    cr_assert(poll_until(is_stopped, hung, 10000));
+    int rc = claim_rc(s, on_hung, &took);
+    cr_assert(rc == IDEM_ETIMEOUT || rc == IDEM_ECONN, "%s",
+              idem_strerror(rc));
+    cr_assert(took < TIMEOUT + 5000, "a call took %lld ms", (long long)took);
+    /* The other masters answer, call after call, while it hangs. */
+    for (int i = 1; i <= 3; i++) {
+        char k[32];
+        key_on(owner, other, prefix, i, k);
+        rc = claim_rc(s, k, &took);
+        cr_assert_eq(rc, 0, "call %d on a healthy master: %s", i,
+                     idem_errdetail(s));
+    }
+    /* Its replica takes over; the handle follows without a restart. */
+    int64_t t0 = mono_ms();
+    do {
+        rc = claim_rc(s, on_hung, &took);
+        cr_assert(took < TIMEOUT + 5000, "a call took %lld ms",
+                  (long long)took);
+    } while (rc && mono_ms() - t0 < 60000);
+    cr_assert_eq(rc, 0, "after the failover: %s", idem_errdetail(s));
+    REPORT("hung master %d: its keys failed within %d ms, the others "
+           "answered; its replica %d served them %lld ms later", hung,
+           TIMEOUT, replica, (long long)(mono_ms() - t0));
+    idem_close(s);
+}
