@@ -505,42 +505,73 @@ static redisReply *idem__ask_owner(idem_store *s, idem__redis *r,
     return idem__rconn_command(s, conn, argc, argv, lens, rc);
 }
 
-/* The day layout's shard count decides in which buckets every key lives,
- * so a store opened later with another count, or with the hash layout,
- * would not find the records and would answer NEW for keys already
- * done. The day layout therefore writes its settings beside its
- * buckets, in PREFIX "layout" (a string, without TTL), and an open that
- * disagrees fails. The hash layout writes nothing (its records are the
- * brief's schema, which other tools share) but refuses a marked prefix. */
+/* Reads the layout mark and, unless read-only, writes it if absent:
+ * one script, so that it works on every Redis idem supports. */
+static const char idem__mark_lua[] =
+    "local v = redis.call('GET', KEYS[1])\n"
+    "if not v and ARGV[2] == '1' then redis.call('SET', KEYS[1], ARGV[1]) end\n"
+    "return v\n";
+
+/* Ask for the mark until an answer that is not "later" or the budget is
+ * spent: an open during a failover or a migration waits like a call. */
+static redisReply *idem__mark_ask(idem_store *s, idem__redis *r,
+                                  const idem__buf *name, const char *want,
+                                  int set, int *rc)
+{
+    const char *argv[6] = {"EVAL", idem__mark_lua, "1",
+                           (const char *)name->data, want, set ? "1" : "0"};
+    size_t lens[6] = {4, sizeof idem__mark_lua - 1, 1, name->len,
+                      strlen(want), 1};
+    int64_t deadline = idem__mono_ms() + r->cfg.timeout_ms;
+    for (;;) {
+        redisReply *rep = idem__ask_owner(s, r, name, 6, argv, lens, rc);
+        int later = !rep ? *rc == IDEM_ECONN || *rc == IDEM_ETIMEOUT
+                         : rep->type == REDIS_REPLY_ERROR &&
+                               (idem__transient(rep->str) ||
+                                strncmp(rep->str, "MOVED ", 6) == 0 ||
+                                strncmp(rep->str, "ASK ", 4) == 0);
+        if (!later || idem__mono_ms() + 100 >= deadline || !r->cfg.cluster)
+            return rep;
+        freeReplyObject(rep);
+        idem__sleep_ms(100);
+        idem__map_refresh(s, r, deadline);
+    }
+}
+
+/* The layout and its settings decide where every key lives, so a store
+ * opened later with another layout, shard count or days would not find
+ * the records (or look back too few days) and would answer NEW for keys
+ * already done. So the first open writes them beside the records, in
+ * PREFIX "layout" (a string without TTL: "hash", or "day shards=16
+ * days=7"), and an open that disagrees fails. A prefix used before the
+ * mark existed has none, and is marked by its next open. */
 static int idem__check_layout(idem_store *s, idem__redis *r)
 {
     idem__buf name = {0};
-    char want[32];
-    int day = r->cfg.layout == IDEM__LAYOUT_DAY;
-    int set = day && !(s->opts.flags & IDEM_O_READONLY);
-    size_t wl = (size_t)snprintf(want, sizeof want, "day shards=%d",
-                                 r->cfg.shards);
+    char want[48];
+    if (r->cfg.layout == IDEM__LAYOUT_DAY)
+        snprintf(want, sizeof want, "day shards=%d days=%d", r->cfg.shards,
+                 r->cfg.days);
+    else
+        snprintf(want, sizeof want, "hash");
     if (idem__buf_append(&name, r->cfg.prefix, r->cfg.prefixlen) ||
         idem__buf_append(&name, "layout", 6)) {
         idem__buf_free(&name);
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     }
-    /* SET ... NX GET: mark a new prefix and read an old mark at once. */
-    const char *argv[5] = {set ? "SET" : "GET", (const char *)name.data,
-                           want, "NX", "GET"};
-    size_t lens[5] = {3, name.len, wl, 2, 3};
     int rc;
-    redisReply *rep = idem__ask_owner(s, r, &name, set ? 5 : 2, argv, lens,
-                                      &rc);
+    redisReply *rep = idem__mark_ask(s, r, &name, want,
+                                     !(s->opts.flags & IDEM_O_READONLY), &rc);
     if (rep && rep->type == REDIS_REPLY_ERROR)
         rc = idem__fail(s, IDEM_EPROTO, "%s: reading %.*s: %s", s->uri,
                         (int)name.len, name.data, rep->str);
     else if (rep && rep->type == REDIS_REPLY_STRING &&
-             (!day || rep->len != wl || memcmp(rep->str, want, wl) != 0))
+             strcmp(rep->str, want) != 0)
         rc = idem__fail(s, IDEM_EINVAL, "%s: the prefix holds records of "
-                        "'%s' (%.*s says so); open it with the same layout "
-                        "and shards", s->uri, rep->str, (int)name.len,
-                        name.data);
+                        "layout '%s' (%.*s says so), not '%s': open it with "
+                        "those settings, or move the records to a new prefix "
+                        "with idem dump and idem load", s->uri, rep->str,
+                        (int)name.len, name.data, want);
     freeReplyObject(rep);
     idem__buf_free(&name);
     return rc;

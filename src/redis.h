@@ -166,6 +166,10 @@ void idem__batch_common(idem__rbatch *b, int slot, long long v);
  * every item has a reply or an error of its own key (EPROTO); otherwise
  * the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some from one. */
 int idem__run(idem_store *s, idem__rbatch *b, int write);
+/* Is e (an error reply) one after which the same command may succeed
+ * later: TRYAGAIN, CLUSTERDOWN, LOADING, BUSY, MASTERDOWN, READONLY? */
+int idem__transient(const char *e);
+void idem__sleep_ms(int64_t ms);
 /* Copy a message, cut to fit. */
 void idem__scopy(char *dst, size_t cap, const char *src);
 

@@ -273,8 +273,7 @@ static void idem__requeue_conn(idem__rbatch *b, idem__rconn *conn, int code,
     idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
 }
 
-/* Errors after which the same command may succeed later. */
-static int idem__transient(const char *e)
+int idem__transient(const char *e)
 {
     static const char *const words[] = {"TRYAGAIN", "CLUSTERDOWN",
                                         "LOADING", "BUSY ", "MASTERDOWN",
@@ -496,7 +495,7 @@ static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
     return 0;
 }
 
-static void idem__sleep_ms(int64_t ms)
+void idem__sleep_ms(int64_t ms)
 {
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)

@@ -22,10 +22,12 @@
  *         every write sets PEXPIRE, so no record lives without a TTL.
  *   day   one hash per day and shard, PREFIX YYYY-MM-DD:{TAG}, with one
  *         field per key whose value is the record packed by MessagePack.
- *         A write moves the record into today's bucket; a bucket expires
- *         as a whole `days` days after its day ends, so Redis drops a
- *         day's records with one key. A lookup reads today's bucket and
- *         the `days` before it. The client names the buckets (KEYS must
+ *         A write moves the record into today's bucket (never back into
+ *         an older one: a clock stepped back must not hide it); a bucket
+ *         expires as a whole `days` days after its day ends (a TTL is
+ *         only ever raised), so Redis drops a day's records with one
+ *         key. A lookup reads tomorrow's bucket (for the same reason),
+ *         today's and the `days` before it. The client names the buckets (KEYS must
  *         be declared for a cluster); the script picks today among them
  *         by the server's clock.
  *
@@ -90,7 +92,8 @@
     "  if ttl then redis.call('PEXPIRE', k, ttl) end\n"                    \
     "end\n"                                                                \
     "local function response(k) return redis.call('HGET', k, 'response') end\n" \
-    "local function del(k) redis.call('DEL', k) end\n"
+    "local function del(k) redis.call('DEL', k) end\n"                     \
+    "local function fits(exp) return true end\n"
 
 /* The day layout. KEYS: the buckets of one shard for consecutive days
  * from day0 (days since the epoch) on, enough to hold today and the
@@ -123,7 +126,7 @@
     "local function find(k)\n"                                             \
     "  if seen[k] then return recs[k] end\n"                               \
     "  seen[k] = true\n"                                                   \
-    "  for i = today, today - ndays, -1 do\n"                              \
+    "  for i = math.min(today + 1, #KEYS), today - ndays, -1 do\n"                              \
     "    local v = redis.call('HGET', KEYS[i], k)\n"                       \
     "    if v then\n"                                                      \
     "      where[k], recs[k] = i, cmsgpack.unpack(v)\n"                    \
@@ -140,14 +143,22 @@
     "    if type(v) == 'number' then v = string.format('%.0f', v) end\n"   \
     "    t[F[f[j]]] = v\n"                                                 \
     "  end\n"                                                              \
-    "  local w, b = where[k], KEYS[today]\n"                               \
-    "  if w and w ~= today then redis.call('HDEL', KEYS[w], k) end\n"      \
+    "  local w = where[k]\n"                                               \
+    "  local d = w and w > today and w or today\n"                         \
+    "  local b = KEYS[d]\n"                                                \
+    "  if w and w ~= d then redis.call('HDEL', KEYS[w], k) end\n"          \
     "  redis.call('HSET', b, k, cmsgpack.pack(t))\n"                       \
-    "  if not set[today] then\n"                                           \
-    "    redis.call('PEXPIRE', b, (day0 + today + ndays) * DAY - tnow)\n"  \
-    "    set[today] = true\n"                                              \
+    "  if not set[d] then\n"                                               \
+    "    local ttl = (day0 + d + ndays) * DAY - tnow\n"                     \
+    "    if redis.call('PTTL', b) < ttl then\n"                            \
+    "      redis.call('PEXPIRE', b, ttl)\n"                                \
+    "    end\n"                                                            \
+    "    set[d] = true\n"                                                  \
     "  end\n"                                                              \
-    "  where[k], recs[k] = today, t\n"                                     \
+    "  where[k], recs[k] = d, t\n"                                         \
+    "end\n"                                                                \
+    "local function fits(exp)\n"                                           \
+    "  return exp <= (day0 + today + ndays) * DAY\n"                       \
     "end\n"                                                                \
     "local function create(k, f)\n"                                        \
     "  put(k, {false, false, false, false, false, false, false, false,\n"  \
@@ -316,6 +327,9 @@
     "local now = start()\n"                                                \
     "local k, exp = RECS[1], tonumber(ARG[6])\n"                           \
     "if exp <= now then return 0 end\n"                                    \
+    "if not fits(exp) then\n"                                              \
+    "  return redis.error_reply('IDEMTTL the record outlives its bucket')\n" \
+    "end\n"                                                                \
     "fresh(k)\n"                                                           \
     "local f = {'status', ARG[2], 'token', ARG[3], 'attempts', ARG[3],\n"  \
     "  'lease', ARG[7], 'expires', ARG[6], 'created_ts', ARG[5],\n"        \

@@ -141,7 +141,7 @@ static char *idem__scan_pattern(const idem__redis *r, size_t *len)
 {
     static const char bucket[] =
         "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]:{*}";
-    char *p = malloc(2 * r->cfg.prefixlen + sizeof bucket);
+    char *p = malloc(2 * r->cfg.prefixlen + sizeof bucket + 3);
     size_t n = 0;
     if (!p)
         return NULL;
@@ -155,11 +155,34 @@ static char *idem__scan_pattern(const idem__redis *r, size_t *len)
         memcpy(p + n, bucket, sizeof bucket);
         n += sizeof bucket - 1;
     } else {
-        p[n++] = '*';
-        p[n] = '\0';
+        memcpy(p + n, "{*", 3);  /* PREFIX{KEY}: not the layout mark */
+        n += 2;
     }
     *len = n;
     return p;
+}
+
+/* Is a key SCAN found one of this store's? In the day layout its name
+ * must end in the tag of the shard its slot belongs to, so that a sweep
+ * never drops another application's hash that merely looks like a
+ * bucket. (The hash layout's scripts look inside each key instead.) */
+static int idem__ours(const idem__redis *r, const redisReply *e)
+{
+    if (r->cfg.layout != IDEM__LAYOUT_DAY)
+        return 1;
+    const char *open = memchr(e->str, '{', e->len);
+    if (!open || e->len < 2 || e->str[e->len - 1] != '}')
+        return 0;
+    unsigned slot = idem__key_slot(e->str, e->len);
+    unsigned n = (unsigned)r->cfg.shards;
+    unsigned i = slot * n / IDEM__SLOTS;  /* the shard, if it is one */
+    while (i < n && r->cfg.tag_slots[i] < slot)
+        i++;
+    if (i >= n || r->cfg.tag_slots[i] != slot)
+        return 0;
+    size_t tl = (size_t)(e->str + e->len - 1 - (open + 1));
+    return tl == strlen(r->cfg.tags[i]) &&
+           memcmp(open + 1, r->cfg.tags[i], tl) == 0;
 }
 
 /* Run `script` over the keys of one SCAN page, grouped by slot. */
@@ -179,13 +202,15 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
         free(lens);
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     }
+    size_t m = 0;
     for (size_t i = 0; i < n; i++) {
-        order[i][0] = r->cfg.cluster
-                          ? idem__key_slot(keys->element[i]->str,
-                                           keys->element[i]->len)
-                          : 0;
-        order[i][1] = (unsigned)i;
+        const redisReply *e = keys->element[i];
+        if (!idem__ours(r, e))
+            continue;
+        order[m][0] = r->cfg.cluster ? idem__key_slot(e->str, e->len) : 0;
+        order[m++][1] = (unsigned)i;
     }
+    n = m;
     qsort(order, n, sizeof *order, idem__slot_cmp);
     char ret[24], days[24];
     snprintf(ret, sizeof ret, "%lld", (long long)s->opts.retention_ms);
@@ -265,6 +290,8 @@ static int idem__scan_buckets(idem_store *s, idem__rconn *conn,
     for (size_t i = 0; i < keys->elements && !rc && !acc->fn_rc; i++) {
         const redisReply *b = keys->element[i];
         uint64_t cursor = 0;
+        if (!idem__ours(r, b))
+            continue;
         do {
             char cur[24];
             snprintf(cur, sizeof cur, "%llu", (unsigned long long)cursor);

@@ -130,7 +130,10 @@ Test(redis_day, records_move_with_their_writes)
     cr_assert_eq(st.done, 2);
 
     /* Past the end of d0's days its bucket is dropped whole, with a in
-     * it; d1's bucket stays, and so does b. */
+     * it; d1's bucket stays, and so does b, and so does a hash that only
+     * looks like a bucket (its tag is not one of the store's). */
+    redisReply *fake = th_cmd(c, "HSET %s2001-01-01:{x} f v", pfx);
+    freeReplyObject(fake);
     t_clock_ms = end;
     uint64_t dropped = 0;
     cr_assert_eq(idem_sweep(s, 0, &dropped), 0, "%s", idem_errdetail(s));
@@ -140,6 +143,9 @@ Test(redis_day, records_move_with_their_writes)
     idem_record rec;
     cr_assert_eq(idem_get(s, "b", 1, &rec), 0);
     cr_assert_eq(rec.state, IDEM_DONE);
+    fake = th_cmd(c, "EXISTS %s2001-01-01:{x}", pfx);
+    cr_assert_eq(fake->integer, 1);
+    freeReplyObject(fake);
     idem_close(s);
     redisFree(c);
 }
@@ -229,34 +235,32 @@ Test(redis_day, ttl_beyond_days_refused)
     idem_close(s);
 }
 
-/* The shard count decides where keys live: reopening a prefix with
- * another count, or with the hash layout, would answer NEW for keys
- * already done, so it fails. */
+/* The layout, shards and days decide where keys live and how far back
+ * a lookup reads: reopening a prefix with other settings would answer
+ * NEW for keys already done, so it fails, whichever layout came first. */
 Test(redis_day, layout_settings_are_kept)
 {
     char uri[2048], other[2200];
-    snprintf(uri, sizeof uri, "%s", day_uri(0, "shards=4"));
+    snprintf(uri, sizeof uri, "%s", day_uri(0, "shards=4&days=3"));
     idem_store *s = t_open(uri);
     claim(s, "k");
     idem_close(s);
-    snprintf(other, sizeof other, "redis://%s?prefix=%s&layout=day&shards=5",
-             th_redis_addr(), pfx);
-    idem_options o = t_options();
-    cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL);
-    cr_assert(strstr(idem_errdetail(s), "day shards=4"), "%s",
-              idem_errdetail(s));
-    idem_close(s);
-    snprintf(other, sizeof other, "redis://%s?prefix=%s", th_redis_addr(),
-             pfx);
-    cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL);
-    idem_close(s);
-    /* days may change: it only says how long buckets are kept. */
-    snprintf(other, sizeof other, "%s&days=9", uri);
-    s = t_open(other);
+    static const char *const differ[] = {"&layout=day&shards=5&days=3",
+                                         "&layout=day&shards=4&days=2",
+                                         "&layout=day&shards=4", ""};
+    for (size_t i = 0; i < sizeof differ / sizeof *differ; i++) {
+        snprintf(other, sizeof other, "redis://%s?prefix=%s%s",
+                 th_redis_addr(), pfx, differ[i]);
+        idem_options o = t_options();
+        cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL, "%s", other);
+        cr_assert(strstr(idem_errdetail(s), "day shards=4 days=3"), "%s",
+                  idem_errdetail(s));
+        idem_close(s);
+    }
+    s = t_open(uri);
     cr_assert_eq(claim(s, "k").kind, IDEM_BUSY);
     idem_close(s);
-    /* The hash layout leaves no mark. */
-    redisContext *c = th_connect(single_port());
+    /* A hash-layout prefix is marked too, and refuses the day layout. */
     char hash_pfx[64];
     snprintf(hash_pfx, sizeof hash_pfx, "%s", th_prefix());
     snprintf(other, sizeof other, "redis://%s?prefix=%s", th_redis_addr(),
@@ -264,9 +268,38 @@ Test(redis_day, layout_settings_are_kept)
     s = t_open(other);
     claim(s, "k");
     idem_close(s);
-    redisReply *r = th_cmd(c, "EXISTS %slayout", hash_pfx);
-    cr_assert_eq(r->integer, 0);
-    freeReplyObject(r);
+    snprintf(other, sizeof other, "redis://%s?prefix=%s&layout=day",
+             th_redis_addr(), hash_pfx);
+    idem_options o = t_options();
+    cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL);
+    cr_assert(strstr(idem_errdetail(s), "'hash'"), "%s", idem_errdetail(s));
+    idem_close(s);
+}
+
+/* A clock stepped back across midnight (a failover to a lagging
+ * replica, an NTP step) must not hide the record written "tomorrow". */
+Test(redis_day, clock_stepped_back_over_midnight)
+{
+    redisContext *c = th_connect(single_port());
+    int64_t midnight = (1700000000000LL / DAY_MS + 1) * DAY_MS;
+    t_clock_ms = midnight + 10;
+    idem_store *s = t_open(day_uri(0, "days=1&shards=2"));
+    idem_outcome o = claim(s, "k");
+    cr_assert_eq(idem_complete(s, "k", 1, o.token, "R", 1, 0), 0);
+    t_clock_ms = midnight - 10;
+    o = claim(s, "k");
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    /* A write under the stepped-back clock leaves it where it is. */
+    o = claim(s, "j");
+    t_clock_ms = midnight + 20;
+    cr_assert_eq(idem_complete(s, "j", 1, o.token, "S", 1, 0), 0);
+    t_clock_ms = midnight - 5;
+    cr_assert_eq(claim(s, "j").kind, IDEM_REPLAY);
+    char today[16];
+    date_of(midnight, today);
+    cr_assert_eq(held_on(c, today, "k"), 1);
+    cr_assert_eq(held_on(c, today, "j"), 1);
+    idem_close(s);
     redisFree(c);
 }
 
