@@ -71,7 +71,7 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libidem.a
 deps:
 	@sh scripts/deps.sh
 
-test: deps
+test: deps check-style
 	@$(MAKE) --no-print-directory all $(BUILD)/idem-tests $(PROGS)
 	@sh scripts/run-tests.sh $(BUILD)
 

@@ -99,7 +99,8 @@ static int bench_lmdb(const char *dir, size_t n, size_t batch)
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "redis"))
-        return bench_redis((int)strtol(argv[2], NULL, 10), strtoul(argv[3], NULL, 10));
+        return bench_redis((int)strtol(argv[2], NULL, 10),
+                           strtoul(argv[3], NULL, 10));
     if (argc == 5 && !strcmp(argv[1], "lmdb"))
         return bench_lmdb(argv[2], strtoul(argv[3], NULL, 10),
                           strtoul(argv[4], NULL, 10));

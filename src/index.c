@@ -212,7 +212,8 @@ void idem__index_remove(idem__index *ix, idem__ient *e)
     /* Shift back later members of the run whose home is not in (i, j]. */
     for (size_t j = (i + 1) & ix->mask; ix->slots[j]; j = (j + 1) & ix->mask) {
         size_t home = (size_t)(ix->slots[j] >> 32) & ix->mask;
-        int between = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        int between =
+            i <= j ? (home > i && home <= j) : (home > i || home <= j);
         if (!between) {
             ix->slots[i] = ix->slots[j];
             i = j;

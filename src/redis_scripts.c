@@ -27,9 +27,9 @@
  *         expires as a whole `days` days after its day ends (a TTL is
  *         only ever raised), so Redis drops a day's records with one
  *         key. A lookup reads tomorrow's bucket (for the same reason),
- *         today's and the `days` before it. The client names the buckets (KEYS must
- *         be declared for a cluster); the script picks today among them
- *         by the server's clock.
+ *         today's and the `days` before it. The client names the
+ *         buckets (KEYS must be declared for a cluster); the script
+ *         picks today among them by the server's clock.
  *
  * A layout prelude defines RECS (the records' names), ARG (the
  * arguments as the bodies see them: now, then the script's own) and
@@ -91,7 +91,9 @@
     "  redis.call('HSET', k, unpack(f))\n"                                 \
     "  if ttl then redis.call('PEXPIRE', k, ttl) end\n"                    \
     "end\n"                                                                \
-    "local function response(k) return redis.call('HGET', k, 'response') end\n" \
+    "local function response(k)\n"                                         \
+    "  return redis.call('HGET', k, 'response')\n"                         \
+    "end\n"                                                                \
     "local function del(k) redis.call('DEL', k) end\n"                     \
     "local function fits(exp) return true end\n"
 
@@ -126,7 +128,7 @@
     "local function find(k)\n"                                             \
     "  if seen[k] then return recs[k] end\n"                               \
     "  seen[k] = true\n"                                                   \
-    "  for i = math.min(today + 1, #KEYS), today - ndays, -1 do\n"                              \
+    "  for i = math.min(today + 1, #KEYS), today - ndays, -1 do\n"         \
     "    local v = redis.call('HGET', KEYS[i], k)\n"                       \
     "    if v then\n"                                                      \
     "      where[k], recs[k] = i, cmsgpack.unpack(v)\n"                    \

@@ -120,8 +120,8 @@ static int idem__take(idem_store *s, int script, const redisReply *rep,
 static void idem__scan_error(idem_store *s, idem__rconn *conn,
                              const redisReply *rep, idem__scan_acc *acc)
 {
-    if (strncmp(rep->str, "MOVED", 5) == 0 || strncmp(rep->str, "ASK", 3) == 0 ||
-        acc->err)
+    if (strncmp(rep->str, "MOVED", 5) == 0 ||
+        strncmp(rep->str, "ASK", 3) == 0 || acc->err)
         return;
     acc->err = IDEM_EPROTO;
     idem__fail(s, IDEM_EPROTO, "%s: scan: %s", s->uri, rep->str);

@@ -289,7 +289,7 @@ static void run_all(int local)
 {
     persistent = local;
     const char *env = getenv("IDEM_MODEL_SEEDS");
-    int n = env ? atoi(env) : 8;
+    int n = env ? (int)strtol(env, NULL, 10) : 8;
     char *d = t_tmpdir();
     snprintf(base_dir, sizeof base_dir, "%s", d);
     free(d);

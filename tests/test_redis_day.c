@@ -54,7 +54,8 @@ static void date_of(int64_t ms, char out[16])
 /* The names of the buckets under pfx on the server at port. */
 static redisReply *buckets(redisContext *c)
 {
-    redisReply *r = th_cmd(c, "KEYS %s[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]:{*}", pfx);
+    redisReply *r = th_cmd(c, "KEYS %s%s", pfx,
+                           "[0-9][0-9][0-9][0-9]-[0-9][0-9]-[0-9][0-9]:{*}");
     cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
     return r;
 }

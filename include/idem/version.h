@@ -13,8 +13,8 @@
 #define IDEM_VERSION_STRING "0.1.0"
 
 /* One number that grows with each release: 0x00MMmmpp. */
-#define IDEM_VERSION_NUMBER                                            \
-	((IDEM_VERSION_MAJOR << 16) | (IDEM_VERSION_MINOR << 8) |      \
-	 IDEM_VERSION_PATCH)
+#define IDEM_VERSION_NUMBER                                                \
+    ((IDEM_VERSION_MAJOR << 16) | (IDEM_VERSION_MINOR << 8) |              \
+     IDEM_VERSION_PATCH)
 
 #endif

@@ -1,4 +1,5 @@
-/* crashchild - a worker for the crash test, killed at random moments.
+/* tests/progs/crashchild.c - a worker for the crash test, killed at
+ * random moments.
  *
  * usage: crashchild DIR BATCH
  *

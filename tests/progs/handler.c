@@ -1,4 +1,4 @@
-/* handler - a scriptable `idem run` handler for the tests.
+/* tests/progs/handler.c - a scriptable `idem run` handler for the tests.
  *
  * usage: handler [LOG] [ACTION=KEY|N ...]
  *

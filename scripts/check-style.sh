@@ -1,0 +1,42 @@
+#!/bin/sh
+# check-style.sh - the house rules a compiler does not check, in the
+# spirit of curl's checksrc; `make test` runs it first.
+#
+#   - no banned function: sprintf, vsprintf, strcpy, strcat, strncpy,
+#     strtok, atoi, atol, atoll, atof, gets (unbounded writes, hidden
+#     state, or errors that cannot be told from a zero);
+#   - every file opens with its essay line, "/* [dir/]NAME - ...";
+#   - no tab, no trailing blank, no line over 80 columns.
+#
+# Prints each violation as FILE:LINE: what, and exits 1 if there was any.
+set -u
+files=$(ls src/*.[ch] include/idem/*.h tools/idem/*.[ch] tests/*.[ch] \
+    tests/progs/*.c bench/*.[ch] 2>/dev/null)
+bad=0
+report() {
+    [ -n "$1" ] || return 0
+    echo "$1" | sed "s|\$|: $2|" >&2
+    bad=1
+}
+banned='sprintf|vsprintf|strcpy|strcat|strncpy|strtok|atoi|atol|atoll|atof|gets'
+# shellcheck disable=SC2086
+report "$(grep -nE "(^|[^A-Za-z_0-9])($banned)[[:space:]]*\(" $files |
+    cut -d: -f1,2)" \
+    "banned function"
+# shellcheck disable=SC2086
+report "$(grep -nP '\t' $files | cut -d: -f1,2)" "tab"
+# shellcheck disable=SC2086
+report "$(grep -nE '[[:space:]]+$' $files | cut -d: -f1,2)" "trailing blank"
+# shellcheck disable=SC2086
+report "$(awk 'length > 80 { print FILENAME ":" FNR }' $files)" \
+    "over 80 columns"
+for f in $files; do
+    name=$(basename "$f")
+    head -n 1 "$f" | grep -qE "^/\* ([a-z]+/)*$name - " ||
+        report "$f:1" "no opening essay line \"/* $name - ...\""
+done
+if [ "$bad" -ne 0 ]; then
+    echo "check-style: the house rules are in scripts/check-style.sh" >&2
+    exit 1
+fi
+echo "check-style: $(echo "$files" | wc -l) files clean"
