@@ -817,7 +817,8 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .checkpoint_get = idem__eng_ckpt_get, .sweep = idem__eng_sweep,        \
     .stats = idem__eng_stats, .scan = idem__eng_scan,                      \
     .import = idem__eng_import, .poison = idem__eng_poison,                \
-    .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE
+    .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE |                   \
+            IDEM__CAP_GROUP_COMMIT
 
 const struct idem__backend idem__backend_local = {
     .scheme = "local", .open = idem__open_local, IDEM__ENGINE_OPS};

@@ -180,13 +180,27 @@ static int idem__runner_unbusy(idem_runner *r, const idem_key *k,
     return rc == IDEM_ELOST ? 0 : rc;
 }
 
+/* Without a handler, NEW keys are recorded DONE. With group commit that
+ * happens at claim time (IDEM_CLAIM_DONE), in the commit that carries
+ * the sink's checkpoint. A store without it (Redis) would make them DONE
+ * at once, before commit() wrote their lines, and a crash in between
+ * would lose the lines for good; there the keys are claimed, and only
+ * completed once commit() returned: a crash in between leaves claims
+ * that run out with their lease, and a rerun writes the lines again (at
+ * least once, never lost). */
+static int idem__runner_late(const idem_runner *r)
+{
+    return !r->o.handler && !(r->s->be->caps & IDEM__CAP_GROUP_COMMIT);
+}
+
 /* Claim keys[0..u) and sort the outcomes into the messages. NEW ones
  * become tasks (with a handler) or DONE (without). */
 static int idem__runner_claim(idem_runner *r, idem_msg *msgs, size_t u,
                               size_t *ntasks)
 {
     idem_claim_opts co = {r->o.lease_ms, r->o.ttl_ms};
-    unsigned fl = IDEM_NOSYNC | (r->o.handler ? 0 : IDEM_CLAIM_DONE);
+    unsigned fl = IDEM_NOSYNC |
+                  (r->o.handler || idem__runner_late(r) ? 0 : IDEM_CLAIM_DONE);
     int rc = idem_claim_many(r->s, r->keys, u, &co, r->outs, fl);
     for (size_t j = 0; !rc && j < u; j++) {
         idem_msg *m = &msgs[r->owner[j]];
@@ -342,6 +356,8 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
         rc = idem__runner_finish(r, msgs, n, p);
     if (!rc && r->o.commit && (rc = r->o.commit(r->o.ctx, msgs, p)) != 0)
         idem__poison(r->s, rc);
+    if (!rc && idem__runner_late(r))
+        rc = idem__runner_finish(r, msgs, n, p);
     if (!rc)
         rc = idem_sync(r->s);
     if (!rc)

@@ -33,6 +33,9 @@ typedef struct idem__claim_args {
 #define IDEM__CAP_EXCLUSIVE 2u   /* one handle holds the data at a time, so
                                   * a PENDING claim it did not make belongs
                                   * to a process that is gone */
+#define IDEM__CAP_GROUP_COMMIT 4u /* changes become durable together, at
+                                  * sync; without it each write is durable
+                                  * (or lost) on its own as it is sent */
 
 /* Every function returns 0 or an IDEM_E* code and may set the detail.
  * Batch functions process the entries whose status is 0 on entry (the

@@ -6,7 +6,12 @@
  * reading a pipe (resumes by reading everything again); run is killed with
  * a handler that logs every envelope, and the log must show that no token
  * was ever given twice for a key. Kills per case: 30 for each dedup case,
- * 50 for run (IDEM_CLI_KILLS sets them all). */
+ * 50 for run (IDEM_CLI_KILLS sets them all).
+ *
+ * On Redis, which keeps no checkpoints, dedup appends to its output and
+ * promises at least once across crashes: after kills and a final clean
+ * run, every key of the uninterrupted run's output must be there, none
+ * lost. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -18,6 +23,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "redis_harness.h"
 
 #define LINES 20000
 
@@ -155,6 +161,9 @@ static long kills(long dflt)
     return e ? strtol(e, NULL, 10) : dflt;
 }
 
+/* Empties a store that `rm -rf store` does not reach (NULL: none). */
+static void (*reset_store)(void);
+
 static void crash_case(const char *const *argv, int piped, long nkills,
                        void (*verify)(void))
 {
@@ -164,6 +173,8 @@ static void crash_case(const char *const *argv, int piped, long nkills,
     srand(seed);
     double span = run_clean(argv, piped);
     t_sh("cd '%s' && mv out ref && rm -rf store log", dir);
+    if (reset_store)
+        reset_store();
     int rounds = kill_loop(argv, piped, span, nkills, verify);
     cr_assert_gt(rounds, 0, "no killed run ever finished (seed %u)", seed);
     cr_log_info("%ld kills over %d resumed runs (seed %u)", nkills, rounds,
@@ -204,4 +215,39 @@ Test(cli_crash, run_kill9, .timeout = 900)
                           "--store", "local:store", "--output", "out",
                           "--exec", handler, "in", NULL};
     crash_case(argv, 0, kills(50), tokens_never_repeat);
+}
+
+/* Redis: every line of ref is in out (a crash may repeat lines, never
+ * lose one); then the store is emptied for the next round. */
+static char redis_port[16], redis_prefix[64];
+
+static void flush_redis(void)
+{
+    t_sh("redis-cli -p %s --scan --pattern '%s*' | xargs -r redis-cli -p %s "
+         "DEL > /dev/null", redis_port, redis_prefix, redis_port);
+}
+
+static void none_lost(void)
+{
+    cr_assert_eq(t_sh("sort -u '%s' > '%s' && sort -u '%s' | comm -23 - '%s'"
+                      " | grep -q . && exit 1 || exit 0", at("out"),
+                      at("seen"), at("ref"), at("seen")), 0,
+                 "a line of the uninterrupted run is missing");
+    flush_redis();
+}
+
+Test(cli_crash, dedup_redis_kill9, .timeout = 900)
+{
+    paths();
+    const char *addr = th_redis_addr();
+    snprintf(redis_port, sizeof redis_port, "%d", th_first_port(addr));
+    snprintf(redis_prefix, sizeof redis_prefix, "%s", th_prefix());
+    char uri[256];
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", addr, redis_prefix);
+    const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
+                          "--lease", "1s", "--store", uri, "--output", "out",
+                          "in", NULL};
+    reset_store = flush_redis;
+    crash_case(argv, 0, kills(20), none_lost);
+    th_shared_stop();
 }

@@ -408,6 +408,10 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
  *
  * Without a handler the runner deduplicates: NEW keys are recorded DONE
  * at once (IDEM_CLAIM_DONE) in the commit that carries the checkpoint.
+ * On a store without group commit (Redis), where each write is durable
+ * as it is sent, they are claimed instead and completed only after
+ * commit() returned, so a crash can repeat a key in the sink but never
+ * drop one.
  *
  * A key that appears twice in one batch is claimed once; the later
  * message is IDEM_MSG_DUPLICATE of the first. A key held by a live lease

@@ -28,9 +28,12 @@
  *
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
- * clean runs; the job keeps no checkpoint and reads from the start. The
- * same holds on a store that keeps no checkpoints (Redis): the output
- * file is then appended to, never cut. */
+ * clean runs; the job keeps no checkpoint and reads from the start. On a
+ * store that keeps no checkpoints (Redis) the output file is appended
+ * to, never cut: dedup's lines are then at least once across crashes
+ * (the runner completes its keys only after commit), while run, whose
+ * outcomes are stored before commit so that effects are not repeated,
+ * may lose the result lines of the batch in flight. */
 #include "job.h"
 
 #include <errno.h>
@@ -94,9 +97,13 @@ static int read_checkpoint(job *j, int *found)
         return 0;
     if (rc == IDEM_ENOTSUP) {
         fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
-                "output is appended to: exactly-once across clean runs, "
-                "at-least-once across crashes (a local: store makes it "
-                "crash-proof)\n", j->cmd);
+                "output is appended to: exactly-once across clean runs; "
+                "across crashes %s (a local: store makes it crash-proof)\n",
+                j->cmd, strcmp(j->cmd, "dedup") == 0
+                            ? "at-least-once"
+                            : "a result line of the batch in flight may be "
+                              "missing, its effect done (--replay emit "
+                              "prints every key's result)");
         j->name[0] = '\0';
         j->append = 1;
         return 0;

@@ -151,7 +151,6 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
     int rc = 0;
     switch (ch) {
     case 'x': r->co.cmd = arg; return 0;
-    case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
     case 'g': return cli_duration(c->cmd, "--backoff", arg, &c->backoff_ms);
     case 'r': return cli_choice(c->cmd, "--replay", arg, replay,
                                 &r->replay_emit);
@@ -169,7 +168,7 @@ int idem_cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
         STREAM_LONGOPTS,         {"exec", 1, 0, 'x'},
-        {"lease", 1, 0, 'l'},    {"replay", 1, 0, 'r'},
+        {"replay", 1, 0, 'r'},
         {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
         {"restart", 1, 0, 'R'},  {0, 0, 0, 0}};
     run_ctx r = {0};

@@ -104,6 +104,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'q': c->quiet = 1; return 0;
     case 'J': c->stats_json = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
+    case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
     case 'M': return cli_choice(c->cmd, "--on-missing-key", arg, missing,
                                 &c->on_missing);
     case 'B': return cli_choice(c->cmd, "--on-bad-input", arg, bad,

@@ -59,7 +59,8 @@ int stream_run(const stream_cfg *cfg);
         {"output", 1, 0, 'o'}, {"ttl", 1, 0, 't'}, {"job", 1, 0, 'j'},    \
         {"on-missing-key", 1, 0, 'M'}, {"on-bad-input", 1, 0, 'B'},       \
         {"batch", 1, 0, 'b'}, {"quiet", 0, 0, 'q'},                       \
-        {"stats-json", 0, 0, 'J'}, {"help", 0, 0, 'h'}
+        {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
+        {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
