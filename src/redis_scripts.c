@@ -82,13 +82,13 @@
     "    'expires', 'created_ts', 'released', 'fp', 'cid', 'fid')\n"       \
     "end\n"                                                                \
     "local function fresh(k) return redis.call('EXISTS', k) == 0 end\n"    \
-    "local function create(k, f, ttl, old)\n"                              \
+    "local function create(k, ttl, old, ...)\n"                            \
     "  if old then redis.call('DEL', k) end\n"                             \
-    "  redis.call('HSET', k, unpack(f))\n"                                 \
+    "  redis.call('HSET', k, ...)\n"                                       \
     "  redis.call('PEXPIRE', k, ttl)\n"                                    \
     "end\n"                                                                \
-    "local function update(k, f, ttl)\n"                                   \
-    "  redis.call('HSET', k, unpack(f))\n"                                 \
+    "local function update(k, ttl, ...)\n"                                 \
+    "  redis.call('HSET', k, ...)\n"                                       \
     "  if ttl then redis.call('PEXPIRE', k, ttl) end\n"                    \
     "end\n"                                                                \
     "local function response(k)\n"                                         \
@@ -162,11 +162,11 @@
     "local function fits(exp)\n"                                           \
     "  return exp <= (day0 + today + ndays) * DAY\n"                       \
     "end\n"                                                                \
-    "local function create(k, f)\n"                                        \
+    "local function create(k, ttl, old, ...)\n"                            \
     "  put(k, {false, false, false, false, false, false, false, false,\n"  \
-    "    false, false, false}, f)\n"                                       \
+    "    false, false, false}, {...})\n"                                   \
     "end\n"                                                                \
-    "local function update(k, f) put(k, recs[k], f) end\n"                 \
+    "local function update(k, ttl, ...) put(k, recs[k], {...}) end\n"      \
     "local function response(k) return recs[k][11] end\n"                  \
     "local function del(k)\n"                                              \
     "  if where[k] then redis.call('HDEL', KEYS[where[k]], k) end\n"       \
@@ -208,9 +208,9 @@
     /* The common case, a fresh key: every value is a string made once    \
      * per call (formatting numbers costs more than the write itself),    \
      * and the answer is the lease alone, meaning NEW with token 1. */    \
-    "    create(k, {'status', '0', 'token', '1', 'attempts', '1',\n"       \
-    "      'lease', lease_s, 'expires', exp_s, 'created_ts', now_s,\n"     \
-    "      'fp', fp, 'cid', rid}, ttl_ms, false)\n"                        \
+    "    create(k, ttl_ms, false, 'status', '0', 'token', '1',\n"          \
+    "      'attempts', '1', 'lease', lease_s, 'expires', exp_s,\n"         \
+    "      'created_ts', now_s, 'fp', fp, 'cid', rid)\n"                   \
     "    return lease_n\n"                                                 \
     "  end\n"                                                              \
     "  local r = load(k, now)\n"                                           \
@@ -235,9 +235,9 @@
     "    if r.expires > exp then exp = r.expires end\n"                    \
     "    if fp == '' then fp = r.fp end\n"                                 \
     "  end\n"                                                              \
-    "  create(k, {'status', 0, 'token', token, 'attempts', token,\n"       \
-    "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n" \
-    "    'cid', rid}, exp - now, true)\n"                                  \
+    "  create(k, exp - now, true, 'status', 0, 'token', token,\n"          \
+    "    'attempts', token, 'lease', lease, 'expires', exp,\n"             \
+    "    'created_ts', created, 'fp', fp, 'cid', rid)\n"                   \
     "  return {1, token, lease}\n"                                         \
     "end\n"                                                                \
     "local now = start()\n"                                                \
@@ -265,8 +265,8 @@
     "  end\n"                                                              \
     "  local w = why_not(r, tok)\n"                                        \
     "  if w ~= 0 then return w end\n"                                      \
-    "  update(k, {'status', 1, 'response', resp, 'lease', 0,\n"            \
-    "    'expires', now + ttl, 'fid', rid}, ttl)\n"                        \
+    "  update(k, ttl, 'status', 1, 'response', resp, 'lease', 0,\n"        \
+    "    'expires', now + ttl, 'fid', rid)\n"                              \
     "  return 0\n"                                                         \
     "end\n"                                                                \
     "local now = start()\n"                                                \
@@ -291,12 +291,12 @@
     "local w = why_not(r, tok)\n"                                          \
     "if w ~= 0 then return w end\n"                                        \
     "if ARG[4] == '1' then\n"                                              \
-    "  update(k, {'released', 1, 'lease', 0, 'response', ARG[3],\n"        \
-    "    'fid', ARG[6]})\n"                                                \
+    "  update(k, nil, 'released', 1, 'lease', 0, 'response', ARG[3],\n"    \
+    "    'fid', ARG[6])\n"                                                 \
     "else\n"                                                               \
     "  local ttl = tonumber(ARG[5])\n"                                     \
-    "  update(k, {'status', 2, 'lease', 0, 'response', ARG[3],\n"          \
-    "    'expires', now + ttl, 'fid', ARG[6]}, ttl)\n"                     \
+    "  update(k, ttl, 'status', 2, 'lease', 0, 'response', ARG[3],\n"      \
+    "    'expires', now + ttl, 'fid', ARG[6])\n"                           \
     "end\n"                                                                \
     "return 0\n"
 
@@ -310,7 +310,7 @@
     "local lease = now + tonumber(ARG[3])\n"                               \
     "local exp = r.expires\n"                                              \
     "if exp < lease then exp = lease end\n"                                \
-    "update(k, {'lease', lease, 'expires', exp}, exp - now)\n"             \
+    "update(k, exp - now, 'lease', lease, 'expires', exp)\n"               \
     "return 0\n"
 
 /* RECS[1]; ARG: now. -> nil, or {status, token, released, created,
@@ -340,7 +340,7 @@
     "if ARG[2] ~= '0' or ARG[9] ~= '' then\n"                              \
     "  f[#f + 1] = 'response'; f[#f + 1] = ARG[9]\n"                       \
     "end\n"                                                                \
-    "create(k, f, exp - now, true)\n"                                      \
+    "create(k, exp - now, true, unpack(f))\n"                              \
     "return 1\n"
 
 /* RECS[1]; ARG: now. -> 1 if a live record was deleted, else 0. */
