@@ -29,7 +29,9 @@
  * INFO cpu: steadier than wall time on a busy machine)
  * server_mem_bytes_per_op=B (growth of used_memory per key), then the
  * ratios. Keys are the 36-byte stream of bench/keys36.h, fresh for every
- * system and run (prefixes with the system and the pid).
+ * system and run (prefixes with the system and the pid). Each system
+ * starts on empty servers: single and cluster FLUSHALL the masters they
+ * are given, so point them only at servers of their own.
  *
  * Scaling with masters (scale). A cluster's claim capacity should grow
  * with its masters, each master serving its share of the slots on its own
@@ -225,9 +227,23 @@ static void start_server_cpu(void)
     mem_start = servers(port_mem);
 }
 
+/* Every system starts on empty servers: a dictionary already holding an
+ * earlier system's keys makes each insert dearer (rehashing, cache
+ * misses), which would favour whichever system runs first. */
+static void empty_servers(void)
+{
+    for (int i = 0; i < ncpu; i++) {
+        redisContext *c = redisConnect("127.0.0.1", cpu_ports[i]);
+        redisReply *r = c && !c->err ? redisCommand(c, "FLUSHALL") : NULL;
+        freeReplyObject(r);
+        redisFree(c);
+    }
+}
+
 static double bench_idem(const char *name, const char *uri,
                          const char *mode, size_t n)
 {
+    empty_servers();
     claim_run run = claim_stream(uri, n, start_server_cpu);
     return report(name, mode, n, run.secs);
 }
@@ -267,6 +283,7 @@ static double bench_watch(int port, size_t n)
     }
     char k[64], ts[24];
     size_t won = 0;
+    empty_servers();
     start_server_cpu();
     double t0 = now_s();
     for (size_t i = 0; i < n; i++) {
@@ -364,6 +381,7 @@ static double bench_setnx(const topo *t, const char *mode, size_t n)
     }
     size_t ok = 0;
     char k[64];
+    empty_servers();
     start_server_cpu();
     double t0 = now_s();
     size_t chunk = 64 * (size_t)t->nmasters;
