@@ -501,6 +501,30 @@ static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
 }
 
 /* Open the store at uri for check/repair and run fn on every segment. */
+/* A store that is not a directory (Redis) checks itself, through a
+ * handle: read-only for a check. */
+static int idem__check_handle(const char *uri, idem_check_report *r,
+                              int repair)
+{
+    idem_options o;
+    idem_options_init(&o);
+    o.flags = repair ? 0 : IDEM_O_READONLY;
+    idem_store *s;
+    int rc = uri ? idem_open(uri, &o, &s) : IDEM_EINVAL;
+    if (!uri)
+        s = NULL;
+    else if (!rc && !s->be->check)
+        rc = idem__fail(s, IDEM_ENOTSUP, "check and repair work on local: "
+                        "and Redis stores");
+    else if (!rc)
+        rc = s->be->check(s, repair, r);
+    if (rc && rc != IDEM_ECORRUPT)
+        snprintf(r->first_damage, sizeof r->first_damage, "%s",
+                 s ? idem_errdetail(s) : "uri is NULL");
+    idem_close(s);
+    return rc;
+}
+
 static int idem__each_seg(const char *uri, idem_check_report *r,
                           idem__seg_fn fn, int repair)
 {
@@ -512,11 +536,8 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     int lockfd = -1;
     uint32_t *ids = NULL;
     size_t n = 0;
-    if (!uri || strncmp(uri, "local:", 6) != 0) {
-        snprintf(r->first_damage, sizeof r->first_damage,
-                 "check and repair work on local: stores");
-        return IDEM_ENOTSUP;
-    }
+    if (!uri || strncmp(uri, "local:", 6) != 0)
+        return idem__check_handle(uri, r, repair);
     lg.dir = idem__strdup(uri + 6);
     int rc = lg.dir ? idem__dir_open(&s, lg.dir, 1, &lg.dirfd, &lockfd)
                     : IDEM_ENOMEM;

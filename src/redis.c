@@ -640,7 +640,8 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
     .checkpoint_put = NULL, .checkpoint_get = NULL,                        \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
-    .scan = idem__redis_scan, .import = idem__redis_import
+    .scan = idem__redis_scan, .import = idem__redis_import,                \
+    .check = idem__redis_check
 
 const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};

@@ -177,6 +177,10 @@ void idem__scopy(char *dst, size_t cap, const char *src);
 
 int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 int idem__redis_stats(idem_store *s, idem_stats *out);
+/* idem_check() (repair 0) and idem_repair() (1) of a Redis store:
+ * records idem cannot read, deleted by repair. segments gets the keys
+ * looked at. 0, IDEM_ECORRUPT (check found some) or an error. */
+int idem__redis_check(idem_store *s, int repair, idem_check_report *out);
 /* idem_scan(): every live record, through fn. */
 int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx);
 

@@ -493,6 +493,73 @@
     "end)\n"                                                               \
     "return {cur, out}\n"
 
+/* idem check / repair. ARGV: now, cursor, repair (0/1). -> {cursor,
+ * {readable, unreadable, first unreadable name, why}}; with repair the
+ * unreadable ones are deleted: every claim of their key would fail. */
+#define IDEM__LUA_CHECK_TAIL                                               \
+    "local ok, bad, first, why = 0, 0, '', ''\n"                           \
+    "local function count(name, w, drop)\n"                                \
+    "  if not w then ok = ok + 1; return end\n"                            \
+    "  bad = bad + 1\n"                                                    \
+    "  if first == '' then first, why = name, w end\n"                     \
+    "  if ARGV[3] == '1' then drop() end\n"                                \
+    "end\n"                                                                \
+    "local function flaw(st, tok, exp, fp)\n"                              \
+    "  local s, t = tonumber(st), tonumber(tok)\n"                         \
+    "  if not s or s < 0 or s > 2 or s % 1 ~= 0 then\n"                    \
+    "    return 'status is ' .. tostring(st or 'missing')\n"               \
+    "  end\n"                                                              \
+    "  if not t or t < 1 or t % 1 ~= 0 then\n"                             \
+    "    return 'token is ' .. tostring(tok or 'missing')\n"               \
+    "  end\n"                                                              \
+    "  if not tonumber(exp) then\n"                                        \
+    "    return 'expires is ' .. tostring(exp or 'missing')\n"             \
+    "  end\n"                                                              \
+    "  if fp and #fp ~= 0 and #fp ~= 16 then\n"                            \
+    "    return 'fp has ' .. #fp .. ' bytes'\n"                            \
+    "  end\n"                                                              \
+    "  return nil\n"                                                       \
+    "end\n"
+
+/* KEYS: names found by SCAN, all in one slot. */
+#define IDEM__LUA_CHECK_HASH                                               \
+    IDEM__LUA_CHECK_TAIL                                                   \
+    "for _, k in ipairs(KEYS) do\n"                                        \
+    "  local t, w = redis.call('TYPE', k).ok, nil\n"                       \
+    "  if t ~= 'hash' then\n"                                              \
+    "    w = 'a ' .. t .. ', not a hash'\n"                                \
+    "  else\n"                                                             \
+    "    local v = redis.call('HMGET', k, 'status', 'token', 'expires',\n" \
+    "      'fp')\n"                                                        \
+    "    w = flaw(v[1], v[2], v[3], v[4])\n"                               \
+    "  end\n"                                                              \
+    "  count(k, w, function() redis.call('DEL', k) end)\n"                 \
+    "end\n"                                                                \
+    "return {'0', {ok, bad, first, why}}\n"
+
+/* KEYS[1]: a bucket found by SCAN; a page of its fields per call. */
+#define IDEM__LUA_CHECK_DAY                                                \
+    IDEM__LUA_CHECK_TAIL                                                   \
+    "local b = KEYS[1]\n"                                                  \
+    "local t = redis.call('TYPE', b).ok\n"                                 \
+    "if t ~= 'hash' then\n"                                                \
+    "  count(b, 'a ' .. t .. ', not a hash',\n"                            \
+    "    function() redis.call('DEL', b) end)\n"                           \
+    "  return {'0', {ok, bad, first, why}}\n"                              \
+    "end\n"                                                                \
+    "local p = redis.call('HSCAN', b, ARGV[2], 'COUNT', 1000)\n"           \
+    "local kv = p[2]\n"                                                    \
+    "for i = 1, #kv, 2 do\n"                                               \
+    "  local okp, r = pcall(cmsgpack.unpack, kv[i + 1])\n"                 \
+    "  local w = 'not a packed record'\n"                                  \
+    "  if okp and type(r) == 'table' then\n"                                \
+    "    w = flaw(r[1], r[2], r[4], r[7] or nil)\n"                        \
+    "  end\n"                                                              \
+    "  count(b .. ' field ' .. kv[i], w,\n"                                \
+    "    function() redis.call('HDEL', b, kv[i]) end)\n"                   \
+    "end\n"                                                                \
+    "return {p[1], {ok, bad, first, why}}\n"
+
 #define IDEM__LUA_HASH_ALL IDEM__LUA_HASH IDEM__LUA_COMMON
 #define IDEM__LUA_DAY_ALL IDEM__LUA_DAY IDEM__LUA_COMMON
 
@@ -508,6 +575,7 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_HASH_ALL IDEM__LUA_STATS_HASH,
         IDEM__LUA_HASH_ALL IDEM__LUA_DUMP_HASH,
         IDEM__LUA_HASH_ALL IDEM__LUA_IMPORT,
+        IDEM__LUA_CLOCK IDEM__LUA_CHECK_HASH,
     },
     {
         IDEM__LUA_DAY_ALL IDEM__LUA_CLAIM,
@@ -520,6 +588,7 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CLOCK IDEM__LUA_STATS_DAY,
         IDEM__LUA_CLOCK IDEM__LUA_DUMP_DAY,
         IDEM__LUA_DAY_ALL IDEM__LUA_IMPORT,
+        IDEM__LUA_CLOCK IDEM__LUA_CHECK_DAY,
     },
 };
 

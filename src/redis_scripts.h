@@ -15,6 +15,7 @@ enum idem__script {
     IDEM__S_STATS,
     IDEM__S_DUMP,
     IDEM__S_IMPORT,
+    IDEM__S_CHECK,
     IDEM__S_COUNT
 };
 

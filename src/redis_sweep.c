@@ -37,6 +37,8 @@ typedef struct idem__scan_acc {
     idem_scan_fn fn;             /* dump: called for each record ... */
     void *ctx;
     int fn_rc;                   /* ... until it answers nonzero */
+    const char *repair;          /* check: "0" or "1", the last ARGV */
+    char first[256];             /* check: the first unreadable record */
 } idem__scan_acc;
 
 static int idem__num(const redisReply *e, int64_t *v)
@@ -102,6 +104,20 @@ static int idem__take(idem_store *s, int script, const redisReply *rep,
     if (cursor)
         *cursor = strtoull(rep->element[0]->str, NULL, 10);
     const redisReply *w = rep->element[1];
+    if (script == IDEM__S_CHECK) {
+        if (w->elements != 4 || w->element[0]->type != REDIS_REPLY_INTEGER ||
+            w->element[1]->type != REDIS_REPLY_INTEGER ||
+            w->element[2]->type != REDIS_REPLY_STRING ||
+            w->element[3]->type != REDIS_REPLY_STRING)
+            return -1;
+        acc->counts[0] += (uint64_t)w->element[0]->integer;
+        acc->counts[1] += (uint64_t)w->element[1]->integer;
+        if (!acc->first[0] && w->element[2]->len)
+            snprintf(acc->first, sizeof acc->first, "%.*s: %s",
+                     (int)w->element[2]->len, w->element[2]->str,
+                     w->element[3]->str);
+        return 0;
+    }
     if (script == IDEM__S_STATS) {
         for (size_t k = 0; k < 3 && k < w->elements; k++)
             if (w->element[k]->type == REDIS_REPLY_INTEGER)
@@ -194,8 +210,8 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
     if (n == 0)
         return 0;
     unsigned(*order)[2] = malloc(n * sizeof *order);
-    const char **argv = malloc((n + 6) * sizeof *argv);
-    size_t *lens = malloc((n + 6) * sizeof *lens);
+    const char **argv = malloc((n + 7) * sizeof *argv);
+    size_t *lens = malloc((n + 7) * sizeof *lens);
     if (!order || !argv || !lens) {
         free(order);
         free(argv);
@@ -244,6 +260,10 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
             lens[argc++] = strlen(days);
         } else {
             argv[argc] = "0";  /* the cursor: every key in one call */
+            lens[argc++] = 1;
+        }
+        if (acc->repair) {
+            argv[argc] = acc->repair;
             lens[argc++] = 1;
         }
         if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK) {
@@ -295,11 +315,11 @@ static int idem__scan_buckets(idem_store *s, idem__rconn *conn,
         do {
             char cur[24];
             snprintf(cur, sizeof cur, "%llu", (unsigned long long)cursor);
-            const char *argv[6] = {"EVALSHA", r->shas[script], "1", b->str,
-                                   now, cur};
-            size_t lens[6] = {7, 40, 1, b->len, strlen(now), strlen(cur)};
-            redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens,
-                                                  &rc);
+            const char *argv[7] = {"EVALSHA", r->shas[script], "1", b->str,
+                                   now, cur, acc->repair};
+            size_t lens[7] = {7, 40, 1, b->len, strlen(now), strlen(cur), 1};
+            redisReply *rep = idem__rconn_command(
+                s, conn, acc->repair ? 7 : 6, argv, lens, &rc);
             if (!rep)
                 break;
             cursor = 0;
@@ -462,4 +482,17 @@ int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx)
     idem__scan_acc acc = {.fn = fn, .ctx = ctx};
     int rc = idem__scan_all(s, IDEM__S_DUMP, 0, &acc);
     return acc.fn_rc ? acc.fn_rc : rc;
+}
+
+int idem__redis_check(idem_store *s, int repair, idem_check_report *out)
+{
+    idem__scan_acc acc = {.repair = repair ? "1" : "0"};
+    int rc = idem__scan_all(s, IDEM__S_CHECK, 0, &acc);
+    out->segments = acc.seen;
+    out->records = acc.counts[0];
+    out->damaged = acc.counts[1];
+    snprintf(out->first_damage, sizeof out->first_damage, "%s", acc.first);
+    if (!rc && acc.counts[1] && !repair)
+        rc = IDEM_ECORRUPT;
+    return rc;
 }

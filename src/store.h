@@ -63,6 +63,9 @@ struct idem__backend {
                           const void **blob, size_t *len);
     int (*sweep)(idem_store *s, size_t max_work, uint64_t *expired);
     int (*stats)(idem_store *s, idem_stats *out);
+    /* idem_check()/idem_repair() of a store that is not a directory;
+     * NULL: not supported. */
+    int (*check)(idem_store *s, int repair, idem_check_report *r);
     /* Optional (NULL: IDEM_ENOTSUP). */
     int (*scan)(idem_store *s, idem_scan_fn fn, void *ctx);
     int (*import)(idem_store *s, const void *key, size_t keylen,

@@ -705,3 +705,61 @@ Test(redis, cli_migrates_a_local_store)
     }
     t_rmdir(dir);
 }
+
+/* idem check reads every record and reports those idem cannot read (a
+ * key under the prefix that is not a record, a field written by hand):
+ * every claim of their key fails until repair deletes them. Both
+ * layouts; the readable records stay. */
+static void check_repair(const char *layout)
+{
+    char pfx[64], uri[1024];
+    snprintf(pfx, sizeof pfx, "%s", th_prefix());
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s%s", th_redis_addr(), pfx,
+             layout);
+    idem_store *s = t_open(uri);
+    for (int i = 0; i < 50; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        idem_outcome o;
+        cr_assert_eq(idem_claim(s, &(idem_key){k, strlen(k), NULL}, NULL,
+                                &o), 0);
+    }
+    idem_check_report r;
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+    cr_assert_eq(r.records, 50);
+    cr_assert_eq(r.damaged, 0);
+    redisContext *c = th_connect(th_first_port(th_redis_addr()));
+    if (*layout) {
+        redisReply *b = th_cmd(c, "KEYS %s2*", pfx);
+        cr_assert(b->elements > 0);
+        freeReplyObject(th_cmd(c, "HSET %s junk notarecord",
+                               b->element[0]->str));
+        freeReplyObject(b);
+    } else {
+        freeReplyObject(th_cmd(c, "SET %s{bad} x", pfx));
+        freeReplyObject(th_cmd(c, "HSET %s{k7} status 9", pfx));
+    }
+    cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT);
+    cr_assert_eq(r.damaged, *layout ? 1 : 2);
+    cr_assert(strstr(r.first_damage, *layout ? "not a packed record"
+                                             : "not a hash") ||
+                  strstr(r.first_damage, "status is 9"),
+              "%s", r.first_damage);
+    cr_assert_eq(idem_repair(uri, &r), 0, "%s", r.first_damage);
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+    cr_assert_eq(r.records, *layout ? 50 : 49);
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "k1", 2, &rec), 0);
+    idem_close(s);
+    redisFree(c);
+}
+
+Test(redis, check_and_repair_hash)
+{
+    check_repair("");
+}
+
+Test(redis, check_and_repair_day)
+{
+    check_repair("&layout=day&shards=2");
+}

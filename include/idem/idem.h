@@ -572,23 +572,31 @@ int idem_stats_get(idem_store *s, idem_stats *out);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {
-    uint64_t segments;         /* segment files looked at */
+    uint64_t segments;         /* segment files looked at (Redis: keys) */
     uint64_t records;          /* valid records found */
-    uint64_t damaged;          /* damaged regions found */
+    uint64_t damaged;          /* damaged regions found (Redis: records
+                                * idem cannot read; repair deletes them) */
     uint64_t bytes_lost;       /* repair: bytes not salvaged */
     char first_damage[256];    /* where the first damage is, or "" */
 } idem_check_report;
 
 /* Verify every checksum of the local store at uri without changing it.
  * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report), or another
- * error. The store must not be open elsewhere. */
+ * error. The store must not be open elsewhere.
+ *
+ * A redis:// or redis-cluster:// uri is read through a read-only handle
+ * while others use it: every key under the prefix must be a record idem
+ * can read (a hash with a valid status, token and expiry; in the day
+ * layout a packed record in a bucket). One that is not makes every
+ * claim of its key fail; idem_repair() deletes such records, and only
+ * those. mem: gives IDEM_ENOTSUP. */
 int idem_check(const char *uri, idem_check_report *report);
 
 /* Rewrite each damaged segment of the store at uri keeping every valid
  * record; the damaged bytes are lost. A torn tail is cut, a bad segment
  * header rewritten, a gap left by a lost segment file closed, a damaged
  * identity file replaced. Returns 0 and fills report, or IDEM_ENOTSUP
- * (not a local: URI), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
+ * (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
  * IDEM_ENOSPC, IDEM_ENOMEM. The store must not be open elsewhere. */
 int idem_repair(const char *uri, idem_check_report *report);
 

@@ -1,5 +1,6 @@
 /* check.c - `idem check` and `idem repair`: one report, two actions. */
 #include <inttypes.h>
+#include <string.h>
 
 #include "cli.h"
 
@@ -11,7 +12,12 @@ static const char check_usage[] =
     "`idem repair` keeps every valid record) or when the store cannot be\n"
     "read (another process holds it, or it is not there).\n"
     "\n"
-    "  --store URI  local:DIR (default $IDEM_STORE, else local:./idem-data)\n";
+    "On a Redis store: read every record and report those idem cannot read\n"
+    "(a key under the prefix that is not an idem record, a field written\n"
+    "by hand): every claim of their key fails until they are gone.\n"
+    "\n"
+    "  --store URI  local:DIR or redis://... (default $IDEM_STORE, else\n"
+    "               local:./idem-data)\n";
 
 static const char repair_usage[] =
     "usage: idem repair [--store URI]\n"
@@ -21,7 +27,28 @@ static const char repair_usage[] =
     "left by a crash is cut (opening the store does that too). Stop the\n"
     "store's users first; copy the directory if the data matters.\n"
     "\n"
-    "  --store URI  local:DIR (default $IDEM_STORE, else local:./idem-data)\n";
+    "On a Redis store: delete the records `idem check` reports unreadable,\n"
+    "so that their keys can be claimed again; says how many.\n"
+    "\n"
+    "  --store URI  local:DIR or redis://... (default $IDEM_STORE, else\n"
+    "               local:./idem-data)\n";
+
+/* A Redis store: keys looked at, records readable and not. */
+static int report_redis(const char *cmd, const char *uri, int rc,
+                        const idem_check_report *r)
+{
+    printf("%s: %" PRIu64 " keys, %" PRIu64 " records", uri, r->segments,
+           r->records);
+    if (!r->damaged) {
+        printf(", none unreadable\n");
+        return 0;
+    }
+    printf(", %" PRIu64 " unreadable%s\nfirst: %s\n", r->damaged,
+           strcmp(cmd, "repair") == 0 ? ", deleted" : "", r->first_damage);
+    if (rc)
+        printf("run `idem repair --store '%s'` to delete them\n", uri);
+    return rc ? 1 : 0;
+}
 
 static int report(const char *cmd, const char *uri, int rc,
                   const idem_check_report *r)
@@ -30,6 +57,8 @@ static int report(const char *cmd, const char *uri, int rc,
         return cli_fail(cmd, "%s: %s", uri, *r->first_damage
                                                ? r->first_damage
                                                : idem_strerror(rc));
+    if (strncmp(uri, "redis", 5) == 0)
+        return report_redis(cmd, uri, rc, r);
     printf("%s: %" PRIu64 " segments, %" PRIu64 " records", uri,
            r->segments, r->records);
     if (!r->damaged && !r->bytes_lost) {
