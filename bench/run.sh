@@ -65,26 +65,24 @@ if [ -x "$BUILD/bench/keys" ]; then
     "$BUILD/bench/keys"
 fi
 
+# redis_claims MODE on a private cluster of N masters, stopped after it
+# and its pid files gone, so that cleanup cannot signal a reused pid.
+on_cluster() {
+    if ports=$(sh scripts/redis-test.sh cluster "$tmp/$1" "$2" 0); then
+        "$BUILD/bench/redis_claims" "$1" "$ports" "$3"
+    else
+        echo "# redis $1: $2 nodes could not be started"
+    fi
+    sh scripts/redis-test.sh stop "$tmp/$1"
+    rm -rf "$tmp/${1:?}"
+}
+
 if [ -x "$BUILD/bench/redis_claims" ]; then
     RN=${IDEM_BENCH_REDIS_N:-200000}
     echo "# redis: $RN random 36-byte keys, claim_many batches of 1000"
     "$BUILD/bench/redis_claims" single "$port" "$RN"
-    if ports=$(sh scripts/redis-test.sh cluster "$tmp/cluster" 3 0); then
-        "$BUILD/bench/redis_claims" cluster "$ports" "$RN"
-    else
-        echo "# redis cluster: could not be started"
-    fi
-    # Stopped now, and their pid files gone so that cleanup cannot signal
-    # a reused pid.
-    sh scripts/redis-test.sh stop "$tmp/cluster"
-    rm -rf "$tmp/cluster"
-    if ports=$(sh scripts/redis-test.sh cluster "$tmp/scale" 6 0); then
-        "$BUILD/bench/redis_claims" scale "$ports" "$RN"
-    else
-        echo "# redis scaling: 6 nodes could not be started"
-    fi
-    sh scripts/redis-test.sh stop "$tmp/scale"
-    rm -rf "$tmp/scale"
+    on_cluster cluster 3 "$RN"
+    on_cluster scale 6 "$RN"
 fi
 
 # dedup against mawk, and run with a trivial handler, on one corpus:

@@ -118,3 +118,12 @@ int t_grep(const char *path, const char *text)
     free(b);
     return found;
 }
+
+char *t_dir_with(const char *name, const char *text)
+{
+    char *dir = t_tmpdir();
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    t_write(path, text, strlen(text));
+    return dir;
+}

@@ -40,6 +40,9 @@ char *t_read(const char *path, size_t *len);
 /* Write n bytes to path, replacing it. */
 void t_write(const char *path, const void *data, size_t n);
 
+/* A fresh temp dir (as t_tmpdir) holding one file, name, with text. */
+char *t_dir_with(const char *name, const char *text);
+
 /* Run `idem ARGS` (a shell fragment, redirections allowed) in dir, with
  * IDEM_STORE=local:DIR/store; returns its exit status. */
 int t_cli(const char *dir, const char *fmt, ...)

@@ -682,11 +682,8 @@ Test(redis, cli_migrates_a_local_store)
     const char *cli = getenv("IDEM_CLI");
     if (!cli)
         cr_skip_test("IDEM_CLI not set");
-    char *dir = t_tmpdir();
-    char path[1100];
-    snprintf(path, sizeof path, "%s/in.ndjson", dir);
-    const char lines[] = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n";
-    t_write(path, lines, sizeof lines - 1);
+    char *dir = t_dir_with("in.ndjson", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n"
+                                        "{\"id\":\"c\"}\n");
     cr_assert_eq(t_sh("cd '%s' && '%s' dedup --store local:st --key id "
                       "in.ndjson >/dev/null 2>&1 && '%s' dump --store local:st"
                       " | sort > local.dump", dir, cli, cli), 0);

@@ -363,11 +363,10 @@ Test(redis_day, cli_dedup_twice)
     const char *cli = getenv("IDEM_CLI");
     if (!cli)
         cr_skip_test("IDEM_CLI not set");
-    char *dir = t_tmpdir();
+    char *dir = t_dir_with("in.ndjson", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n"
+                                        "{\"id\":\"a\"}\n");
     char in[1024];
     snprintf(in, sizeof in, "%s/in.ndjson", dir);
-    const char lines[] = "{\"id\":\"a\"}\n{\"id\":\"b\"}\n{\"id\":\"a\"}\n";
-    t_write(in, lines, sizeof lines - 1);
     const char *uri = day_uri(0, "days=3");
     for (int run = 0; run < 2; run++)
         cr_assert_eq(t_sh("'%s' dedup --store '%s' --key id '%s' "
