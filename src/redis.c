@@ -483,26 +483,27 @@ static int idem__check_single(idem_store *s, idem__redis *r)
     return rc;
 }
 
-/* Ask the node serving name's slot one blocking command. The reply (the
- * caller frees it), or NULL with the error in *rc. */
-static redisReply *idem__ask_owner(idem_store *s, idem__redis *r,
-                                   const idem__buf *name, int argc,
-                                   const char **argv, const size_t *lens,
-                                   int *rc)
+/* Send the mark script to node (after ASKING if asking) within ms. The
+ * reply (the caller frees it), or NULL with the error in *rc. */
+static redisReply *idem__ask_node(idem_store *s, idem__redis *r, int node,
+                                  int asking, int64_t ms, const char **argv,
+                                  const size_t *lens, int *rc)
 {
-    int node = idem__route(r, idem__key_slot(name->data, name->len));
-    if (node < 0) {
-        *rc = idem__fail(s, IDEM_ECONN, "%s: no known master serves the "
-                         "slot of %.*s", s->uri, (int)name->len, name->data);
-        return NULL;
-    }
     idem__rconn *conn = &r->nodes[node].conns[0];
     *rc = conn->c ? 0 : idem__rconn_open(s, r, &r->nodes[node], conn,
-                                         r->cfg.connect_ms);
+                                         ms < r->cfg.connect_ms
+                                             ? ms : r->cfg.connect_ms);
     if (*rc)
         return NULL;
-    idem__rconn_deadline(conn, r->cfg.timeout_ms);
-    return idem__rconn_command(s, conn, argc, argv, lens, rc);
+    idem__rconn_deadline(conn, ms);
+    if (asking) {
+        const char *aa[1] = {"ASKING"};
+        size_t al[1] = {6};
+        freeReplyObject(idem__rconn_command(s, conn, 1, aa, al, rc));
+        if (*rc)
+            return NULL;
+    }
+    return idem__rconn_command(s, conn, 6, argv, lens, rc);
 }
 
 /* Reads the layout mark and, unless read-only, writes it if absent:
@@ -513,7 +514,10 @@ static const char idem__mark_lua[] =
     "return v\n";
 
 /* Ask for the mark until an answer that is not "later" or the budget is
- * spent: an open during a failover or a migration waits like a call. */
+ * spent: an open during a failover or a migration waits like a call
+ * (MOVED: a new map; ASK: the node it names; TRYAGAIN, LOADING, a
+ * refused connection: a moment). A master that hangs while it serves
+ * the mark's slot holds every open up until it is failed over. */
 static redisReply *idem__mark_ask(idem_store *s, idem__redis *r,
                                   const idem__buf *name, const char *want,
                                   int set, int *rc)
@@ -522,19 +526,39 @@ static redisReply *idem__mark_ask(idem_store *s, idem__redis *r,
                            (const char *)name->data, want, set ? "1" : "0"};
     size_t lens[6] = {4, sizeof idem__mark_lua - 1, 1, name->len,
                       strlen(want), 1};
+    unsigned slot = idem__key_slot(name->data, name->len);
     int64_t deadline = idem__mono_ms() + r->cfg.timeout_ms;
+    int ask = -1;
     for (;;) {
-        redisReply *rep = idem__ask_owner(s, r, name, 6, argv, lens, rc);
-        int later = !rep ? *rc == IDEM_ECONN || *rc == IDEM_ETIMEOUT
-                         : rep->type == REDIS_REPLY_ERROR &&
-                               (idem__transient(rep->str) ||
-                                strncmp(rep->str, "MOVED ", 6) == 0 ||
-                                strncmp(rep->str, "ASK ", 4) == 0);
-        if (!later || idem__mono_ms() + 100 >= deadline || !r->cfg.cluster)
+        int node = ask >= 0 ? ask : idem__route(r, slot);
+        int64_t left = deadline - idem__mono_ms();
+        redisReply *rep = NULL;
+        if (node < 0)
+            *rc = idem__fail(s, IDEM_ECONN, "%s: no known master serves "
+                             "the slot of %.*s", s->uri, (int)name->len,
+                             name->data);
+        else
+            rep = idem__ask_node(s, r, node, ask >= 0, left, argv, lens, rc);
+        int is_ask = 0, moved = 0, broke = !rep;
+        ask = -1;
+        if (rep && rep->type == REDIS_REPLY_ERROR && r->cfg.cluster &&
+            (strncmp(rep->str, "MOVED ", 6) == 0 ||
+             strncmp(rep->str, "ASK ", 4) == 0)) {
+            int to = idem__redirect(r, rep, &is_ask);
+            ask = is_ask ? to : -1;
+            moved = !is_ask;
+        }
+        int later = broke ? *rc == IDEM_ECONN || *rc == IDEM_ETIMEOUT
+                          : rep->type == REDIS_REPLY_ERROR &&
+                                (idem__transient(rep->str) || ask >= 0 ||
+                                 moved);
+        if (!later || idem__mono_ms() + 100 >= deadline)
             return rep;
         freeReplyObject(rep);
-        idem__sleep_ms(100);
-        idem__map_refresh(s, r, deadline);
+        if (ask < 0)
+            idem__sleep_ms(100);
+        if (r->cfg.cluster && (moved || broke))
+            idem__map_refresh(s, r, deadline);
     }
 }
 

@@ -130,15 +130,22 @@ static int idem__take(idem_store *s, int script, const redisReply *rep,
     return 0;
 }
 
-/* Note an error reply of one call. A slot that moved away mid-scan is
- * visited on its new node; any other error is reported once the scan is
- * over. */
-static void idem__scan_error(idem_store *s, idem__rconn *conn,
+/* Note an error reply of one call; it is reported once the scan is
+ * over. A slot that moved away mid-scan is swept on its new node, if
+ * that node is scanned later; a check cannot count on that, and says the
+ * store changed shape under it. */
+static void idem__scan_error(idem_store *s, idem__rconn *conn, int script,
                              const redisReply *rep, idem__scan_acc *acc)
 {
-    if (strncmp(rep->str, "MOVED", 5) == 0 ||
-        strncmp(rep->str, "ASK", 3) == 0 || acc->err)
+    int moved = strncmp(rep->str, "MOVED", 5) == 0 ||
+                strncmp(rep->str, "ASK", 3) == 0;
+    if (acc->err || (moved && script != IDEM__S_CHECK))
         return;
+    if (moved) {
+        acc->err = idem__fail(s, IDEM_EPROTO, "%s: a slot moved during the "
+                              "check (%s): run it again", s->uri, rep->str);
+        return;
+    }
     acc->err = IDEM_EPROTO;
     idem__fail(s, IDEM_EPROTO, "%s: scan: %s", s->uri, rep->str);
     if (strncmp(rep->str, "NOSCRIPT", 8) == 0)
@@ -288,7 +295,7 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
             break;
         }
         if (rep->type == REDIS_REPLY_ERROR)
-            idem__scan_error(s, conn, rep, acc);
+            idem__scan_error(s, conn, script, rep, acc);
         else if (idem__take(s, script, rep, acc, NULL) && !acc->err)
             acc->err = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
                                   "reply", s->uri);
@@ -324,7 +331,7 @@ static int idem__scan_buckets(idem_store *s, idem__rconn *conn,
                 break;
             cursor = 0;
             if (rep->type == REDIS_REPLY_ERROR)
-                idem__scan_error(s, conn, rep, acc);
+                idem__scan_error(s, conn, script, rep, acc);
             else if (idem__take(s, script, rep, acc, &cursor))
                 rc = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
                                 "reply", s->uri);

@@ -151,7 +151,7 @@ static int open_output(job *j)
     }
     struct stat sb;
     int existed = stat(j->out_path, &sb) == 0;
-    j->out_fd = open(j->out_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    j->out_fd = open(j->out_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (j->out_fd < 0 || fstat(j->out_fd, &sb) != 0)
         return cli_fail(j->cmd, "cannot open --output %s: %s", j->out_path,
                         strerror(errno));
@@ -192,6 +192,35 @@ static int cut_output(job *j)
     return 0;
 }
 
+/* Appending (a store without checkpoints): a crash in the middle of a
+ * write leaves part of a line at the end, and the next run's first line
+ * would be glued to it. Cut it off: the keys of a batch whose lines were
+ * not all written were not recorded done (dedup completes them only
+ * after commit), so their lines come again whole. */
+static int drop_partial_line(job *j)
+{
+    struct stat sb;
+    if (fstat(j->out_fd, &sb) != 0)
+        return cli_fail(j->cmd, "%s: %s", j->out_path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return 0;  /* a pipe or a device: nothing to cut */
+    off_t at = sb.st_size;
+    char buf[4096];
+    while (at > 0) {
+        size_t n = at < (off_t)sizeof buf ? (size_t)at : sizeof buf;
+        if (pread(j->out_fd, buf, n, at - (off_t)n) != (ssize_t)n)
+            return cli_fail(j->cmd, "%s: %s", j->out_path, strerror(errno));
+        const char *nl = memrchr(buf, '\n', n);
+        if (nl) {
+            at += (off_t)(nl + 1 - buf) - (off_t)n;
+            break;
+        }
+        at -= (off_t)n;
+    }
+    j->pos.out_len = (uint64_t)at;
+    return cut_output(j);
+}
+
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
               const char *out_path, char **inputs, size_t ninputs,
               size_t *at, uint64_t *off, uint64_t *lineno)
@@ -214,9 +243,8 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
         return rc;
     if (!found)
         j->pos = (job_pos){0};
-    if (j->append && j->out_file)
-        j->out_len = (uint64_t)lseek(j->out_fd, 0, SEEK_END);
-    else if (j->out_file && (rc = cut_output(j)) != 0)
+    if (j->out_file && (rc = j->append ? drop_partial_line(j)
+                                       : cut_output(j)) != 0)
         return rc;
     uint64_t id = inputs_id(inputs, ninputs);
     if (found && id && id == j->pos.inputs_id &&
