@@ -510,17 +510,15 @@ static int idem__check_handle(const char *uri, idem_check_report *r,
     idem_options_init(&o);
     o.flags = repair ? 0 : IDEM_O_READONLY;
     idem_store *s;
-    int rc = uri ? idem_open(uri, &o, &s) : IDEM_EINVAL;
-    if (!uri)
-        s = NULL;
-    else if (!rc && !s->be->check)
+    int rc = idem_open(uri, &o, &s);
+    if (!rc && !s->be->check)
         rc = idem__fail(s, IDEM_ENOTSUP, "check and repair work on local: "
                         "and Redis stores");
     else if (!rc)
         rc = s->be->check(s, repair, r);
     if (rc && rc != IDEM_ECORRUPT)
         snprintf(r->first_damage, sizeof r->first_damage, "%s",
-                 s ? idem_errdetail(s) : "uri is NULL");
+                 idem_errdetail(s));
     idem_close(s);
     return rc;
 }
@@ -536,7 +534,9 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     int lockfd = -1;
     uint32_t *ids = NULL;
     size_t n = 0;
-    if (!uri || strncmp(uri, "local:", 6) != 0)
+    if (!uri || !*uri)
+        uri = "local:./idem-data";  /* as idem_open() reads it */
+    if (strncmp(uri, "local:", 6) != 0)
         return idem__check_handle(uri, r, repair);
     lg.dir = idem__strdup(uri + 6);
     int rc = lg.dir ? idem__dir_open(&s, lg.dir, 1, &lg.dirfd, &lockfd)

@@ -165,13 +165,17 @@ static void idem__sleep_ms(int64_t ms)
 
 /* A PENDING claim under a live lease that this runner did not make. On a
  * store one process holds at a time its maker is gone: release it so the
- * next claim takes over with token + 1. Elsewhere, wait out the lease. */
+ * next claim takes over with token + 1. Elsewhere, wait a moment (at
+ * most until the lease runs out) and ask again. */
 static int idem__runner_unbusy(idem_runner *r, const idem_key *k,
                                const idem_outcome *o)
 {
     idem_store *s = r->s;
     if (!(s->be->caps & IDEM__CAP_EXCLUSIVE)) {
-        idem__sleep_ms(o->lease_until - idem__now(s));
+        /* Ask again soon: the holder may finish long before its lease
+         * runs out. */
+        int64_t left = o->lease_until - idem__now(s);
+        idem__sleep_ms(left < 200 ? left : 200);
         return 0;
     }
     static const char why[] = "abandoned: its process is gone";
@@ -190,7 +194,10 @@ static int idem__runner_unbusy(idem_runner *r, const idem_key *k,
  * least once, never lost). */
 static int idem__runner_late(const idem_runner *r)
 {
-    return !r->o.handler && !(r->s->be->caps & IDEM__CAP_GROUP_COMMIT);
+    /* A handle whose open failed has no backend: its calls fail with
+     * EINVAL, as they would without this question. */
+    return !r->o.handler && r->s->be &&
+           !(r->s->be->caps & IDEM__CAP_GROUP_COMMIT);
 }
 
 /* Claim keys[0..u) and sort the outcomes into the messages. NEW ones
@@ -316,11 +323,12 @@ static int idem__runner_finish(idem_runner *r, idem_msg *msgs, size_t n,
     }
     if (!rc && q)
         rc = idem_complete_many(r->s, r->items, q, r->st, IDEM_NOSYNC);
+    /* A key whose completion failed (IDEM_ELOST: another worker holds
+     * it now; or an error of its own) is not done, and says why. */
     for (size_t i = 0, k = 0; !rc && k < q; i++)
-        if (i < p && msgs[i].result == IDEM_MSG_DONE &&
-            r->st[k++] == IDEM_ELOST) {
+        if (i < p && msgs[i].result == IDEM_MSG_DONE && r->st[k++] != 0) {
             msgs[i].result = IDEM_MSG_INVALID;
-            msgs[i].status = IDEM_ELOST;
+            msgs[i].status = r->st[k - 1];
         }
     return rc;
 }
@@ -354,8 +362,14 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
         p++;
     if (!rc && r->o.handler)
         rc = idem__runner_finish(r, msgs, n, p);
-    if (!rc && r->o.commit && (rc = r->o.commit(r->o.ctx, msgs, p)) != 0)
+    if (!rc && r->o.commit && (rc = r->o.commit(r->o.ctx, msgs, p)) != 0) {
         idem__poison(r->s, rc);
+        /* Late claims are released at once (without group commit the
+         * poison holds nothing back), so a retry need not wait out the
+         * lease. */
+        if (idem__runner_late(r))
+            idem__runner_finish(r, msgs, n, 0);
+    }
     if (!rc && idem__runner_late(r))
         rc = idem__runner_finish(r, msgs, n, p);
     if (!rc)

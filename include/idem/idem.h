@@ -585,11 +585,11 @@ typedef struct idem_check_report {
  * error. The store must not be open elsewhere.
  *
  * A redis:// or redis-cluster:// uri is read through a read-only handle
- * while others use it: every key under the prefix must be a record idem
- * can read (a hash with a valid status, token and expiry; in the day
- * layout a packed record in a bucket). One that is not makes every
- * claim of its key fail; idem_repair() deletes such records, and only
- * those. mem: gives IDEM_ENOTSUP. */
+ * while others use it, and counts in damaged the records that make every
+ * claim of their key fail: a key under the prefix that is not a hash, a
+ * token that is not a positive integer, a day-layout bucket field that
+ * is not a packed record. idem_repair() deletes those, and only those.
+ * mem: gives IDEM_ENOTSUP; NULL or "" is local:./idem-data. */
 int idem_check(const char *uri, idem_check_report *report);
 
 /* Rewrite each damaged segment of the store at uri keeping every valid
