@@ -53,10 +53,11 @@ static int report_redis(const char *cmd, const char *uri, int rc,
 static int report(const char *cmd, const char *uri, int rc,
                   const idem_check_report *r)
 {
-    if (rc && rc != IDEM_ECORRUPT)
-        return cli_fail(cmd, "%s: %s", uri, *r->first_damage
-                                               ? r->first_damage
-                                               : idem_strerror(rc));
+    const char *why = *r->first_damage ? r->first_damage : idem_strerror(rc);
+    if (rc && rc != IDEM_ECORRUPT)  /* details of a handle name the uri */
+        return strncmp(why, uri, strlen(uri)) == 0
+                   ? cli_fail(cmd, "%s", why)
+                   : cli_fail(cmd, "%s: %s", uri, why);
     if (strncmp(uri, "redis", 5) == 0)
         return report_redis(cmd, uri, rc, r);
     printf("%s: %" PRIu64 " segments, %" PRIu64 " records", uri,
