@@ -96,16 +96,8 @@ static int read_checkpoint(job *j, int *found)
     if (rc == IDEM_ENOTFOUND)
         return 0;
     if (rc == IDEM_ENOTSUP) {
-        fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
-                "output is appended to: exactly-once across clean runs; "
-                "across crashes %s (a local: store makes it crash-proof)\n",
-                j->cmd, strcmp(j->cmd, "dedup") == 0
-                            ? "at-least-once"
-                            : "a result line of the batch in flight may be "
-                              "missing, its effect done (--replay emit "
-                              "prints every key's result)");
         j->name[0] = '\0';
-        j->append = 1;
+        j->append = 1;  /* the caller says what that means to the user */
         return 0;
     }
     if (rc)

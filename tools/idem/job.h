@@ -29,7 +29,8 @@ typedef struct job {
     cli_buf obuf;          /* the output of the batch being committed */
     job_pos pos;           /* where the committed state ends */
     int resumed;
-    int append;            /* the store keeps no checkpoints */
+    int append;            /* the store keeps no checkpoints: the output
+                            * is appended to, never cut back */
 } job;
 
 /* Open the output and find where to start: the checkpoint of job `name`

@@ -557,6 +557,15 @@ int stream_run(const stream_cfg *c)
     if (!rc)
         rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, c->output,
                        c->inputs, c->ninputs, &at, &off, &lineno);
+    if (!rc && lp.st.job.append && !c->quiet)
+        fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
+                "output is appended to: exactly-once across clean runs; "
+                "across crashes %s (a local: store makes it crash-proof)\n",
+                c->cmd, strcmp(c->cmd, "dedup") == 0
+                            ? "at-least-once"
+                            : "a result line of the batch in flight may be "
+                              "missing, its effect done (--replay emit "
+                              "prints every key's result)");
     if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
         rc = cli_fail(c->cmd, "%s", lp.rd.err);
     if (!rc) {
