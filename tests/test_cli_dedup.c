@@ -306,11 +306,12 @@ Test(cli_dedup, on_a_redis_store_the_output_is_appended)
              th_prefix());
     put("a", "{\"id\":1}\n{\"id\":2}\n");
     put("b", "{\"id\":2}\n{\"id\":3}\n");
-    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store '%s' --output o "
+    cr_assert_eq(t_cli(dir, "dedup --key id --store '%s' --output o "
                             "a 2> err", uri), 0);
     cr_assert(t_grep(at("err"), "keeps no checkpoints"));
     cr_assert_eq(t_cli(dir, "dedup --key id --quiet --store '%s' --output o "
                             "b 2> err", uri), 0);
+    cr_assert(!t_grep(at("err"), "keeps no checkpoints"), "--quiet");
     expect("o", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
     th_shared_stop();
 }
