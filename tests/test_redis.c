@@ -842,3 +842,38 @@ Test(redis, dedup_cuts_a_torn_last_line)
     free(got);
     t_rmdir(dir);
 }
+
+/* idem sweep --retention: a record without a TTL (written by hand here)
+ * goes once older than the retention, and not before. */
+Test(redis, cli_sweep_retention)
+{
+    const char *cli = getenv("IDEM_CLI");
+    if (!cli)
+        cr_skip_test("IDEM_CLI not set");
+    char pfx[64], uri[1024];
+    snprintf(pfx, sizeof pfx, "%s", th_prefix());
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", th_redis_addr(), pfx);
+    redisContext *c = th_connect(th_first_port(th_redis_addr()));
+    redisReply *r = th_cmd(c, "TIME");
+    long long now = strtoll(r->element[0]->str, NULL, 10) * 1000;
+    freeReplyObject(r);
+    freeReplyObject(th_cmd(c, "HSET %s{old} status 1 token 1 created_ts "
+                           "%lld expires %lld", pfx, now - 7200000,
+                           now + 86400000));
+    char *dir = t_tmpdir();
+    char out[4200];
+    snprintf(out, sizeof out, "%s/out", dir);
+    cr_assert_eq(t_sh("'%s' sweep --store '%s' --retention 3h > '%s'", cli,
+                      uri, out), 0);
+    cr_assert(t_grep(out, "removed 0 records"));
+    cr_assert_eq(t_sh("'%s' sweep --store '%s' --retention 1h > '%s'", cli,
+                      uri, out), 0);
+    cr_assert(t_grep(out, "removed 1 records"));
+    r = th_cmd(c, "EXISTS %s{old}", pfx);
+    cr_assert_eq(r->integer, 0);
+    freeReplyObject(r);
+    cr_assert_eq(t_sh("'%s' sweep --store '%s' --retention never "
+                      "2>/dev/null", cli, uri), 2);
+    redisFree(c);
+    t_rmdir(dir);
+}

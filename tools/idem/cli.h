@@ -89,6 +89,9 @@ const char *cli_store_uri(const char *given);
  * NULL. flags as idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms);
+/* The same with every option given. */
+idem_store *cli_open_with(const char *cmd, const char *uri,
+                          const idem_options *o);
 
 /* Print "idem CMD: what: detail of s" and return 1. */
 int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what);

@@ -175,8 +175,14 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
         o.ttl_ms = ttl_ms;
     if (lease_ms)
         o.lease_ms = lease_ms;
+    return cli_open_with(cmd, uri, &o);
+}
+
+idem_store *cli_open_with(const char *cmd, const char *uri,
+                          const idem_options *o)
+{
     idem_store *s;
-    int rc = idem_open(uri, &o, &s);
+    int rc = idem_open(uri, o, &s);
     if (!rc)
         return s;
     const char *d = s ? idem_errdetail(s) : "out of memory";

@@ -1,11 +1,13 @@
 /* sweep.c - `idem sweep`: expire now what a long-running job would expire
- * bit by bit, and give back the disk of dead segments. */
+ * bit by bit, and give back the disk of dead segments (local:) or the
+ * memory of records Redis would not expire on its own (Redis). */
 #include <inttypes.h>
+#include <string.h>
 
 #include "cli.h"
 
 static const char usage[] =
-    "usage: idem sweep [--store URI]\n"
+    "usage: idem sweep [--store URI] [--retention DURATION]\n"
     "\n"
     "Remove every expired record from the index, delete segment files that\n"
     "hold nothing alive, and copy the few live records out of old, mostly\n"
@@ -13,16 +15,51 @@ static const char usage[] =
     "and opening a store leaves them out of memory, so from here this gives\n"
     "back disk; long-running commands sweep as they go. Prints what it did.\n"
     "\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "On Redis, where every record has a TTL: walk every master and delete\n"
+    "the records past their expiry and those without a TTL (written by\n"
+    "hand, or whose PEXPIRE was lost) created longer than --retention ago;\n"
+    "with layout=day, drop whole the buckets whose days are over.\n"
+    "\n"
+    "  --store URI           default $IDEM_STORE, else local:./idem-data\n"
+    "  --retention DURATION  Redis: the age past which a record without a\n"
+    "                        TTL goes: 30s, 5m, 24h, 7d (default 7d)\n";
+
+static int parse(int argc, char **argv, const char **uri, int64_t *keep)
+{
+    static const struct option opts[] = {{"store", 1, 0, 's'},
+                                         {"retention", 1, 0, 'r'},
+                                         {"help", 0, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int ch, rc = 0;
+    while (!rc && (ch = cli_getopt("sweep", argc, argv, opts)) != -1) {
+        if (ch == 'h') {
+            fputs(usage, stdout);
+            return -1;
+        }
+        rc = ch == 's'   ? (*uri = optarg, 0)
+             : ch == 'r' ? cli_duration("sweep", "--retention", optarg, keep)
+                         : 2;
+    }
+    if (!rc && optind < argc)
+        rc = cli_usage_error("sweep", "unexpected argument '%s'",
+                             argv[optind]);
+    return rc;
+}
 
 int idem_cmd_sweep(int argc, char **argv)
 {
-    cli_simple o;
-    int rc = cli_simple_parse("sweep", argc, argv, usage, 0, 0, 0, "", &o);
+    const char *given = NULL;
+    int64_t keep = 0;
+    int rc = parse(argc, argv, &given, &keep);
     if (rc)
         return rc < 0 ? 0 : rc;
-    idem_store *s = cli_open("sweep", cli_store_uri(o.uri), IDEM_O_NOCREATE,
-                             0, 0);
+    const char *uri = cli_store_uri(given);
+    idem_options o;
+    idem_options_init(&o);
+    o.flags = IDEM_O_NOCREATE;
+    if (keep)
+        o.retention_ms = keep;
+    idem_store *s = cli_open_with("sweep", uri, &o);
     if (!s)
         return 1;
     idem_stats before, after;
@@ -34,6 +71,9 @@ int idem_cmd_sweep(int argc, char **argv)
         rc = idem_stats_get(s, &after);
     if (rc)
         rc = cli_store_fail("sweep", s, rc, "sweep");
+    else if (strncmp(uri, "redis", 5) == 0)
+        printf("removed %" PRIu64 " records; %" PRIu64 " live\n", expired,
+               after.pending + after.done + after.failed);
     else
         printf("removed %" PRIu64 " expired records; segments %" PRIu64
                " -> %" PRIu64 ", disk %" PRIu64 " -> %" PRIu64 " bytes\n",
