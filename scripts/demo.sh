@@ -45,7 +45,7 @@ done
 HANDLER
 chmod +x charge.sh
 
-set -- run --key order_id --exec ./charge.sh --batch 200
+set -- run --key order_id --exec ./charge.sh --batch 200 --commit-interval 20ms
 
 echo "== $(wc -l < orders.ndjson) orders, some redelivered:"
 head -n 2 orders.ndjson
@@ -80,8 +80,10 @@ echo "== summary"
 echo "orders in the stream:        $(wc -l < orders.ndjson) ($unique distinct)"
 echo "results (one per order):     $(wc -l < results.ndjson)"
 echo "handler calls:               $charged: $again orders reached the handler"
-echo "                             again after kill -9 cut their batch, with"
-echo "                             a higher fencing token (idem run --help)"
+echo "                             a second time after kill -9: those in"
+echo "                             flight or answered within the last"
+echo "                             --commit-interval (200ms), now with a"
+echo "                             higher fencing token (idem run --help)"
 echo
 "$IDEM" stats
 echo

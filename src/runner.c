@@ -3,26 +3,44 @@
  * Why this is in the library and not in each tool: the order of the steps
  * is the whole guarantee, and it is easy to get subtly wrong. Claims must
  * be durable before a handler runs (else a crash reissues the same fencing
- * token for a second run); the sink must be durable before the outcomes
+ * token for a second run); the sink must be written before the outcomes
  * and the checkpoint commit (else a crash leaves keys DONE whose output
- * was lost); and only a prefix of the batch may commit when the handler
- * breaks (else the checkpoint would skip messages that never ran). The
+ * was lost); only a prefix of the batch may commit (else the checkpoint
+ * would skip messages that never ran); and a live worker must never lose
+ * a key it is working on (else a second worker runs it again). The
  * header (idem.h, "The stream runner") states the contract; this file
- * keeps it:
+ * keeps it. A batch goes round this loop until every message is settled:
  *
- *   claim -> [sync -> handler -> release+reclaim retries] -> complete/fail
- *   the prefix, release the rest -> commit() -> sync
+ *   claim what needs a claim, up to the first key another worker holds
+ *   -> sync -> handler (leases renewed, the answered prefix committed
+ *   every commit_interval) -> commit the prefix -> wait for the busy key
+ *   or a retry's backoff -> again
  *
- * Nothing between the last sync and commit() is durable, so a crash there
- * loses the batch's outcomes together with its checkpoint, and the next
- * run redoes exactly that batch. If commit() itself fails, the sink may
- * hold part of the batch while the store holds none of it; the handle is
- * then poisoned (idem__poison) so no later sync can commit the outcomes
- * without their checkpoint.
+ * A commit is: check that every claim about to complete is still ours
+ * (renewing it) where other workers may exist, commit() (the caller's
+ * sink and checkpoint), complete/fail the prefix, sync. Completions come
+ * after commit() so that a store that applies writes as they are sent
+ * (Redis) never holds a DONE key whose output line was not written; a
+ * store with group commit makes all of it durable at the sync, together.
+ *
+ * Invariants:
+ * - msgs[0..done) are committed; nothing of msgs[done..n) is.
+ * - held[i]: this runner holds msgs[i]'s claim (token msgs[i].token) and
+ *   has not finished it. Only held claims are renewed, completed, failed
+ *   or released.
+ * - No claim is held past the first message whose key another worker
+ *   holds: NEW claims behind it are released at once. So a worker that
+ *   waits never holds what the other may be waiting for, and two workers
+ *   on one input in different orders cannot wait on each other forever.
+ * - Any return with an error from the store or from commit() releases
+ *   the held claims and poisons the handle (idem__poison): nothing it
+ *   buffered since the last sync can become durable without its
+ *   checkpoint.
  *
  * Memory: a runner keeps its arrays between batches and only grows them;
  * response and error bytes handed back to the caller live in an arena
  * reset at the start of each batch. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,21 +48,40 @@
 
 #include "store.h"
 
-#define IDEM__RUNNER_OPTS_VERSION 1u
+#define IDEM__RUNNER_OPTS_VERSION 2u
+#define IDEM__BUSY_POLL_MS 200
 
 struct idem_runner {
     idem_store *s;
     idem_runner_opts o;
+    int64_t lease_ms;         /* resolved */
     size_t cap;               /* messages the arrays below can hold */
     uint32_t *slots;          /* key set: 0 empty, else message index + 1 */
     size_t nslots;
-    idem_key *keys;           /* one claim per distinct key */
+    idem_key *keys;           /* a round's claims, in message order */
     idem_outcome *outs;
-    size_t *owner;            /* keys[j] belongs to message owner[j] */
+    size_t *owner;            /* keys[j], items[j] belong to msgs[owner[j]] */
     idem_task *tasks;
     idem_completion *items;
     int *st;
+    unsigned char *held;      /* per message: see the invariants */
+    uint32_t *runs;           /* per message: handler runs in this batch */
+    unsigned char *seen;      /* per task: its answer was recorded */
     idem__arena mem;          /* data handed back, per batch */
+    /* The batch in progress. */
+    idem_msg *msgs;
+    size_t n, done;
+    size_t ntasks, recorded;  /* tasks given to the handler; first not
+                               * yet looked at by idem__runner_record */
+    int in_handler;
+    int tick_rc;              /* a store error met inside the handler */
+    size_t retries;           /* released for a retry in this round */
+    int64_t backoff_ms;
+    int64_t next_renew, last_commit;   /* monotonic ms */
+    int64_t next_renew_at;    /* the same deadline on the store's clock,
+                               * which leases follow (tests inject one) */
+    size_t busy;              /* first message another worker holds */
+    int64_t busy_until;
 };
 
 void idem_runner_opts_init(idem_runner_opts *o)
@@ -53,21 +90,24 @@ void idem_runner_opts_init(idem_runner_opts *o)
     o->version = IDEM__RUNNER_OPTS_VERSION;
     o->max_attempts = 3;
     o->backoff_ms = 100;
+    o->commit_interval_ms = 200;
 }
 
 int idem_runner_new(idem_store *s, const idem_runner_opts *o,
                     idem_runner **out)
 {
-    *out = NULL;
-    if (!s || !o || o->version != IDEM__RUNNER_OPTS_VERSION ||
+    if (out)
+        *out = NULL;
+    if (!s || !o || !out || o->version != IDEM__RUNNER_OPTS_VERSION ||
         o->max_attempts == 0 || o->lease_ms < 0 || o->ttl_ms < 0 ||
-        o->backoff_ms < 0)
+        o->backoff_ms < 0 || o->commit_interval_ms < 0)
         return IDEM_EINVAL;
     idem_runner *r = calloc(1, sizeof *r);
     if (!r)
         return IDEM_ENOMEM;
     r->s = s;
     r->o = *o;
+    r->lease_ms = o->lease_ms ? o->lease_ms : s->opts.lease_ms;
     *out = r;
     return 0;
 }
@@ -81,6 +121,9 @@ static void idem__runner_arrays_free(idem_runner *r)
     free(r->tasks);
     free(r->items);
     free(r->st);
+    free(r->held);
+    free(r->runs);
+    free(r->seen);
 }
 
 void idem_runner_free(idem_runner *r)
@@ -109,11 +152,26 @@ static int idem__runner_reserve(idem_runner *r, size_t n)
     r->tasks = malloc(n * sizeof *r->tasks);
     r->items = malloc(n * sizeof *r->items);
     r->st = malloc(n * sizeof *r->st);
+    r->held = malloc(n);
+    r->runs = malloc(n * sizeof *r->runs);
+    r->seen = malloc(n);
     if (!r->slots || !r->keys || !r->outs || !r->owner || !r->tasks ||
-        !r->items || !r->st)
+        !r->items || !r->st || !r->held || !r->runs || !r->seen)
         return idem__fail(r->s, IDEM_ENOMEM, "out of memory");
     r->cap = n;
     return 0;
+}
+
+/* A handle whose open failed has no backend: its calls fail with EINVAL,
+ * as they would without this question. */
+static unsigned idem__runner_caps(const idem_runner *r)
+{
+    return r->s->be ? r->s->be->caps : 0;
+}
+
+static int64_t idem__runner_now(void)
+{
+    return (int64_t)(idem__mono_ns() / 1000000u);
 }
 
 /* Copy bytes the caller will read after the store or handler moves on. */
@@ -129,10 +187,10 @@ static int idem__runner_keep(idem_runner *r, idem_msg *m, const void *p,
     return 0;
 }
 
-/* Mark repeats of a key within the batch and list the distinct keys. */
-static size_t idem__runner_distinct(idem_runner *r, idem_msg *msgs, size_t n)
+/* Mark repeats of a key within the batch: they take the first's result. */
+static void idem__runner_distinct(idem_runner *r, idem_msg *msgs, size_t n)
 {
-    size_t u = 0, mask = r->nslots - 1;
+    size_t mask = r->nslots - 1;
     if (n)
         memset(r->slots, 0, r->nslots * sizeof *r->slots);
     for (size_t i = 0; i < n; i++) {
@@ -146,14 +204,383 @@ static size_t idem__runner_distinct(idem_runner *r, idem_msg *msgs, size_t n)
         if (r->slots[h]) {
             msgs[i].result = IDEM_MSG_DUPLICATE;
             msgs[i].first = r->slots[h] - 1;
+        } else {
+            r->slots[h] = (uint32_t)i + 1;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * Claims: taking, losing, releasing, renewing */
+
+/* Errors that concern one key, not the store: the batch goes on. */
+static int idem__runner_key_error(int code)
+{
+    return code == IDEM_ELOST || code == IDEM_EVALSIZE ||
+           code == IDEM_EPROTO || code == IDEM_ECORRUPT;
+}
+
+/* A message whose claim is no longer ours (another worker took the key
+ * over) or could not be kept: it is not done here, and says why. */
+static void idem__runner_drop(idem_runner *r, size_t i, int code)
+{
+    r->held[i] = 0;
+    r->msgs[i].result = IDEM_MSG_INVALID;
+    r->msgs[i].status = code;
+}
+
+/* Give msgs[i]'s claim back: the next claim of the key is NEW with a
+ * higher token. A claim that is no longer ours needs no release. */
+static int idem__runner_release(idem_runner *r, size_t i, const char *why)
+{
+    idem_msg *m = &r->msgs[i];
+    r->held[i] = 0;
+    int rc = idem_fail(r->s, m->key, m->keylen, m->token, why, strlen(why),
+                       IDEM_RETRYABLE);
+    return rc == IDEM_ELOST ? 0 : rc;
+}
+
+/* Renew the leases of the held claims. A claim that is no longer ours is
+ * dropped from the batch. */
+static int idem__runner_renew(idem_runner *r)
+{
+    size_t q = 0;
+    for (size_t i = r->done; i < r->n; i++)
+        if (r->held[i]) {
+            const idem_msg *m = &r->msgs[i];
+            r->items[q] = (idem_completion){m->key, m->keylen, m->token,
+                                            NULL, 0, 0};
+            r->owner[q++] = i;
+        }
+    int rc = q ? idem__extend_many(r->s, r->items, q, r->lease_ms, r->st)
+               : 0;
+    for (size_t k = 0; !rc && k < q; k++)
+        if (r->st[k])
+            idem__runner_drop(r, r->owner[k], r->st[k]);
+    return rc;
+}
+
+/* The next renewal is due a third of a lease from now, by either clock. */
+static void idem__runner_plan_renewal(idem_runner *r)
+{
+    r->next_renew = idem__runner_now() + r->lease_ms / 3;
+    r->next_renew_at = idem__now(r->s) + r->lease_ms / 3;
+}
+
+/* Renew every held claim once a third of the lease has passed. */
+static int idem__runner_keepalive(idem_runner *r)
+{
+    if (idem__runner_now() < r->next_renew &&
+        idem__now(r->s) < r->next_renew_at)
+        return 0;
+    idem__runner_plan_renewal(r);
+    return idem__runner_renew(r);
+}
+
+static int idem__runner_claim_flags(const idem_runner *r)
+{
+    /* Without a handler, a store with group commit records NEW keys DONE
+     * at once: they become durable with the checkpoint that carries
+     * their lines. */
+    int dedup_now = !r->o.handler &&
+                    (idem__runner_caps(r) & IDEM__CAP_GROUP_COMMIT);
+    return IDEM_NOSYNC | (dedup_now ? IDEM_CLAIM_DONE : 0);
+}
+
+/* Sort one claim's outcome into msgs[i]. NEW claims behind the first busy
+ * key are released at once (see the invariants). */
+static int idem__runner_take(idem_runner *r, size_t i, const idem_outcome *o)
+{
+    idem_msg *m = &r->msgs[i];
+    m->token = o->token;
+    m->attempt = o->attempts;
+    if (o->status || o->kind == IDEM_MISMATCH) {
+        idem__runner_drop(r, i, o->status ? o->status : IDEM_EINVAL);
+        return 0;
+    }
+    if (o->kind == IDEM_REPLAY || o->kind == IDEM_FAILED) {
+        m->result = o->kind == IDEM_REPLAY ? IDEM_MSG_REPLAY
+                                           : IDEM_MSG_REPLAY_FAILED;
+        return idem__runner_keep(r, m, o->data, o->len);
+    }
+    if (o->kind == IDEM_BUSY) {
+        if (i < r->busy) {
+            r->busy = i;
+            r->busy_until = o->lease_until;
+        }
+        return 0;
+    }
+    if (i > r->busy)
+        return idem__runner_release(r, i, "released: an earlier message's "
+                                          "key is held by another worker");
+    if (idem__runner_claim_flags(r) & IDEM_CLAIM_DONE) {
+        m->result = IDEM_MSG_DONE;  /* recorded DONE by the claim */
+        return 0;
+    }
+    r->held[i] = 1;
+    if (!r->o.handler)
+        m->result = IDEM_MSG_DONE;  /* completed after commit() */
+    return 0;
+}
+
+/* On a store one process holds at a time (every store with group commit
+ * is one), a claim under a live lease that this runner did not make
+ * belongs to a process that is gone: release it and claim again, which
+ * takes it over with a higher token. */
+static int idem__runner_reclaim(idem_runner *r, size_t j)
+{
+    static const char why[] = "abandoned: its process is gone";
+    idem_claim_opts co = {r->o.lease_ms, r->o.ttl_ms};
+    idem_outcome *o = &r->outs[j];
+    int rc = 0;
+    while (!rc && !o->status && o->kind == IDEM_BUSY) {
+        rc = idem_fail(r->s, r->keys[j].key, r->keys[j].len, o->token, why,
+                       sizeof why - 1, IDEM_RETRYABLE);
+        rc = rc == IDEM_ELOST ? 0 : rc;
+        if (!rc)
+            rc = idem_claim_many(r->s, &r->keys[j], 1, &co, o,
+                                 (unsigned)idem__runner_claim_flags(r));
+    }
+    return rc;
+}
+
+/* Take the outcomes of keys[0..u): first every one that needs no further
+ * call on the store (their data is valid only until the next call), then
+ * the abandoned claims of an exclusive store, one by one. */
+static int idem__runner_take_all(idem_runner *r, size_t u)
+{
+    int excl = (idem__runner_caps(r) & IDEM__CAP_EXCLUSIVE) != 0, rc = 0;
+    for (size_t j = 0; !rc && j < u; j++)
+        if (!excl || r->outs[j].status || r->outs[j].kind != IDEM_BUSY)
+            rc = idem__runner_take(r, r->owner[j], &r->outs[j]);
+    for (size_t j = 0; !rc && excl && j < u; j++)
+        if (!r->outs[j].status && r->outs[j].kind == IDEM_BUSY) {
+            rc = idem__runner_reclaim(r, j);
+            if (!rc)
+                rc = idem__runner_take(r, r->owner[j], &r->outs[j]);
+        }
+    return rc;
+}
+
+/* Claim every message from done on that is unsettled and holds no claim. */
+static int idem__runner_claim(idem_runner *r)
+{
+    size_t u = 0;
+    r->busy = r->n;
+    for (size_t i = r->done; i < r->n; i++)
+        if (r->msgs[i].result == IDEM_MSG_UNDONE && !r->held[i]) {
+            const idem_msg *m = &r->msgs[i];
+            r->keys[u] = (idem_key){m->key, m->keylen, NULL};
+            r->owner[u++] = i;
+        }
+    if (!u)
+        return 0;
+    idem_claim_opts co = {r->o.lease_ms, r->o.ttl_ms};
+    int rc = idem_claim_many(r->s, r->keys, u, &co, r->outs,
+                             (unsigned)idem__runner_claim_flags(r));
+    if (!rc)
+        return idem__runner_take_all(r, u);
+    /* The claims made (status 0) are ours to give back. */
+    for (size_t j = 0; j < u; j++)
+        if (!r->outs[j].status && r->outs[j].kind == IDEM_NEW) {
+            r->msgs[r->owner[j]].token = r->outs[j].token;
+            r->held[r->owner[j]] = !(idem__runner_claim_flags(r) &
+                                     IDEM_CLAIM_DONE);
+        }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * The handler's answers */
+
+/* Record one answer. A retry is released now and claimed again in the
+ * next round; an answer too large to store becomes a permanent failure
+ * that says so, since storing it is impossible and running the effect
+ * again would double it. */
+static int idem__runner_answer(idem_runner *r, const idem_task *t)
+{
+    size_t i = t->index;
+    idem_msg *m = &r->msgs[i];
+    if (!r->held[i])
+        return 0;  /* lost meanwhile: the answer counts for nothing */
+    if (t->len > IDEM_VALUE_MAX) {
+        char why[128];
+        int k = snprintf(why, sizeof why, "the handler's answer is %zu "
+                         "bytes, over IDEM_VALUE_MAX (%u)", t->len,
+                         IDEM_VALUE_MAX);
+        m->result = IDEM_MSG_FAILED;
+        m->status = IDEM_EVALSIZE;
+        return idem__runner_keep(r, m, why, (size_t)k);
+    }
+    int rc = idem__runner_keep(r, m, t->data, t->len);
+    if (rc || t->answer == IDEM_TASK_DONE || t->answer == IDEM_TASK_FAIL) {
+        m->result = t->answer == IDEM_TASK_DONE ? IDEM_MSG_DONE
+                                                : IDEM_MSG_FAILED;
+        return rc;
+    }
+    r->held[i] = 0;
+    rc = idem_fail(r->s, m->key, m->keylen, m->token, t->data, t->len,
+                   IDEM_RETRYABLE);
+    if (idem__runner_key_error(rc)) {
+        idem__runner_drop(r, i, rc);
+        return 0;
+    }
+    if (r->runs[i] >= r->o.max_attempts) {
+        m->result = IDEM_MSG_GAVE_UP;
+    } else {
+        r->retries++;
+        m->data = NULL;
+        m->len = 0;
+    }
+    return rc;
+}
+
+static int idem__runner_is_answer(int a)
+{
+    return a >= IDEM_TASK_DONE && a <= IDEM_TASK_FAIL;
+}
+
+/* Record the answers given so far, in task order up to the first task
+ * without one (all of them when `all`). */
+static int idem__runner_record(idem_runner *r, int all)
+{
+    int rc = 0;
+    for (size_t k = r->recorded; !rc && k < r->ntasks; k++) {
+        if (r->seen[k])
+            continue;
+        if (!idem__runner_is_answer(r->tasks[k].answer)) {
+            if (!all)
+                break;
             continue;
         }
-        r->slots[h] = (uint32_t)i + 1;
-        r->keys[u] = (idem_key){msgs[i].key, msgs[i].keylen, NULL};
-        r->owner[u++] = i;
+        r->seen[k] = 1;
+        rc = idem__runner_answer(r, &r->tasks[k]);
     }
-    return u;
+    while (r->recorded < r->ntasks && r->seen[r->recorded])
+        r->recorded++;
+    return rc;
 }
+
+/* Hand the held, unanswered messages before the busy key to the handler.
+ * *herr receives its error; tasks it left unanswered stay UNDONE. */
+static int idem__runner_handle(idem_runner *r, int *herr)
+{
+    size_t nt = 0;
+    for (size_t i = r->done; i < r->busy; i++) {
+        idem_msg *m = &r->msgs[i];
+        if (!r->held[i] || m->result != IDEM_MSG_UNDONE)
+            continue;
+        r->runs[i]++;
+        r->seen[nt] = 0;
+        r->tasks[nt++] = (idem_task){m->key, m->keylen, m->msg, m->msglen,
+                                     m->token, m->attempt, i, 0, NULL, 0};
+    }
+    if (!nt)
+        return 0;
+    int rc = idem_sync(r->s);  /* the tokens are durable before effects */
+    if (rc)
+        return rc;
+    r->ntasks = nt;
+    r->recorded = 0;
+    r->in_handler = 1;
+    *herr = r->o.handler(r->o.ctx, r->tasks, nt);
+    r->in_handler = 0;
+    rc = r->tick_rc ? r->tick_rc : idem__runner_record(r, 1);
+    for (size_t k = 0; !rc && !*herr && k < nt; k++)
+        if (!idem__runner_is_answer(r->tasks[k].answer) &&
+            r->held[r->tasks[k].index])
+            *herr = IDEM_EINVAL;  /* said 0 but left a task unanswered */
+    r->ntasks = 0;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * Committing */
+
+/* Complete or fail the held claims among msgs[from..to), after commit().
+ * A key whose write fails here had its line written already: it is
+ * given back if it can be and keeps the error in its status. */
+static int idem__runner_finish(idem_runner *r, size_t from, size_t to)
+{
+    size_t q = 0;
+    int rc = 0;
+    for (size_t i = from; !rc && i < to; i++) {
+        idem_msg *m = &r->msgs[i];
+        if (!r->held[i])
+            continue;
+        if (m->result == IDEM_MSG_DONE) {
+            r->items[q] = (idem_completion){m->key, m->keylen, m->token,
+                                            m->data, m->len, r->o.ttl_ms};
+            r->owner[q++] = i;
+            continue;
+        }
+        r->held[i] = 0;
+        int st = idem_fail(r->s, m->key, m->keylen, m->token, m->data,
+                           m->len, 0);
+        if (idem__runner_key_error(st))
+            m->status = st;
+        else
+            rc = st;
+    }
+    if (!rc && q)
+        rc = idem_complete_many(r->s, r->items, q, r->st, IDEM_NOSYNC);
+    for (size_t k = 0; !rc && k < q; k++) {
+        size_t i = r->owner[k];
+        r->held[i] = 0;
+        if (!r->st[k])
+            continue;
+        r->msgs[i].status = r->st[k];
+        if (r->st[k] != IDEM_ELOST)
+            idem__runner_release(r, i, "its completion failed");
+    }
+    return rc;
+}
+
+/* Commit the settled prefix of the batch. `always`: call commit() even
+ * when the prefix did not grow (the end of a round). */
+static int idem__runner_commit(idem_runner *r, int always)
+{
+    size_t p = r->done;
+    while (p < r->n && r->msgs[p].result != IDEM_MSG_UNDONE)
+        p++;
+    if (p == r->done && !always)
+        return 0;
+    /* Still ours? Every held claim was renewed less than a third of a
+     * lease ago, by both clocks, or is renewed now: a claim can only be
+     * lost by a lease running out, which a stall that long would have
+     * made due. */
+    int rc = idem__runner_keepalive(r);
+    if (!rc && r->o.commit)
+        rc = r->o.commit(r->o.ctx, r->msgs, p);
+    if (!rc)
+        rc = idem__runner_finish(r, r->done, p);
+    if (!rc)
+        rc = idem_sync(r->s);
+    if (!rc) {
+        r->done = p;
+        r->last_commit = idem__runner_now();
+    }
+    return rc;
+}
+
+int idem_runner_tick(idem_runner *r)
+{
+    if (!r || !r->in_handler)
+        return 0;
+    if (r->tick_rc)
+        return r->tick_rc;
+    int rc = idem__runner_record(r, 0);
+    if (!rc)
+        rc = idem__runner_keepalive(r);
+    if (!rc && r->o.commit_interval_ms &&
+        idem__runner_now() - r->last_commit >= r->o.commit_interval_ms)
+        rc = idem__runner_commit(r, 0);
+    r->tick_rc = rc;
+    return rc;
+}
+
+/* ------------------------------------------------------------------------
+ * Waiting between rounds */
 
 static void idem__sleep_ms(int64_t ms)
 {
@@ -163,187 +590,47 @@ static void idem__sleep_ms(int64_t ms)
     nanosleep(&ts, NULL);
 }
 
-/* A PENDING claim under a live lease that this runner did not make. On a
- * store one process holds at a time its maker is gone: release it so the
- * next claim takes over with token + 1. Elsewhere, wait a moment (at
- * most until the lease runs out) and ask again. */
-static int idem__runner_unbusy(idem_runner *r, const idem_key *k,
-                               const idem_outcome *o)
+/* Sleep ms, keeping the held claims alive. */
+static int idem__runner_nap(idem_runner *r, int64_t ms)
 {
-    idem_store *s = r->s;
-    if (!(s->be->caps & IDEM__CAP_EXCLUSIVE)) {
-        /* Ask again soon: the holder may finish long before its lease
-         * runs out. */
-        int64_t left = o->lease_until - idem__now(s);
-        idem__sleep_ms(left < 200 ? left : 200);
-        return 0;
-    }
-    static const char why[] = "abandoned: its process is gone";
-    int rc = idem_fail(s, k->key, k->len, o->token, why, sizeof why - 1,
-                       IDEM_RETRYABLE);
-    return rc == IDEM_ELOST ? 0 : rc;
-}
-
-/* Without a handler, NEW keys are recorded DONE. With group commit that
- * happens at claim time (IDEM_CLAIM_DONE), in the commit that carries
- * the sink's checkpoint. A store without it (Redis) would make them DONE
- * at once, before commit() wrote their lines, and a crash in between
- * would lose the lines for good; there the keys are claimed, and only
- * completed once commit() returned: a crash in between leaves claims
- * that run out with their lease, and a rerun writes the lines again (at
- * least once, never lost). */
-static int idem__runner_late(const idem_runner *r)
-{
-    /* A handle whose open failed has no backend: its calls fail with
-     * EINVAL, as they would without this question. */
-    return !r->o.handler && r->s->be &&
-           !(r->s->be->caps & IDEM__CAP_GROUP_COMMIT);
-}
-
-/* Claim keys[0..u) and sort the outcomes into the messages. NEW ones
- * become tasks (with a handler) or DONE (without). */
-static int idem__runner_claim(idem_runner *r, idem_msg *msgs, size_t u,
-                              size_t *ntasks)
-{
-    idem_claim_opts co = {r->o.lease_ms, r->o.ttl_ms};
-    unsigned fl = IDEM_NOSYNC |
-                  (r->o.handler || idem__runner_late(r) ? 0 : IDEM_CLAIM_DONE);
-    int rc = idem_claim_many(r->s, r->keys, u, &co, r->outs, fl);
-    for (size_t j = 0; !rc && j < u; j++) {
-        idem_msg *m = &msgs[r->owner[j]];
-        idem_outcome *o = &r->outs[j];
-        while (!rc && !o->status && o->kind == IDEM_BUSY) {
-            rc = idem__runner_unbusy(r, &r->keys[j], o);
-            if (!rc)
-                rc = idem_claim_many(r->s, &r->keys[j], 1, &co, o, fl);
-        }
-        if (rc)
-            break;
-        m->token = o->token;
-        m->attempt = o->attempts;
-        if (o->status || o->kind == IDEM_MISMATCH) {
-            m->result = IDEM_MSG_INVALID;
-            m->status = o->status ? o->status : IDEM_EINVAL;
-        } else if (o->kind == IDEM_REPLAY || o->kind == IDEM_FAILED) {
-            m->result = o->kind == IDEM_REPLAY ? IDEM_MSG_REPLAY
-                                               : IDEM_MSG_REPLAY_FAILED;
-            rc = idem__runner_keep(r, m, o->data, o->len);
-        } else if (!r->o.handler) {
-            m->result = IDEM_MSG_DONE;
-        } else {
-            r->tasks[(*ntasks)++] = (idem_task){
-                m->key, m->keylen, m->msg, m->msglen, o->token, o->attempts,
-                r->owner[j], 0, NULL, 0};
-        }
-    }
-    return rc;
-}
-
-/* Record one answer; a retry is released now and queued in keys[]. */
-static int idem__runner_answer(idem_runner *r, idem_msg *msgs,
-                               const idem_task *t, uint32_t round,
-                               size_t *nretry)
-{
-    idem_msg *m = &msgs[t->index];
-    int rc = idem__runner_keep(r, m, t->data, t->len);
-    if (rc || t->answer == IDEM_TASK_DONE || t->answer == IDEM_TASK_FAIL) {
-        m->result = t->answer == IDEM_TASK_DONE ? IDEM_MSG_DONE
-                                                : IDEM_MSG_FAILED;
-        return rc;
-    }
-    rc = idem_fail(r->s, t->key, t->keylen, t->token, t->data, t->len,
-                   IDEM_RETRYABLE);
-    m->result = IDEM_MSG_GAVE_UP;
-    if (!rc && round < r->o.max_attempts) {
-        m->result = IDEM_MSG_UNDONE;
-        r->keys[*nretry] = (idem_key){t->key, t->keylen, NULL};
-        r->owner[(*nretry)++] = t->index;
-    }
-    return rc;
-}
-
-/* Run the handler over the NEW tasks, retrying retryable failures. The
- * handler's error, if any, is returned in *herr; unanswered tasks stay
- * UNDONE. */
-static int idem__runner_handle(idem_runner *r, idem_msg *msgs, size_t nt,
-                               int *herr)
-{
-    int64_t backoff = r->o.backoff_ms;
-    for (uint32_t round = 1; nt; round++) {
-        int rc = idem_sync(r->s);
-        if (rc)
-            return rc;
-        *herr = r->o.handler(r->o.ctx, r->tasks, nt);
-        size_t nretry = 0;
-        for (size_t i = 0; !rc && i < nt; i++)
-            if (r->tasks[i].answer >= IDEM_TASK_DONE &&
-                r->tasks[i].answer <= IDEM_TASK_FAIL)
-                rc = idem__runner_answer(r, msgs, &r->tasks[i], round,
-                                         &nretry);
-            else if (!*herr)
-                *herr = IDEM_EINVAL;  /* said 0 but left a task unanswered */
-        if (rc || *herr || !nretry)
-            return rc;
-        idem__sleep_ms(backoff);
-        backoff *= 2;
-        nt = 0;
-        rc = idem__runner_claim(r, msgs, nretry, &nt);
-        if (rc)
-            return rc;
-    }
-    return 0;
-}
-
-/* Finish the claims of messages [0, p) and release those of [p, n). */
-static int idem__runner_finish(idem_runner *r, idem_msg *msgs, size_t n,
-                               size_t p)
-{
-    static const char cut[] = "not committed: an earlier message broke "
-                              "the handler";
-    size_t q = 0;
+    int64_t end = idem__runner_now() + ms;
     int rc = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        idem_msg *m = &msgs[i];
-        if (i < p && m->result == IDEM_MSG_DONE)
-            r->items[q++] = (idem_completion){m->key, m->keylen, m->token,
-                                              m->data, m->len,
-                                              r->o.ttl_ms};
-        else if (i < p && m->result == IDEM_MSG_FAILED)
-            rc = idem_fail(r->s, m->key, m->keylen, m->token, m->data,
-                           m->len, 0);
-        else if (i >= p && m->token &&
-                 (m->result == IDEM_MSG_UNDONE ||
-                  m->result == IDEM_MSG_DONE ||
-                  m->result == IDEM_MSG_FAILED)) {
-            rc = idem_fail(r->s, m->key, m->keylen, m->token, cut,
-                           sizeof cut - 1, IDEM_RETRYABLE);
-            rc = rc == IDEM_ELOST ? 0 : rc;
-            m->result = IDEM_MSG_UNDONE;
-        }
+    for (int64_t now; !rc && (now = idem__runner_now()) < end;) {
+        int64_t step = end - now;
+        if (r->next_renew - now < step)
+            step = r->next_renew - now;
+        idem__sleep_ms(step > 0 ? step : 0);
+        rc = idem__runner_keepalive(r);
     }
-    if (!rc && q)
-        rc = idem_complete_many(r->s, r->items, q, r->st, IDEM_NOSYNC);
-    /* A key whose completion failed (IDEM_ELOST: another worker holds
-     * it now; or an error of its own) is not done, and says why. */
-    for (size_t i = 0, k = 0; !rc && k < q; i++)
-        if (i < p && msgs[i].result == IDEM_MSG_DONE && r->st[k++] != 0) {
-            msgs[i].result = IDEM_MSG_INVALID;
-            msgs[i].status = r->st[k - 1];
-        }
     return rc;
 }
 
-int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
-                      size_t *committed)
+/* Before the next round: back off after retries; then, if a key is held
+ * by another worker, wait a moment and ask again: the holder may finish
+ * long before its lease runs out. */
+static int idem__runner_wait(idem_runner *r)
 {
-    size_t dummy;
-    committed = committed ? committed : &dummy;
-    *committed = 0;
-    if (!r || (n && !msgs))
-        return IDEM_EINVAL;
-    int rc = idem__runner_reserve(r, n);
-    if (rc)
+    int rc = 0;
+    if (r->retries) {
+        rc = idem__runner_nap(r, r->backoff_ms);
+        r->backoff_ms *= 2;
+        r->retries = 0;
+    }
+    if (rc || r->busy == r->n)
         return rc;
+    /* At most until the lease runs out; at least a little, since the
+     * clocks of client and server may disagree. */
+    int64_t left = r->busy_until - idem__now(r->s);
+    if (left > IDEM__BUSY_POLL_MS)
+        left = IDEM__BUSY_POLL_MS;
+    return idem__runner_nap(r, left < 10 ? 10 : left);
+}
+
+/* ------------------------------------------------------------------------
+ * A batch */
+
+static void idem__runner_start(idem_runner *r, idem_msg *msgs, size_t n)
+{
     idem__arena_reset(&r->mem);
     for (size_t i = 0; i < n; i++) {
         msgs[i].result = IDEM_MSG_UNDONE;
@@ -352,29 +639,65 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
         msgs[i].data = NULL;
         msgs[i].len = 0;
     }
-    size_t nt = 0, u = idem__runner_distinct(r, msgs, n);
-    int herr = 0;
-    rc = idem__runner_claim(r, msgs, u, &nt);
-    if (!rc && nt)
-        rc = idem__runner_handle(r, msgs, nt, &herr);
-    size_t p = 0;
-    while (p < n && msgs[p].result != IDEM_MSG_UNDONE)
-        p++;
-    if (!rc && r->o.handler)
-        rc = idem__runner_finish(r, msgs, n, p);
-    if (!rc && r->o.commit && (rc = r->o.commit(r->o.ctx, msgs, p)) != 0) {
-        idem__poison(r->s, rc);
-        /* Late claims are released at once (without group commit the
-         * poison holds nothing back), so a retry need not wait out the
-         * lease. */
-        if (idem__runner_late(r))
-            idem__runner_finish(r, msgs, n, 0);
+    if (n) {
+        memset(r->held, 0, n);
+        memset(r->runs, 0, n * sizeof *r->runs);
     }
-    if (!rc && idem__runner_late(r))
-        rc = idem__runner_finish(r, msgs, n, p);
-    if (!rc)
-        rc = idem_sync(r->s);
-    if (!rc)
-        *committed = p;
+    r->msgs = msgs;
+    r->n = n;
+    r->done = r->ntasks = 0;
+    r->tick_rc = 0;
+    r->retries = 0;
+    r->backoff_ms = r->o.backoff_ms;
+    r->last_commit = idem__runner_now();
+    if (r->s->be)
+        idem__runner_plan_renewal(r);
+    idem__runner_distinct(r, msgs, n);
+}
+
+/* The batch stops short: give back every claim not committed. */
+static void idem__runner_abandon(idem_runner *r)
+{
+    static const char cut[] = "not committed: the batch stopped before it";
+    for (size_t i = r->done; i < r->n; i++)
+        if (r->held[i]) {
+            idem__runner_release(r, i, cut);
+            r->msgs[i].result = IDEM_MSG_UNDONE;
+        }
+}
+
+int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
+                      size_t *committed)
+{
+    size_t dummy;
+    committed = committed ? committed : &dummy;
+    *committed = 0;
+    if (!r || (n && !msgs) || r->in_handler)
+        return IDEM_EINVAL;
+    int rc = idem__runner_reserve(r, n);
+    if (rc)
+        return rc;
+    idem__runner_start(r, msgs, n);
+    int herr = 0;
+    for (;;) {
+        rc = idem__runner_claim(r);
+        if (!rc && r->o.handler)
+            rc = idem__runner_handle(r, &herr);
+        if (!rc)
+            rc = idem__runner_commit(r, 1);
+        if (rc || herr || r->done == n)
+            break;
+        rc = idem__runner_wait(r);
+        if (rc)
+            break;
+    }
+    if (rc || herr)
+        idem__runner_abandon(r);
+    if (rc)
+        idem__poison(r->s, rc);
+    else if (herr)
+        rc = idem_sync(r->s);  /* the releases */
+    *committed = r->done;
+    r->msgs = NULL;
     return rc ? rc : herr;
 }

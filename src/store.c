@@ -336,6 +336,20 @@ int idem_extend(idem_store *s, const void *key, size_t keylen,
     return rc ? rc : s->be->extend(s, key, keylen, token, lease_ms);
 }
 
+int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
+                      int64_t lease_ms, int *statuses)
+{
+    for (size_t i = 0; i < n; i++) {
+        int rc = idem_extend(s, items[i].key, items[i].keylen,
+                             items[i].token, lease_ms);
+        statuses[i] = rc;
+        if (rc && rc != IDEM_ELOST && rc != IDEM_EPROTO &&
+            rc != IDEM_ECORRUPT && rc != IDEM_EKEYSIZE)
+            return rc;
+    }
+    return 0;
+}
+
 int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out)
 {
     IDEM__ENTER(s);

@@ -85,6 +85,13 @@ extern const struct idem__backend idem__backend_cluster;
 int idem__fail(idem_store *s, int code, const char *fmt, ...)
     IDEM__PRINTF(3, 4);
 
+/* Renew the leases of n claims (items[i].key, keylen, token; the other
+ * fields are ignored) to run out lease_ms from now, without syncing.
+ * statuses[i] is 0, or an error of that key alone (IDEM_ELOST: the token
+ * no longer holds it); the return value is 0 or an error of the store. */
+int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
+                      int64_t lease_ms, int *statuses);
+
 /* Make the handle refuse further writes and syncs (see the runner). */
 void idem__poison(idem_store *s, int code);
 

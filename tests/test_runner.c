@@ -20,6 +20,7 @@ typedef struct script {
     int calls, committed_calls;
     size_t last_commit;
     int commit_rc;
+    idem_store *s;  /* for commit steps that put a checkpoint */
 } script;
 
 static int scripted(void *ctx, idem_task *t, size_t n)
@@ -168,4 +169,165 @@ Test(runner, a_failed_commit_commits_nothing)
     idem_close(s);
     t_rmdir(dir);
     free(dir);
+}
+
+/* ------------------------------------------------------------------------
+ * Outcomes never commit without their checkpoint */
+
+/* A handler that spends handler_ms of the injected clock per call: k0
+ * asks for a retry the first time, everything else fails for good. */
+static int64_t handler_ms;
+
+static int slow_handler(void *ctx, idem_task *t, size_t n)
+{
+    script *sc = ctx;
+    sc->calls++;
+    t_clock_ms += handler_ms;
+    for (size_t i = 0; i < n; i++) {
+        int retry = sc->calls == 1 && !strcmp(t[i].key, "k0");
+        t[i].answer = retry ? IDEM_TASK_RETRY : IDEM_TASK_FAIL;
+        t[i].data = "no";
+        t[i].len = 2;
+    }
+    return 0;
+}
+
+/* A commit step that puts the committed count as the checkpoint. */
+static int checkpoint_count(void *ctx, const idem_msg *m, size_t n)
+{
+    script *sc = ctx;
+    (void)m;
+    char text[32];
+    int k = snprintf(text, sizeof text, "%zu", n);
+    return idem_checkpoint_put(sc->s, "ck", text, (size_t)k);
+}
+
+static idem_runner *checkpointing_runner(idem_store *s, script *sc,
+                                         idem_handler_fn handler)
+{
+    sc->s = s;
+    idem_runner_opts ro;
+    idem_runner_opts_init(&ro);
+    ro.handler = handler;
+    ro.commit = checkpoint_count;
+    ro.ctx = sc;
+    ro.backoff_ms = 1;
+    idem_runner *r;
+    cr_assert_eq(idem_runner_new(s, &ro, &r), 0);
+    return r;
+}
+
+/* After a reopen: every key recorded done or failed lies within the
+ * checkpoint's count, and every key within it is recorded. */
+static void expect_agree(const char *uri, idem_msg *m, size_t n)
+{
+    idem_store *s = t_open(uri);
+    const void *blob;
+    size_t len, upto = 0;
+    if (idem_checkpoint_get(s, "ck", &blob, &len) == 0) {
+        char text[32];
+        snprintf(text, sizeof text, "%.*s", (int)len, (const char *)blob);
+        upto = strtoul(text, NULL, 10);
+    }
+    for (size_t i = 0; i < n; i++) {
+        idem_record rec;
+        int rc = idem_get(s, m[i].key, m[i].keylen, &rec);
+        int settled = rc == 0 && rec.state != IDEM_PENDING;
+        int lost = m[i].result == IDEM_MSG_INVALID;
+        cr_assert(settled == (i < upto && !lost),
+                  "%s: settled=%d but the checkpoint covers %zu messages",
+                  (const char *)m[i].key, settled, upto);
+    }
+    idem_close(s);
+}
+
+/* ttl = lease = 1 s; handler rounds of `ms` of the injected clock, k0
+ * retried once. Returns the batch's result; the store and the
+ * checkpoint must agree after a reopen. */
+static int clocked_batch(int64_t ms, idem_msg *m)
+{
+    char *dir = t_tmpdir();
+    idem_options o = t_options();
+    o.ttl_ms = o.lease_ms = 1000;
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+    script sc = {0};
+    idem_runner *r = checkpointing_runner(s, &sc, slow_handler);
+    m[0] = msg("k0");
+    m[1] = msg("k1");
+    handler_ms = ms;
+    size_t done;
+    int rc = idem_runner_batch(r, m, 2, &done);
+    cr_assert_eq(done, rc ? done : 2);
+    idem_runner_free(r);
+    cr_assert_eq(idem_close(s), 0);
+    expect_agree(t_local_uri(dir), m, 2);
+    t_rmdir(dir);
+    free(dir);
+    return rc;
+}
+
+/* Rounds of 0.6 s: k1's claim (lease = ttl = 1 s) would run out while
+ * k0 is retried; it is renewed, and both failures commit with the
+ * checkpoint. */
+Test(runner, claims_are_renewed_across_rounds)
+{
+    idem_msg m[2];
+    cr_assert_eq(clocked_batch(600, m), 0);
+    cr_assert_eq(m[0].result, IDEM_MSG_FAILED);
+    cr_assert_eq(m[1].result, IDEM_MSG_FAILED);
+}
+
+/* One round of 1.2 s, longer than the lease and the TTL, as a stalled
+ * worker sees it: both claims are gone. Neither is committed as failed,
+ * both say IDEM_ELOST, and the batch goes on to its end. */
+Test(runner, claims_lost_in_a_stall_are_dropped_not_committed)
+{
+    idem_msg m[2];
+    cr_assert_eq(clocked_batch(1200, m), 0);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(m[i].result, IDEM_MSG_INVALID);
+        cr_assert_eq(m[i].status, IDEM_ELOST);
+    }
+}
+
+/* An allocation or a write that fails at any point of a batch: whatever
+ * the batch returns, after close and reopen the store's records and its
+ * checkpoint agree. */
+static void fail_each_point(long *knob)
+{
+    for (long at = 0; at < 400; at++) {
+        char *dir = t_tmpdir();
+        idem_store *s = t_open(t_local_uri(dir));
+        script sc = {0};
+        idem_runner *r = runner(s, &sc, 1);
+        idem_msg warm = msg("done:w");
+        cr_assert_eq(idem_runner_batch(r, &warm, 1, NULL), 0);
+        script sc2 = {0};
+        idem_runner *r2 = checkpointing_runner(s, &sc2, scripted);
+        idem_msg m[5] = {msg("done:1"), msg("flaky:2"), msg("fail:3"),
+                         msg("done:4"), msg("done:1")};
+        *knob = at;
+        int rc = idem_runner_batch(r2, m, 5, NULL);
+        *knob = -1;
+        idem_runner_free(r);
+        idem_runner_free(r2);
+        idem_close(s);
+        expect_agree(t_local_uri(dir), m, 4);
+        t_rmdir(dir);
+        free(dir);
+        if (rc == 0)
+            return;  /* past the last failure point */
+    }
+    cr_assert_fail("the batch never succeeded");
+}
+
+Test(runner, a_failed_allocation_anywhere_commits_nothing_unchecked)
+{
+    fail_each_point(&t_fail_alloc_after);
+}
+
+Test(runner, a_failed_write_anywhere_commits_nothing_unchecked)
+{
+    fail_each_point(&t_fail_write_after);
 }

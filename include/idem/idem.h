@@ -384,40 +384,64 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
  *
  * A source hands the runner batches of messages in order; the runner
  * claims their keys, gives the NEW ones to a handler, records the outcomes
- * and commits them together with the caller's sink and source position:
+ * and commits them together with the caller's sink and source position.
+ * A batch goes round these steps until every message is settled:
  *
- *     claim every key of the batch; sync (the fencing tokens are durable
- *         before any effect runs)
- *     handler(NEW tasks) -> done / retry / fail per task
- *     retryable failures: release, back off, claim again (token + 1), run
- *         again, up to max_attempts
- *     commit(prefix): the caller writes the outcomes to its sink, makes
- *         them durable and puts its checkpoint
- *     complete / fail the prefix, release the rest; sync
+ *     claim what needs a claim (up to the first key that another worker
+ *         holds); sync (the fencing tokens are durable before any effect)
+ *     handler(NEW tasks) -> done / retry / fail per task; meanwhile the
+ *         leases of the batch's claims are renewed (every third of the
+ *         lease) and the answered prefix is committed every
+ *         commit_interval_ms, each time the handler calls
+ *         idem_runner_tick()
+ *     commit the settled prefix:
+ *         check the claims are still ours (stores shared by processes),
+ *         commit(prefix): the caller writes the outcomes to its sink,
+ *             makes them durable and puts its checkpoint,
+ *         complete / fail the claims, sync
+ *     retryable failures: released, claimed again after a backoff (token
+ *         + 1), run again, up to max_attempts; a key another worker holds
+ *         is asked for again every 200 ms until it is settled or its
+ *         lease runs out (then it is taken over)
  *
- * "The prefix" is every message when the handler answered all of them;
- * when it broke part way (returned an error), the messages before the
- * first unanswered one. Their outcomes are committed with the caller's
- * checkpoint in one commit; the claims of the rest are released, so a
- * later run gets them NEW with a higher token and attempt. So after a
- * crash anywhere, the store, the checkpoint and a sink that was made
- * durable in commit() agree: each key's outcome is in them exactly once.
- * The handler may see a key again after a crash or a handler error, with
- * a higher attempt and token: side effects that cannot be undone should
- * be fenced with the token.
+ * "The prefix" is the messages before the first one not settled. Their
+ * outcomes are committed with the caller's checkpoint in one commit (on
+ * Redis stores: applied at the sync together with the checkpoint, see
+ * "Checkpoints"); the claims of the rest stay ours, or are released when
+ * the batch stops (a handler error, a store error), so a later run gets
+ * them NEW with a higher token and attempt. So after a crash anywhere,
+ * the store, the checkpoint and a sink that was made durable in commit()
+ * agree: each key's outcome is in them exactly once. A crash sends back
+ * to the handler only the messages it was given and whose outcomes were
+ * not yet committed: at most commit_interval_ms of finished work plus
+ * what was in flight. The handler may see a key again after a crash or a
+ * handler error, with a higher attempt and token: side effects that
+ * cannot be undone should be fenced with the token.
  *
- * Without a handler the runner deduplicates: NEW keys are recorded DONE
- * at once (IDEM_CLAIM_DONE) in the commit that carries the checkpoint.
- * On a store without group commit (Redis), where each write is durable
- * as it is sent, they are claimed instead and completed only after
- * commit() returned, so a crash can repeat a key in the sink but never
- * drop one.
+ * Two workers on one store and one input never run a key twice while
+ * both live: a claim is renewed while its work is in flight, and a
+ * worker waiting for a key that another holds gives back every claim
+ * behind it first, so two workers that meet the same keys in different
+ * orders cannot wait for each other. A claim that is lost all the same
+ * (the worker stalled for longer than a lease and another took the key
+ * over) is never reported done: its message ends IDEM_MSG_INVALID with
+ * status IDEM_ELOST, and its output must not be written.
+ *
+ * Without a handler the runner deduplicates: on a store with group
+ * commit (local:, mem:) NEW keys are recorded DONE at once
+ * (IDEM_CLAIM_DONE) in the commit that carries the checkpoint; elsewhere
+ * they are claimed, and completed after commit().
  *
  * A key that appears twice in one batch is claimed once; the later
- * message is IDEM_MSG_DUPLICATE of the first. A key held by a live lease
- * of another worker is waited for until its lease runs out; on a store
- * that one process holds at a time (local:, mem:) such a claim belongs to
- * a process that is gone, and the runner takes it over at once. */
+ * message is IDEM_MSG_DUPLICATE of the first. On a store that one process
+ * holds at a time (local:, mem:) a PENDING claim under a live lease
+ * belongs to a process that is gone, and the runner takes it over at
+ * once.
+ *
+ * After an error of the store or of commit(), idem_runner_batch() gives
+ * back the claims it can and poisons the handle: every later write and
+ * sync fails, so that nothing the batch buffered can be committed without
+ * its checkpoint. Close the store and open it again to go on. */
 
 typedef struct idem_runner idem_runner;
 
@@ -444,7 +468,10 @@ typedef struct idem_task {
 /* Run the effects of n NEW tasks and set each task's answer, in any order.
  * Return 0, or a negative code when the handler broke: then the tasks
  * without an answer, and every message after the first of them, are not
- * committed. */
+ * committed. A handler that may take longer than a third of the lease,
+ * or longer than commit_interval_ms, calls idem_runner_tick() as often
+ * as it can (it is cheap when nothing is due); an answer set before a
+ * tick must keep its data valid until idem_runner_batch() returns. */
 typedef int (*idem_handler_fn)(void *ctx, idem_task *tasks, size_t n);
 
 /* What became of a message. */
@@ -458,8 +485,11 @@ typedef enum idem_msg_result {
     IDEM_MSG_REPLAY_FAILED,/* failed for good before; data = cached error */
     IDEM_MSG_DUPLICATE,    /* its key came earlier in this batch: see
                             * `first` */
-    IDEM_MSG_INVALID       /* its key could not be claimed: status says
-                            * why (IDEM_EKEYSIZE, IDEM_ECOLLISION, ...) */
+    IDEM_MSG_INVALID       /* not done here: status says why. Its key could
+                            * not be claimed (IDEM_EKEYSIZE,
+                            * IDEM_ECOLLISION, IDEM_EPROTO, ...), or the
+                            * claim was lost to another worker while the
+                            * handler ran (IDEM_ELOST): write no output */
 } idem_msg_result;
 
 /* One message of a batch. The caller fills key/keylen and msg/msglen;
@@ -471,7 +501,13 @@ typedef struct idem_msg {
     const void *msg;
     size_t msglen;
     idem_msg_result result;
-    int status;            /* INVALID: the error code */
+    int status;            /* INVALID: the error code. Also set on a
+                            * settled message that met a problem the
+                            * caller must report: IDEM_EVALSIZE (FAILED:
+                            * the answer was too large to store; data
+                            * says so), or an error of its completion
+                            * after its output was committed (ELOST,
+                            * EPROTO: the record may not say DONE) */
     uint64_t token;        /* the token that ran it (DONE, FAILED,
                             * GAVE_UP) or finished it (REPLAY*) */
     uint32_t attempt;
@@ -480,12 +516,14 @@ typedef struct idem_msg {
     size_t len;
 } idem_msg;
 
-/* Called once per batch (empty ones too), before the store commits,
- * with the n messages (a prefix of the batch, maybe none) whose outcomes
- * are about to be committed: write
- * them to the sink, make that durable, and put the source checkpoint with
- * idem_checkpoint_put(). Return 0, or an error to commit nothing of the
- * batch's outcomes (claims are released). */
+/* Called at least once per batch (empty ones too), before the store
+ * commits, with msgs and n: the first n messages of the batch (a prefix,
+ * maybe none) are about to be committed. n grows from call to call
+ * within a batch (a commit every commit_interval_ms, and one per round):
+ * write the messages not written by an earlier call to the sink, make
+ * that durable, and put the source checkpoint with idem_checkpoint_put().
+ * Return 0, or an error to commit nothing more of the batch (its claims
+ * are released and the store is poisoned). */
 typedef int (*idem_commit_fn)(void *ctx, const idem_msg *msgs, size_t n);
 
 typedef struct idem_runner_opts {
@@ -498,6 +536,10 @@ typedef struct idem_runner_opts {
     uint32_t max_attempts;  /* runs of a key per batch before GAVE_UP; 3 */
     int64_t backoff_ms;     /* wait before the first retry, doubled for
                              * each further one; 100 */
+    int64_t commit_interval_ms; /* while the handler works, commit the
+                             * answered prefix this often (at the handler's
+                             * idem_runner_tick()); 200. 0: only at the
+                             * end of each round */
 } idem_runner_opts;
 
 void idem_runner_opts_init(idem_runner_opts *o);
@@ -513,6 +555,15 @@ int idem_runner_new(idem_store *s, const idem_runner_opts *o,
  * see idem_errdetail() of the store). */
 int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
                       size_t *committed);
+
+/* Called by a handler while it works (see idem_handler_fn), from the
+ * thread that runs idem_runner_batch(): records the answers given so
+ * far, renews the leases of the batch's claims when a third of the lease
+ * has passed, and commits the answered prefix (calling commit()) when
+ * commit_interval_ms has passed since the last commit. Returns 0, or a
+ * store or commit() error: the handler should then stop and return it.
+ * Outside a handler call it does nothing and returns 0. */
+int idem_runner_tick(idem_runner *r);
 
 void idem_runner_free(idem_runner *r);
 

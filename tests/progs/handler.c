@@ -14,11 +14,15 @@
  *   exit=N        exit(3) instead of answering the Nth envelope (1-based)
  *   garbage=N     answer the Nth envelope with a line that is not JSON
  *   hang=N        sleep forever instead of answering the Nth envelope
- *   wrongkey=N    answer the Nth envelope with another key */
+ *   wrongkey=N    answer the Nth envelope with another key
+ *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
+ *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
+ *                 between logging it and answering */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static const char *action(int argc, char **argv, const char *name)
@@ -65,6 +69,8 @@ int main(int argc, char **argv)
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
+    long slow_ms = nth(argc, argv, "sleep");
+    const char *big = action(argc, argv, "big");
     static char line[1 << 22];
     char key[256], token[32], attempt[32], out[600];
     for (long i = 1; fgets(line, sizeof line, stdin); i++) {
@@ -77,6 +83,10 @@ int main(int argc, char **argv)
             int k = snprintf(out, sizeof out, "%s %s\n", key, token);
             if (write(log, out, (size_t)k) != k)
                 return 1;
+        }
+        if (slow_ms > 0) {
+            struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};
+            nanosleep(&ts, NULL);
         }
         if (i == exit_at)
             exit(3);
@@ -95,7 +105,15 @@ int main(int argc, char **argv)
             snprintf(out, sizeof out,
                      "{\"ok\":true,\"key\":\"%s\",\"n\":%zu}\n",
                      i == wrong ? "someone-else" : key, mlen);
-        fputs(out, stdout);
+        if (big && !strcmp(key, big)) {
+            fputs("{\"ok\":true,\"pad\":\"", stdout);
+            for (long k = 0; k < (65L << 20) / 64; k++)
+                fputs("0123456789abcdef0123456789abcdef"
+                      "0123456789abcdef0123456789abcdef", stdout);
+            fputs("\"}\n", stdout);
+        } else {
+            fputs(out, stdout);
+        }
         fflush(stdout);
     }
     return 0;

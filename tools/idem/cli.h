@@ -20,7 +20,11 @@ enum {
     IDEM_EXIT_OK = 0,   /* done */
     IDEM_EXIT_FAIL = 1, /* the work failed: I/O, a store error, bad input
                          * under --on-bad-input error, damage found, ... */
-    IDEM_EXIT_USAGE = 2 /* the command line was wrong; nothing was done */
+    IDEM_EXIT_USAGE = 2, /* the command line was wrong; nothing was done */
+    IDEM_EXIT_PARTIAL = 3 /* run, dedup: the input was read to its end,
+                           * but some messages were not done here (their
+                           * key was lost to another worker, or refused
+                           * by the store): each was named on stderr */
 };
 
 int idem_cmd_bench(int argc, char **argv);

@@ -25,6 +25,13 @@
  * kept in err, and the call returns an error: the runner then commits the
  * answers before the first missing one and nothing after it.
  *
+ * While the handler works, the runner is ticked (idem_runner_tick) at
+ * least every TICK_MS: it renews the batch's leases and commits the
+ * answers given so far, so a slow handler neither loses its keys to
+ * another worker nor has much finished work redone after a crash. Before
+ * each tick the answers read so far get real pointers into rb, and the
+ * runner copies them; rb may move afterwards.
+ *
  * The child gets PR_SET_PDEATHSIG, so kill -9 of idem takes the handler
  * down too, instead of leaving it running effects for claims that the
  * next run will take over. */
@@ -42,6 +49,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
+
+#define TICK_MS 50
 
 static int64_t mono_ms(void)
 {
@@ -311,6 +320,22 @@ static void compact(coproc *c)
     c->rpos = 0;
 }
 
+/* Answers [fixed, got) point into rb from now on. */
+static void fix_answers(coproc *c, idem_task *tasks, size_t got)
+{
+    for (; c->fixed < got; c->fixed++)
+        tasks[c->fixed].data = c->rb.p + (uintptr_t)tasks[c->fixed].data;
+}
+
+/* Let the runner renew leases and commit what is answered. */
+static int tick(coproc *c, idem_task *tasks, size_t got)
+{
+    fix_answers(c, tasks, got);
+    int rc = idem_runner_tick(c->runner);
+    return rc ? broke(c, rc, "the store failed while the handler worked; "
+                      "stopped it") : 0;
+}
+
 static int exchange(coproc *c, idem_task *tasks, size_t n)
 {
     size_t woff = 0, got = 0;
@@ -332,7 +357,7 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
                          "needs -W interactive)",
                          key, (long long)c->lease_ms);
         }
-        int k = poll(pf, 2, (int)(left < 1000 ? left : 1000));
+        int k = poll(pf, 2, (int)(left < TICK_MS ? left : TICK_MS));
         if (k < 0 && errno != EINTR)
             return broke(c, IDEM_EIO, "poll: %s", strerror(errno));
         size_t before = got;
@@ -341,6 +366,8 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
             deadline = mono_ms() + c->lease_ms;
+        if (!rc)
+            rc = tick(c, tasks, got);
     }
     return rc;
 }
@@ -350,6 +377,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     coproc *c = ctx;
     c->err[0] = '\0';
     c->wb.len = 0;
+    c->fixed = 0;
     compact(c);
     for (size_t i = 0; i < n; i++)
         if (envelope(c, &tasks[i]))
@@ -366,9 +394,10 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         snprintf(c->err, sizeof c->err, "the handler %s before answering "
                  "every message", why);
     }
-    for (size_t i = 0; i < n; i++)
-        if (tasks[i].answer)
-            tasks[i].data = c->rb.p + (uintptr_t)tasks[i].data;
+    size_t got = c->fixed;
+    while (got < n && tasks[got].answer)
+        got++;
+    fix_answers(c, tasks, got);
     return rc;
 }
 

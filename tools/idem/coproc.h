@@ -15,6 +15,8 @@ typedef struct coproc {
     cli_buf wb, rb;         /* envelopes out, answers in */
     size_t rpos;            /* answers consumed from rb */
     uint64_t answers;       /* lines read from it, for messages */
+    idem_runner *runner;    /* ticked while the handler works */
+    size_t fixed;           /* answers whose data points into rb */
     char err[512];          /* why the last call failed */
 } coproc;
 

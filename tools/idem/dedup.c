@@ -55,7 +55,9 @@ static const char usage[] =
     "  --stats-json      the summary as one JSON object on stderr\n"
     "\n"
     "Blank lines are skipped. Exit status: 0 done, 1 stopped by an error\n"
-    "(everything before it is committed: rerun to resume), 2 bad usage.\n"
+    "(everything before it is committed: rerun to resume), 2 bad usage,\n"
+    "3 read to the end, but some keys were refused by the store or lost\n"
+    "to another worker (each is named on stderr).\n"
     "\n"
     "Examples:\n"
     "  idem dedup --key event_id --output unique.ndjson events.ndjson\n"
@@ -76,7 +78,8 @@ static int emit_line(void *ctx, stream *st, const idem_msg *msgs,
 int idem_cmd_dedup(int argc, char **argv)
 {
     static const struct option opts[] = {STREAM_LONGOPTS, {0, 0, 0, 0}};
-    stream_cfg c = {.cmd = "dedup", .batch = 65536, .emit = emit_line};
+    stream_cfg c = {.cmd = "dedup", .batch = 65536, .emit = emit_line,
+                    .commit_interval_ms = -1};
     int ch;
     while ((ch = cli_getopt(c.cmd, argc, argv, opts)) != -1) {
         if (ch == 'h') {

@@ -53,10 +53,17 @@ static const char usage[] =
     "                    to an uninterrupted run's\n"
     "  --replay emit|skip  duplicates: print the cached result, or nothing\n"
     "                    (default skip)\n"
-    "  --batch N         messages per commit and in flight (default 16384)\n"
-    "  --lease DURATION  how long a claim is held, and the longest wait for\n"
-    "                    one answer before the handler counts as hung\n"
-    "                    (default 30s)\n"
+    "  --batch N         messages read and claimed at a time (default\n"
+    "                    16384)\n"
+    "  --commit-interval DURATION  while the handler works, commit its\n"
+    "                    answers this often (default 200ms; 0: only when\n"
+    "                    a batch is answered). After kill -9 only the\n"
+    "                    messages in flight and this much finished work\n"
+    "                    reach the handler again\n"
+    "  --lease DURATION  how long a claim is held without renewal (idem\n"
+    "                    renews every third of it while the handler\n"
+    "                    works), and the longest wait for one answer\n"
+    "                    before the handler counts as hung (default 30s)\n"
     "  --max-attempts N  runs of a message with retryable failures before\n"
     "                    it is reported gave_up (default 3)\n"
     "  --backoff DURATION  wait before the first retry, doubled after each\n"
@@ -77,8 +84,17 @@ static const char usage[] =
     "When the handler exits, hangs past --lease or writes a line that is\n"
     "not a JSON object, idem kills it, commits the results before the\n"
     "first missing one and nothing after, and stops with exit status 1\n"
-    "(or restarts it, see --restart). Exit status: 0 done, 1 stopped, 2\n"
-    "bad usage.\n"
+    "(or restarts it, see --restart).\n"
+    "\n"
+    "Several workers may run on one shared store (redis://): a key is run\n"
+    "by one of them; the others wait for it and skip it (its result line\n"
+    "is in the output of the worker that ran it).\n"
+    "\n"
+    "Exit status: 0 done; 1 stopped (handler, store or input error); 2 bad\n"
+    "usage; 3 read to the end, but some messages were not done here: a\n"
+    "claim lost to another worker after a stall longer than --lease, a key\n"
+    "the store refused, an answer too large to store (each is named on\n"
+    "stderr).\n"
     "\n"
     "Example:\n"
     "  idem run --key order_id --output results.ndjson \\\n"
@@ -173,6 +189,7 @@ int idem_cmd_run(int argc, char **argv)
         {"restart", 1, 0, 'R'},  {0, 0, 0, 0}};
     run_ctx r = {0};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
+                    .commit_interval_ms = -1, .runner_out = &r.co.runner,
                     .handler = handle, .hctx = &r,
                     .handler_end = handler_end, .emit = emit_result,
                     .ectx = &r};

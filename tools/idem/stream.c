@@ -105,6 +105,13 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'J': c->stats_json = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
     case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
+    case 'C':
+        if (!strcmp(arg, "0")) {
+            c->commit_interval_ms = 0;
+            return 0;
+        }
+        return cli_duration(c->cmd, "--commit-interval", arg,
+                            &c->commit_interval_ms);
     case 'M': return cli_choice(c->cmd, "--on-missing-key", arg, missing,
                                 &c->on_missing);
     case 'B': return cli_choice(c->cmd, "--on-bad-input", arg, bad,
@@ -289,6 +296,35 @@ static void read_batch(loop *lp, batch *b)
 /* ------------------------------------------------------------------------
  * Committing a batch (in the worker thread) */
 
+/* A message that was not done exactly once here: always said, whatever
+ * --quiet, since the exit status alone cannot tell which. */
+static void problem(loop *lp, const idem_msg *m)
+{
+    const char *why =
+        m->status == IDEM_ELOST
+            ? "its claim was lost to another worker (stalled longer than "
+              "--lease?); not reported done here"
+        : m->status == IDEM_EVALSIZE
+            ? "the handler's answer is too large to store; recorded as a "
+              "permanent failure"
+        : m->result == IDEM_MSG_INVALID
+            ? "the store refused its key; nothing was run"
+            : "its result line was written but the store did not record "
+              "it; it was released";
+    uint64_t k = ++lp->st.n.problems;
+    if (k > MAX_WARNINGS)
+        return;
+    int text = utf8_valid(m->key, m->keylen);
+    fprintf(stderr, "%sidem %s: key %s%.*s%s: %s (%s)\n",
+            lp->tty ? "\r\033[K" : "", lp->st.cfg->cmd, text ? "'" : "",
+            text ? (int)(m->keylen < 200 ? m->keylen : 200) : 0,
+            (const char *)m->key, text ? "'" : "(binary)", why,
+            idem_strerror(m->status));
+    if (k == MAX_WARNINGS)
+        fprintf(stderr, "idem %s: further such messages are counted, not "
+                        "shown\n", lp->st.cfg->cmd);
+}
+
 static void count(stream_counts *n, const idem_msg *m)
 {
     switch (m->result) {
@@ -316,9 +352,7 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
         const idem_msg *m =
             it->kind == IT_MSG ? &msgs[it->msg - lp->base] : NULL;
         if (m && m->result == IDEM_MSG_INVALID)
-            warn_line(lp, lp->st.cfg->ninputs ? lp->st.cfg->inputs[b->input]
-                                             : "<stdin>",
-                      &it->l, 1, idem_strerror(m->status), "skipped");
+            problem(lp, m);
         if (m)
             count(&lp->st.n, m);
         if (it->kind != IT_DROP &&
@@ -340,8 +374,13 @@ static void *commit_batch(void *arg)
     lp->base = 0;
     b->emitted = 0;
     for (;;) {
-        lp->rc = idem_runner_batch(lp->runner, b->msgs + lp->base,
-                                   b->nmsgs - lp->base, &lp->committed);
+        idem_msg *msgs = b->msgs + lp->base;
+        lp->rc = idem_runner_batch(lp->runner, msgs, b->nmsgs - lp->base,
+                                   &lp->committed);
+        /* Problems met after a message's line was committed. */
+        for (size_t i = 0; i < lp->committed; i++)
+            if (msgs[i].status && msgs[i].result != IDEM_MSG_INVALID)
+                problem(lp, &msgs[i]);
         lp->base += lp->committed;
         if (!lp->rc)  /* expire a little between batches: bounded work */
             lp->rc = idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL);
@@ -513,8 +552,12 @@ static int setup(loop *lp, const stream_cfg *c)
     if (c->max_attempts)
         ro.max_attempts = c->max_attempts;
     ro.backoff_ms = c->backoff_ms;
+    if (c->commit_interval_ms >= 0)
+        ro.commit_interval_ms = c->commit_interval_ms;
     if (idem_runner_new(lp->s, &ro, &lp->runner))
         return cli_fail(c->cmd, "out of memory");
+    if (c->runner_out)
+        *c->runner_out = lp->runner;
     return 0;
 }
 
@@ -576,6 +619,13 @@ int stream_run(const stream_cfg *c)
         progress(&lp, 1);
         if (rc != 2)
             summary(&lp);
+        if (!rc && lp.st.n.problems) {
+            fprintf(stderr, "idem %s: %" PRIu64 " message%s not done here "
+                    "(see above); exit status 3\n", c->cmd,
+                    lp.st.n.problems, lp.st.n.problems == 1 ? " was" :
+                    "s were");
+            rc = IDEM_EXIT_PARTIAL;
+        }
     }
     int rc2 = job_end(&lp.st.job);
     if (lp.s && idem_close(lp.s) && !rc)

@@ -12,6 +12,9 @@ typedef struct stream_counts {
     uint64_t read, blank, skipped, passed;
     /* counted while committing (another thread): */
     uint64_t fresh, dup, failed, gave_up, invalid, restarts;
+    uint64_t problems;  /* messages not done exactly once here: lost to
+                         * another worker, refused by the store, an
+                         * answer too large (exit status 3) */
     uint64_t bytes;
 } stream_counts;
 
@@ -30,6 +33,7 @@ typedef struct stream_cfg {
     int on_missing, on_bad;   /* ON_* */
     uint64_t batch;
     int64_t ttl_ms, lease_ms;
+    int64_t commit_interval_ms;  /* -1: the runner's default */
     int quiet, stats_json;
     char **inputs;
     size_t ninputs;
@@ -40,6 +44,7 @@ typedef struct stream_cfg {
     uint32_t max_attempts;
     int64_t backoff_ms;
     uint64_t restarts;        /* handler failures to restart after */
+    idem_runner **runner_out; /* if set, receives the runner (to tick) */
     stream_emit_fn emit;
     void *ectx;
 } stream_cfg;
@@ -60,7 +65,7 @@ int stream_run(const stream_cfg *cfg);
         {"on-missing-key", 1, 0, 'M'}, {"on-bad-input", 1, 0, 'B'},       \
         {"batch", 1, 0, 'b'}, {"quiet", 0, 0, 'q'},                       \
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
-        {"help", 0, 0, 'h'}
+        {"commit-interval", 1, 0, 'C'}, {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */

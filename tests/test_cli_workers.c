@@ -1,0 +1,299 @@
+/* tests/test_cli_workers.c - the runner composed with the world around
+ * it: two workers on one store and one input, slow handlers, a TTL and a
+ * lease shorter than a batch, a worker stalled past its lease, and a kill
+ * -9 while a slow batch is half answered.
+ *
+ * Each case checks the promise as a user sees it, over real processes:
+ * every key's handler runs exactly once in total (from the handlers' one
+ * shared log, appended a whole line at a time), and every key has exactly
+ * one result line across the workers' outputs. Nothing here asserts on
+ * timing: a worker started "1.5 s later" may start at any moment, and the
+ * outcome must be the same. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "redis_harness.h"
+
+static char *dir;
+
+static const char *at(const char *name)
+{
+    static char buf[4][4200];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+/* n events {"event_id":"kI"}, keys k0..k(n-1), each once. */
+static void make_input(int n)
+{
+    FILE *f = fopen(at("in"), "w");
+    cr_assert(f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "{\"event_id\":\"k%d\",\"amount\":%d}\n", i, i);
+    fclose(f);
+}
+
+static void setup(void)
+{
+    dir = t_tmpdir();
+}
+
+static void teardown(void)
+{
+    t_rmdir(dir);
+    free(dir);
+}
+
+TestSuite(workers, .init = setup, .fini = teardown, .timeout = 240);
+
+static void sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* `idem run` in the background, its stderr in NAME.err, its output in
+ * NAME; the handler logs every envelope to the shared file "log". */
+static pid_t start_run(const char *name, const char *store, const char *opts,
+                       const char *actions)
+{
+    char cmd[6000];
+    snprintf(cmd, sizeof cmd,
+             "exec \"$IDEM_CLI\" run --key event_id --store '%s' --output "
+             "'%s' %s --exec '\"$IDEM_PROGS/handler\" log %s' in 2> '%s.err'",
+             store, name, opts, actions, name);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        if (chdir(dir) != 0)
+            _exit(126);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* The exit status of pid, or 128 + the signal that ended it. */
+static int wait_for(pid_t pid)
+{
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/* How often "needle" occurs in the file at path (0 if absent). */
+static int occurrences(const char *path, const char *needle)
+{
+    if (access(path, F_OK) != 0)
+        return 0;
+    char *b = t_read(path, NULL);
+    int n = 0;
+    for (const char *p = b; (p = strstr(p, needle)) != NULL; p++)
+        n++;
+    free(b);
+    return n;
+}
+
+static int lines_of(const char *name)
+{
+    return occurrences(at(name), "\n");
+}
+
+/* How many envelopes of key kI the handlers logged ("kI TOKEN" lines). */
+static int runs_of(int i)
+{
+    char logged[64], first[64];
+    snprintf(logged, sizeof logged, "\nk%d ", i);
+    snprintf(first, sizeof first, "k%d ", i);
+    if (access(at("log"), F_OK) != 0)
+        return 0;
+    char *log = t_read(at("log"), NULL);
+    int ran = occurrences(at("log"), logged) +
+              (strncmp(log, first, strlen(first)) == 0);
+    free(log);
+    return ran;
+}
+
+/* Every key k0..k(n-1): run `runs` times by the handlers (any number if
+ * runs < 0), and one result line with status done across the outputs. */
+static void expect_each_key(int n, int runs, const char *const outs[],
+                            int nouts)
+{
+    for (int i = 0; i < n; i++) {
+        char result[64];
+        snprintf(result, sizeof result,
+                 "{\"key\":\"k%d\",\"status\":\"done\"", i);
+        int ran = runs_of(i);
+        if (runs >= 0)
+            cr_assert_eq(ran, runs, "k%d ran %d times", i, ran);
+        int lines = 0;
+        for (int j = 0; j < nouts; j++)
+            lines += occurrences(at(outs[j]), result);
+        cr_assert_eq(lines, 1, "k%d has %d result lines", i, lines);
+    }
+}
+
+/* Two workers on one input and one store, the second started while the
+ * first is half way through a batch that outlasts its lease. */
+static void two_workers(const char *store)
+{
+    make_input(30);
+    const char *opts = "--lease 1s --batch 30";
+    pid_t w1 = start_run("out1", store, opts, "sleep=100");
+    sleep_ms(1500);
+    pid_t w2 = start_run("out2", store, opts, "sleep=100");
+    int st1 = wait_for(w1), st2 = wait_for(w2);
+    cr_assert_eq(st1, 0, "worker 1 exited %d", st1);
+    cr_assert_eq(st2, 0, "worker 2 exited %d", st2);
+    const char *const outs[] = {"out1", "out2"};
+    expect_each_key(30, 1, outs, 2);
+}
+
+static const char *redis_store(const char *scheme, const char *addr)
+{
+    static char uri[512];
+    snprintf(uri, sizeof uri, "%s://%s?prefix=%s", scheme, addr,
+             th_prefix());
+    return uri;
+}
+
+Test(workers, two_on_one_redis_each_key_once)
+{
+    two_workers(redis_store("redis", th_redis_addr()));
+    th_shared_stop();
+}
+
+Test(workers, two_on_one_cluster_each_key_once)
+{
+    two_workers(redis_store("redis-cluster", th_cluster_addr()));
+    th_shared_stop();
+}
+
+/* A TTL and a lease shorter than the batch: the claims are renewed while
+ * the handler works, so every result is stored and written. */
+Test(workers, slow_batch_outlives_ttl_and_lease_local)
+{
+    make_input(5);
+    pid_t w = start_run("out", "local:store",
+                        "--ttl 1s --lease 1s --batch 5", "sleep=500");
+    cr_assert_eq(wait_for(w), 0);
+    const char *const outs[] = {"out"};
+    expect_each_key(5, 1, outs, 1);
+    w = start_run("out", "local:store", "--ttl 1s --lease 1s --batch 5",
+                  "sleep=500");
+    cr_assert_eq(wait_for(w), 0);
+    expect_each_key(5, 1, outs, 1);
+}
+
+/* Finished work is committed by time, not only at the end of a batch:
+ * with a slow handler the output grows while the batch is still being
+ * answered, and a kill -9 there sends back to the handler only what was
+ * not committed. */
+Test(workers, slow_handler_commits_by_time_then_kill9)
+{
+    make_input(20);
+    pid_t w = start_run("out", "local:store", "--commit-interval 100ms",
+                        "sleep=300");
+    for (int waited = 0; lines_of("out") == 0 && waited < 120000;
+         waited += 20)
+        sleep_ms(20);
+    int ran = lines_of("log");
+    cr_assert_gt(lines_of("out"), 0, "nothing committed");
+    cr_assert_lt(ran, 20, "committed only when the batch ended");
+    kill(w, SIGKILL);
+    wait_for(w);
+    char *out = t_read(at("out"), NULL);
+    w = start_run("out", "local:store", "--commit-interval 100ms",
+                  "sleep=1");
+    cr_assert_eq(wait_for(w), 0);
+    const char *const outs[] = {"out"};
+    expect_each_key(20, -1, outs, 1);
+    /* What was committed before the kill never ran again. */
+    for (int i = 0; i < 20; i++) {
+        char result[64];
+        snprintf(result, sizeof result, "{\"key\":\"k%d\",", i);
+        if (strstr(out, result))
+            cr_assert_eq(runs_of(i), 1, "k%d was committed, yet ran again",
+                         i);
+    }
+    free(out);
+}
+
+/* A worker stalled (SIGSTOP) for longer than its lease loses its keys to
+ * a second worker. When it wakes it must not report them done: it says
+ * so on stderr and exits 3, and each key has one result line. */
+Test(workers, stalled_worker_reports_lost_keys_redis)
+{
+    make_input(6);
+    const char *store = redis_store("redis", th_redis_addr());
+    pid_t w1 = start_run("out1", store, "--lease 1s", "sleep=300");
+    for (int waited = 0; lines_of("log") == 0 && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    kill(w1, SIGSTOP);
+    sleep_ms(1500);  /* its leases run out */
+    pid_t w2 = start_run("out2", store, "--lease 1s", "sleep=1");
+    int st2 = wait_for(w2);
+    kill(w1, SIGCONT);
+    int st1 = wait_for(w1);
+    cr_assert_eq(st2, 0);
+    cr_assert_eq(st1, 3, "the stalled worker exited %d", st1);
+    cr_assert(t_grep(at("out1.err"), "lost to another worker"));
+    const char *const outs[] = {"out1", "out2"};
+    expect_each_key(6, -1, outs, 2);
+    th_shared_stop();
+}
+
+/* ------------------------------------------------------------------------
+ * Errors of one key: the key ends in a defined state, is named on stderr,
+ * and the exit status is not 0. */
+
+/* An answer over IDEM_VALUE_MAX cannot be stored: it is recorded as a
+ * permanent failure that says so (running it again would double the
+ * effect), the others are done, and a rerun runs nothing. */
+Test(workers, an_answer_too_large_is_a_reported_permanent_failure)
+{
+    make_input(3);
+    pid_t w = start_run("out", "local:store", "", "big=k1");
+    cr_assert_eq(wait_for(w), 3);
+    cr_assert(t_grep(at("out.err"), "key 'k1': the handler's answer is too "
+                                    "large to store"));
+    cr_assert(t_grep(at("out"), "{\"key\":\"k1\",\"status\":\"failed\""));
+    cr_assert_eq(t_cli(dir, "get k1 | grep -q 'failed'"), 0);
+    w = start_run("out2", "local:store", "", "");
+    cr_assert_eq(wait_for(w), 0);
+    cr_assert_eq(lines_of("log"), 3, "nothing ran again");
+}
+
+/* A record idem cannot read (a string where a hash belongs) makes the
+ * claim of its key fail: the key is named, the others are done, exit 3. */
+Test(workers, a_key_the_store_refuses_is_reported)
+{
+    make_input(3);
+    const char *prefix = th_prefix();
+    char store[512];
+    snprintf(store, sizeof store, "redis://%s?prefix=%s", th_redis_addr(),
+             prefix);
+    redisContext *c = th_connect(th_first_port(th_redis_addr()));
+    freeReplyObject(th_cmd(c, "SET %s{k1} garbage", prefix));
+    redisFree(c);
+    pid_t w = start_run("out", store, "", "");
+    cr_assert_eq(wait_for(w), 3);
+    cr_assert(t_grep(at("out.err"), "key 'k1': the store refused its key"));
+    const char *const outs[] = {"out"};
+    for (int i = 0; i < 3; i += 2) {
+        char result[64];
+        snprintf(result, sizeof result, "{\"key\":\"k%d\",\"status\":"
+                 "\"done\"", i);
+        cr_assert_eq(occurrences(at(outs[0]), result), 1);
+    }
+    th_shared_stop();
+}
