@@ -40,7 +40,7 @@ while read -r env; do
     token=${env#*\"token\":}; token=${token%%,*}
     amount=${env#*\"amount\": }; amount=${amount%%\}*}
     echo "$key $amount token=$token" >> ledger.txt
-    echo "{\"charged\":$amount}"
+    echo "{\"ok\":true,\"charged\":$amount}"
 done
 HANDLER
 chmod +x charge.sh

@@ -14,7 +14,10 @@
  *   exit=N        exit(3) instead of answering the Nth envelope (1-based)
  *   garbage=N     answer the Nth envelope with a line that is not JSON
  *   hang=N        sleep forever instead of answering the Nth envelope
- *   wrongkey=N    answer the Nth envelope with another key */
+ *   wrongkey=N    answer the Nth envelope with another key
+ *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
+ *                 as it is (answers that test the grammar) */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +57,18 @@ static void field(const char *line, const char *name, char *out, size_t n)
     out[k] = '\0';
 }
 
+/* The first line of the file named after "N:" in reply=N:FILE. */
+static void reply_line(const char *arg, char *out, size_t n)
+{
+    const char *colon = strchr(arg, ':');
+    FILE *f = colon ? fopen(colon + 1, "r") : NULL;
+    if (!f || !fgets(out, (int)n, f)) {
+        fprintf(stderr, "handler: reply=%s: %s\n", arg, strerror(errno));
+        exit(4);
+    }
+    fclose(f);
+}
+
 int main(int argc, char **argv)
 {
     int log = -1;
@@ -65,6 +80,7 @@ int main(int argc, char **argv)
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
+    long reply = nth(argc, argv, "reply");
     static char line[1 << 22];
     char key[256], token[32], attempt[32], out[600];
     for (long i = 1; fgets(line, sizeof line, stdin); i++) {
@@ -85,6 +101,8 @@ int main(int argc, char **argv)
                 pause();
         if (i == garbage)
             snprintf(out, sizeof out, "this is not json\n");
+        else if (i == reply)
+            reply_line(action(argc, argv, "reply"), out, sizeof out);
         else if (fail && !strcmp(key, fail))
             snprintf(out, sizeof out, "{\"error\":\"no such card\"}\n");
         else if ((retry && !strcmp(key, retry)) ||
