@@ -85,4 +85,4 @@ echo "                             a higher fencing token (idem run --help)"
 echo
 "$IDEM" stats
 echo
-echo "try: cd $BUILD/demo && ../idem get ord-000042"
+echo "try: cd $BUILD/demo && ../idem get --key-space run ord-000042"
