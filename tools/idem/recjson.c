@@ -15,11 +15,11 @@
  * shared key space. */
 #include "recjson.h"
 
-#include "keyspace.h"
-
 #include <stdlib.h>
 #include <string.h>
 #include <yajl/yajl_tree.h>
+
+#include "keyspace.h"
 
 static const char *const states[] = {"pending", "done", "failed"};
 
