@@ -123,3 +123,16 @@ t0=$(now)
 t1=$(now)
 run_s=$(secs "$t0" "$t1")
 echo "run_seconds=$run_s run_messages_per_sec=$(r "$N" "$run_s") (>= 200000)"
+# The cost of committing by time (default --commit-interval 200ms, and
+# 20ms as make demo uses) against committing only when a batch is done.
+for ci in 0 20ms; do
+    rm -rf "$tmp/rstore"
+    t0=$(now)
+    "$BUILD/idem" run --key event_id --store "local:$tmp/rstore" \
+        --exec "$BUILD/bench/handler_ok" --output "$tmp/run.out" --quiet \
+        --commit-interval "$ci" "$tmp/events.ndjson"
+    t1=$(now)
+    ci_s=$(secs "$t0" "$t1")
+    echo "run_commit_interval_${ci}_messages_per_sec=$(r "$N" "$ci_s")" \
+        "default_vs_this=$(r "$ci_s" "$run_s")"
+done

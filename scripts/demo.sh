@@ -40,7 +40,7 @@ while read -r env; do
     token=${env#*\"token\":}; token=${token%%,*}
     amount=${env#*\"amount\": }; amount=${amount%%\}*}
     echo "$key $amount token=$token" >> ledger.txt
-    echo "{\"charged\":$amount}"
+    echo "{\"ok\":true,\"charged\":$amount}"
 done
 HANDLER
 chmod +x charge.sh
@@ -87,4 +87,4 @@ echo "                             higher fencing token (idem run --help)"
 echo
 "$IDEM" stats
 echo
-echo "try: cd $BUILD/demo && ../idem get ord-000042"
+echo "try: cd $BUILD/demo && ../idem get --key-space run ord-000042"

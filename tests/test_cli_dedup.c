@@ -315,3 +315,115 @@ Test(cli_dedup, on_a_redis_store_the_output_is_appended)
     expect("o", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n");
     th_shared_stop();
 }
+
+Test(cli_dedup, jobs_keep_their_keys_apart)
+{
+    put("e", "{\"event_id\":\"42\"}\n");
+    put("o", "{\"order_id\":\"42\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --job events --key event_id --quiet e "
+                            "> out"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job orders --key order_id --quiet o "
+                            "> out"), 0);
+    expect("out", "{\"order_id\":\"42\"}\n");
+    /* each job's key is its own, and shows as such */
+    cr_assert_eq(t_cli(dir, "get --job events 42 > out"), 0);
+    cr_assert(t_grep(at("out"), "key space  events\nkey        42\n"));
+    cr_assert_eq(t_cli(dir, "get 42 2> err"), 1);
+    cr_assert(t_grep(at("err"), "in the shared key space"));
+    cr_assert_eq(t_cli(dir, "dump > out"), 0);
+    cr_assert(t_grep(at("out"), "{\"key\":\"42\",\"key_space\":\"events\","));
+    cr_assert(t_grep(at("out"), "{\"key\":\"42\",\"key_space\":\"orders\","));
+    /* dump | load keeps them apart */
+    cr_assert_eq(t_cli(dir, "load --store local:copy out 2> err"), 0);
+    cr_assert_eq(t_cli(dir, "get --key-space orders --store local:copy 42 "
+                            "> out"), 0);
+    cr_assert_eq(t_cli(dir, "forget --job events 42"), 0);
+    cr_assert_eq(t_cli(dir, "get --job orders 42 > out"), 0);
+    put("e2", "{\"event_id\":\"42\"}\n");  /* the job resumes after e */
+    cr_assert_eq(t_cli(dir, "dedup --job events --key event_id --quiet e2 "
+                            "> out"), 0);
+    expect("out", "{\"event_id\":\"42\"}\n");
+}
+
+Test(cli_dedup, jobs_that_mean_to_share_keys_say_so)
+{
+    put("e", "{\"event_id\":\"42\"}\n");
+    put("o", "{\"order_id\":\"42\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --job a --key-space common --key "
+                            "event_id --quiet e > out"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job b --key-space common --key "
+                            "order_id --quiet o > out"), 0);
+    expect("out", "");
+    /* the shared key space holds the library's keys */
+    idem_store *s;
+    char uri[4300];
+    snprintf(uri, sizeof uri, "local:%s", at("store"));
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    idem_outcome oc;
+    cr_assert_eq(idem_claim(s, &(idem_key){"42", 2, NULL}, NULL, &oc), 0);
+    cr_assert_eq(idem_complete(s, "42", 2, oc.token, "", 0, 0), 0);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(t_cli(dir, "dedup --shared-keys --key event_id --quiet e "
+                            "> out"), 0);
+    expect("out", "");
+    cr_assert_eq(t_cli(dir, "dedup --shared-keys --key-space x --key id e "
+                            "2> err"), 2);
+    cr_assert(t_grep(at("err"), "exclude each other"));
+}
+
+Test(cli_dedup, a_key_space_leaves_the_rest_of_the_key_limit)
+{
+    char *line = malloc(1100);
+    cr_assert(line);
+    memset(line, 'k', 1024);
+    memcpy(line + 1024, "\n", 2);
+    put("long", line);
+    free(line);
+    cr_assert_eq(t_cli(dir, "dedup --line --job j long > out 2> err"), 1);
+    cr_assert(t_grep(at("err"), "the key is 1024 bytes; keys in key space "
+                                "'j' are 1 to 1021 bytes (1024 with the key "
+                                "space's name)"), "%s",
+              t_read(at("err"), NULL));
+    cr_assert_eq(t_cli(dir, "dedup --line --shared-keys --quiet long "
+                            "> out"), 0);
+    cr_assert_eq(t_sh("wc -c < '%s' | grep -qx 1025", at("out")), 0);
+}
+
+/* A job committed before key spaces has a version 1 checkpoint and its
+ * keys in the shared key space: it is not silently run again elsewhere. */
+Test(cli_dedup, jobs_from_before_key_spaces_keep_their_history)
+{
+    static const char v1[] = "idem-job 1 out=9 inputs=0 input=0 offset=0 "
+                             "line=0 tail=0/0";
+    put("o", "{\"id\":1}\n");
+    put("in", "{\"id\":1}\n{\"id\":2}\n");
+    idem_store *s;
+    char uri[4300];
+    snprintf(uri, sizeof uri, "local:%s", at("store"));
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    idem_outcome oc;
+    cr_assert_eq(idem_claim(s, &(idem_key){"1", 1, NULL}, NULL, &oc), 0);
+    cr_assert_eq(idem_complete(s, "1", 1, oc.token, "", 0, 0), 0);
+    cr_assert_eq(idem_checkpoint_put(s, "dedup:old", v1, strlen(v1)), 0);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job old --key id --output o in "
+                            "2> err"), 1);
+    cr_assert(t_grep(at("err"), "committed by an idem without key spaces"),
+              "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "Add --shared-keys to keep them"));
+    expect("o", "{\"id\":1}\n");
+    cr_assert_eq(t_cli(dir, "dedup --job old --shared-keys --key id "
+                            "--quiet --output o in"), 0);
+    expect("o", "{\"id\":1}\n{\"id\":2}\n");
+    /* now written with its key space, which a rerun must name again */
+    cr_assert_eq(t_cli(dir, "dedup --job old --key-space x --key id "
+                            "--output o in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "keeps its keys in the shared key space; "
+                                "run it with --shared-keys"));
+    cr_assert_eq(t_cli(dir, "dedup --job new --key id --output o2 in "
+                            "2> err"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job new --shared-keys --key id "
+                            "--output o2 in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "keeps its keys in key space 'new'; run it "
+                                "with --key-space 'new'"));
+}

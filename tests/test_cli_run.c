@@ -53,6 +53,23 @@ static void expect(const char *name, const char *text)
     free(got);
 }
 
+static void put_answer(const char *line)
+{
+    char text[300];
+    snprintf(text, sizeof text, "%s\n", line);
+    t_write(at("ans"), text, strlen(text));
+}
+
+/* run() on store sN, output to out, stderr to err. */
+static int run_store(int n, const char *actions)
+{
+    char opts[100];
+    snprintf(opts, sizeof opts, "--store local:s%d --output out in 2> err",
+             n);
+    t_sh("rm -f '%s'", at("out"));
+    return run(opts, actions);
+}
+
 #define R(k) "{\"key\":\"" k "\",\"status\":\"done\",\"result\":" \
              "{\"ok\":true,\"key\":\"" k "\",\"n\":22}}\n"
 
@@ -122,6 +139,61 @@ Test(cli_run, garbage_and_wrong_keys_are_errors)
     cr_assert(t_grep(at("err"), "answered for another key"));
 }
 
+/* b's answer is the first line of the file "ans": judged by the grammar
+ * of `idem run --help`, never guessed. */
+static int run_answering_b(int n, const char *answer)
+{
+    put_answer(answer);
+    return run_store(n, "reply=2:ans");
+}
+
+Test(cli_run, answers_outside_the_grammar_stop_the_run)
+{
+    struct {
+        const char *answer, *says;
+    } cases[] = {
+        {"{\"ok\":false}", "\"ok\" must be true"},
+        {"{\"ok\":1}", "\"ok\" must be true"},
+        {"{\"ok\":\"yes\"}", "\"ok\" must be true"},
+        {"{\"ok\":true,\"error\":null}", "both \"ok\" and \"error\""},
+        {"{\"ok\":false,\"error\":\"x\"}", "both \"ok\" and \"error\""},
+        {"{\"error\":null}", "\"error\" must be a string"},
+        {"{\"error\":{\"code\":1}}", "\"error\" must be a string"},
+        {"{\"error\":\"x\",\"retryable\":\"yes\"}", "true or false"},
+        {"{\"error\":\"x\",\"retryable\":1}", "true or false"},
+        {"{\"ok\":true,\"retryable\":false}", "with \"error\" only"},
+        {"{}", "neither \"ok\":true nor \"error\""},
+        {"{\"result\":{\"ok\":true}}", "neither \"ok\":true nor"},
+        {"{\"ok\":true,\"ok\":false}", "\"ok\" appears twice"},
+        {"{\"ok\":true,\"ok\":true}", "\"ok\" appears twice"},
+        {"{\"error\":\"x\",\"error\":\"y\"}", "\"error\" appears twice"},
+        {"{\"ok\":true,\"key\":\"b\",\"key\":\"b\"}", "\"key\" appears"},
+        {"{\"ok\":true,\"key\":7}", "\"key\" must be a string"},
+    };
+    for (int i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        cr_assert_eq(run_answering_b(i, cases[i].answer), 1, "%s",
+                     cases[i].answer);
+        cr_assert(t_grep(at("err"), "neither done nor failed") &&
+                  t_grep(at("err"), cases[i].says), "%s: %s",
+                  cases[i].answer, t_read(at("err"), NULL));
+        expect("out", R("a"));
+    }
+}
+
+Test(cli_run, answers_in_the_grammar_are_taken_as_written)
+{
+    cr_assert_eq(run_answering_b(0, "{\"error\":\"no\",\"retryable\":false,"
+                                    "\"ok_later\":true}"), 0);
+    expect("out", R("a") "{\"key\":\"b\",\"status\":\"failed\",\"result\":"
+                  "{\"error\":\"no\",\"retryable\":false,\"ok_later\":true}}\n"
+                  R("c") R("d"));
+    cr_assert_eq(run_answering_b(1, "{\"detail\":{\"ok\":false,\"error\":"
+                                    "null},\"ok\":true}"), 0);
+    expect("out", R("a") "{\"key\":\"b\",\"status\":\"done\",\"result\":"
+                  "{\"detail\":{\"ok\":false,\"error\":null},\"ok\":true}}\n"
+                  R("c") R("d"));
+}
+
 Test(cli_run, a_hung_handler_is_killed_after_the_lease)
 {
     cr_assert_eq(run("--lease 300ms --output out in 2> err", "hang=2"), 1);
@@ -142,10 +214,11 @@ Test(cli_run, line_mode_sends_text)
 {
     t_sh("printf 'x y\\nx y\\n' > '%s'", at("t"));
     cr_assert_eq(t_cli(dir, "run --line --quiet --exec 'while read -r l; "
-                            "do echo \"$l\" >> seen; echo {}; done' t > out"),
-                 0);
+                            "do echo \"$l\" >> seen; echo {\\\"ok\\\":true}; "
+                            "done' t > out"), 0);
     cr_assert(t_grep(at("seen"), "\"message\":\"x y\"}"));
-    expect("out", "{\"key\":\"x y\",\"status\":\"done\",\"result\":{}}\n");
+    expect("out", "{\"key\":\"x y\",\"status\":\"done\",\"result\":"
+                  "{\"ok\":true}}\n");
 }
 
 Test(cli_run, usage)

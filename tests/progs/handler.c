@@ -17,7 +17,10 @@
  *   wrongkey=N    answer the Nth envelope with another key
  *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
  *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
- *                 between logging it and answering */
+ *                 between logging it and answering
+ *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
+ *                 as it is (answers that test the grammar) */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +61,18 @@ static void field(const char *line, const char *name, char *out, size_t n)
     out[k] = '\0';
 }
 
+/* The first line of the file named after "N:" in reply=N:FILE. */
+static void reply_line(const char *arg, char *out, size_t n)
+{
+    const char *colon = strchr(arg, ':');
+    FILE *f = colon ? fopen(colon + 1, "r") : NULL;
+    if (!f || !fgets(out, (int)n, f)) {
+        fprintf(stderr, "handler: reply=%s: %s\n", arg, strerror(errno));
+        exit(4);
+    }
+    fclose(f);
+}
+
 int main(int argc, char **argv)
 {
     int log = -1;
@@ -71,6 +86,7 @@ int main(int argc, char **argv)
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
     long slow_ms = nth(argc, argv, "sleep");
     const char *big = action(argc, argv, "big");
+    long reply = nth(argc, argv, "reply");
     static char line[1 << 22];
     char key[256], token[32], attempt[32], out[600];
     for (long i = 1; fgets(line, sizeof line, stdin); i++) {
@@ -95,6 +111,8 @@ int main(int argc, char **argv)
                 pause();
         if (i == garbage)
             snprintf(out, sizeof out, "this is not json\n");
+        else if (i == reply)
+            reply_line(action(argc, argv, "reply"), out, sizeof out);
         else if (fail && !strcmp(key, fail))
             snprintf(out, sizeof out, "{\"error\":\"no such card\"}\n");
         else if ((retry && !strcmp(key, retry)) ||

@@ -72,18 +72,22 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
                const char *const *choices, int *out);
 
 /* The options of the small commands (get, forget, stats, ...): --store,
- * --help, and when `json_ok`, --json. Positional arguments must number
- * from min to max; `args` names them for messages ("KEY"). Returns 0
- * (then *first is the index of the first positional), -1 after --help
- * (exit 0), or 2. */
+ * --help, and as `flags` say, --json (CLI_JSON) and --job NAME or
+ * --key-space NAME (CLI_KEY_SPACE; both give the key space). Positional
+ * arguments must number from min to max; `args` names them for messages
+ * ("KEY"). Returns 0 (then *first is the index of the first positional),
+ * -1 after --help (exit 0), or 2. */
+enum { CLI_JSON = 1, CLI_KEY_SPACE = 2 };
+
 typedef struct cli_simple {
     const char *uri;
     int json;
+    const char *key_space;  /* NULL: the shared key space */
     int first;
 } cli_simple;
 
 int cli_simple_parse(const char *cmd, int argc, char **argv,
-                     const char *usage, int json_ok, int min, int max,
+                     const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out);
 
 /* The store URI: --store, else $IDEM_STORE, else local:./idem-data. */

@@ -13,14 +13,15 @@
  *   {"error":"...","retryable":true}      failed, try again later
  *   {"error":"..."}                       failed for good (cached)
  *
- * An answer may carry "key"; if it does it must be the envelope's key,
+ * (exactly that; the grammar is stated where answers are parsed). An
+ * answer may carry "key"; if it does it must be the envelope's key,
  * which catches a handler that skipped or doubled a line. Envelopes and
  * answers are pipelined: we write while we read, with non-blocking pipes
  * and poll(2), so a handler that reads a line, answers, and reads the
  * next (each answer flushed) runs at full speed and never deadlocks.
  *
  * What can go wrong, and what we do: the handler exits (EOF, EPIPE), it
- * writes a line that is not a JSON object or names another key, or it
+ * writes a line that is not an answer or names another key, or it
  * gives no answer for a whole lease. Each time it is killed, the reason is
  * kept in err, and the call returns an error: the runner then commits the
  * answers before the first missing one and nothing after it.
@@ -159,57 +160,73 @@ static int envelope(coproc *c, const idem_task *t)
 }
 
 /* ------------------------------------------------------------------------
- * Answers: a JSON object; top-level "error", "retryable", "key" matter. */
+ * Answers. The grammar is exact, because a guess caches the wrong
+ * outcome for good: a line is a JSON object whose top-level members
+ * "ok", "error", "retryable" and "key" each appear at most once, with
+ * exactly one of
+ *
+ *   "ok":true                        done (the whole line is the result)
+ *   "error":STRING                   failed; "retryable":true|false may
+ *                                    follow (default false)
+ *
+ * and "key", if there, a string equal to the envelope's key. Anything
+ * else ("ok":false, "ok" beside "error", "error":null, a number for
+ * "retryable", "retryable" without "error", a repeated member, neither
+ * member) is a broken handler, handled like a line that is not JSON.
+ * Other members are the handler's own and are kept in the result. */
+
+enum { M_OTHER, M_OK, M_ERROR, M_RETRYABLE, M_KEY, M_COUNT };
+enum { V_NONE, V_TRUE, V_FALSE, V_STRING, V_OTHER };
+
+static const char *const member_names[M_COUNT] = {"", "ok", "error",
+                                                  "retryable", "key"};
 
 typedef struct answer {
-    int depth, member;      /* member: 1 error, 2 retryable, 3 key */
-    int has_error, retryable, has_key;
+    int depth, member;      /* member: M_*, of the top-level value next */
+    int value[M_COUNT];     /* V_* of each member seen at the top */
+    int repeated;           /* a member that appeared twice, or 0 */
     const idem_task *task;
     int key_ok;
     int top_object;
 } answer;
 
-static int a_value(answer *a)
+/* A value starts: record its kind if it is a top-level member's. */
+static int a_value(answer *a, int kind)
 {
-    if (a->depth == 1 && a->member == 1)
-        a->has_error = 1;
+    if (a->depth == 1 && a->member != M_OTHER)
+        a->value[a->member] = kind;
     return 1;
 }
 
 static int a_null(void *ctx)
 {
-    return a_value(ctx);
+    return a_value(ctx, V_OTHER);
 }
 
 static int a_bool(void *ctx, int v)
 {
-    answer *a = ctx;
-    if (a->depth == 1 && a->member == 2)
-        a->retryable = v;
-    return a_value(a);
+    return a_value(ctx, v ? V_TRUE : V_FALSE);
 }
 
 static int a_number(void *ctx, const char *s, size_t n)
 {
     (void)s;
     (void)n;
-    return a_value(ctx);
+    return a_value(ctx, V_OTHER);
 }
 
 static int a_string(void *ctx, const unsigned char *s, size_t n)
 {
     answer *a = ctx;
-    if (a->depth == 1 && a->member == 3) {
-        a->has_key = 1;
+    if (a->depth == 1 && a->member == M_KEY)
         a->key_ok = n == a->task->keylen && !memcmp(s, a->task->key, n);
-    }
-    return a_value(a);
+    return a_value(a, V_STRING);
 }
 
 static int a_open(void *ctx)
 {
     answer *a = ctx;
-    a_value(a);
+    a_value(a, V_OTHER);
     if (a->depth == 0)
         a->top_object = 1;
     a->depth++;
@@ -219,7 +236,7 @@ static int a_open(void *ctx)
 static int a_open_array(void *ctx)
 {
     answer *a = ctx;
-    a_value(a);
+    a_value(a, V_OTHER);
     a->depth++;
     return 1;
 }
@@ -233,16 +250,47 @@ static int a_close(void *ctx)
 static int a_key(void *ctx, const unsigned char *s, size_t n)
 {
     answer *a = ctx;
-    a->member = n == 5 && !memcmp(s, "error", 5)       ? 1
-                : n == 9 && !memcmp(s, "retryable", 9) ? 2
-                : n == 3 && !memcmp(s, "key", 3)       ? 3
-                                                       : 0;
+    if (a->depth != 1)
+        return 1;
+    a->member = M_OTHER;
+    for (int m = M_OK; m < M_COUNT; m++)
+        if (n == strlen(member_names[m]) && !memcmp(s, member_names[m], n))
+            a->member = m;
+    if (a->member != M_OTHER && a->value[a->member] != V_NONE &&
+        !a->repeated)
+        a->repeated = a->member;
     return 1;
 }
 
 static const yajl_callbacks answer_cb = {
     a_null, a_bool, NULL, NULL, a_number, a_string, a_open,
     a_key,  a_close, a_open_array, a_close};
+
+/* How a well-formed object breaks the grammar, or NULL if it does not. */
+static const char *grammar_error(const answer *a, char *buf, size_t n)
+{
+    const int *v = a->value;
+    if (a->repeated) {
+        snprintf(buf, n, "\"%s\" appears twice", member_names[a->repeated]);
+        return buf;
+    }
+    if (v[M_OK] && v[M_ERROR])
+        return "it has both \"ok\" and \"error\"";
+    if (v[M_OK] && v[M_OK] != V_TRUE)
+        return "\"ok\" must be true; a failure is {\"error\":\"why\"}";
+    if (!v[M_OK] && !v[M_ERROR])
+        return "it has neither \"ok\":true nor \"error\"";
+    if (v[M_ERROR] && v[M_ERROR] != V_STRING)
+        return "\"error\" must be a string";
+    if (v[M_RETRYABLE] && !v[M_ERROR])
+        return "\"retryable\" goes with \"error\" only";
+    if (v[M_RETRYABLE] && v[M_RETRYABLE] != V_TRUE &&
+        v[M_RETRYABLE] != V_FALSE)
+        return "\"retryable\" must be true or false";
+    if (v[M_KEY] && v[M_KEY] != V_STRING)
+        return "\"key\" must be a string";
+    return NULL;
+}
 
 /* Judge one answer line; 0 and t->answer set, or an error. */
 static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
@@ -260,12 +308,18 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
     if (!ok)
         return broke(c, IDEM_EPROTO, "the handler wrote a line that is not "
                      "a JSON object: %s", shown);
-    if (a.has_key && !a.key_ok)
+    char buf[64];
+    const char *why = grammar_error(&a, buf, sizeof buf);
+    if (why)
+        return broke(c, IDEM_EPROTO, "the handler wrote an answer that is "
+                     "neither done nor failed (%s; see `idem run --help`): "
+                     "%s", why, shown);
+    if (!a.key_ok)
         return broke(c, IDEM_EPROTO, "the handler answered for another key "
                      "than it was given (out of step?): %s", shown);
-    t->answer = !a.has_error ? IDEM_TASK_DONE
-                : a.retryable ? IDEM_TASK_RETRY
-                              : IDEM_TASK_FAIL;
+    t->answer = a.value[M_OK]                 ? IDEM_TASK_DONE
+                : a.value[M_RETRYABLE] == V_TRUE ? IDEM_TASK_RETRY
+                                                 : IDEM_TASK_FAIL;
     t->data = (const void *)(uintptr_t)(p - c->rb.p);  /* fixed up later */
     t->len = n;
     c->answers++;

@@ -11,8 +11,9 @@ static const char usage[] =
     "Write every live record as one JSON line (see `idem get --json`), in\n"
     "no particular order, to FILE or standard output. Keys and responses\n"
     "that are not UTF-8 text are written in base64 (key_base64,\n"
-    "response_base64), so `idem load` restores every byte. Checkpoints of\n"
-    "dedup/run jobs are not records and are not dumped.\n"
+    "response_base64), so `idem load` restores every byte. A dedup/run\n"
+    "job's key is written as the job found it, beside its \"key_space\".\n"
+    "Checkpoints of dedup/run jobs are not records and are not dumped.\n"
     "\n"
     "  --output FILE  default standard output\n"
     "  --store URI    default $IDEM_STORE, else local:./idem-data\n";

@@ -33,7 +33,12 @@
  * to, never cut: dedup's lines are then at least once across crashes
  * (the runner completes its keys only after commit), while run, whose
  * outcomes are stored before commit so that effects are not repeated,
- * may lose the result lines of the batch in flight. */
+ * may lose the result lines of the batch in flight.
+ *
+ * The checkpoint also names the job's key space (keyspace.c), and a run
+ * that asks for another one is refused rather than finding none of the
+ * job's keys; checkpoints written before key spaces (version 1) stand for
+ * the shared key space, where those versions stored every key. */
 #include "job.h"
 
 #include <errno.h>
@@ -47,6 +52,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
+
+/* A checkpoint's text: seven numbers and a key space name. */
+#define CHECKPOINT_MAX (256 + KS_NAME_MAX)
 
 /* Identity of the input list: device and inode of each file; 0 when one
  * is not a regular file (a pipe cannot be resumed at an offset). */
@@ -87,6 +95,35 @@ static void default_name(job *j, const char *out_path)
     }
 }
 
+/* A job's keys stay in the key space they were committed in: a run that
+ * names another would find none of them and do every message again. The
+ * checkpoint's tail says which (version 1, before key spaces: the shared
+ * one). 0 if it is j->ks, else 1 after saying what to type. */
+static int same_key_space(const job *j, int version, const char *tail)
+{
+    const char *name = NULL;
+    if (version == 2 && !strncmp(tail, " space=", 7))
+        name = tail + 7;
+    else if (version == 2 && strcmp(tail, " shared"))
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
+                        "use another --job", j->name);
+    if (ks_is(j->ks, name, name ? strlen(name) : 0))
+        return 0;
+    if (version == 1)
+        return cli_fail(j->cmd, "job '%s' was committed by an idem without "
+                        "key spaces, so its keys are in the shared key "
+                        "space. Add --shared-keys to keep them (or name a "
+                        "new --job to start afresh in its own key space)",
+                        j->name);
+    if (name)
+        return cli_fail(j->cmd, "job '%s' keeps its keys in key space '%s'; "
+                        "run it with --key-space '%s' (or name a new --job "
+                        "to start afresh)", j->name, name, name);
+    return cli_fail(j->cmd, "job '%s' keeps its keys in the shared key "
+                    "space; run it with --shared-keys (or name a new --job "
+                    "to start afresh)", j->name);
+}
+
 static int read_checkpoint(job *j, int *found)
 {
     const void *blob;
@@ -102,20 +139,23 @@ static int read_checkpoint(job *j, int *found)
     }
     if (rc)
         return cli_store_fail(j->cmd, j->s, rc, "reading the checkpoint");
-    char text[256];
-    snprintf(text, sizeof text, "%.*s", (int)(len < 255 ? len : 255),
+    char text[CHECKPOINT_MAX];
+    snprintf(text, sizeof text, "%.*s",
+             (int)(len < sizeof text - 1 ? len : sizeof text - 1),
              (const char *)blob);
     job_pos *p = &j->pos;
+    int version = 0, end = 0;
     if (sscanf(text,
-               "idem-job 1 out=%" SCNu64 " inputs=%" SCNx64 " input=%" SCNu64
+               "idem-job %d out=%" SCNu64 " inputs=%" SCNx64 " input=%" SCNu64
                " offset=%" SCNu64 " line=%" SCNu64 " tail=%" SCNx64
-               "/%" SCNu64,
-               &p->out_len, &p->inputs_id, &p->input, &p->offset,
-               &p->lineno, &p->tail_hash, &p->tail_len) != 7)
+               "/%" SCNu64 "%n",
+               &version, &p->out_len, &p->inputs_id, &p->input, &p->offset,
+               &p->lineno, &p->tail_hash, &p->tail_len, &end) != 8 ||
+        !end || (version != 1 && version != 2))
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     *found = 1;
-    return 0;
+    return same_key_space(j, version, text + end);
 }
 
 /* Does the line before the checkpoint's offset still read the same? */
@@ -214,12 +254,13 @@ static int drop_partial_line(job *j)
 }
 
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const char *out_path, char **inputs, size_t ninputs,
-              size_t *at, uint64_t *off, uint64_t *lineno)
+              const key_space *ks, const char *out_path, char **inputs,
+              size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno)
 {
     memset(j, 0, sizeof *j);
     j->cmd = cmd;
     j->s = s;
+    j->ks = ks;
     j->out_path = out_path && strcmp(out_path, "-") ? out_path : NULL;
     *at = 0;
     *off = *lineno = 0;
@@ -286,14 +327,15 @@ int job_commit(job *j, size_t input, const nd_line *last)
     }
     if (!j->name[0])
         return 0;
-    char text[256];
+    char text[CHECKPOINT_MAX];
     int n = snprintf(text, sizeof text,
-                     "idem-job 1 out=%" PRIu64 " inputs=%" PRIx64
+                     "idem-job 2 out=%" PRIu64 " inputs=%" PRIx64
                      " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64,
+                     " tail=%" PRIx64 "/%" PRIu64 " %s%s",
                      j->pos.out_len, j->pos.inputs_id, j->pos.input,
                      j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len);
+                     j->pos.tail_len, j->ks->name ? "space=" : "shared",
+                     j->ks->name ? j->ks->name : "");
     return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
 }
 

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "keyspace.h"
 #include "ndjson.h"
 
 typedef struct job_pos {
@@ -21,6 +22,7 @@ typedef struct job_pos {
 typedef struct job {
     const char *cmd;
     idem_store *s;
+    const key_space *ks;   /* where the job's keys are */
     char name[IDEM_CHECKPOINT_NAME_MAX + 1]; /* "" without checkpoints */
     const char *out_path;  /* NULL: standard output */
     int out_fd;
@@ -34,13 +36,15 @@ typedef struct job {
 } job;
 
 /* Open the output and find where to start: the checkpoint of job `name`
- * (NULL: derived from the output path) when it matches these inputs.
+ * (NULL: derived from the output path) when it matches these inputs. A
+ * job whose checkpoint keeps its keys in another key space than ks
+ * (older versions: the shared one) is refused: its history is there.
  * The output is cut back to what the last commit recorded. Fills
  * the start position for nd_open() in at, off and lineno. Returns 0 or
  * an exit status. */
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const char *out_path, char **inputs, size_t ninputs,
-              size_t *at, uint64_t *off, uint64_t *lineno);
+              const key_space *ks, const char *out_path, char **inputs,
+              size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it
  * durable, then put the checkpoint that says the input is consumed up to

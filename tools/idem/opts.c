@@ -201,21 +201,33 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     return NULL;
 }
 
+/* The options of cli_simple_parse() that flags allow, into opts. */
+static void simple_options(unsigned flags, struct option *opts)
+{
+    static const struct {
+        struct option o;
+        unsigned needs;
+    } all[] = {{{"store", 1, 0, 's'}, 0},
+               {{"help", 0, 0, 'h'}, 0},
+               {{"json", 0, 0, 'J'}, CLI_JSON},
+               {{"job", 1, 0, 'K'}, CLI_KEY_SPACE},
+               {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE}};
+    size_t n = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if ((all[i].needs & flags) == all[i].needs)
+            opts[n++] = all[i].o;
+    opts[n] = (struct option){0, 0, 0, 0};
+}
+
 int cli_simple_parse(const char *cmd, int argc, char **argv,
-                     const char *usage, int json_ok, int min, int max,
+                     const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out)
 {
-    static const struct option all[] = {{"store", 1, 0, 's'},
-                                        {"help", 0, 0, 'h'},
-                                        {"json", 0, 0, 'J'},
-                                        {0, 0, 0, 0}};
-    static const struct option nojson[] = {{"store", 1, 0, 's'},
-                                           {"help", 0, 0, 'h'},
-                                           {0, 0, 0, 0}};
+    struct option opts[6];
+    simple_options(flags, opts);
     *out = (cli_simple){0};
     int ch;
-    while ((ch = cli_getopt(cmd, argc, argv, json_ok ? all : nojson)) !=
-           -1) {
+    while ((ch = cli_getopt(cmd, argc, argv, opts)) != -1) {
         if (ch == '?')
             return 2;
         if (ch == 'h') {
@@ -224,13 +236,15 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
         }
         if (ch == 's')
             out->uri = optarg;
+        if (ch == 'K')
+            out->key_space = optarg;
         out->json |= ch == 'J';
     }
     int n = argc - optind;
     out->first = optind;
     if (n < min)
         return cli_usage_error(cmd, "%s is missing: idem %s%s%s", args, cmd,
-                               json_ok ? " [--json]" : "",
+                               flags & CLI_JSON ? " [--json]" : "",
                                max ? " KEY" : "");
     if (n > max)
         return cli_usage_error(cmd, "unexpected argument '%s'%s",

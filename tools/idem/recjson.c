@@ -9,12 +9,17 @@
  * are Unix milliseconds, as the store keeps them; get also prints them
  * readable. Optional fields: "released" (a PENDING record after a
  * retryable failure), "lease_until_ms" (PENDING), "fingerprint" (hex).
- * "response" holds a DONE record's response or a FAILED one's error. */
+ * "response" holds a DONE record's response or a FAILED one's error.
+ * "key_space" names the key space of a CLI job's key (keyspace.c): "key"
+ * is then the key as the job found it; without it the key is in the
+ * shared key space. */
 #include "recjson.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <yajl/yajl_tree.h>
+
+#include "keyspace.h"
 
 static const char *const states[] = {"pending", "done", "failed"};
 
@@ -29,7 +34,13 @@ static int bytes_field(cli_buf *b, const char *name, const void *p,
 int rec_to_json(cli_buf *b, const void *key, size_t keylen,
                 const idem_record *r)
 {
+    const char *space;
+    size_t spacelen;
+    ks_split(key, keylen, &space, &spacelen, &key, &keylen);
     int rc = buf_str(b, "{") || bytes_field(b, "key", key, keylen);
+    if (space)
+        rc = rc ? rc : buf_str(b, ",\"key_space\":") ||
+                       buf_json_string(b, space, spacelen);
     rc = rc ? rc : buf_fmt(b, ",\"state\":\"%s\",\"token\":%llu,"
                           "\"created_ms\":%lld,\"expires_ms\":%lld",
                           states[r->state], (unsigned long long)r->token,
@@ -133,6 +144,24 @@ static int parse_fp(yajl_val obj, idem_record *r, char *err, size_t errlen)
     return r->has_fp ? 0 : -1;
 }
 
+/* "key_space", if there, starts scratch with its prefix; *len its
+ * length (0: the shared key space). */
+static int space_in(yajl_val obj, cli_buf *scratch, size_t *len, char *err,
+                    size_t errlen)
+{
+    yajl_val v = field(obj, "key_space");
+    key_space ks;
+    if (v && (!YAJL_IS_STRING(v) || ks_set(&ks, v->u.string))) {
+        snprintf(err, errlen, "\"key_space\" must be 1 to %u bytes of text",
+                 KS_NAME_MAX);
+        return -1;
+    }
+    if (!v)
+        return 0;
+    *len = ks.len;
+    return buf_add(scratch, ks.prefix, ks.len);
+}
+
 int rec_from_json(const char *line, size_t len, cli_buf *scratch,
                   const void **key, size_t *keylen, idem_record *r,
                   char *err, size_t errlen)
@@ -149,12 +178,13 @@ int rec_from_json(const char *line, size_t len, cli_buf *scratch,
     free(text);
     memset(r, 0, sizeof *r);
     scratch->len = 0;
-    size_t koff, doff;
+    size_t koff, doff, spacelen = 0;
     int rc = -1, ok = 1;
     if (!obj || !YAJL_IS_OBJECT(obj))
         snprintf(err, errlen, "not a JSON object%s%s", *yerr ? ": " : "",
                  yerr);
-    else if (!bytes_in(obj, "key", scratch, &koff, keylen, err, errlen) &&
+    else if (!space_in(obj, scratch, &spacelen, err, errlen) &&
+             !bytes_in(obj, "key", scratch, &koff, keylen, err, errlen) &&
              !bytes_in(obj, "response", scratch, &doff, &r->len, err,
                        errlen) &&
              !parse_state(obj, r, err, errlen) &&
@@ -167,8 +197,10 @@ int rec_from_json(const char *line, size_t len, cli_buf *scratch,
         r->lease_until = num(obj, "lease_until_ms", &ok);
         yajl_val rel = field(obj, "released");
         r->released = rel && YAJL_IS_TRUE(rel);
-        *key = scratch->p + koff;
+        *key = scratch->p + koff - spacelen;
         r->data = r->len ? scratch->p + doff : NULL;
+        if (ok && *keylen)
+            *keylen += spacelen;
         if (!ok || !*keylen) {
             snprintf(err, errlen, !*keylen ? "no \"key\"" :
                      "token and the *_ms fields must be whole numbers");

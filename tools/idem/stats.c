@@ -11,6 +11,10 @@ static const char usage[] =
     "Keys by state (live records; expired ones that no sweep removed yet\n"
     "count in `index entries` only), segment files and bytes on disk, RAM\n"
     "held by the index, and when the oldest and newest segments began.\n"
+    "Keys are not counted per key space: the store counts by state without\n"
+    "reading keys, and a count per key space reads every record, as\n"
+    "  idem dump | jq -r '.key_space // \"(shared)\"' | sort | uniq -c\n"
+    "does.\n"
     "\n"
     "  --json       one JSON object\n"
     "  --store URI  default $IDEM_STORE, else local:./idem-data\n";

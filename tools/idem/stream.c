@@ -101,6 +101,8 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'L': c->line_mode = 1; return 0;
     case 'o': c->output = arg; return 0;
     case 'j': c->job = arg; return 0;
+    case 'K': c->key_space_name = arg; return 0;
+    case 'S': c->shared_keys = 1; return 0;
     case 'q': c->quiet = 1; return 0;
     case 'J': c->stats_json = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
@@ -136,6 +138,14 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
     if (c->job && (!*c->job || strlen(c->job) > 200))
         return cli_usage_error(c->cmd, "--job wants a name of 1 to 200 "
                                "bytes");
+    if (c->shared_keys && c->key_space_name)
+        return cli_usage_error(c->cmd, "--key-space and --shared-keys "
+                               "exclude each other");
+    if (ks_set(&c->ks, c->shared_keys ? NULL : c->key_space_name
+                       ? c->key_space_name : c->job ? c->job : c->cmd))
+        return cli_usage_error(c->cmd, "a key space (--key-space, else "
+                               "--job) is named by 1 to %u bytes of text, "
+                               "no control characters", KS_NAME_MAX);
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
     return 0;
@@ -219,12 +229,9 @@ static int classify(loop *lp, batch *b, const nd_line *l)
             return key_problem(lp, b, l, col, what, 0);
         }
     }
-    if (klen == 0 || klen > IDEM_KEY_MAX) {
-        snprintf(what, sizeof what, "the key is %zu bytes; keys are 1 to "
-                 "%u bytes", klen, IDEM_KEY_MAX);
+    if (ks_bad_size(&lp->st.cfg->ks, klen, what, sizeof what))
         return key_problem(lp, b, l, col, what, 0);
-    }
-    return buf_add(&b->keys, key, klen) ? -2 : IT_MSG;
+    return ks_add(&b->keys, &lp->st.cfg->ks, key, klen) ? -2 : IT_MSG;
 }
 
 static int add_item(loop *lp, batch *b, const nd_line *l)
@@ -349,8 +356,13 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
         upto++;
     for (size_t i = b->emitted; i < upto; i++) {
         item *it = &b->items[i];
+        idem_msg user;  /* the key as the job found it */
         const idem_msg *m =
             it->kind == IT_MSG ? &msgs[it->msg - lp->base] : NULL;
+        if (m) {
+            user = ks_user_msg(&lp->st.cfg->ks, m);
+            m = &user;
+        }
         if (m && m->result == IDEM_MSG_INVALID)
             problem(lp, m);
         if (m)
@@ -379,8 +391,10 @@ static void *commit_batch(void *arg)
                                    &lp->committed);
         /* Problems met after a message's line was committed. */
         for (size_t i = 0; i < lp->committed; i++)
-            if (msgs[i].status && msgs[i].result != IDEM_MSG_INVALID)
-                problem(lp, &msgs[i]);
+            if (msgs[i].status && msgs[i].result != IDEM_MSG_INVALID) {
+                idem_msg user = ks_user_msg(&lp->st.cfg->ks, &msgs[i]);
+                problem(lp, &user);
+            }
         lp->base += lp->committed;
         if (!lp->rc)  /* expire a little between batches: bounded work */
             lp->rc = idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL);
@@ -517,7 +531,7 @@ static void summary(loop *lp)
 static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
     const stream_cfg *c = ((loop *)ctx)->st.cfg;
-    return c->handler(c->hctx, tasks, n);
+    return ks_handle(&c->ks, c->handler, c->hctx, tasks, n);
 }
 
 static int setup(loop *lp, const stream_cfg *c)
@@ -598,7 +612,7 @@ int stream_run(const stream_cfg *c)
     size_t at = 0;
     uint64_t off = 0, lineno = 0;
     if (!rc)
-        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, c->output,
+        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, &c->ks, c->output,
                        c->inputs, c->ninputs, &at, &off, &lineno);
     if (!rc && lp.st.job.append && !c->quiet)
         fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "

@@ -4,6 +4,7 @@
 
 #include "job.h"
 #include "jsonkey.h"
+#include "keyspace.h"
 
 enum { ON_ERROR, ON_SKIP, ON_PASS };
 
@@ -29,6 +30,9 @@ typedef int (*stream_emit_fn)(void *ctx, stream *st, const idem_msg *msgs,
 typedef struct stream_cfg {
     const char *cmd;
     const char *uri, *key, *output, *job;
+    const char *key_space_name;  /* --key-space */
+    int shared_keys;             /* --shared-keys */
+    key_space ks;                /* where the keys are stored */
     int line_mode;
     int on_missing, on_bad;   /* ON_* */
     uint64_t batch;
@@ -65,7 +69,9 @@ int stream_run(const stream_cfg *cfg);
         {"on-missing-key", 1, 0, 'M'}, {"on-bad-input", 1, 0, 'B'},       \
         {"batch", 1, 0, 'b'}, {"quiet", 0, 0, 'q'},                       \
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
-        {"commit-interval", 1, 0, 'C'}, {"help", 0, 0, 'h'}
+        {"commit-interval", 1, 0, 'C'},                                   \
+        {"key-space", 1, 0, 'K'}, {"shared-keys", 0, 0, 'S'},             \
+        {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
