@@ -499,13 +499,16 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
                  ? IDEM_ENOMEM
                  : idem__salvage_walk(g->base, g->size, &mine,
                                       idem__keep_frame, &w);
-    uint64_t walked = w.out.len;
+    /* What the newest segment held past its committed frames was never
+     * durable: it is dropped and counted as lost. */
+    uint64_t kept = w.commit_len > w.durable_len ? w.commit_len
+                                                 : w.durable_len;
+    kept = kept > IDEM__SEG_HDR ? kept : IDEM__SEG_HDR;
+    uint64_t uncommitted = rc ? 0 : w.out.len - kept;
     if (!rc)
         rc = idem__seal_rewrite(&w);
     if (!w.commit_len)
         w.commit_len = IDEM__SEG_HDR;
-    uint64_t uncommitted = rc || walked < w.commit_len ? 0
-                                                      : walked - w.commit_len;
     int sound = idem__header_sound(g, want_id);
     if (!rc && (mine.damaged || !sound || w.commit_len != g->size))
         rc = idem__replace_seg(lg, want_id, &w);

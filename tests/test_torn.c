@@ -516,3 +516,15 @@ Test(torn, store_without_tail_file_opens_as_before, .timeout = 60)
     expect_batches(BATCHES - 1, "no tail file", ends[BATCHES - 2] + 100);
     t_rmdir(dir);
 }
+
+Test(torn, damaged_tail_file_is_refused_then_repaired, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    cr_assert_eq(t_sh("printf 'junk' | dd of='%s' bs=1 seek=12 "
+                      "conv=notrunc 2>/dev/null", tail), 0);
+    expect_refused_then_repaired("TAIL", "damaged");
+    expect_batches(BATCHES, "repaired tail file", 0);
+    t_rmdir(dir);
+}
