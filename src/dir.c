@@ -6,7 +6,18 @@
  * pid inside the file is only there to name the holder in the error.
  *
  * The identity file is written once, to a temporary name, synced and
- * renamed, so it is either whole or absent. */
+ * renamed, so it is either whole or absent.
+ *
+ * The tail file says where the log had durably got to when it was last
+ * written: at every new segment, every dropped segment and every clean
+ * close, never per commit (that would be a second fsync per commit). What
+ * it names must be there: recovery cuts a torn tail only past it, so that
+ * damage or loss a crash cannot explain (a deleted or truncated newest
+ * segment, garbage in a group that a clean close had sealed) is refused
+ * rather than silently dropped. It is replaced the same way as the
+ * identity file, so a crash leaves the old one or the new one. A store
+ * without one was written before idem kept it, or has never been closed
+ * or rotated since: it is read by the rules of the commits alone. */
 #include "dir.h"
 
 #include <dirent.h>
@@ -24,6 +35,7 @@
 #define IDEM__META_LEN (16 + IDEM__SECRET_LEN + 8)
 
 static const unsigned char idem__meta_magic[8] = "IDEMSTO";
+static const unsigned char idem__tail_magic[8] = "IDEMEND";
 
 static int idem__errno_code(int err)
 {
@@ -104,6 +116,34 @@ static int idem__meta_parse(idem_store *s, const char *path,
     return 0;
 }
 
+/* Replace PATH/name with len bytes, whole or not at all: write a
+ * temporary, fsync it, rename it over name, fsync the directory. A crash
+ * leaves the old file or the new one, never a mix. */
+static int idem__replace_file(idem_store *s, int dirfd, const char *path,
+                              const char *name, const void *data,
+                              size_t len)
+{
+    char tmp[32];
+    snprintf(tmp, sizeof tmp, "%s.tmp", name);
+    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                    0644);
+    if (fd < 0)
+        return idem__fail(s, idem__errno_code(errno), "%s/%s: %s", path,
+                          name, strerror(errno));
+    ssize_t w = write(fd, data, len);
+    int ok = w == (ssize_t)len && fsync(fd) == 0;
+    /* A short write is a full disk; a failed one or a sync sets errno. */
+    int err = w >= 0 && w < (ssize_t)len ? ENOSPC : errno;
+    close(fd);
+    if (ok && (renameat(dirfd, tmp, dirfd, name) != 0 || fsync(dirfd) != 0))
+        ok = 0, err = errno;
+    if (!ok)
+        return idem__fail(s, idem__errno_code(err),
+                          "%s/%s: cannot write: %s", path, name,
+                          strerror(err));
+    return 0;
+}
+
 static int idem__meta_create(idem_store *s, int dirfd, const char *path,
                              unsigned char *secret)
 {
@@ -116,20 +156,7 @@ static int idem__meta_create(idem_store *s, int dirfd, const char *path,
     memcpy(m + 16, secret, IDEM__SECRET_LEN);
     uint64_t check = XXH3_64bits(m, IDEM__META_LEN - 8);
     memcpy(m + IDEM__META_LEN - 8, &check, 8);
-    int fd = openat(dirfd, IDEM__META ".tmp",
-                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return idem__fail(s, idem__errno_code(errno), "%s/IDEM: %s", path,
-                          strerror(errno));
-    int ok = write(fd, m, sizeof m) == (ssize_t)sizeof m && fsync(fd) == 0;
-    int err = errno;
-    close(fd);
-    if (!ok || renameat(dirfd, IDEM__META ".tmp", dirfd, IDEM__META) != 0 ||
-        fsync(dirfd) != 0)
-        return idem__fail(s, idem__errno_code(ok ? errno : err),
-                          "%s/IDEM: cannot write: %s", path,
-                          strerror(ok ? errno : err));
-    return 0;
+    return idem__replace_file(s, dirfd, path, IDEM__META, m, sizeof m);
 }
 
 int idem__dir_secret(idem_store *s, int dirfd, const char *path,
@@ -212,4 +239,53 @@ int idem__dir_segments(idem_store *s, int dirfd, const char *path,
     if (*n)
         qsort(*ids, *n, sizeof **ids, idem__cmp_u32);
     return 0;
+}
+
+/* PATH/TAIL: magic, version, first, last, 0, end, XXH3-64 of the rest. */
+#define IDEM__TAIL_LEN 40
+
+int idem__dir_tail_read(idem_store *s, int dirfd, const char *path,
+                        idem__tail *t)
+{
+    unsigned char m[IDEM__TAIL_LEN + 1];
+    int fd = openat(dirfd, IDEM__TAIL, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT)
+        return IDEM_ENOTFOUND;
+    if (fd < 0)
+        return idem__fail(s, IDEM_EIO, "%s/%s: %s", path, IDEM__TAIL,
+                          strerror(errno));
+    ssize_t n = read(fd, m, sizeof m);
+    close(fd);
+    uint32_t version;
+    uint64_t check;
+    memcpy(&check, m + IDEM__TAIL_LEN - 8, 8);
+    if (n != IDEM__TAIL_LEN || memcmp(m, idem__tail_magic, 8) != 0 ||
+        check != XXH3_64bits(m, IDEM__TAIL_LEN - 8))
+        return idem__fail(s, IDEM_ECORRUPT,
+                          "%s/%s: damaged; run `idem repair --store "
+                          "local:%s`", path, IDEM__TAIL, path);
+    memcpy(&version, m + 8, 4);
+    if (version != 1)
+        return idem__fail(s, IDEM_EVERSION,
+                          "%s/%s: format %u is newer than this idem (1)",
+                          path, IDEM__TAIL, version);
+    memcpy(&t->first, m + 12, 4);
+    memcpy(&t->last, m + 16, 4);
+    memcpy(&t->end, m + 24, 8);
+    return 0;
+}
+
+int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
+                         const idem__tail *t)
+{
+    unsigned char m[IDEM__TAIL_LEN] = {0};
+    uint32_t version = 1;
+    memcpy(m, idem__tail_magic, 8);
+    memcpy(m + 8, &version, 4);
+    memcpy(m + 12, &t->first, 4);
+    memcpy(m + 16, &t->last, 4);
+    memcpy(m + 24, &t->end, 8);
+    uint64_t check = XXH3_64bits(m, IDEM__TAIL_LEN - 8);
+    memcpy(m + IDEM__TAIL_LEN - 8, &check, 8);
+    return idem__replace_file(s, dirfd, path, IDEM__TAIL, m, sizeof m);
 }

@@ -3,6 +3,7 @@
  *   PATH/LOCK              flock()ed by the process holding the store;
  *                          holds that process's pid, for the error message
  *   PATH/IDEM              format version and the index hash secret
+ *   PATH/TAIL              where the log ended when it was last sealed
  *   PATH/seg-00000001.log  segments, oldest first */
 #ifndef IDEM_DIR_H
 #define IDEM_DIR_H
@@ -12,6 +13,7 @@
 #include "store.h"
 
 #define IDEM__SECRET_LEN 192
+#define IDEM__TAIL "TAIL"
 
 /* Open (creating unless nocreate) the directory and lock it.
  * *dirfd, *lockfd are set on success. IDEM_ELOCKED names the holder. */
@@ -27,5 +29,22 @@ int idem__dir_secret(idem_store *s, int dirfd, const char *path,
  * when *n is 0). */
 int idem__dir_segments(idem_store *s, int dirfd, const char *path,
                        uint32_t **ids, size_t *n);
+
+/* What PATH/TAIL says: segments first..last existed, and bytes [0, end)
+ * of segment last held committed groups only, all durable. */
+typedef struct idem__tail {
+    uint32_t first;
+    uint32_t last;
+    uint64_t end;
+} idem__tail;
+
+/* Read PATH/TAIL into *t. IDEM_ENOTFOUND (no detail) when there is none;
+ * IDEM_ECORRUPT or IDEM_EVERSION with the detail. */
+int idem__dir_tail_read(idem_store *s, int dirfd, const char *path,
+                        idem__tail *t);
+
+/* Replace PATH/TAIL with *t, durably (see dir.c). */
+int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
+                         const idem__tail *t);
 
 #endif

@@ -759,8 +759,14 @@ static int idem__engine_new(idem_store *s, int memory)
 static int idem__eng_close(idem_store *s)
 {
     idem__engine *en = idem__eng(s);
-    /* A broken log keeps its unsynced changes from the disk: say so. */
-    int rc = en->log.broken ? en->log.broken : idem__log_commit(&en->log);
+    /* A broken log keeps its unsynced changes from the disk: say so. In a
+     * fork child the buffer is a stale copy of the parent's, the files
+     * and the lock are the parent's: free the memory, write nothing (the
+     * descriptors closed here are the child's own; the lock stays with
+     * the parent's). */
+    int rc = idem__forked(s)     ? 0
+             : en->log.broken ? en->log.broken
+                              : idem__log_seal(&en->log);
     idem__engine_free(en);
     s->impl = NULL;
     return rc;

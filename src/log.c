@@ -217,6 +217,16 @@ int idem__log_append(idem__log *lg, int64_t now, size_t n,
     return 0;
 }
 
+/* Record in PATH/TAIL that segments first..last exist and that bytes
+ * [0, end) of last are durable. Memory stores have no files. */
+static int idem__write_tail(idem__log *lg, uint32_t first, uint32_t last,
+                            uint64_t end)
+{
+    idem__tail t = {.first = first, .last = last, .end = end};
+    return lg->memory ? 0
+                      : idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
+}
+
 int idem__log_commit(idem__log *lg)
 {
     if (lg->broken)
@@ -249,6 +259,15 @@ int idem__log_commit(idem__log *lg)
     g->committed = g->size;
     lg->in_group = 0;
     return 0;
+}
+
+int idem__log_seal(idem__log *lg)
+{
+    int rc = idem__log_commit(lg);
+    if (rc || lg->readonly)
+        return rc;
+    idem__seg *g = idem__active(lg);
+    return idem__write_tail(lg, lg->segs[0].id, g->id, g->committed);
 }
 
 static int idem__grow_segs(idem__log *lg)
@@ -303,7 +322,16 @@ int idem__log_new_segment(idem__log *lg, int64_t now)
             return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
         g.maplen = IDEM__SEG_HDR;
         idem__seg_header(g.base, id, now);
-    } else if ((rc = idem__create_file(lg, id, now, &g.fd))) {
+    } else if ((rc = idem__create_file(lg, id, now, &g.fd)) ||
+               (rc = idem__write_tail(lg, lg->nsegs ? lg->segs[0].id : id,
+                                      id, IDEM__SEG_HDR))) {
+        /* Without the tail naming it, the new file is no segment yet. */
+        if (g.fd >= 0) {
+            char name[32];
+            idem__seg_name(name, sizeof name, id);
+            close(g.fd);
+            unlinkat(lg->dirfd, name, 0);
+        }
         return rc;
     }
     if (lg->nsegs) {  /* the old active segment is sealed: keep its map */
@@ -334,10 +362,16 @@ int idem__log_drop_oldest(idem__log *lg)
     if (lg->nsegs < 2)
         return 0;
     idem__seg *g = &lg->segs[0];
+    /* The tail stops naming it first: a crash before the unlink leaves a
+     * file older than the tail's first, which open deletes. */
+    int rc = idem__write_tail(lg, lg->segs[1].id, idem__active(lg)->id,
+                              idem__active(lg)->committed);
+    if (rc)
+        return rc;
     if (!lg->memory) {
         char name[32];
         idem__seg_name(name, sizeof name, g->id);
-        if (unlinkat(lg->dirfd, name, 0) != 0)
+        if (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0)
             return idem__log_ioerr(lg, "unlink", g->id, errno);
     }
     idem__seg_release(lg, g);

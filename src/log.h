@@ -18,11 +18,15 @@
  *  - bytes [0, size) of a segment are in its file (or heap buffer); bytes
  *    [size, size + wbuf.len) of the active segment are in wbuf;
  *  - after a failed write or sync `broken` is set and stays set: the
- *    memory state may be ahead of the disk. */
+ *    memory state may be ahead of the disk;
+ *  - PATH/TAIL (dir.h) never names more than is durable: it is written
+ *    after a new segment's header is synced, before an old segment is
+ *    unlinked, and at a clean close after the last commit. */
 #ifndef IDEM_LOG_H
 #define IDEM_LOG_H
 
 #include "common.h"
+#include "dir.h"
 #include "store.h"
 
 #define IDEM__SEG_HDR 32u
@@ -51,6 +55,8 @@ typedef struct idem__log {
     int in_group;           /* frames appended since the last commit */
     int broken;             /* 0, or the error that broke the log */
     int readonly;           /* IDEM_O_READONLY: never write or cut */
+    int has_tail;           /* PATH/TAIL was read at open into tail */
+    idem__tail tail;
     uint64_t segment_bytes;
     int64_t segment_span_ms;
 } idem__log;
@@ -65,6 +71,10 @@ int idem__log_append(idem__log *lg, int64_t now, size_t n,
 /* Commit: append a COMMIT frame, write what is buffered, fdatasync.
  * No-op when nothing was appended since the last commit. */
 int idem__log_commit(idem__log *lg);
+
+/* A clean close: commit, then record in PATH/TAIL where the log ends, so
+ * that the next open can tell loss from a torn tail. */
+int idem__log_seal(idem__log *lg);
 
 /* The segment with this id, or NULL if it was dropped. */
 idem__seg *idem__log_seg(idem__log *lg, uint32_t id);

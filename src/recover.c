@@ -182,6 +182,45 @@ static int idem__cut_tail(idem__log *lg, idem__seg *g, uint64_t end)
     return 0;
 }
 
+/* How far into segment id (the newest file) the log had durably got:
+ * what PATH/TAIL says for its last segment, else only the header. */
+static uint64_t idem__durable_end(const idem__log *lg, uint32_t id)
+{
+    return lg->has_tail && id == lg->tail.last ? lg->tail.end
+                                               : IDEM__SEG_HDR;
+}
+
+/* What a scan found that a crash cannot explain. */
+typedef struct idem__verdict {
+    int code;             /* 0: sound, or a torn tail to cut */
+    const char *what;
+    uint64_t at, of;      /* where, and the length it is measured against */
+} idem__verdict;
+
+/* Judge segment g from its scan. A sealed segment must be whole; the
+ * newest must hold committed groups up to its durable end (a crash tears
+ * only what follows) and past it may end in a torn group only. Open and
+ * idem_check() both ask this, so they agree. */
+static idem__verdict idem__judge(const idem__log *lg, const idem__seg *g,
+                                 const idem__scan *sc, int newest)
+{
+    uint64_t durable = newest ? idem__durable_end(lg, g->id) : g->size;
+    idem__verdict v = {IDEM_ECORRUPT, "damaged record", sc->bad_at, g->size};
+    if (sc->version)
+        v.code = IDEM_EVERSION, v.what = "record of a newer format";
+    else if (g->size < durable)
+        v.what = "truncated", v.at = g->size, v.of = durable;
+    else if (sc->bad_at < durable || (sc->bad_at < g->size && sc->midfile))
+        ;  /* damaged record */
+    else if (sc->commit_end < durable)
+        v.what = newest ? "no commit where the log was sealed"
+                        : "uncommitted records in a sealed segment",
+        v.at = sc->commit_end;
+    else
+        v.code = 0;
+    return v;
+}
+
 /* Open and verify one segment, cutting a torn tail if it is the newest;
  * on success it is lg's newest segment and *records its key frames. */
 static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
@@ -196,16 +235,9 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
         rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
     if (!rc) {
         idem__scan_seg(g.base, g.size, &sc);
-        if (sc.version)
-            rc = idem__seg_fail(lg, IDEM_EVERSION, id,
-                                "record of a newer format", sc.bad_at, g.size);
-        else if (sc.bad_at < g.size && (!last || sc.midfile))
-            rc = idem__seg_fail(lg, IDEM_ECORRUPT, id, "damaged record",
-                                sc.bad_at, g.size);
-        else if (!last && sc.commit_end < g.size)
-            rc = idem__seg_fail(lg, IDEM_ECORRUPT, id,
-                                "uncommitted records in a sealed segment",
-                                sc.commit_end, g.size);
+        idem__verdict v = idem__judge(lg, &g, &sc, last);
+        if (v.code)
+            rc = idem__seg_fail(lg, v.code, id, v.what, v.at, v.of);
     }
     if (!rc && last && sc.commit_end < g.size && lg->readonly)
         g.size = sc.commit_end;  /* ignore the tail, leave the file be */
@@ -252,41 +284,78 @@ static int idem__stillborn(idem__log *lg, uint32_t id)
                           IDEM_ECORRUPT);
 }
 
-/* Delete a stillborn newest segment: 1 if it was one, 0 if not. */
-static int idem__drop_stillborn(idem__log *lg, uint32_t id)
+/* Set aside segment file id: deleted (and the deletion made durable)
+ * when fix, else only left out. */
+static int idem__set_aside(idem__log *lg, uint32_t id, int fix)
 {
     char name[32];
-    if (!idem__stillborn(lg, id))
-        return 0;
     idem__seg_name(name, sizeof name, id);
-    if (unlinkat(lg->dirfd, name, 0) != 0)
+    if (fix && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0))
         return idem__log_ioerr(lg, "unlink", id, errno);
-    return 1;
+    return 0;
+}
+
+static int idem__missing(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    idem__seg_name(name, sizeof name, id);
+    return idem__fail(lg->s, IDEM_ECORRUPT,
+                      "%s/%s is missing; run `idem repair --store local:%s` "
+                      "to keep every valid record",
+                      lg->dir, name, lg->dir);
+}
+
+/* Read PATH/TAIL into lg and fit the segment files ids[0, *n) to it.
+ * Files older than its first were being dropped when a crash came; a
+ * stillborn newest file past its last was being created: both are set
+ * aside (see idem__set_aside), and [*from, *n) are the segments to read.
+ * Returns IDEM_ECORRUPT, with the detail, when the tail is damaged or a
+ * segment it names is missing (*from and *n are set all the same), or
+ * another error that stops everything. */
+static int idem__fit_tail(idem__log *lg, const uint32_t *ids, size_t *from,
+                          size_t *n, int fix)
+{
+    int bad = idem__dir_tail_read(lg->s, lg->dirfd, lg->dir, &lg->tail);
+    lg->has_tail = bad == 0;
+    if (bad == IDEM_ENOTFOUND)
+        bad = 0;
+    if (bad && bad != IDEM_ECORRUPT)
+        return bad;
+    int rc = 0;
+    *from = 0;
+    while (!rc && lg->has_tail && *from < *n && ids[*from] < lg->tail.first)
+        rc = idem__set_aside(lg, ids[(*from)++], fix);
+    if (!rc && *n > *from &&
+        (!lg->has_tail || ids[*n - 1] > lg->tail.last) &&
+        idem__stillborn(lg, ids[*n - 1]))
+        rc = idem__set_aside(lg, ids[--*n], fix);
+    if (rc || bad || !lg->has_tail)
+        return rc ? rc : bad;
+    if (*n == *from || ids[*n - 1] < lg->tail.last)
+        return idem__missing(lg, lg->tail.last);
+    return ids[*from] != lg->tail.first ? idem__missing(lg, lg->tail.first)
+                                        : 0;
 }
 
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                   idem__reserve_fn reserve, void *ctx)
 {
     uint32_t *ids;
-    size_t n;
+    size_t n, from = 0;
     uint64_t records = 0;
     int rc = idem__dir_segments(lg->s, lg->dirfd, lg->dir, &ids, &n);
     if (rc)
         return rc;
-    if (n && (rc = idem__drop_stillborn(lg, ids[n - 1])) == 1)
-        n--, rc = 0;
-    if (!rc && n) {
-        lg->segs = calloc(n + 1, sizeof *lg->segs);
-        lg->capsegs = n + 1;
+    rc = idem__fit_tail(lg, ids, &from, &n, !lg->readonly);
+    if (!rc && n > from) {
+        lg->segs = calloc(n - from + 1, sizeof *lg->segs);
+        lg->capsegs = n - from + 1;
         if (!lg->segs)
             rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     }
-    for (size_t i = 0; !rc && i < n; i++) {
-        if (ids[i] != ids[0] + i) {
-            char name[32];
-            idem__seg_name(name, sizeof name, ids[0] + (uint32_t)i);
-            rc = idem__fail(lg->s, IDEM_ECORRUPT, "%s/%s is missing",
-                            lg->dir, name);
+    for (size_t i = from; !rc && i < n; i++) {
+        if (ids[i] != ids[from] + (i - from)) {
+            rc = idem__missing(lg, ids[from] + (uint32_t)(i - from));
             break;
         }
         rc = idem__verify_seg(lg, ids[i], i + 1 == n, &records);
@@ -339,6 +408,9 @@ static int idem__salvage_walk(const unsigned char *base, uint64_t size,
 typedef struct idem__rewrite {
     idem__buf out;
     uint64_t commit_len;  /* out.len after the last COMMIT kept */
+    const unsigned char *base;  /* the segment being read */
+    uint64_t durable;     /* its frames before this offset were committed */
+    uint64_t durable_len; /* out.len after the last of those kept */
 } idem__rewrite;
 
 static int idem__keep_frame(void *ctx, const unsigned char *frame,
@@ -349,6 +421,8 @@ static int idem__keep_frame(void *ctx, const unsigned char *frame,
         return IDEM_ENOMEM;
     if (f->type == IDEM__R_COMMIT)
         w->commit_len = w->out.len;
+    if ((uint64_t)(frame - w->base) + f->len <= w->durable)
+        w->durable_len = w->out.len;
     return 0;
 }
 
@@ -382,15 +456,36 @@ static int idem__header_sound(const idem__seg *g, uint32_t want_id)
            idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created) == 0;
 }
 
+/* End what w keeps with a COMMIT if its last committed frames lost
+ * theirs: they were durable all the same. 0 or IDEM_ENOMEM. */
+static int idem__seal_rewrite(idem__rewrite *w)
+{
+    if (w->durable_len <= w->commit_len)
+        return 0;
+    size_t n = idem__frame_size(0, 0);
+    idem__rec none = {0};
+    w->out.len = (size_t)w->durable_len;
+    if (idem__buf_reserve(&w->out, n))
+        return IDEM_ENOMEM;
+    idem__frame_encode(w->out.data + w->out.len, IDEM__R_COMMIT, &none, NULL,
+                       0, NULL, 0);
+    w->out.len += n;
+    w->commit_len = w->out.len;
+    return 0;
+}
+
 /* Repair one segment if it needs it, giving it id want_id (closing a gap
- * left by a lost segment file). The newest keeps frames up to its last
- * valid COMMIT (later ones were never durable); an older one keeps every
- * valid frame and gets a COMMIT at its end. */
+ * left by a lost segment file). Every valid frame that was committed is
+ * kept: in an older segment all of them, in the newest those before its
+ * durable end or followed by a valid COMMIT (the rest were never durable);
+ * a COMMIT ends what is kept. */
 static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
                             int last, idem_check_report *r)
 {
     idem_check_report mine = {0};
-    idem__rewrite w = {0};
+    idem__rewrite w = {.base = g->base,
+                       .durable = last ? idem__durable_end(lg, g->id)
+                                       : g->size};
     int64_t created;
     int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
     if (hdr == IDEM_EVERSION)
@@ -404,19 +499,14 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
                  ? IDEM_ENOMEM
                  : idem__salvage_walk(g->base, g->size, &mine,
                                       idem__keep_frame, &w);
-    uint64_t kept = w.commit_len ? w.commit_len : IDEM__SEG_HDR;
+    /* What the newest segment held past its committed frames was never
+     * durable: it is dropped and counted as lost. */
+    uint64_t kept = w.commit_len > w.durable_len ? w.commit_len
+                                                 : w.durable_len;
+    kept = kept > IDEM__SEG_HDR ? kept : IDEM__SEG_HDR;
     uint64_t uncommitted = rc ? 0 : w.out.len - kept;
-    if (!rc && !last && w.commit_len < w.out.len) {
-        size_t n = idem__frame_size(0, 0);
-        idem__rec none = {0};
-        rc = idem__buf_reserve(&w.out, n) ? IDEM_ENOMEM : 0;
-        if (!rc) {
-            idem__frame_encode(w.out.data + w.out.len, IDEM__R_COMMIT, &none,
-                               NULL, 0, NULL, 0);
-            w.out.len += n;
-            w.commit_len = w.out.len;
-        }
-    }
+    if (!rc)
+        rc = idem__seal_rewrite(&w);
     if (!w.commit_len)
         w.commit_len = IDEM__SEG_HDR;
     int sound = idem__header_sound(g, want_id);
@@ -432,7 +522,7 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
         idem__fail(lg->s, rc, "out of memory");
     r->records += mine.records;
     r->damaged += mine.damaged + !sound;
-    r->bytes_lost += mine.bytes_lost + (last ? uncommitted : 0);
+    r->bytes_lost += mine.bytes_lost + uncommitted;
     idem__buf_free(&w.out);
     return rc;
 }
@@ -465,14 +555,11 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
     r->records += mine.records;
-    int damaged = sc.bad_at < g->size && (!last || sc.midfile);
-    if (!damaged && !last && sc.commit_end < g->size)
-        damaged = 1;
-    if (damaged) {
+    idem__verdict v = idem__judge(lg, g, &sc, last);
+    if (v.code) {
         r->damaged += mine.damaged ? mine.damaged : 1;
         r->bytes_lost += mine.bytes_lost;
-        idem__note_damage(lg, r, g->id, "damaged record",
-                          sc.bad_at < g->size ? sc.bad_at : sc.commit_end);
+        idem__note_damage(lg, r, g->id, v.what, v.at);
     }
     return 0;
 }
@@ -523,6 +610,46 @@ static int idem__check_handle(const char *uri, idem_check_report *r,
     return rc;
 }
 
+/* After a repair, PATH/TAIL names the segments first.. (count of them)
+ * as they now are, or goes when there are none. */
+static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
+{
+    if (!count) {
+        if (unlinkat(lg->dirfd, IDEM__TAIL, 0) != 0 && errno != ENOENT)
+            return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir,
+                              IDEM__TAIL, strerror(errno));
+        return 0;
+    }
+    char name[32];
+    struct stat st;
+    idem__tail t = {.first = first, .last = first + (uint32_t)count - 1};
+    idem__seg_name(name, sizeof name, t.last);
+    if (fstatat(lg->dirfd, name, &st, 0) != 0)
+        return idem__log_ioerr(lg, "stat", t.last, errno);
+    t.end = (uint64_t)st.st_size;
+    return idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
+}
+
+/* Run fn on segments ids[from, n) of lg's directory. */
+static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
+                            size_t n, idem__seg_fn fn, int repair,
+                            idem_check_report *r)
+{
+    int rc = 0;
+    for (size_t i = from; !rc && i < n; i++) {
+        idem__seg g;
+        rc = idem__open_seg(lg, ids[i], &g, repair);
+        if (!rc) {
+            r->segments++;
+            rc = fn(lg, &g, ids[from] + (uint32_t)(i - from), i + 1 == n, r);
+            idem__close_seg(&g);
+        }
+    }
+    if (!rc && repair)
+        rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
+    return rc;
+}
+
 static int idem__each_seg(const char *uri, idem_check_report *r,
                           idem__seg_fn fn, int repair)
 {
@@ -533,7 +660,7 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     idem__log lg = {.s = &s, .dirfd = -1, .segment_bytes = 1};
     int lockfd = -1;
     uint32_t *ids = NULL;
-    size_t n = 0;
+    size_t from = 0, n = 0;
     if (!uri || !*uri)
         uri = "local:./idem-data";  /* as idem_open() reads it */
     if (strncmp(uri, "local:", 6) != 0)
@@ -545,21 +672,19 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
         rc = idem__check_meta(&lg, repair, r);
     if (!rc)
         rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
-    /* A newest segment left stillborn by a crash is no damage: open drops
-     * it, and so does repair. */
-    if (!rc && n &&
-        (rc = repair ? idem__drop_stillborn(&lg, ids[n - 1])
-                       : idem__stillborn(&lg, ids[n - 1])) == 1)
-        n--, rc = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        idem__seg g;
-        rc = idem__open_seg(&lg, ids[i], &g, repair);
-        if (!rc) {
-            r->segments++;
-            rc = fn(&lg, &g, ids[0] + (uint32_t)i, i + 1 == n, r);
-            idem__close_seg(&g);
-        }
+    /* What a crash leaves while a segment is created or dropped is no
+     * damage: open sets it aside, and so does repair. What the tail names
+     * and is gone is damage; repair writes the tail anew. */
+    if (!rc && (rc = idem__fit_tail(&lg, ids, &from, &n, repair)) ==
+                   IDEM_ECORRUPT) {
+        r->damaged++;
+        if (!r->first_damage[0])
+            snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
+                     s.detail);
+        rc = 0;
     }
+    if (!rc)
+        rc = idem__visit_segs(&lg, ids, from, n, fn, repair, r);
     if (rc && !r->first_damage[0])
         snprintf(r->first_damage, sizeof r->first_damage, "%.250s", s.detail);
     free(ids);

@@ -4,13 +4,23 @@
  * its arguments, resolves defaults, and hands the backend clean input. The
  * rules that are the same for every backend live here once: key and value
  * limits, "batch forms sync unless IDEM_NOSYNC", singles as batches of
- * one. A backend that fails writes its own detail. */
+ * one. A backend that fails writes its own detail.
+ *
+ * A handle belongs to the process that opened it. fork() copies it into
+ * the child with the parent's buffered, unsynced changes, and shares its
+ * files, file offsets and connections: a child that wrote or committed
+ * through it (an atexit handler or a destructor that closes it is
+ * enough) would append a stale copy of the parent's changes after the
+ * parent's own and undo what the parent synced. So in a child every call
+ * fails, and idem_close() only frees memory. */
 #include "store.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define IDEM__OPTIONS_VERSION 1u
 #define IDEM__DEFAULT_URI "local:./idem-data"
@@ -22,6 +32,37 @@ static const struct idem__backend *const idem__backends[] = {
     &idem__backend_redis,
     &idem__backend_cluster,
 };
+
+/* How many fork()s this process is from the one that loaded the library:
+ * an atfork handler adds one in every child, before it runs anything
+ * else. A handle remembers the count it was opened under; comparing costs
+ * a load per call, where getpid() would be a system call. */
+static unsigned long idem__forks;
+static pthread_once_t idem__forks_once = PTHREAD_ONCE_INIT;
+static int idem__forks_watched;  /* pthread_atfork()'s result */
+
+static void idem__count_fork(void)
+{
+    idem__forks++;
+}
+
+static void idem__watch_forks(void)
+{
+    idem__forks_watched = pthread_atfork(NULL, NULL, idem__count_fork);
+}
+
+int idem__forked(const idem_store *s)
+{
+    return s->forks != idem__forks;
+}
+
+static int idem__fail_forked(idem_store *s)
+{
+    return idem__fail(s, IDEM_EINVAL,
+                      "handle opened by pid %ld, used in pid %ld: fork "
+                      "children must open their own store",
+                      s->pid, (long)getpid());
+}
 
 void idem_options_init(idem_options *o)
 {
@@ -129,6 +170,11 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out)
     *out = s;
     if (!s)
         return IDEM_ENOMEM;
+    pthread_once(&idem__forks_once, idem__watch_forks);
+    s->pid = (long)getpid();
+    s->forks = idem__forks;
+    if (idem__forks_watched)
+        return idem__fail(s, IDEM_ENOMEM, "cannot register a fork handler");
     if (opts)
         s->opts = *opts;
     else
@@ -160,7 +206,8 @@ int idem_close(idem_store *s)
     return rc;
 }
 
-/* Every call on a handle that failed to open says so instead of crashing. */
+/* Every call on a handle that failed to open says so instead of crashing;
+ * so does every call in a fork child (see the top of this file). */
 #define IDEM__ENTER(s)                                                     \
     do {                                                                   \
         if (!(s))                                                          \
@@ -168,6 +215,8 @@ int idem_close(idem_store *s)
         idem__begin(s);                                                    \
         if (!(s)->be)                                                      \
             return idem__fail(s, IDEM_EINVAL, "store is not open");        \
+        if (idem__forked(s))                                               \
+            return idem__fail_forked(s);                                   \
     } while (0)
 
 static int idem__check_key(idem_store *s, const void *key, size_t len)

@@ -18,6 +18,8 @@ struct idem_store {
     idem_options opts;
     char *uri;
     idem__arena out;          /* memory behind data returned to callers */
+    long pid;                 /* the process that opened it */
+    unsigned long forks;      /* idem__forks when it was opened */
     char detail[512];
 };
 
@@ -94,6 +96,10 @@ int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
 
 /* Make the handle refuse further writes and syncs (see the runner). */
 void idem__poison(idem_store *s, int code);
+
+/* Is s being used in a fork child of the process that opened it? Then
+ * its memory is a stale copy and its files belong to that process. */
+int idem__forked(const idem_store *s);
 
 /* The store's clock, in Unix ms. */
 int64_t idem__now(const idem_store *s);

@@ -4,7 +4,9 @@
  * byte offset of its last three batches, and garbled at every byte of its
  * last batch: each time the store must open and hold exactly the batches
  * committed before the damage. Damage to committed data elsewhere must be
- * refused with a clear error, and repair must keep every valid record. */
+ * refused with a clear error, and repair must keep every valid record.
+ * After a clean close nothing is a torn tail: garbage in the last group,
+ * a zeroed or cut end, a deleted newest segment are all refused. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +50,11 @@ static void write_file(const char *path, const unsigned char *p, size_t n)
     close(fd);
 }
 
-static void build(uint64_t segment_bytes)
+/* How build() leaves the store: closed, or as a kill -9 right after the
+ * last sync would (its tail file not yet sealed by a close). */
+enum { CLOSED, KILLED };
+
+static void build(uint64_t segment_bytes, int how)
 {
     dir = t_tmpdir();
     idem_options o = t_options();
@@ -75,7 +81,14 @@ static void build(uint64_t segment_bytes)
         cr_assert_eq(stat(seg_path, &sb), 0);
         ends[b] = (size_t)sb.st_size;
     }
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    size_t tail_len = 0;
+    char *unsealed = how == KILLED ? t_read(tail, &tail_len) : NULL;
     cr_assert_eq(idem_close(s), 0);
+    if (how == KILLED)
+        t_write(tail, unsealed, tail_len);
+    free(unsealed);
     load_file(seg_path, &orig, &orig_len);
 }
 
@@ -115,7 +128,7 @@ static int committed_in(size_t len)
 
 Test(torn, cut_at_every_offset, .timeout = 300)
 {
-    build(64u << 20);
+    build(64u << 20, KILLED);
     for (size_t at = ends[BATCHES - 4]; at < orig_len; at++) {
         write_file(seg_path, orig, at);
         expect_batches(committed_in(at), "cut", at);
@@ -127,7 +140,7 @@ Test(torn, cut_at_every_offset, .timeout = 300)
 
 Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
 {
-    build(64u << 20);
+    build(64u << 20, KILLED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     for (size_t at = ends[BATCHES - 2]; at < orig_len; at++) {
@@ -143,7 +156,7 @@ Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
 Test(torn, lost_sectors_of_last_batch, .timeout = 120)
 {
     /* The disk kept the end of the last write but not a middle part. */
-    build(64u << 20);
+    build(64u << 20, KILLED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     for (size_t at = ends[BATCHES - 2]; at + 512 <= orig_len; at += 64) {
@@ -158,7 +171,7 @@ Test(torn, lost_sectors_of_last_batch, .timeout = 120)
 
 Test(torn, damage_in_committed_data_is_refused, .timeout = 60)
 {
-    build(64u << 20);
+    build(64u << 20, CLOSED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     memcpy(bad, orig, orig_len);
@@ -179,7 +192,7 @@ Test(torn, damage_in_committed_data_is_refused, .timeout = 60)
 
 Test(torn, older_segment_damage_then_repair, .timeout = 60)
 {
-    build(4096);
+    build(4096, CLOSED);
     char first[4300];
     snprintf(first, sizeof first, "%s/seg-00000001.log", dir);
     unsigned char *p;
@@ -234,7 +247,7 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
 
 Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
 {
-    build(4096);
+    build(4096, CLOSED);
     char path[4300];
     /* A garbled segment header, a lost segment file, a damaged IDEM. */
     snprintf(path, sizeof path, "%s/seg-00000002.log", dir);
@@ -288,7 +301,7 @@ static void make_fresh_segment(const unsigned char *p, size_t n)
 
 Test(torn, fresh_segment_with_lost_header_opens, .timeout = 60)
 {
-    build(64u << 20);
+    build(64u << 20, CLOSED);
     unsigned char zeros[32] = {0};
     make_fresh_segment(zeros, sizeof zeros);
     expect_batches(BATCHES, "zeroed header", 0);
@@ -307,7 +320,7 @@ Test(torn, fresh_segment_with_lost_header_opens, .timeout = 60)
 }
 Test(torn, check_and_repair_after_crash_in_rotation, .timeout = 60)
 {
-    build(64u << 20);
+    build(64u << 20, CLOSED);
     size_t lens[] = {0, 7, 32};
     unsigned char zeros[32] = {0};
     for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
@@ -325,7 +338,7 @@ Test(torn, check_and_repair_after_crash_in_rotation, .timeout = 60)
 
 Test(torn, bad_header_is_checked_and_repaired, .timeout = 60)
 {
-    build(4096);
+    build(4096, CLOSED);
     char first[4300];
     snprintf(first, sizeof first, "%s/seg-00000001.log", dir);
     unsigned char *p;
@@ -357,7 +370,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
     /* The COMMIT that ends batch 8 is damaged; batch 9 follows it whole.
      * No crash does that (batch 8 was synced before batch 9 was written),
      * so it must not pass for a torn batch 9, silently dropping both. */
-    build(64u << 20);
+    build(64u << 20, CLOSED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     for (size_t at = ends[BATCHES - 2] - 72; at < ends[BATCHES - 2];
@@ -375,5 +388,143 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
     cr_assert_eq(idem_repair(t_local_uri(dir), NULL), 0);
     expect_batches(BATCHES, "repaired commit", 0);
     free(bad);
+    t_rmdir(dir);
+}
+
+/* Open and idem_check() both refuse the store, naming file and where;
+ * idem_repair() then leaves a store that checks clean. */
+static void expect_refused_then_repaired(const char *file, const char *where)
+{
+    idem_store *s;
+    idem_options o = t_options();
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
+                 "open: %s", idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), file) &&
+                  strstr(idem_errdetail(s), where),
+              "open: %s", idem_errdetail(s));
+    idem_close(s);
+    idem_check_report rep;
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT,
+                 "check: %s", rep.first_damage);
+    cr_assert(strstr(rep.first_damage, file) &&
+                  strstr(rep.first_damage, where),
+              "check: %s", rep.first_damage);
+    cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+    cr_assert_eq(idem_check(t_local_uri(dir), &rep), 0, "%s",
+                 rep.first_damage);
+}
+
+static const char *offset_text(size_t at)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "at offset %zu", at);
+    return buf;
+}
+
+Test(torn, garbage_in_last_group_after_clean_close, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    unsigned char *bad = malloc(orig_len);
+    cr_assert(bad);
+    memcpy(bad, orig, orig_len);
+    srand(9);
+    for (size_t i = 0; i < 200; i++)
+        bad[ends[BATCHES - 2] + 8 + i] = (unsigned char)rand();
+    write_file(seg_path, bad, orig_len);
+    free(bad);
+    expect_refused_then_repaired("seg-00000001.log: damaged record",
+                                 offset_text(ends[BATCHES - 2]));
+    /* Repair kept the frames of the last batch the garbage missed. */
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_record r;
+    for (int b = 0; b < BATCHES - 1; b++)
+        for (int i = 0; i < PER; i++) {
+            char key[32];
+            key_of(key, sizeof key, b, i);
+            cr_assert_eq(idem_get(s, key, strlen(key), &r), 0, "%s", key);
+        }
+    cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    idem_close(s);
+    t_rmdir(dir);
+}
+
+Test(torn, zeroed_tail_over_two_groups_after_clean_close, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    size_t from = ends[BATCHES - 3] + 40;  /* inside batch 8, then 9 */
+    unsigned char *bad = malloc(orig_len);
+    cr_assert(bad);
+    memcpy(bad, orig, orig_len);
+    memset(bad + from, 0, orig_len - from);
+    write_file(seg_path, bad, orig_len);
+    free(bad);
+    expect_refused_then_repaired("seg-00000001.log: damaged record",
+                                 offset_text(ends[BATCHES - 3]));
+    expect_batches(BATCHES - 2, "repaired zeroed tail", from);
+    t_rmdir(dir);
+}
+
+Test(torn, newest_segment_cut_at_a_commit_after_clean_close, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    write_file(seg_path, orig, ends[BATCHES - 2]);
+    expect_refused_then_repaired("seg-00000001.log: truncated",
+                                 offset_text(ends[BATCHES - 2]));
+    expect_batches(BATCHES - 1, "repaired cut", ends[BATCHES - 2]);
+    t_rmdir(dir);
+}
+
+Test(torn, newest_segment_deleted, .timeout = 60)
+{
+    build(4096, CLOSED);
+    char name[32];
+    snprintf(name, sizeof name, "%s", strrchr(seg_path, '/') + 1);
+    cr_assert_neq(strcmp(name, "seg-00000001.log"), 0);
+    cr_assert_eq(unlink(seg_path), 0);
+    expect_refused_then_repaired(name, "is missing");
+    /* Every record of the other segments is there, and the store goes
+     * on from the segment that is now the newest. */
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "batch0-key0", 11, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
+    t_rmdir(dir);
+}
+
+Test(torn, only_segment_deleted, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    cr_assert_eq(unlink(seg_path), 0);
+    expect_refused_then_repaired("seg-00000001.log", "is missing");
+    expect_batches(0, "repaired empty store", 0);
+    t_rmdir(dir);
+}
+
+Test(torn, store_without_tail_file_opens_as_before, .timeout = 60)
+{
+    /* A store written before the tail file existed: its newest segment
+     * is read by the commits alone, so a torn last batch is cut. */
+    build(64u << 20, CLOSED);
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    cr_assert_eq(unlink(tail), 0);
+    write_file(seg_path, orig, ends[BATCHES - 2] + 100);
+    expect_batches(BATCHES - 1, "no tail file", ends[BATCHES - 2] + 100);
+    t_rmdir(dir);
+}
+
+Test(torn, damaged_tail_file_is_refused_then_repaired, .timeout = 60)
+{
+    build(64u << 20, CLOSED);
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    cr_assert_eq(t_sh("printf 'junk' | dd of='%s' bs=1 seek=12 "
+                      "conv=notrunc 2>/dev/null", tail), 0);
+    expect_refused_then_repaired("TAIL", "damaged");
+    expect_batches(BATCHES, "repaired tail file", 0);
     t_rmdir(dir);
 }

@@ -42,6 +42,20 @@
  * A store handle may be used by one thread at a time. Different handles are
  * independent. Functions that take no handle are thread-safe.
  *
+ * FORK
+ *
+ * A handle belongs to the process that opened it. fork() copies it into
+ * the child together with the parent's unsynced changes, and the child
+ * shares the parent's files and connections; were the child to write or
+ * sync through it, or close it (an atexit handler or a C++ destructor is
+ * enough), it could undo what the parent synced. So in a fork child every
+ * call on an inherited handle fails with IDEM_EINVAL ("handle opened by
+ * pid N, used in pid M: fork children must open their own store"), and
+ * idem_close() there frees the child's memory and writes, truncates,
+ * deletes and unlocks nothing. A child that needs a store opens its own
+ * (a local: store only once the parent has closed it: one process holds
+ * it at a time).
+ *
  * ERRORS
  *
  * Functions return 0 or a negative IDEM_E* code. idem_strerror() names the
@@ -162,6 +176,15 @@ void idem_options_init(idem_options *opts);
  * idem_close(). *out is NULL only when even that could not be allocated
  * (IDEM_ENOMEM).
  *
+ * A local: store is refused with IDEM_ECORRUPT, naming the file and the
+ * offset, when anything is damaged or missing that a crash cannot explain:
+ * a crash can tear only the group whose idem_sync() never returned, so
+ * only that is cut. A clean idem_close() (and every new segment) records
+ * in PATH/TAIL where the log ends; after it, garbage anywhere in the log,
+ * a cut or zeroed end, a deleted segment are all damage. Stores written
+ * before PATH/TAIL existed open as they did: until their first clean
+ * close, their end is judged by the commits alone.
+ *
  * Errors: IDEM_EINVAL (bad URI or options), IDEM_ELOCKED, IDEM_ECORRUPT
  * (damage other than a torn tail: run idem_repair()), IDEM_EVERSION,
  * IDEM_EIO, IDEM_ENOSPC, IDEM_ENOMEM, IDEM_ENOTFOUND (IDEM_O_NOCREATE);
@@ -210,8 +233,11 @@ void idem_options_init(idem_options *opts);
 int idem_open(const char *uri, const idem_options *opts, idem_store **out);
 
 /* Sync what is pending, release the store and free the handle. Returns the
- * result of that last sync (the handle is freed regardless). NULL is a
- * no-op returning 0. */
+ * result of that last sync (the handle is freed regardless). A local:
+ * store also records where its log ends (PATH/TAIL), so that the next
+ * open refuses any loss after it. In a fork child of the process that
+ * opened s, only frees memory (see FORK) and returns 0. NULL is a no-op
+ * returning 0. */
 int idem_close(idem_store *s);
 
 /* What went wrong in the last failed call on s, as one line of text, or ""
@@ -633,7 +659,10 @@ typedef struct idem_check_report {
 
 /* Verify every checksum of the local store at uri without changing it.
  * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report), or another
- * error. The store must not be open elsewhere.
+ * error. The store must not be open elsewhere. It reports exactly what
+ * idem_open() refuses: damage before the end PATH/TAIL records, a missing
+ * or cut segment, damage in a sealed segment or followed by committed
+ * data; a torn tail past the recorded end is no damage.
  *
  * A redis:// or redis-cluster:// uri is read through a read-only handle
  * while others use it, and counts in damaged the records that make every
@@ -646,8 +675,9 @@ int idem_check(const char *uri, idem_check_report *report);
 /* Rewrite each damaged segment of the store at uri keeping every valid
  * record; the damaged bytes are lost. A torn tail is cut, a bad segment
  * header rewritten, a gap left by a lost segment file closed, a damaged
- * identity file replaced. Returns 0 and fills report, or IDEM_ENOTSUP
- * (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
+ * identity file replaced, and PATH/TAIL written anew for the segments
+ * that are left, so that the store opens. Returns 0 and fills report, or
+ * IDEM_ENOTSUP (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
  * IDEM_ENOSPC, IDEM_ENOMEM. The store must not be open elsewhere. */
 int idem_repair(const char *uri, idem_check_report *report);
 
