@@ -244,7 +244,7 @@ Test(redis_ckpt, claim_done_cut_by_a_stopped_server, .timeout = 240)
              sv.ports[0]);
     idem_store *s = t_open(uri);
     static idem_key keys[N];
-    static char names[N][12];
+    static char names[N][16];
     static idem_outcome o[N];
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof names[i], "c%d", i);
