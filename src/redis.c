@@ -8,9 +8,10 @@
  * schemes.
  *
  * There is nothing to flush: a write is applied when its reply arrives,
- * and with wait=N replicated as well, so sync() has nothing left to do.
- * Redis stores keep no checkpoints: a runner on Redis keeps its source
- * position where its source does (consumer groups, Kafka offsets). */
+ * and with wait=N replicated as well, so sync() has nothing left to do,
+ * except after a checkpoint was queued: then completes and fails are
+ * checked at once and applied together with the checkpoint by sync()
+ * (redis_ckpt.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,7 +135,8 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
     if (!rc)
         rc = idem__ttl_fits(s, a->ttl_ms, "TTL");
     if (!rc)
-        rc = idem__batch_new(s, IDEM__S_CLAIM, n, &b, &which);
+        rc = idem__batch_new(s, a->done ? IDEM__S_CLAIM_DONE : IDEM__S_CLAIM,
+                             n, &b, &which);
     if (rc) {
         for (size_t i = 0; i < n; i++)
             outs[i].status = outs[i].status ? outs[i].status : rc;
@@ -201,18 +203,41 @@ static int idem__finish_reply(idem_store *s, const idem__ritem *it,
     return v ? idem__why_lost(s, v, token) : 0;
 }
 
-static int idem__redis_complete_many(idem_store *s,
-                                     const idem_completion *items, size_t n,
-                                     int *st)
+/* Run a batch of finishing scripts built from items (or, if rc, only
+ * record rc) and give each item its 0, IDEM_ELOST or error in st. */
+static int idem__finish_batch(idem_store *s, idem__rbatch *b, size_t *which,
+                              int rc, const idem_completion *items, int *st,
+                              size_t n, const char *what)
+{
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            st[i] = st[i] ? st[i] : rc;
+        b->nitems = 0;
+    } else {
+        rc = idem__run(s, b, 1);
+    }
+    char keep[sizeof s->detail];
+    idem__scopy(keep, sizeof keep, s->detail);
+    for (size_t j = 0; j < b->nitems; j++) {
+        const idem__ritem *it = &b->items[j];
+        int *sp = &st[which[j]];
+        *sp = idem__finish_reply(s, it, items[which[j]].token, what);
+        if (idem__batch_error(*sp) && !rc)
+            rc = *sp;
+        if (*sp && it->reply)
+            idem__scopy(keep, sizeof keep, s->detail);
+    }
+    idem__scopy(s->detail, sizeof s->detail, keep);
+    idem__batch_del(b, which);
+    return rc;
+}
+
+int idem__redis_complete_run(idem_store *s, const idem_completion *items,
+                             size_t n, int *st, const char *const *rids)
 {
     idem__rbatch *b;
     size_t *which;
-    int rc = 0;
-    for (size_t i = 0; i < n && !rc; i++)
-        if (!st[i] && items[i].ttl_ms)
-            rc = idem__ttl_fits(s, items[i].ttl_ms, "TTL");
-    if (!rc)
-        rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
+    int rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
     if (rc) {
         for (size_t i = 0; i < n; i++)
             st[i] = st[i] ? st[i] : rc;
@@ -231,38 +256,63 @@ static int idem__redis_complete_many(idem_store *s,
         idem__argnum(it, 0, (long long)c->token);
         idem__arg(it, c->response, c->len);
         idem__argnum(it, 1, c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
-        idem__argrid(s, it, 2);
+        if (rids)
+            idem__arg(it, rids[i], strlen(rids[i]));
+        else
+            idem__argrid(s, it, 2);
     }
+    return idem__finish_batch(s, b, which, rc, items, st, n, "complete");
+}
+
+/* With a checkpoint queued, completions wait for idem_sync() (see
+ * redis_ckpt.c); otherwise they are applied now. */
+static int idem__redis_complete_many(idem_store *s,
+                                     const idem_completion *items, size_t n,
+                                     int *st)
+{
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++)
+        if (!st[i] && items[i].ttl_ms)
+            rc = idem__ttl_fits(s, items[i].ttl_ms, "TTL");
     if (rc) {
         for (size_t i = 0; i < n; i++)
             st[i] = st[i] ? st[i] : rc;
-        b->nitems = 0;
-    } else {
-        rc = idem__run(s, b, 1);
+        return rc;
     }
-    char keep[sizeof s->detail];
-    idem__scopy(keep, sizeof keep, s->detail);
-    for (size_t j = 0; j < b->nitems; j++) {
-        const idem__ritem *it = &b->items[j];
-        int *sp = &st[which[j]];
-        *sp = idem__finish_reply(s, it, items[which[j]].token, "complete");
-        if (idem__batch_error(*sp) && !rc)
-            rc = *sp;
-        if (*sp && it->reply)
-            idem__scopy(keep, sizeof keep, s->detail);
-    }
-    idem__scopy(s->detail, sizeof s->detail, keep);
-    idem__batch_del(b, which);
-    return rc;
+    if (idem__ckpt_queued(s))
+        return idem__ckpt_hold_completes(s, items, n, st);
+    return idem__redis_complete_run(s, items, n, st, NULL);
 }
 
-/* One key, one script call. */
-typedef struct idem__one {
+int idem__redis_extend_many(idem_store *s, const idem_completion *items,
+                            size_t n, int64_t lease_ms, int *st)
+{
     idem__rbatch *b;
-    idem__ritem *it;
-} idem__one;
+    size_t *which;
+    int rc = idem__ttl_fits(s, lease_ms, "lease");
+    if (!rc)
+        rc = idem__batch_new(s, IDEM__S_EXTEND, n, &b, &which);
+    if (rc) {
+        for (size_t i = 0; i < n; i++)
+            st[i] = st[i] ? st[i] : rc;
+        return rc;
+    }
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (st[i])
+            continue;
+        idem__ritem *it = idem__item_add(s, b, items[i].key, items[i].keylen);
+        if (!it) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
+        }
+        which[b->nitems - 1] = i;
+        idem__argnum(it, 0, (long long)items[i].token);
+        idem__argnum(it, 1, lease_ms);
+    }
+    return idem__finish_batch(s, b, which, rc, items, st, n, "extend");
+}
 
-static int idem__one_begin(idem_store *s, idem__one *one, int script,
+int idem__one_begin(idem_store *s, idem__one *one, int script,
                            const void *key, size_t keylen)
 {
     one->b = malloc(sizeof *one->b);
@@ -282,22 +332,21 @@ static int idem__one_begin(idem_store *s, idem__one *one, int script,
     return 0;
 }
 
-/* Run it: 0 with one->it->reply set, or the error. */
-static int idem__one_run(idem_store *s, idem__one *one, int write)
+int idem__one_run(idem_store *s, idem__one *one, int write)
 {
     int rc = idem__run(s, one->b, write);
     return rc ? rc : one->it->reply ? 0 : one->it->status;
 }
 
-static void idem__one_end(idem__one *one)
+void idem__one_end(idem__one *one)
 {
     idem__batch_free(one->b);
     free(one->b);
 }
 
-static int idem__redis_fail(idem_store *s, const void *key, size_t keylen,
-                            uint64_t token, const void *err, size_t len,
-                            int retryable)
+int idem__redis_fail_run(idem_store *s, const void *key, size_t keylen,
+                         uint64_t token, const void *err, size_t len,
+                         int retryable, int64_t ttl_ms, const char *rid)
 {
     idem__one one;
     int rc = idem__one_begin(s, &one, IDEM__S_FAIL, key, keylen);
@@ -306,8 +355,11 @@ static int idem__redis_fail(idem_store *s, const void *key, size_t keylen,
     idem__argnum(one.it, 0, (long long)token);
     idem__arg(one.it, err, len);
     idem__arg(one.it, retryable ? "1" : "0", 1);
-    idem__argnum(one.it, 1, s->opts.failure_ttl_ms);
-    idem__argrid(s, one.it, 2);
+    idem__argnum(one.it, 1, ttl_ms);
+    if (rid)
+        idem__arg(one.it, rid, strlen(rid));
+    else
+        idem__argrid(s, one.it, 2);
     rc = idem__one_run(s, &one, 1);
     if (!rc)
         rc = idem__finish_reply(s, one.it, token, "fail");
@@ -315,22 +367,26 @@ static int idem__redis_fail(idem_store *s, const void *key, size_t keylen,
     return rc;
 }
 
+static int idem__redis_fail(idem_store *s, const void *key, size_t keylen,
+                            uint64_t token, const void *err, size_t len,
+                            int retryable)
+{
+    if (idem__ckpt_queued(s))
+        return idem__ckpt_hold_fail(s, key, keylen, token, err, len,
+                                    retryable);
+    return idem__redis_fail_run(s, key, keylen, token, err, len, retryable,
+                                s->opts.failure_ttl_ms, NULL);
+}
+
+/* A renewed lease is its own check, so extend is applied at once even
+ * with a checkpoint queued. */
 static int idem__redis_extend(idem_store *s, const void *key, size_t keylen,
                               uint64_t token, int64_t lease_ms)
 {
-    idem__one one;
-    int rc = idem__ttl_fits(s, lease_ms, "lease");
-    if (!rc)
-        rc = idem__one_begin(s, &one, IDEM__S_EXTEND, key, keylen);
-    if (rc)
-        return rc;
-    idem__argnum(one.it, 0, (long long)token);
-    idem__argnum(one.it, 1, lease_ms);
-    rc = idem__one_run(s, &one, 1);
-    if (!rc)
-        rc = idem__finish_reply(s, one.it, token, "extend");
-    idem__one_end(&one);
-    return rc;
+    idem_completion one = {key, keylen, token, NULL, 0, 0};
+    int st = 0;
+    int rc = idem__redis_extend_many(s, &one, 1, lease_ms, &st);
+    return rc ? rc : st;
 }
 
 static int idem__get_reply(idem_store *s, const redisReply *rep,
@@ -427,8 +483,7 @@ static int idem__redis_import(idem_store *s, const void *key, size_t keylen,
 
 static int idem__redis_sync(idem_store *s)
 {
-    (void)s;
-    return 0;
+    return idem__ckpt_sync(s);
 }
 
 /* ------------------------------------------------------------------------
@@ -447,15 +502,19 @@ static void idem__redis_free(idem__redis *r)
     free(r->nodes);
     free(r->slots);
     free(r->scan_cursor);
+    idem__ckpt_free(&r->ck);
     idem__rcfg_free(&r->cfg);
     free(r);
 }
 
+/* Like local:, close commits what is queued (a checkpoint and its
+ * writes). */
 static int idem__redis_close(idem_store *s)
 {
+    int rc = idem__ckpt_sync(s);
     idem__redis_free(idem__r(s));
     s->impl = NULL;
-    return 0;
+    return rc;
 }
 
 /* A redis:// store must not be a cluster node: it would answer MOVED for
@@ -662,10 +721,11 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     .complete_many = idem__redis_complete_many, .fail = idem__redis_fail,  \
     .extend = idem__redis_extend, .get = idem__redis_get,                  \
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
-    .checkpoint_put = NULL, .checkpoint_get = NULL,                        \
+    .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
     .scan = idem__redis_scan, .import = idem__redis_import,                \
-    .check = idem__redis_check
+    .check = idem__redis_check, .extend_many = idem__redis_extend_many,    \
+    .poison = idem__ckpt_poison, .caps = IDEM__CAP_CLAIM_DONE
 
 const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};

@@ -8,6 +8,7 @@
  * redis_pipe.c    batches of script calls: grouped, pipelined per node,
  *                 retried through redirects and failures within a budget
  * redis_sweep.c   SCAN every master: sweep and stats
+ * redis_ckpt.c    checkpoints, and the writes queued to commit with them
  * redis.c         the backend: each operation as a batch, replies turned
  *                 into outcomes, open and close
  *
@@ -81,6 +82,15 @@ typedef struct idem__rnode {
     idem__rconn *conns;       /* cfg.pool of them */
 } idem__rnode;
 
+/* A checkpoint queued by idem_checkpoint_put() until idem_sync(), with
+ * the writes checked meanwhile, encoded as the intent they are stored as
+ * (redis_ckpt.c). name is NULL when nothing is queued. */
+typedef struct idem__rckpt {
+    char *name;
+    idem__buf blob;
+    idem__buf intent;
+} idem__rckpt;
+
 typedef struct idem__redis {
     idem__rcfg cfg;
     char shas[IDEM__S_COUNT][41];
@@ -93,6 +103,7 @@ typedef struct idem__redis {
     uint64_t round;           /* rounds run by this handle, from 1 */
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
     uint64_t expired_total;
+    idem__rckpt ck;           /* queued checkpoint, if any */
 } idem__redis;
 
 /* ---- redis_pipe.c */
@@ -129,6 +140,8 @@ typedef struct idem__rcmd {
 typedef struct idem__rbatch {
     int script;
     int multi;                   /* the script takes many keys */
+    int raw;                     /* keys are named whole (checkpoints),
+                                  * not records of the layout */
     int write;                   /* the script changes records */
     idem__ritem *items;
     size_t nitems;
@@ -160,6 +173,8 @@ void idem__argnum(idem__ritem *it, int slot, long long v);
 /* A request id unique to this handle and, by its random base, to every
  * other: lets a retried write recognise its own first run. */
 void idem__argrid(idem_store *s, idem__ritem *it, int slot);
+/* The next request id into buf (NUL-terminated); its length. */
+size_t idem__rid(idem_store *s, char buf[24]);
 /* An argument every key of the batch shares, after the time. */
 void idem__batch_common(idem__rbatch *b, int slot, long long v);
 /* Run the batch. Each item ends with a reply or a status. Returns 0 if
@@ -172,6 +187,57 @@ int idem__transient(const char *e);
 void idem__sleep_ms(int64_t ms);
 /* Copy a message, cut to fit. */
 void idem__scopy(char *dst, size_t cap, const char *src);
+
+/* ---- redis.c */
+
+/* One key, one script call: begin, add the arguments to it, run (0 with
+ * it->reply set, or the error), end. */
+typedef struct idem__one {
+    idem__rbatch *b;
+    idem__ritem *it;
+} idem__one;
+int idem__one_begin(idem_store *s, idem__one *one, int script,
+                    const void *key, size_t keylen);
+int idem__one_run(idem_store *s, idem__one *one, int write);
+void idem__one_end(idem__one *one);
+
+/* Apply completions / a failure now, with the given request ids (rids[i]
+ * NUL-terminated; rids NULL or rid NULL: new ones), as the store ops do
+ * without a queued checkpoint. */
+int idem__redis_complete_run(idem_store *s, const idem_completion *items,
+                             size_t n, int *st, const char *const *rids);
+int idem__redis_fail_run(idem_store *s, const void *key, size_t keylen,
+                         uint64_t token, const void *err, size_t len,
+                         int retryable, int64_t ttl_ms, const char *rid);
+/* The extend_many op: renew each token's lease, per key 0 or
+ * IDEM_ELOST. */
+int idem__redis_extend_many(idem_store *s, const idem_completion *items,
+                            size_t n, int64_t lease_ms, int *st);
+
+/* ---- redis_ckpt.c */
+
+int idem__ckpt_put(idem_store *s, const char *name, const void *blob,
+                   size_t len);
+int idem__ckpt_get(idem_store *s, const char *name, const void **blob,
+                   size_t *len);
+/* Commit the queued checkpoint with its writes; 0 if none is queued. */
+int idem__ckpt_sync(idem_store *s);
+int idem__ckpt_queued(idem_store *s);
+/* Check completions / a failure now (the token holds the key; its lease
+ * is renewed) and queue them to be applied by the next sync. */
+int idem__ckpt_hold_completes(idem_store *s, const idem_completion *items,
+                              size_t n, int *st);
+int idem__ckpt_hold_fail(idem_store *s, const void *key, size_t keylen,
+                         uint64_t token, const void *err, size_t len,
+                         int retryable);
+/* Drop what is queued (the poison op: it must never be committed). */
+void idem__ckpt_poison(idem_store *s, int code);
+void idem__ckpt_free(idem__rckpt *ck);
+/* Append one write to an intent: op 'c' (complete), 'f' (fail) or 'r'
+ * (retryable fail), with its request id. 0 or IDEM_ENOMEM. */
+int idem__intent_add(idem__buf *b, char op, uint64_t token, int64_t ttl_ms,
+                     const char *rid, const void *key, size_t keylen,
+                     const void *val, size_t vallen);
 
 /* ---- redis_sweep.c */
 

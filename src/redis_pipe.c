@@ -69,7 +69,11 @@ int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n)
 {
     memset(b, 0, sizeof *b);
     b->script = script;
-    b->multi = script == IDEM__S_CLAIM || script == IDEM__S_COMPLETE;
+    b->multi = script == IDEM__S_CLAIM || script == IDEM__S_COMPLETE ||
+               script == IDEM__S_CLAIM_DONE || script == IDEM__S_EXTEND;
+    /* Checkpoint scripts name their key whole, in any layout. */
+    b->raw = script == IDEM__S_CKPT_PUT || script == IDEM__S_CKPT_GET ||
+             script == IDEM__S_CKPT_CLEAR;
     b->items = calloc(n ? n : 1, sizeof *b->items);
     b->order = calloc(n ? n : 1, sizeof *b->order);
     b->cmds = calloc(n ? n : 1, sizeof *b->cmds);
@@ -110,30 +114,10 @@ static void idem__item_day(idem__redis *r, idem__ritem *it, const void *key,
     it->slot = r->cfg.tag_slots[it->shard];
 }
 
-idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
-                            size_t keylen)
+/* The slot of a key named in full (b->names from name_off on). */
+static void idem__item_slot(const idem__redis *r, const idem__rbatch *b,
+                            idem__ritem *it)
 {
-    idem__redis *r = idem__r(s);
-    idem__ritem *it = &b->items[b->nitems];
-    int day = r->cfg.layout == IDEM__LAYOUT_DAY;
-    memset(it, 0, sizeof *it);
-    it->name_off = b->names.len;
-    /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
-     * commands land on one slot whatever the prefix. A KEY holding '}'
-     * is still stored under its exact bytes; its tag then ends at its
-     * first '}', which only changes which slot it shares. */
-    if ((!day && (idem__buf_append(&b->names, r->cfg.prefix,
-                                   r->cfg.prefixlen) ||
-                  idem__buf_append(&b->names, "{", 1))) ||
-        idem__buf_append(&b->names, key, keylen) ||
-        (!day && idem__buf_append(&b->names, "}", 1)))
-        return NULL;
-    it->name_len = b->names.len - it->name_off;
-    b->nitems++;
-    if (day) {
-        idem__item_day(r, it, key, keylen);
-        return it;
-    }
     /* On a single server "slot" only picks one of the pool's
      * connections: any key may share a script call with any other, but
      * a key given twice must go down the same connection to keep its
@@ -143,6 +127,33 @@ idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
                                          it->name_len)
                         : 0;
     it->slot = r->cfg.cluster ? slot : slot % (unsigned)r->cfg.pool;
+}
+
+idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
+                            size_t keylen)
+{
+    idem__redis *r = idem__r(s);
+    idem__ritem *it = &b->items[b->nitems];
+    int day = r->cfg.layout == IDEM__LAYOUT_DAY && !b->raw;
+    int wrap = !day && !b->raw;
+    memset(it, 0, sizeof *it);
+    it->name_off = b->names.len;
+    /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
+     * commands land on one slot whatever the prefix. A KEY holding '}'
+     * is still stored under its exact bytes; its tag then ends at its
+     * first '}', which only changes which slot it shares. */
+    if ((wrap && (idem__buf_append(&b->names, r->cfg.prefix,
+                                   r->cfg.prefixlen) ||
+                  idem__buf_append(&b->names, "{", 1))) ||
+        idem__buf_append(&b->names, key, keylen) ||
+        (wrap && idem__buf_append(&b->names, "}", 1)))
+        return NULL;
+    it->name_len = b->names.len - it->name_off;
+    b->nitems++;
+    if (day)
+        idem__item_day(r, it, key, keylen);
+    else
+        idem__item_slot(r, b, it);
     return it;
 }
 
@@ -158,15 +169,18 @@ void idem__argnum(idem__ritem *it, int slot, long long v)
     idem__arg(it, it->num[slot], (size_t)n);
 }
 
-void idem__argrid(idem_store *s, idem__ritem *it, int slot)
+size_t idem__rid(idem_store *s, char buf[24])
 {
     idem__redis *r = idem__r(s);
-    int n = snprintf(it->num[slot], sizeof it->num[slot], "%016llx%llx",
-                     (unsigned long long)r->rid_base,
+    int n = snprintf(buf, 24, "%016llx%llx", (unsigned long long)r->rid_base,
                      (unsigned long long)r->rid_next++);
-    if (n >= (int)sizeof it->num[slot])
-        n = (int)sizeof it->num[slot] - 1;
-    idem__arg(it, it->num[slot], (size_t)n);
+    return n >= 24 ? 23 : (size_t)n;
+}
+
+void idem__argrid(idem_store *s, idem__ritem *it, int slot)
+{
+    size_t n = idem__rid(s, it->num[slot]);
+    idem__arg(it, it->num[slot], n);
 }
 
 void idem__batch_common(idem__rbatch *b, int slot, long long v)
@@ -438,7 +452,7 @@ static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
     lens[argc++] = 7;
     argv[argc] = r->shas[b->script];
     lens[argc++] = 40;
-    if (r->cfg.layout == IDEM__LAYOUT_DAY) {
+    if (r->cfg.layout == IDEM__LAYOUT_DAY && !b->raw) {
         /* EVALSHA sha numkeys bucket... now day0 days n name... common...
          * then each key's own. */
         const idem__ritem *first = &b->items[b->order[c->first]];
@@ -473,7 +487,7 @@ static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
         argv[argc] = (const char *)b->names.data + it->name_off;
         lens[argc++] = it->name_len;
     }
-    if (r->cfg.layout != IDEM__LAYOUT_DAY) {
+    if (r->cfg.layout != IDEM__LAYOUT_DAY || b->raw) {
         argv[argc] = b->now;
         lens[argc++] = strlen(b->now);
     }

@@ -197,6 +197,24 @@
  * with one array entry per key. A key that is not a hash stops the script
  * with WRONGTYPE; the client then sends the keys one by one. */
 
+/* How a claim that answers NEW writes its record. The claim script
+ * writes it PENDING; the claim-done script (IDEM_CLAIM_DONE) writes it
+ * PENDING and then, in the same script, DONE with an empty response
+ * living the claim's ttl (ARG[3]) from now, as local: does. So a batch is
+ * one round trip with per-key outcomes that are what the store holds, and
+ * a key given twice sees the first one's DONE (REPLAY). A DONE record
+ * keeps the lease it was granted and the claim's request id, so that a
+ * retried claim-done answers NEW with the same token and lease. */
+#define IDEM__LUA_GRANT(done)                                              \
+    "local DONE = " done "\n"                                              \
+    "local function grant(k, now, ttl, old, ...)\n"                        \
+    "  create(k, ttl, old, ...)\n"                                         \
+    "  if DONE then\n"                                                     \
+    "    local t = tonumber(ARG[3])\n"                                     \
+    "    update(k, t, 'status', 1, 'response', '', 'expires', now + t)\n"  \
+    "  end\n"                                                              \
+    "end\n"
+
 /* RECS: the keys; ARG: now, lease_ms, ttl_ms, then fp and request id of
  * each key. -> per key, {kind, token, lease_until[, data]} with kind as
  * idem_outcome_kind, or for a fresh key just lease_until (NEW, token 1).
@@ -208,7 +226,7 @@
     /* The common case, a fresh key: every value is a string made once    \
      * per call (formatting numbers costs more than the write itself),    \
      * and the answer is the lease alone, meaning NEW with token 1. */    \
-    "    create(k, ttl_ms, false, 'status', '0', 'token', '1',\n"          \
+    "    grant(k, now, ttl_ms, false, 'status', '0', 'token', '1',\n"      \
     "      'attempts', '1', 'lease', lease_s, 'expires', exp_s,\n"         \
     "      'created_ts', now_s, 'fp', fp, 'cid', rid)\n"                   \
     "    return lease_n\n"                                                 \
@@ -216,6 +234,9 @@
     "  local r = load(k, now)\n"                                           \
     "  if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"             \
     "    return {5, tonumber(r.token), 0}\n"                               \
+    "  end\n"                                                              \
+    "  if DONE and r and r.status == 1 and r.cid == rid then\n"           \
+    "    return {1, tonumber(r.token), r.lease}\n"                        \
     "  end\n"                                                              \
     "  if r and r.status == 1 then\n"                                      \
     "    return {2, tonumber(r.token), 0, response(k) or ''}\n"            \
@@ -235,7 +256,7 @@
     "    if r.expires > exp then exp = r.expires end\n"                    \
     "    if fp == '' then fp = r.fp end\n"                                 \
     "  end\n"                                                              \
-    "  create(k, exp - now, true, 'status', 0, 'token', token,\n"          \
+    "  grant(k, now, exp - now, true, 'status', 0, 'token', token,\n"      \
     "    'attempts', token, 'lease', lease, 'expires', exp,\n"             \
     "    'created_ts', created, 'fp', fp, 'cid', rid)\n"                   \
     "  return {1, token, lease}\n"                                         \
@@ -300,18 +321,27 @@
     "end\n"                                                                \
     "return 0\n"
 
-/* RECS[1]; ARG: now, token, lease_ms. -> 0 or why. */
+/* RECS: the keys; ARG: now, then token and lease_ms of each key (one
+ * key: now, token, lease_ms). -> one 0-or-why per key. The lease is
+ * renewed to run out lease_ms from now; the record lives at least that
+ * long. */
 #define IDEM__LUA_EXTEND                                                   \
+    "local function extend(k, tok, lease_ms, now)\n"                       \
+    "  local r = load(k, now)\n"                                           \
+    "  local w = why_not(r, tok)\n"                                        \
+    "  if w ~= 0 then return w end\n"                                      \
+    "  local lease = now + lease_ms\n"                                     \
+    "  local exp = r.expires\n"                                            \
+    "  if exp < lease then exp = lease end\n"                              \
+    "  update(k, exp - now, 'lease', lease, 'expires', exp)\n"             \
+    "  return 0\n"                                                         \
+    "end\n"                                                                \
     "local now = start()\n"                                                \
-    "local k = RECS[1]\n"                                                  \
-    "local r = load(k, now)\n"                                             \
-    "local w = why_not(r, ARG[2])\n"                                       \
-    "if w ~= 0 then return w end\n"                                        \
-    "local lease = now + tonumber(ARG[3])\n"                               \
-    "local exp = r.expires\n"                                              \
-    "if exp < lease then exp = lease end\n"                                \
-    "update(k, exp - now, 'lease', lease, 'expires', exp)\n"               \
-    "return 0\n"
+    "local out = {}\n"                                                     \
+    "for i, k in ipairs(RECS) do\n"                                        \
+    "  out[i] = extend(k, ARG[2 * i], tonumber(ARG[2 * i + 1]), now)\n"    \
+    "end\n"                                                                \
+    "return out\n"
 
 /* RECS[1]; ARG: now. -> nil, or {status, token, released, created,
  * expires, lease, fp, response or nil}. Reads only. */
@@ -560,12 +590,61 @@
     "end\n"                                                                \
     "return {p[1], {ok, bad, first, why}}\n"
 
+/* Checkpoints (redis_ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
+ * outside the records' names and so outside every SCAN of sweep, stats,
+ * dump and check, with no TTL. Fields: idem ("1": idem wrote it), blob,
+ * and while a sync is under way intent (the writes queued with the
+ * checkpoint) and iid (the intent's id). The three scripts take the key
+ * as KEYS[1] and the time as ARGV[1] (unused), whatever the layout. */
+
+/* ARGV: now, blob, intent ("" for none), iid. Replaces the checkpoint,
+ * unless it holds another sync's intent not yet applied: then writes
+ * nothing and answers 0 (apply that one first), else 1. */
+#define IDEM__LUA_CKPT_PUT                                                 \
+    "local k = KEYS[1]\n"                                                  \
+    "local t = redis.call('TYPE', k).ok\n"                                 \
+    "if t == 'hash' and redis.call('HEXISTS', k, 'intent') == 1 and\n"     \
+    "   redis.call('HGET', k, 'iid') ~= ARGV[4] then\n"                    \
+    "  return 0\n"                                                         \
+    "end\n"                                                                \
+    "if t ~= 'none' then redis.call('DEL', k) end\n"                       \
+    "if ARGV[3] == '' then\n"                                              \
+    "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2])\n"              \
+    "else\n"                                                               \
+    "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2],\n"              \
+    "    'intent', ARGV[3], 'iid', ARGV[4])\n"                             \
+    "end\n"                                                                \
+    "return 1\n"
+
+/* -> false if there is none, {'bad', why} if the key is not what idem
+ * writes, else {'ok', blob, intent or '', iid or ''}. Reads only. */
+#define IDEM__LUA_CKPT_GET                                                 \
+    "local k = KEYS[1]\n"                                                  \
+    "local t = redis.call('TYPE', k).ok\n"                                 \
+    "if t == 'none' then return false end\n"                               \
+    "if t ~= 'hash' then return {'bad', 'a ' .. t .. ', not a hash'} end\n" \
+    "local v = redis.call('HMGET', k, 'idem', 'blob', 'intent', 'iid')\n"  \
+    "if v[1] ~= '1' or not v[2] or (v[3] and not v[4]) then\n"             \
+    "  return {'bad', 'a hash idem did not write'}\n"                      \
+    "end\n"                                                                \
+    "return {'ok', v[2], v[3] or '', v[4] or ''}\n"
+
+/* ARGV: now, iid. Drops the intent once its writes are applied, unless
+ * a newer sync has replaced it meanwhile. -> 1 */
+#define IDEM__LUA_CKPT_CLEAR                                               \
+    "local k = KEYS[1]\n"                                                  \
+    "if redis.call('TYPE', k).ok == 'hash' and\n"                          \
+    "   redis.call('HGET', k, 'iid') == ARGV[2] then\n"                    \
+    "  redis.call('HDEL', k, 'intent', 'iid')\n"                           \
+    "end\n"                                                                \
+    "return 1\n"
+
 #define IDEM__LUA_HASH_ALL IDEM__LUA_HASH IDEM__LUA_COMMON
 #define IDEM__LUA_DAY_ALL IDEM__LUA_DAY IDEM__LUA_COMMON
 
 static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
     {
-        IDEM__LUA_HASH_ALL IDEM__LUA_CLAIM,
+        IDEM__LUA_HASH_ALL IDEM__LUA_GRANT("false") IDEM__LUA_CLAIM,
         IDEM__LUA_HASH_ALL IDEM__LUA_COMPLETE,
         IDEM__LUA_HASH_ALL IDEM__LUA_FAIL,
         IDEM__LUA_HASH_ALL IDEM__LUA_EXTEND,
@@ -576,9 +655,13 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_HASH_ALL IDEM__LUA_DUMP_HASH,
         IDEM__LUA_HASH_ALL IDEM__LUA_IMPORT,
         IDEM__LUA_CLOCK IDEM__LUA_CHECK_HASH,
+        IDEM__LUA_HASH_ALL IDEM__LUA_GRANT("true") IDEM__LUA_CLAIM,
+        IDEM__LUA_CKPT_PUT,
+        IDEM__LUA_CKPT_GET,
+        IDEM__LUA_CKPT_CLEAR,
     },
     {
-        IDEM__LUA_DAY_ALL IDEM__LUA_CLAIM,
+        IDEM__LUA_DAY_ALL IDEM__LUA_GRANT("false") IDEM__LUA_CLAIM,
         IDEM__LUA_DAY_ALL IDEM__LUA_COMPLETE,
         IDEM__LUA_DAY_ALL IDEM__LUA_FAIL,
         IDEM__LUA_DAY_ALL IDEM__LUA_EXTEND,
@@ -589,6 +672,10 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CLOCK IDEM__LUA_DUMP_DAY,
         IDEM__LUA_DAY_ALL IDEM__LUA_IMPORT,
         IDEM__LUA_CLOCK IDEM__LUA_CHECK_DAY,
+        IDEM__LUA_DAY_ALL IDEM__LUA_GRANT("true") IDEM__LUA_CLAIM,
+        IDEM__LUA_CKPT_PUT,
+        IDEM__LUA_CKPT_GET,
+        IDEM__LUA_CKPT_CLEAR,
     },
 };
 

@@ -16,6 +16,10 @@ enum idem__script {
     IDEM__S_DUMP,
     IDEM__S_IMPORT,
     IDEM__S_CHECK,
+    IDEM__S_CLAIM_DONE,      /* a claim that writes NEW keys DONE */
+    IDEM__S_CKPT_PUT,        /* checkpoints: PREFIX checkpoint:{NAME} */
+    IDEM__S_CKPT_GET,
+    IDEM__S_CKPT_CLEAR,
     IDEM__S_COUNT
 };
 

@@ -385,18 +385,45 @@ int idem_extend(idem_store *s, const void *key, size_t keylen,
     return rc ? rc : s->be->extend(s, key, keylen, token, lease_ms);
 }
 
+/* Backends without a batch form renew one lease at a time; the first
+ * error that is not the key's own stops the batch, as in complete_many. */
+static int idem__extend_each(idem_store *s, const idem_completion *items,
+                             size_t n, int64_t lease_ms, int *statuses)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (statuses[i])
+            continue;
+        statuses[i] = s->be->extend(s, items[i].key, items[i].keylen,
+                                    items[i].token, lease_ms);
+        if (statuses[i] && statuses[i] != IDEM_ELOST &&
+            statuses[i] != IDEM_ECOLLISION && statuses[i] != IDEM_ECORRUPT &&
+            statuses[i] != IDEM_EPROTO) {
+            for (size_t j = i + 1; j < n; j++)
+                statuses[j] = statuses[j] ? statuses[j] : statuses[i];
+            return statuses[i];
+        }
+    }
+    return 0;
+}
+
 int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
                       int64_t lease_ms, int *statuses)
 {
-    for (size_t i = 0; i < n; i++) {
-        int rc = idem_extend(s, items[i].key, items[i].keylen,
-                             items[i].token, lease_ms);
-        statuses[i] = rc;
-        if (rc && rc != IDEM_ELOST && rc != IDEM_EPROTO &&
-            rc != IDEM_ECORRUPT && rc != IDEM_EKEYSIZE)
-            return rc;
-    }
-    return 0;
+    IDEM__ENTER(s);
+    if (n && (!items || !statuses))
+        return idem__fail(s, IDEM_EINVAL, "items or statuses is NULL");
+    if (!lease_ms)
+        lease_ms = s->opts.lease_ms;
+    int rc = idem__check_ms(s, lease_ms, "lease");
+    if (rc)
+        return rc;
+    for (size_t i = 0; i < n; i++)
+        statuses[i] = idem__check_key(s, items[i].key, items[i].keylen);
+    if (!n)
+        return 0;
+    return s->be->extend_many
+               ? s->be->extend_many(s, items, n, lease_ms, statuses)
+               : idem__extend_each(s, items, n, lease_ms, statuses);
 }
 
 int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out)

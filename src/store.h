@@ -55,6 +55,10 @@ struct idem__backend {
                 uint64_t token, const void *err, size_t len, int retryable);
     int (*extend)(idem_store *s, const void *key, size_t keylen,
                   uint64_t token, int64_t lease_ms);
+    /* Optional (NULL: extend per item): renew the lease of items[i]
+     * (key, keylen, token; the rest unused), statuses as complete_many. */
+    int (*extend_many)(idem_store *s, const idem_completion *items,
+                       size_t n, int64_t lease_ms, int *statuses);
     int (*get)(idem_store *s, const void *key, size_t keylen,
                idem_record *out);
     int (*forget)(idem_store *s, const void *key, size_t keylen);
@@ -87,10 +91,12 @@ extern const struct idem__backend idem__backend_cluster;
 int idem__fail(idem_store *s, int code, const char *fmt, ...)
     IDEM__PRINTF(3, 4);
 
-/* Renew the leases of n claims (items[i].key, keylen, token; the other
- * fields are ignored) to run out lease_ms from now, without syncing.
- * statuses[i] is 0, or an error of that key alone (IDEM_ELOST: the token
- * no longer holds it); the return value is 0 or an error of the store. */
+/* Renew the leases of n claims (key, keylen and token of each item; the
+ * rest is unused) to run out lease_ms (0: the store default) from now:
+ * statuses[i] is 0 or IDEM_ELOST (or another error of that key), as
+ * idem_extend() answers. One round trip on a server. Does not sync.
+ * Returns 0, or the error that stopped the batch (statuses say which
+ * keys it reached). */
 int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
                       int64_t lease_ms, int *statuses);
 

@@ -267,7 +267,7 @@ Test(workers, an_answer_too_large_is_a_reported_permanent_failure)
     cr_assert(t_grep(at("out.err"), "key 'k1': the handler's answer is too "
                                     "large to store"));
     cr_assert(t_grep(at("out"), "{\"key\":\"k1\",\"status\":\"failed\""));
-    cr_assert_eq(t_cli(dir, "get k1 | grep -q 'failed'"), 0);
+    cr_assert_eq(t_cli(dir, "get --key-space run k1 | grep -q 'failed'"), 0);
     w = start_run("out2", "local:store", "", "");
     cr_assert_eq(wait_for(w), 0);
     cr_assert_eq(lines_of("log"), 3, "nothing ran again");
@@ -285,7 +285,7 @@ Test(workers, a_key_the_store_refuses_is_reported)
     redisContext *c = th_connect(th_first_port(th_redis_addr()));
     freeReplyObject(th_cmd(c, "SET %s{k1} garbage", prefix));
     redisFree(c);
-    pid_t w = start_run("out", store, "", "");
+    pid_t w = start_run("out", store, "--shared-keys", "");
     cr_assert_eq(wait_for(w), 3);
     cr_assert(t_grep(at("out.err"), "key 'k1': the store refused its key"));
     const char *const outs[] = {"out"};

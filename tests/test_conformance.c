@@ -1,11 +1,15 @@
 /* tests/test_conformance.c - the claim protocol, as DESIGN.md states it,
  * checked on every backend. Time is driven by the injectable clock. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "conformance.h"
 #include "redis_harness.h"
+#include "store.h"
 
 const char *conf_uri;
 static char *conf_dir;
@@ -467,6 +471,198 @@ CONF_TEST(claim_done_writes_done_at_once)
     cr_assert_eq(r.len, 0);
     cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
     cr_assert_eq(o[1].kind, IDEM_REPLAY);
+    idem_close(s);
+}
+
+/* A key given twice in one batch: the second sees what the first did,
+ * on every backend: BUSY after a plain claim, REPLAY after a claim that
+ * writes DONE at once. */
+CONF_TEST(same_key_twice_in_one_batch)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_key k[3] = {K("p"), K("q"), K("p")};
+    idem_outcome o[3];
+    cr_assert_eq(idem_claim_many(s, k, 3, NULL, o, 0), 0);
+    cr_assert_eq(o[0].kind, IDEM_NEW);
+    cr_assert_eq(o[1].kind, IDEM_NEW);
+    cr_assert_eq(o[2].kind, IDEM_BUSY);
+    cr_assert_eq(o[2].token, o[0].token);
+    idem_key d[3] = {K("d"), K("e"), K("d")};
+    cr_assert_eq(idem_claim_many(s, d, 3, NULL, o, IDEM_CLAIM_DONE), 0);
+    cr_assert_eq(o[0].kind, IDEM_NEW);
+    cr_assert_eq(o[0].token, 1);
+    cr_assert_eq(o[1].kind, IDEM_NEW);
+    cr_assert_eq(o[2].kind, IDEM_REPLAY, "the second sees the first's DONE");
+    cr_assert_eq(o[2].token, o[0].token);
+    cr_assert_eq(o[2].len, 0);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "d", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.expires_ms, t_clock_ms + 24 * 3600 * 1000LL);
+    idem_close(s);
+}
+
+/* Claim-done over a record whose lease ran out: a takeover written DONE
+ * at once, with the next token. */
+CONF_TEST(claim_done_takes_over_an_expired_lease)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 1000, 0);
+    t_clock_ms += 1000;
+    idem_key k = K("k");
+    idem_claim_opts co = {0, 5000};
+    idem_outcome o;
+    cr_assert_eq(idem_claim_many(s, &k, 1, &co, &o, IDEM_CLAIM_DONE), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(o.token, a.token + 1);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.token, a.token + 1);
+    cr_assert_eq(r.expires_ms, t_clock_ms + 5000);
+    cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0), IDEM_ELOST);
+    idem_close(s);
+}
+
+static void assert_ckpt(idem_store *s, const char *name, const char *want)
+{
+    const void *b;
+    size_t n;
+    int rc = idem_checkpoint_get(s, name, &b, &n);
+    cr_assert_eq(rc, 0, "checkpoint_get: %s: %s", idem_strerror(rc),
+                 idem_errdetail(s));
+    cr_assert(n == strlen(want) && memcmp(b, want, n) == 0,
+              "checkpoint '%.*s', not '%s'", (int)n, (const char *)b, want);
+}
+
+/* A checkpoint and the writes made before the next sync are one commit:
+ * the handle reads back what it queued, the sync makes both visible. */
+CONF_TEST(checkpoint_commits_with_its_writes)
+{
+    idem_store *s = t_open(conf_uri);
+    const void *b;
+    size_t n;
+    cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), IDEM_ENOTFOUND);
+    idem_key k[4] = {K("a"), K("b"), K("c"), K("f")};
+    idem_outcome o[4];
+    cr_assert_eq(idem_claim_many(s, k, 4, NULL, o, 0), 0);
+    cr_assert_eq(idem_checkpoint_put(s, "src", "pos=1", 5), 0);
+    assert_ckpt(s, "src", "pos=1");
+    cr_assert_eq(idem_checkpoint_put(s, "src", "pos=2", 5), 0);
+    assert_ckpt(s, "src", "pos=2");
+    idem_completion c[3] = {{"a", 1, o[0].token, "A", 1, 0},
+                            {"b", 1, o[1].token + 1, "B", 1, 0},
+                            {"c", 1, o[2].token, "", 0, 0}};
+    int st[3];
+    cr_assert_eq(idem_complete_many(s, c, 3, st, IDEM_NOSYNC), 0);
+    cr_assert_eq(st[0], 0);
+    cr_assert_eq(st[1], IDEM_ELOST, "a wrong token is refused at once");
+    cr_assert_eq(st[2], 0);
+    cr_assert_eq(idem_fail(s, "f", 1, o[3].token, "E", 1, 0), 0);
+    cr_assert_eq(idem_fail(s, "b", 1, o[1].token + 1, "E", 1, 0),
+                 IDEM_ELOST);
+    cr_assert_eq(idem_sync(s), 0, "%s", idem_errdetail(s));
+    assert_ckpt(s, "src", "pos=2");
+    cr_assert_eq(claim(s, K("a")).kind, IDEM_REPLAY);
+    cr_assert_eq(claim(s, K("c")).kind, IDEM_REPLAY);
+    cr_assert_eq(claim(s, K("f")).kind, IDEM_FAILED);
+    cr_assert_eq(claim(s, K("b")).kind, IDEM_BUSY);
+    if (strcmp(conf_uri, "mem:") != 0) {
+        cr_assert_eq(idem_close(s), 0);
+        s = t_open(conf_uri);
+        assert_ckpt(s, "src", "pos=2");
+        idem_outcome r = claim(s, K("a"));
+        cr_assert_eq(r.kind, IDEM_REPLAY);
+        assert_data(&r, "A");
+    }
+    idem_close(s);
+}
+
+/* Child of checkpoint_dies_with_an_unsynced_batch: commits "old" with
+ * k1 done, then puts "new" and completes k2, says so, and waits to be
+ * killed before any sync. Exit codes say which step failed. */
+static void ckpt_child(int ready)
+{
+    idem_store *s;
+    idem_options o = t_options();
+    if (idem_open(conf_uri, &o, &s))
+        _exit(10);
+    idem_key k[2] = {K("k1"), K("k2")};
+    idem_outcome out[2];
+    if (idem_claim_many(s, k, 2, NULL, out, 0) || out[0].kind != IDEM_NEW)
+        _exit(11);
+    if (idem_checkpoint_put(s, "src", "old", 3) ||
+        idem_complete(s, "k1", 2, out[0].token, "1", 1, 0) || idem_sync(s))
+        _exit(12);
+    if (idem_checkpoint_put(s, "src", "new", 3) ||
+        idem_complete(s, "k2", 2, out[1].token, "2", 1, 0))
+        _exit(13);
+    if (write(ready, "x", 1) != 1)
+        _exit(14);
+    for (;;)
+        pause();
+}
+
+/* kill -9 between a checkpoint's put and its sync: neither it nor the
+ * writes made with it are there, the one before is. */
+CONF_TEST(checkpoint_dies_with_an_unsynced_batch)
+{
+    if (strcmp(conf_uri, "mem:") == 0)
+        return;  /* nothing outlives the process */
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        close(p[0]);
+        ckpt_child(p[1]);
+    }
+    close(p[1]);
+    char c;
+    ssize_t got = read(p[0], &c, 1);
+    kill(pid, SIGKILL);
+    int wst;
+    waitpid(pid, &wst, 0);
+    cr_assert_eq(got, 1, "the child failed (status %d)",
+                 WIFEXITED(wst) ? WEXITSTATUS(wst) : -1);
+    close(p[0]);
+    idem_store *s = t_open(conf_uri);
+    assert_ckpt(s, "src", "old");
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k1", 2, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(idem_get(s, "k2", 2, &r), 0);
+    cr_assert_eq(r.state, IDEM_PENDING, "k2 was completed with 'new' only");
+    idem_close(s);
+}
+
+/* The internal batch lease renewal: per key 0 or IDEM_ELOST, and the
+ * renewed leases hold. */
+CONF_TEST(extend_many_renews_each_lease)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_key k[3] = {K("a"), K("b"), K("c")};
+    idem_outcome o[3];
+    idem_claim_opts co = {1000, 0};
+    cr_assert_eq(idem_claim_many(s, k, 3, &co, o, 0), 0);
+    t_clock_ms += 900;
+    idem_completion it[4] = {{"a", 1, o[0].token, NULL, 0, 0},
+                             {"b", 1, o[1].token + 1, NULL, 0, 0},
+                             {"none", 4, 1, NULL, 0, 0},
+                             {"", 0, 1, NULL, 0, 0}};
+    int st[4];
+    cr_assert_eq(idem__extend_many(s, it, 4, 1000, st), 0, "%s",
+                 idem_errdetail(s));
+    cr_assert_eq(st[0], 0);
+    cr_assert_eq(st[1], IDEM_ELOST);
+    cr_assert_eq(st[2], IDEM_ELOST);
+    cr_assert_eq(st[3], IDEM_EKEYSIZE);
+    t_clock_ms += 900;
+    idem_outcome a = claim(s, K("a"));
+    cr_assert_eq(a.kind, IDEM_BUSY);
+    cr_assert_eq(a.lease_until, t_clock_ms + 100);
+    cr_assert_eq(claim(s, K("b")).kind, IDEM_NEW, "b's lease ran out");
+    cr_assert_eq(idem__extend_many(s, it, 0, 0, st), 0);
     idem_close(s);
 }
 

@@ -219,15 +219,18 @@ void idem_options_init(idem_options *opts);
  * A record is one hash PREFIX{KEY} with fields status (0 PENDING, 1 DONE,
  * 2 FAILED), response, created_ts, token, attempts, lease, expires, fp,
  * released, cid, fid, and always a TTL (PEXPIRE). Every change is one Lua
- * script, atomic on the server. Writes are applied when a call returns
- * (and replicated with wait=N), so idem_sync() has nothing to do; a batch
- * is one pipelined round trip per node. A call retried after a broken
+ * script, atomic on the server (IDEM_CLAIM_DONE included: claim and DONE
+ * in one script). Writes are applied when a call returns (and replicated
+ * with wait=N), so idem_sync() has nothing to do unless a checkpoint is
+ * queued (see "Checkpoints"); a batch is one pipelined round trip per
+ * node. A call retried after a broken
  * connection may run twice on the server; claims, completes and fails
  * carry request ids so that the second run answers like the first, but a
  * retried idem_forget() may answer IDEM_ENOTFOUND for the record it
  * deleted itself. Pointing redis:// at a cluster
- * node, or redis-cluster:// at a plain server, is IDEM_EINVAL. Redis
- * stores keep no checkpoints (IDEM_ENOTSUP). idem_sweep() SCANs every
+ * node, or redis-cluster:// at a plain server, is IDEM_EINVAL.
+ * Checkpoints are hashes PREFIXcheckpoint:{NAME} without a TTL, which
+ * sweep, stats, dump and check leave alone. idem_sweep() SCANs every
  * master (max_work bounds the keys looked at per call) and deletes records
  * without a TTL older than retention_ms. docs/redis.md has the details. */
 int idem_open(const char *uri, const idem_options *opts, idem_store **out);
@@ -357,7 +360,9 @@ int idem_sync(idem_store *s);
                             * where no work runs between claim and
                             * complete: one record instead of two. The
                             * outcome is still IDEM_NEW; its token needs
-                            * no completion. */
+                            * no completion. A key given twice in one
+                            * batch: the second is IDEM_REPLAY (without
+                            * the flag: IDEM_BUSY), on every backend. */
 
 /* Claim n keys; outs[i] answers keys[i]. A key that could not be claimed
  * has outs[i].status < 0 (e.g. IDEM_EKEYSIZE) and the others proceed;
@@ -393,15 +398,47 @@ int idem_complete_many(idem_store *s, const idem_completion *items,
  * idem_checkpoint_put() stores an opaque blob under a name; it becomes
  * durable in the same commit as every other change made before the next
  * sync, all or nothing. After a crash the store holds the newest
- * checkpoint together with exactly the records committed with it. */
+ * checkpoint together with exactly the records committed with it.
+ *
+ * On Redis (redis://, redis-cluster://, both layouts), where each write is
+ * applied as it is sent, the same rule is kept this way:
+ *   - idem_checkpoint_put() queues the blob in the handle; nothing is
+ *     sent. One name may be queued per sync (IDEM_EINVAL for a second).
+ *   - While a checkpoint is queued, idem_complete(), idem_complete_many()
+ *     and idem_fail() do not write: each is checked at once (the token
+ *     still holds the key, else IDEM_ELOST as always) and the key's lease
+ *     is renewed to the store's lease_ms from now, so that it does not
+ *     run out before the sync; the write is queued. Until the sync the
+ *     store shows those keys PENDING. idem_extend() and claims are
+ *     applied at once, as always.
+ *   - idem_sync() (and idem_close()) then writes, with one script, the
+ *     checkpoint key holding the blob and the queued writes (the intent;
+ *     with wait=N under WAIT), applies the writes, pipelined, each with a
+ *     request id so that applying it twice answers like the first time,
+ *     and rewrites the key without the intent. If the first step fails,
+ *     nothing is applied: the queue is dropped and sync returns the error
+ *     (with wait=N a WAIT that timed out may leave the key, with its
+ *     intent, on the master). A queued write refused at apply time
+ *     (IDEM_ELOST: its lease ran out and another worker took the key
+ *     between the check and the sync) makes sync return IDEM_ELOST with
+ *     the key in idem_errdetail(); the rest is applied.
+ *   - After a crash between the first and the last step, the next
+ *     idem_checkpoint_get() of that name, from any process, applies the
+ *     intent first: a checkpoint is never seen without its writes.
+ *   - Without a queued checkpoint nothing changes: writes apply when the
+ *     call returns.
+ * A checkpoint key that idem did not write is IDEM_EPROTO. */
 
 /* Store blob (len bytes, may be 0) under name. Does not sync.
- * IDEM_ENOTSUP on backends without checkpoints. */
+ * IDEM_ENOTSUP on backends without checkpoints (every backend of this
+ * library has them). */
 int idem_checkpoint_put(idem_store *s, const char *name, const void *blob,
                         size_t len);
 
-/* The newest blob stored under name; *blob is owned by s and valid until
- * the next call on s. IDEM_ENOTFOUND if none. */
+/* The newest blob stored under name: the one this handle queued if there
+ * is one, else the last synced one. *blob is owned by s and valid until
+ * the next call on s. IDEM_ENOTFOUND if none; on Redis it applies first
+ * the writes a crashed sync left with the checkpoint. */
 int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
                         size_t *len);
 

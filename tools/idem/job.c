@@ -29,11 +29,11 @@
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
  * clean runs; the job keeps no checkpoint and reads from the start. On a
- * store that keeps no checkpoints (Redis) the output file is appended
- * to, never cut: dedup's lines are then at least once across crashes
- * (the runner completes its keys only after commit), while run, whose
- * outcomes are stored before commit so that effects are not repeated,
- * may lose the result lines of the batch in flight.
+ * store that kept no checkpoints (IDEM_ENOTSUP) the output file would be
+ * appended to, never cut: lines at least once across crashes for dedup
+ * (the runner completes its keys only after commit). Every store has
+ * checkpoints now, Redis included (committed with the batch's writes,
+ * see docs/redis.md).
  *
  * The checkpoint also names the job's key space (keyspace.c), and a run
  * that asks for another one is refused rather than finding none of the
