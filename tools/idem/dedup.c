@@ -3,7 +3,7 @@
  * The stream loop (stream.c) does the work; this file is the command's
  * face: its options, its help, and what a committed line becomes in the
  * output (the input line itself, byte for byte, with a newline added only
- * where the input's last line had none). */
+ * where an input that another one follows ended without one). */
 #include <string.h>
 
 #include "stream.h"
@@ -54,8 +54,12 @@ static const char usage[] =
     "  --quiet           no progress, warnings or summary\n"
     "  --stats-json      the summary as one JSON object on stderr\n"
     "\n"
-    "Blank lines are skipped. Exit status: 0 done, 1 stopped by an error\n"
-    "(everything before it is committed: rerun to resume), 2 bad usage.\n"
+    "Blank lines are skipped. A line counts once its newline is there: an\n"
+    "unterminated last line of the last INPUT is left unread (with a\n"
+    "notice), as a writer may still be adding to it; a later run reads it\n"
+    "once it ends with a newline. Exit status: 0 done, 1 stopped by an\n"
+    "error (everything before it is committed: rerun to resume), 2 bad\n"
+    "usage.\n"
     "\n"
     "Examples:\n"
     "  idem dedup --key event_id --output unique.ndjson events.ndjson\n"

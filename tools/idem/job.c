@@ -22,7 +22,10 @@
  * the start gives the same output, because every key committed before is
  * now a duplicate: that is how standard input and pipes resume, and what
  * happens when the inputs are not the ones the checkpoint names (another
- * device/inode, or the line before the offset changed). New inputs on an
+ * device/inode, the line before the offset changed, or bytes now follow
+ * it where it had no newline: the offset would be inside a line; the
+ * reader never commits such a line at the end of an input that may still
+ * grow, see ndjson.c). New inputs on an
  * old job append to its output: the output is the first occurrence of
  * each key over every run of the job.
  *
@@ -118,17 +121,23 @@ static int read_checkpoint(job *j, int *found)
     return 0;
 }
 
-/* Does the line before the checkpoint's offset still read the same? */
+/* Does the line before the checkpoint's offset still read the same, and
+ * does the offset not fall inside a line? A line without its newline
+ * (the end of an input that another one followed, or a checkpoint of an
+ * idem that committed unterminated last lines) is whole only while
+ * nothing follows it: bytes appended since would be its continuation. */
 static int tail_matches(const job_pos *p, char **inputs)
 {
     if (p->tail_len == 0 || p->tail_len > p->offset)
         return p->tail_len == 0;
-    char *b = malloc(p->tail_len);
+    char *b = malloc(p->tail_len + 1);
     int fd = b ? open(inputs[p->input], O_RDONLY | O_CLOEXEC) : -1;
-    int ok = fd >= 0 && pread(fd, b, p->tail_len,
-                              (off_t)(p->offset - p->tail_len)) ==
-                            (ssize_t)p->tail_len &&
-             XXH3_64bits(b, p->tail_len) == p->tail_hash;
+    ssize_t got = fd >= 0 ? pread(fd, b, p->tail_len + 1,
+                                  (off_t)(p->offset - p->tail_len))
+                          : -1;
+    int ok = got >= (ssize_t)p->tail_len &&
+             XXH3_64bits(b, p->tail_len) == p->tail_hash &&
+             (got == (ssize_t)p->tail_len || b[p->tail_len - 1] == '\n');
     if (fd >= 0)
         close(fd);
     free(b);

@@ -569,11 +569,16 @@ int stream_run(const stream_cfg *c)
     if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
         rc = cli_fail(c->cmd, "%s", lp.rd.err);
     if (!rc) {
+        lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
         progress(&lp, 1);
+        if (!rc && lp.rd.partial_len && !c->quiet)
+            fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
+                    "end: this line is left unread until it has one\n",
+                    c->cmd, nd_name(&lp.rd), lp.rd.partial_lineno);
         if (rc != 2)
             summary(&lp);
     }
