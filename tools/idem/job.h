@@ -33,14 +33,23 @@ typedef struct job {
                             * is appended to, never cut back */
 } job;
 
+/* Refuse an output (out_path; NULL or "-": standard output) that is the
+ * same file as one of the inputs ("-": standard input), through any link,
+ * before anything is opened or changed. Returns 0, or 2 after saying
+ * why. */
+int job_check_output(const char *cmd, const char *out_path, char **inputs,
+                     size_t ninputs);
+
 /* Open the output and find where to start: the checkpoint of job `name`
  * (NULL: derived from the output path) when it matches these inputs.
- * The output is cut back to what the last commit recorded. Fills
- * the start position for nd_open() in at, off and lineno. Returns 0 or
- * an exit status. */
+ * The output is cut back to what the last commit recorded. An output
+ * file with bytes that no checkpoint names is refused, or with
+ * `overwrite` cut to 0 bytes; on a store that keeps no checkpoints it is
+ * appended to. Fills the start position for nd_open() in at, off and
+ * lineno. Returns 0 or an exit status. */
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const char *out_path, char **inputs, size_t ninputs,
-              size_t *at, uint64_t *off, uint64_t *lineno);
+              const char *out_path, int overwrite, char **inputs,
+              size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it
  * durable, then put the checkpoint that says the input is consumed up to

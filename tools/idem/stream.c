@@ -103,6 +103,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'j': c->job = arg; return 0;
     case 'q': c->quiet = 1; return 0;
     case 'J': c->stats_json = 1; return 0;
+    case 'O': c->overwrite = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
     case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
     case 'M': return cli_choice(c->cmd, "--on-missing-key", arg, missing,
@@ -131,7 +132,7 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
                                "bytes");
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
-    return 0;
+    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs);
 }
 
 /* ------------------------------------------------------------------------
@@ -556,7 +557,8 @@ int stream_run(const stream_cfg *c)
     uint64_t off = 0, lineno = 0;
     if (!rc)
         rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, c->output,
-                       c->inputs, c->ninputs, &at, &off, &lineno);
+                       c->overwrite, c->inputs, c->ninputs, &at, &off,
+                       &lineno);
     if (!rc && lp.st.job.append && !c->quiet)
         fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
                 "output is appended to: exactly-once across clean runs; "

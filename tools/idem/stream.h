@@ -31,6 +31,8 @@ typedef struct stream_cfg {
     uint64_t batch;
     int64_t ttl_ms, lease_ms;
     int quiet, stats_json;
+    int overwrite;            /* an --output no checkpoint names may be
+                               * cut to 0 bytes */
     char **inputs;
     size_t ninputs;
     idem_handler_fn handler;  /* NULL: deduplicate */
@@ -60,7 +62,7 @@ int stream_run(const stream_cfg *cfg);
         {"on-missing-key", 1, 0, 'M'}, {"on-bad-input", 1, 0, 'B'},       \
         {"batch", 1, 0, 'b'}, {"quiet", 0, 0, 'q'},                       \
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
-        {"help", 0, 0, 'h'}
+        {"overwrite", 0, 0, 'O'}, {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
