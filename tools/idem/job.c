@@ -23,11 +23,11 @@
  * now a duplicate: that is how standard input and pipes resume, and what
  * happens when the inputs are not the ones the checkpoint names (another
  * device/inode, the line before the offset changed, or bytes now follow
- * it where it had no newline: the offset would be inside a line; the
- * reader never commits such a line at the end of an input that may still
- * grow, see ndjson.c). New inputs on an
- * old job append to its output: the output is the first occurrence of
- * each key over every run of the job.
+ * it where it had no newline, which puts the offset inside a line; the
+ * reader never hands out such a line at the end of an input that may
+ * still grow, see ndjson.c). New inputs on an old job append to its
+ * output: the output is the first occurrence of each key over every run
+ * of the job.
  *
  * Cutting back is only ever done to a file the job owns: one that a
  * checkpoint of this job names. A job without a checkpoint refuses an
