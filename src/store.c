@@ -24,7 +24,6 @@
 
 #define IDEM__OPTIONS_VERSION 1u
 #define IDEM__DEFAULT_URI "local:./idem-data"
-#define IDEM__MS_MAX (100LL * 365 * 24 * 3600 * 1000)  /* 100 years */
 
 static const struct idem__backend *const idem__backends[] = {
     &idem__backend_local,
@@ -124,8 +123,8 @@ static int idem__check_options(idem_store *s, const idem_options *o)
         return idem__fail(s, IDEM_EINVAL,
                           "options not initialised with idem_options_init()");
     if (o->ttl_ms <= 0 || o->lease_ms <= 0 || o->failure_ttl_ms <= 0 ||
-        o->ttl_ms > IDEM__MS_MAX || o->lease_ms > IDEM__MS_MAX ||
-        o->failure_ttl_ms > IDEM__MS_MAX)
+        o->ttl_ms > IDEM_MS_MAX || o->lease_ms > IDEM_MS_MAX ||
+        o->failure_ttl_ms > IDEM_MS_MAX)
         return idem__fail(s, IDEM_EINVAL,
                           "ttl_ms, lease_ms and failure_ttl_ms must be "
                           "1 ms..100 years");
@@ -244,7 +243,7 @@ static int idem__check_value(idem_store *s, const void *p, size_t len)
 
 static int idem__check_ms(idem_store *s, int64_t ms, const char *what)
 {
-    if (ms < 0 || ms > IDEM__MS_MAX)
+    if (ms < 0 || ms > IDEM_MS_MAX)
         return idem__fail(s, IDEM_EINVAL, "%s %lld ms is out of range",
                           what, (long long)ms);
     return 0;

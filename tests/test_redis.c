@@ -813,9 +813,9 @@ Test(redis, runner_on_a_failed_handle)
     idem_close(s);
 }
 
-/* dedup on Redis keeps its output by checkpoint, as on a local store: a
- * run over an output it has no checkpoint for (here one holding a torn
- * line) leaves what the same run leaves with a local store. */
+/* dedup on Redis keeps its output by checkpoint, as on a local store: an
+ * output it has no checkpoint for (here one holding a torn line) is
+ * refused on both, and taken over with --overwrite alike. */
 Test(redis, dedup_output_as_on_a_local_store)
 {
     const char *cli = getenv("IDEM_CLI");
@@ -830,13 +830,18 @@ Test(redis, dedup_output_as_on_a_local_store)
     const char *stores[2] = {uri, "local:store"};
     char *got[2];
     for (int i = 0; i < 2; i++) {
+        /* an output no checkpoint names is refused, on both */
         t_write(out, "{\"id\":\"a\"}\n{\"id\":\"b", 17);
         cr_assert_eq(t_sh("cd '%s' && '%s' dedup --store '%s' --key id "
                           "--output out in.ndjson 2>/dev/null", dir, cli,
-                          stores[i]), 0);
+                          stores[i]), 1);
+        cr_assert_eq(t_sh("cd '%s' && '%s' dedup --store '%s' --key id "
+                          "--overwrite --output out in.ndjson 2>/dev/null",
+                          dir, cli, stores[i]), 0);
         got[i] = t_read(out, NULL);
     }
     cr_assert_str_eq(got[0], got[1]);
+    cr_assert_str_eq(got[0], "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
     free(got[0]);
     free(got[1]);
     t_rmdir(dir);

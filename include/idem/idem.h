@@ -123,6 +123,9 @@ const char *idem_version(void);
 #define IDEM_VALUE_MAX (64u << 20)      /* bytes in a response/error */
 #define IDEM_FP_LEN 16                  /* bytes in a payload fingerprint */
 #define IDEM_CHECKPOINT_NAME_MAX 255u   /* bytes in a checkpoint name */
+#define IDEM_MS_MAX (100LL * 365 * 24 * 3600 * 1000)
+                                        /* the longest TTL or lease, in ms
+                                         * (100 years) */
 
 /* ------------------------------------------------------------------------
  * Opening a store */

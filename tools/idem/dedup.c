@@ -3,7 +3,7 @@
  * The stream loop (stream.c) does the work; this file is the command's
  * face: its options, its help, and what a committed line becomes in the
  * output (the input line itself, byte for byte, with a newline added only
- * where the input's last line had none). */
+ * where an input that another one follows ended without one). */
 #include <string.h>
 
 #include "stream.h"
@@ -27,7 +27,12 @@ static const char usage[] =
     "                    after kill -9, run the same command again and FILE\n"
     "                    ends byte-identical to an uninterrupted run. FILE\n"
     "                    belongs to the job: it is cut back to what the last\n"
-    "                    commit recorded, and later runs append to it\n"
+    "                    commit recorded, and later runs append to it.\n"
+    "                    FILE must not be an INPUT (by device and inode,\n"
+    "                    so links count too). An existing FILE with bytes\n"
+    "                    that no checkpoint of the store names is not this\n"
+    "                    job's: it is refused, not cut\n"
+    "  --overwrite       cut such a FILE to 0 bytes and start it over\n"
     "  --job NAME        name of the checkpoint (default: from --output), so\n"
     "                    that several jobs can share one store\n"
     "  --key-space NAME  where the job's keys are kept (default: the --job\n"
@@ -59,10 +64,13 @@ static const char usage[] =
     "  --quiet           no progress, warnings or summary\n"
     "  --stats-json      the summary as one JSON object on stderr\n"
     "\n"
-    "Blank lines are skipped. Exit status: 0 done, 1 stopped by an error\n"
-    "(everything before it is committed: rerun to resume), 2 bad usage,\n"
-    "3 read to the end, but some keys were refused by the store or lost\n"
-    "to another worker (each is named on stderr).\n"
+    "Blank lines are skipped. A line counts once its newline is there: an\n"
+    "unterminated last line of the last INPUT is left unread (with a\n"
+    "notice), as a writer may still be adding to it; a later run reads it\n"
+    "once it ends with a newline. Exit status: 0 done, 1 stopped by an\n"
+    "error (everything before it is committed: rerun to resume), 2 bad\n"
+    "usage, 3 read to the end, but some keys were refused by the store or\n"
+    "lost to another worker (each is named on stderr).\n"
     "\n"
     "Examples:\n"
     "  idem dedup --key event_id --output unique.ndjson events.ndjson\n"

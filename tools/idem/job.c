@@ -22,18 +22,26 @@
  * the start gives the same output, because every key committed before is
  * now a duplicate: that is how standard input and pipes resume, and what
  * happens when the inputs are not the ones the checkpoint names (another
- * device/inode, or the line before the offset changed). New inputs on an
- * old job append to its output: the output is the first occurrence of
- * each key over every run of the job.
+ * device/inode, the line before the offset changed, or bytes now follow
+ * it where it had no newline, which puts the offset inside a line; the
+ * reader never hands out such a line at the end of an input that may
+ * still grow, see ndjson.c). New inputs on an old job append to its
+ * output: the output is the first occurrence of each key over every run
+ * of the job.
+ *
+ * Cutting back is only ever done to a file the job owns: one that a
+ * checkpoint of this job names. A job without a checkpoint refuses an
+ * output that already holds bytes (unless --overwrite), and takes an
+ * empty or new one by committing a checkpoint of 0 bytes before writing
+ * to it, so that a crash in its first batch still leaves a file the
+ * rerun owns. An output that is one of the inputs is refused before
+ * anything is opened: the cut would truncate what is being read.
  *
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
- * clean runs; the job keeps no checkpoint and reads from the start. On a
- * store that kept no checkpoints (IDEM_ENOTSUP) the output file would be
- * appended to, never cut: lines at least once across crashes for dedup
- * (the runner completes its keys only after commit). Every store has
- * checkpoints now, Redis included (committed with the batch's writes,
- * see docs/redis.md).
+ * clean runs; the job keeps no checkpoint and reads from the start. Every
+ * store keeps checkpoints, Redis included (committed with the batch's
+ * writes, see docs/redis.md).
  *
  * The checkpoint also names the job's key space (keyspace.c), and a run
  * that asks for another one is refused rather than finding none of the
@@ -77,6 +85,35 @@ static uint64_t inputs_id(char **inputs, size_t n)
     }
     XXH3_freeState(st);
     return id;
+}
+
+/* The device and inode behind an input or output name ("-" and NULL:
+ * the standard stream fd); 0 when there is none to compare. */
+static int identity(const char *path, int fd, struct stat *sb)
+{
+    return path && strcmp(path, "-") ? stat(path, sb) == 0
+                                     : fstat(fd, sb) == 0;
+}
+
+int job_check_output(const char *cmd, const char *out_path, char **inputs,
+                     size_t ninputs)
+{
+    struct stat out, in;
+    if (!identity(out_path, 1, &out) || !S_ISREG(out.st_mode))
+        return 0;  /* nothing there yet, or nothing that can be cut */
+    const char *out_name = out_path && strcmp(out_path, "-")
+                               ? out_path : "standard output";
+    for (size_t i = 0; i < (ninputs ? ninputs : 1); i++) {
+        const char *p = ninputs ? inputs[i] : "-";
+        if (identity(p, 0, &in) && in.st_dev == out.st_dev &&
+            in.st_ino == out.st_ino)
+            return cli_usage_error(cmd, "%s is also an input (%s is the "
+                                   "same file): writing it would destroy "
+                                   "what is being read. Write to another "
+                                   "file", out_name, strcmp(p, "-")
+                                   ? p : "standard input");
+    }
+    return 0;
 }
 
 static void default_name(job *j, const char *out_path)
@@ -132,11 +169,6 @@ static int read_checkpoint(job *j, int *found)
     int rc = idem_checkpoint_get(j->s, j->name, &blob, &len);
     if (rc == IDEM_ENOTFOUND)
         return 0;
-    if (rc == IDEM_ENOTSUP) {
-        j->name[0] = '\0';
-        j->append = 1;  /* the caller says what that means to the user */
-        return 0;
-    }
     if (rc)
         return cli_store_fail(j->cmd, j->s, rc, "reading the checkpoint");
     char text[CHECKPOINT_MAX];
@@ -158,17 +190,23 @@ static int read_checkpoint(job *j, int *found)
     return same_key_space(j, version, text + end);
 }
 
-/* Does the line before the checkpoint's offset still read the same? */
+/* Does the line before the checkpoint's offset still read the same, and
+ * does the offset not fall inside a line? A line without its newline
+ * (the end of an input that another one followed, or a checkpoint of an
+ * idem that committed unterminated last lines) is whole only while
+ * nothing follows it: bytes appended since would be its continuation. */
 static int tail_matches(const job_pos *p, char **inputs)
 {
     if (p->tail_len == 0 || p->tail_len > p->offset)
         return p->tail_len == 0;
-    char *b = malloc(p->tail_len);
+    char *b = malloc(p->tail_len + 1);
     int fd = b ? open(inputs[p->input], O_RDONLY | O_CLOEXEC) : -1;
-    int ok = fd >= 0 && pread(fd, b, p->tail_len,
-                              (off_t)(p->offset - p->tail_len)) ==
-                            (ssize_t)p->tail_len &&
-             XXH3_64bits(b, p->tail_len) == p->tail_hash;
+    ssize_t got = fd >= 0 ? pread(fd, b, p->tail_len + 1,
+                                  (off_t)(p->offset - p->tail_len))
+                          : -1;
+    int ok = got >= (ssize_t)p->tail_len &&
+             XXH3_64bits(b, p->tail_len) == p->tail_hash &&
+             (got == (ssize_t)p->tail_len || b[p->tail_len - 1] == '\n');
     if (fd >= 0)
         close(fd);
     free(b);
@@ -224,37 +262,52 @@ static int cut_output(job *j)
     return 0;
 }
 
-/* Appending (a store without checkpoints): a crash in the middle of a
- * write leaves part of a line at the end, and the next run's first line
- * would be glued to it. Cut it off: the keys of a batch whose lines were
- * not all written were not recorded done (dedup completes them only
- * after commit), so their lines come again whole. */
-static int drop_partial_line(job *j)
+/* An output file that holds bytes and that no checkpoint of this store
+ * names is not the job's: another store's job, a renamed job or a file
+ * made by hand. Cutting it back to the 0 bytes that "no checkpoint"
+ * means would destroy it, so only --overwrite allows that. */
+static int may_take_output(const job *j, int found, int overwrite)
 {
     struct stat sb;
-    if (fstat(j->out_fd, &sb) != 0)
-        return cli_fail(j->cmd, "%s: %s", j->out_path, strerror(errno));
-    if (!S_ISREG(sb.st_mode))
-        return 0;  /* a pipe or a device: nothing to cut */
-    off_t at = sb.st_size;
-    char buf[4096];
-    while (at > 0) {
-        size_t n = at < (off_t)sizeof buf ? (size_t)at : sizeof buf;
-        if (pread(j->out_fd, buf, n, at - (off_t)n) != (ssize_t)n)
-            return cli_fail(j->cmd, "%s: %s", j->out_path, strerror(errno));
-        const char *nl = memrchr(buf, '\n', n);
-        if (nl) {
-            at += (off_t)(nl + 1 - buf) - (off_t)n;
-            break;
-        }
-        at -= (off_t)n;
-    }
-    j->pos.out_len = (uint64_t)at;
-    return cut_output(j);
+    if (found || overwrite || !j->out_path ||
+        stat(j->out_path, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        sb.st_size == 0)
+        return 0;
+    return cli_fail(j->cmd, "--output %s already holds %lld bytes, and no "
+                    "checkpoint of this store names it (job '%s' has "
+                    "none): it is not this job's output, so it is not cut. "
+                    "Pass --overwrite to start it over, or run the job "
+                    "that wrote it (its --store and --job)",
+                    j->out_path, (long long)sb.st_size, j->name);
+}
+
+static int put_checkpoint(job *j)
+{
+    char text[CHECKPOINT_MAX];
+    int n = snprintf(text, sizeof text,
+                     "idem-job 2 out=%" PRIu64 " inputs=%" PRIx64
+                     " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
+                     " tail=%" PRIx64 "/%" PRIu64 " %s%s",
+                     j->pos.out_len, j->pos.inputs_id, j->pos.input,
+                     j->pos.offset, j->pos.lineno, j->pos.tail_hash,
+                     j->pos.tail_len, j->ks->name ? "space=" : "shared",
+                     j->ks->name ? j->ks->name : "");
+    return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
+}
+
+/* The job takes its output before writing a byte to it: a checkpoint of
+ * 0 bytes, committed, so that after a crash in the first batch the file
+ * is known as the job's and cut back, not refused as someone else's. */
+static int take_output(job *j)
+{
+    int rc = put_checkpoint(j);
+    rc = rc ? rc : idem_sync(j->s);
+    return rc ? cli_store_fail(j->cmd, j->s, rc, "taking the output") : 0;
 }
 
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const key_space *ks, const char *out_path, char **inputs,
+              const key_space *ks, const char *out_path, int overwrite,
+              char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno)
 {
     memset(j, 0, sizeof *j);
@@ -264,20 +317,23 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
     j->out_path = out_path && strcmp(out_path, "-") ? out_path : NULL;
     *at = 0;
     *off = *lineno = 0;
-    int rc = open_output(j);
-    if (rc)
-        return rc;
+    struct stat sb;
     if (name)
         snprintf(j->name, sizeof j->name, "%s:%s", cmd, name);
-    else if (j->out_file)
+    else if (j->out_path && (stat(j->out_path, &sb) != 0 ||
+                             S_ISREG(sb.st_mode)))
         default_name(j, j->out_path);
-    int found = 0;
+    int found = 0, rc = 0;
     if (j->name[0] && (rc = read_checkpoint(j, &found)) != 0)
         return rc;
     if (!found)
         j->pos = (job_pos){0};
-    if (j->out_file && (rc = j->append ? drop_partial_line(j)
-                                       : cut_output(j)) != 0)
+    if ((rc = may_take_output(j, found, overwrite)) != 0 ||
+        (rc = open_output(j)) != 0)
+        return rc;
+    if (j->out_file && (rc = cut_output(j)) != 0)
+        return rc;
+    if (j->out_file && !found && (rc = take_output(j)) != 0)
         return rc;
     uint64_t id = inputs_id(inputs, ninputs);
     if (found && id && id == j->pos.inputs_id &&
@@ -325,18 +381,7 @@ int job_commit(job *j, size_t input, const nd_line *last)
         j->pos.tail_len = last->len + (size_t)last->has_nl;
         j->pos.tail_hash = XXH3_64bits(last->p, j->pos.tail_len);
     }
-    if (!j->name[0])
-        return 0;
-    char text[CHECKPOINT_MAX];
-    int n = snprintf(text, sizeof text,
-                     "idem-job 2 out=%" PRIu64 " inputs=%" PRIx64
-                     " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64 " %s%s",
-                     j->pos.out_len, j->pos.inputs_id, j->pos.input,
-                     j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len, j->ks->name ? "space=" : "shared",
-                     j->ks->name ? j->ks->name : "");
-    return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
+    return j->name[0] ? put_checkpoint(j) : 0;
 }
 
 int job_end(job *j)

@@ -31,19 +31,26 @@ typedef struct job {
     cli_buf obuf;          /* the output of the batch being committed */
     job_pos pos;           /* where the committed state ends */
     int resumed;
-    int append;            /* the store keeps no checkpoints: the output
-                            * is appended to, never cut back */
 } job;
+
+/* Refuse an output (out_path; NULL or "-": standard output) that is the
+ * same file as one of the inputs ("-": standard input), through any link,
+ * before anything is opened or changed. Returns 0, or 2 after saying
+ * why. */
+int job_check_output(const char *cmd, const char *out_path, char **inputs,
+                     size_t ninputs);
 
 /* Open the output and find where to start: the checkpoint of job `name`
  * (NULL: derived from the output path) when it matches these inputs. A
  * job whose checkpoint keeps its keys in another key space than ks
  * (older versions: the shared one) is refused: its history is there.
- * The output is cut back to what the last commit recorded. Fills
- * the start position for nd_open() in at, off and lineno. Returns 0 or
- * an exit status. */
+ * The output is cut back to what the last commit recorded. An output
+ * file with bytes that no checkpoint names is refused, or with
+ * `overwrite` cut to 0 bytes. Fills the start position for nd_open() in
+ * at, off and lineno. Returns 0 or an exit status. */
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const key_space *ks, const char *out_path, char **inputs,
+              const key_space *ks, const char *out_path, int overwrite,
+              char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it

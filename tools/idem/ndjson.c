@@ -10,7 +10,15 @@
  *
  * A batch never spans two inputs (ND_NEXT between them), so a position
  * is always (input number, byte offset), which is what a checkpoint
- * needs to resume. */
+ * needs to resume.
+ *
+ * A line is complete once its newline is there. At the end of the last
+ * input, bytes without one may be a line that a writer is still adding
+ * to; with `leave_partial` set they are left unread (partial_len says
+ * how many), so that no position ever falls inside a line: handing out
+ * "a2" of a file that later reads "a2x\n" would make a rerun see "x" as
+ * a line of its own. The last line of an input that another input
+ * follows ends with its file: nothing can be glued to it. */
 #include "ndjson.h"
 
 #include <errno.h>
@@ -153,6 +161,17 @@ static void take(nd_reader *r, nd_line *l, size_t len, int nl)
     l->end = r->base + r->pos;
 }
 
+/* At the end of the last input: are the bytes without a newline left
+ * unread? */
+static int leaves_partial(nd_reader *r)
+{
+    if (!r->leave_partial || r->cur + 1 < r->npaths)
+        return 0;
+    r->partial_len = r->end - r->pos;
+    r->partial_lineno = r->lineno + 1;
+    return 1;
+}
+
 /* The current input is done: close it; the next call opens the next. */
 static int next_input(nd_reader *r)
 {
@@ -180,7 +199,7 @@ int nd_next(nd_reader *r, nd_line *l, int wait)
             take(r, l, (size_t)(nl - (r->buf + r->pos)), 1);
             return ND_LINE;
         }
-        if (r->eof && r->pos < r->end) {
+        if (r->eof && r->pos < r->end && !leaves_partial(r)) {
             take(r, l, r->end - r->pos, 0);
             return ND_LINE;
         }

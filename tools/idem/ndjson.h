@@ -22,6 +22,10 @@ typedef struct nd_reader {
     uint64_t base;      /* input offset of buf[0] */
     uint64_t lineno;
     int eof;            /* the current input has no more bytes */
+    int leave_partial;  /* set by the caller: leave an unterminated last
+                         * line of the last input unread */
+    uint64_t partial_len; /* ... and then its length, and line number */
+    uint64_t partial_lineno;
     char err[300];
 } nd_reader;
 

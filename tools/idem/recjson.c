@@ -7,17 +7,21 @@
  * rest as base64 under "key_base64" / "response_base64", so a dump never
  * loses a byte and `idem load` restores exactly what was stored. Times
  * are Unix milliseconds, as the store keeps them; get also prints them
- * readable. Optional fields: "released" (a PENDING record after a
- * retryable failure), "lease_until_ms" (PENDING), "fingerprint" (hex).
- * "response" holds a DONE record's response or a FAILED one's error.
- * "key_space" names the key space of a CLI job's key (keyspace.c): "key"
- * is then the key as the job found it; without it the key is in the
- * shared key space. */
+ * readable. A PENDING record adds "lease_until_ms" and, after a
+ * retryable failure, "released"; a record with a payload fingerprint
+ * adds "fingerprint" (32 hex digits). "response" holds a DONE record's
+ * response or a FAILED one's error. "key_space" names the key space of a
+ * CLI job's key (keyspace.c): "key" is then the key as the job found it;
+ * without it the key is in the shared key space. Reading checks all of
+ * it (below). */
 #include "recjson.h"
 
+#include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yajl/yajl_tree.h>
+#include <time.h>
+#include <yajl/yajl_parse.h>
 
 #include "keyspace.h"
 
@@ -63,150 +67,359 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
 }
 
 /* ------------------------------------------------------------------------
- * Reading it back */
+ * Reading it back
+ *
+ * With YAJL's streaming parser, not its tree: the tree hands out strings
+ * as C strings, which end at the first NUL, so a key holding "\u0000"
+ * came back cut short (and two keys that differ after it came back as
+ * one). The callbacks get every string with its length.
+ *
+ * A line is one flat object of the fields below, each at most once;
+ * anything else is refused with the field's name, so that a record is
+ * never imported as something other than what was dumped. */
 
-static yajl_val field(yajl_val obj, const char *name)
-{
-    const char *path[] = {name, NULL};
-    return yajl_tree_get(obj, path, yajl_t_any);
-}
+enum {
+    F_KEY, F_KEY_B64, F_STATE, F_TOKEN, F_CREATED, F_EXPIRES, F_LEASE,
+    F_RELEASED, F_FP, F_RESP, F_RESP_B64, F_SPACE, NFIELDS
+};
+enum { K_TEXT, K_BASE64, K_NUMBER, K_BOOL };
 
-/* A text or base64 field into scratch; offset and length returned. */
-static int bytes_in(yajl_val obj, const char *name, cli_buf *scratch,
-                    size_t *off, size_t *n, char *err, size_t errlen)
+static const struct {
+    const char *name;
+    int kind;
+} fields[NFIELDS] = {
+    {"key", K_TEXT},          {"key_base64", K_BASE64},
+    {"state", K_TEXT},        {"token", K_NUMBER},
+    {"created_ms", K_NUMBER}, {"expires_ms", K_NUMBER},
+    {"lease_until_ms", K_NUMBER}, {"released", K_BOOL},
+    {"fingerprint", K_TEXT},  {"response", K_TEXT},
+    {"response_base64", K_BASE64}, {"key_space", K_TEXT},
+};
+
+static const char *const kind_names[] = {
+    "a string", "a base64 string", "a whole number", "true or false"};
+
+typedef struct rec_parse {
+    cli_buf *scratch;
+    int depth, field;          /* field: the member being read, or -1 */
+    int seen[NFIELDS];
+    size_t off[NFIELDS], len[NFIELDS];  /* strings, in scratch */
+    uint64_t num[NFIELDS];
+    int flag;                  /* "released" */
+    char *err;
+    size_t errlen;
+} rec_parse;
+
+static int field_error(rec_parse *p, int f, const char *fmt, ...)
+    CLI_PRINTF(3, 4);
+
+/* Says `field "NAME": ...` and stops the parse (returns 0 for YAJL). */
+static int field_error(rec_parse *p, int f, const char *fmt, ...)
 {
-    char b64name[64];
-    snprintf(b64name, sizeof b64name, "%s_base64", name);
-    yajl_val t = field(obj, name), b = field(obj, b64name);
-    *off = scratch->len;
-    *n = 0;
-    if (t && YAJL_IS_STRING(t)) {
-        *n = strlen(t->u.string);
-        return buf_add(scratch, t->u.string, *n);
-    }
-    if (!b)
-        return t ? (snprintf(err, errlen, "\"%s\" is not a string", name),
-                    -1)
-                 : 0;
-    const char *s = YAJL_IS_STRING(b) ? b->u.string : "";
-    size_t sl = strlen(s);
-    if (buf_reserve(scratch, sl))
-        return -1;
-    long got = base64_decode(s, sl, (unsigned char *)scratch->p + *off);
-    if (got < 0) {
-        snprintf(err, errlen, "\"%s\" is not base64", b64name);
-        return -1;
-    }
-    *n = (size_t)got;
-    scratch->len += *n;
+    int n = snprintf(p->err, p->errlen, "field \"%s\": ", fields[f].name);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < p->errlen)
+        vsnprintf(p->err + n, p->errlen - (size_t)n, fmt, ap);
+    va_end(ap);
     return 0;
 }
 
-static int64_t num(yajl_val obj, const char *name, int *ok)
+/* A value is starting: is it where a value of this kind may be? */
+static int value_ok(rec_parse *p, int kind)
 {
-    yajl_val v = field(obj, name);
-    if (!v)
+    if (p->depth == 0) {
+        snprintf(p->err, p->errlen, "not a JSON object");
         return 0;
-    if (!YAJL_IS_INTEGER(v))
-        *ok = 0;
-    return YAJL_IS_INTEGER(v) ? YAJL_GET_INTEGER(v) : 0;
-}
-
-static int parse_state(yajl_val obj, idem_record *r, char *err,
-                       size_t errlen)
-{
-    yajl_val st = field(obj, "state");
-    for (int i = 0; st && YAJL_IS_STRING(st) && i < 3; i++)
-        if (!strcmp(st->u.string, states[i])) {
-            r->state = (idem_state)i;
-            return 0;
-        }
-    snprintf(err, errlen, "\"state\" must be pending, done or failed");
-    return -1;
-}
-
-static int parse_fp(yajl_val obj, idem_record *r, char *err, size_t errlen)
-{
-    yajl_val fp = field(obj, "fingerprint");
-    if (!fp)
-        return 0;
-    const char *s = YAJL_IS_STRING(fp) ? fp->u.string : "";
-    for (int i = 0; strlen(s) == 2 * IDEM_FP_LEN && i < IDEM_FP_LEN; i++) {
-        unsigned v;
-        if (sscanf(s + 2 * i, "%2x", &v) != 1)
-            break;
-        r->fp[i] = (uint8_t)v;
-        r->has_fp = i == IDEM_FP_LEN - 1;
     }
-    if (!r->has_fp)
-        snprintf(err, errlen, "\"fingerprint\" must be %d hex digits",
-                 2 * IDEM_FP_LEN);
-    return r->has_fp ? 0 : -1;
+    if (fields[p->field].kind != kind)
+        return field_error(p, p->field, "must be %s",
+                           kind_names[fields[p->field].kind]);
+    p->seen[p->field] = 1;
+    return 1;
 }
 
-/* "key_space", if there, starts scratch with its prefix; *len its
- * length (0: the shared key space). */
-static int space_in(yajl_val obj, cli_buf *scratch, size_t *len, char *err,
-                    size_t errlen)
+static int on_key(void *ctx, const unsigned char *s, size_t n)
 {
-    yajl_val v = field(obj, "key_space");
+    rec_parse *p = ctx;
+    for (int f = 0; f < NFIELDS; f++) {
+        if (strlen(fields[f].name) != n || memcmp(fields[f].name, s, n))
+            continue;
+        int twin = f == F_KEY ? F_KEY_B64 : f == F_KEY_B64 ? F_KEY
+                   : f == F_RESP ? F_RESP_B64 : f == F_RESP_B64 ? F_RESP
+                   : f;
+        if (p->seen[f] || p->seen[twin])
+            return field_error(p, f, "given twice%s", twin == f ? "" :
+                               " (as text and as base64)");
+        p->field = f;
+        return 1;
+    }
+    char name[48];
+    size_t k = 0;
+    for (; k < n && k + 1 < sizeof name; k++)
+        name[k] = s[k] >= 0x20 && s[k] < 0x7f ? (char)s[k] : '?';
+    name[k] = '\0';
+    snprintf(p->err, p->errlen, "field \"%s\": not a field of a record",
+             name);
+    return 0;
+}
+
+static int hex_digit(unsigned char c)
+{
+    return c >= '0' && c <= '9' ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+/* The fingerprint's 32 hex digits, into scratch as 16 bytes. */
+static int fp_in(rec_parse *p, const unsigned char *s, size_t n)
+{
+    if (n != 2 * IDEM_FP_LEN)
+        return field_error(p, F_FP, "must be %d hex digits, not %zu "
+                           "characters", 2 * IDEM_FP_LEN, n);
+    for (size_t i = 0; i < n; i++)
+        if (hex_digit(s[i]) < 0)
+            return field_error(p, F_FP, "must be %d hex digits; "
+                               "character %zu is not one",
+                               2 * IDEM_FP_LEN, i + 1);
+    for (size_t i = 0; i < n; i += 2) {
+        char b = (char)(hex_digit(s[i]) << 4 | hex_digit(s[i + 1]));
+        if (buf_add(p->scratch, &b, 1))
+            return field_error(p, F_FP, "out of memory");
+    }
+    return 1;
+}
+
+static int on_string(void *ctx, const unsigned char *s, size_t n)
+{
+    rec_parse *p = ctx;
+    int f = p->field;
+    int kind = f >= 0 && fields[f].kind == K_BASE64 ? K_BASE64 : K_TEXT;
+    if (!value_ok(p, kind))
+        return 0;
+    cli_buf *b = p->scratch;
+    p->off[f] = b->len;
+    if (f == F_FP)
+        return fp_in(p, s, n);
+    if (kind == K_TEXT) {
+        p->len[f] = n;
+        return buf_add(b, s, n) ? field_error(p, f, "out of memory") : 1;
+    }
+    if (buf_reserve(b, n))
+        return field_error(p, f, "out of memory");
+    long got = base64_decode((const char *)s, n,
+                             (unsigned char *)b->p + b->len);
+    if (got < 0)
+        return field_error(p, f, "not base64");
+    p->len[f] = (size_t)got;
+    b->len += (size_t)got;
+    return 1;
+}
+
+static int on_number(void *ctx, const char *s, size_t n)
+{
+    rec_parse *p = ctx;
+    if (!value_ok(p, K_NUMBER))
+        return 0;
+    uint64_t v = 0;
+    int shown = n < 24 ? (int)n : 24;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9')
+            return field_error(p, p->field, "must be a whole number, 0 "
+                               "or more, not %.*s", shown, s);
+        uint64_t d = (uint64_t)(s[i] - '0');
+        if (v > ((uint64_t)INT64_MAX - d) / 10)
+            return field_error(p, p->field, "%.*s is too large", shown, s);
+        v = v * 10 + d;
+    }
+    p->num[p->field] = v;
+    return 1;
+}
+
+static int on_bool(void *ctx, int v)
+{
+    rec_parse *p = ctx;
+    p->flag = v;
+    return value_ok(p, K_BOOL);
+}
+
+static int on_null(void *ctx)
+{
+    rec_parse *p = ctx;
+    return value_ok(p, -1);
+}
+
+/* The record's own braces; any container inside it is refused. */
+static int on_start_map(void *ctx)
+{
+    rec_parse *p = ctx;
+    return p->depth++ == 0 || value_ok(p, -1);
+}
+
+static int on_end_map(void *ctx)
+{
+    rec_parse *p = ctx;
+    p->depth--;
+    return 1;
+}
+
+static int on_start_array(void *ctx)
+{
+    return value_ok(ctx, -1);
+}
+
+/* The fields every record has, the state's name, and the limits. */
+static int check_fields(rec_parse *p, idem_record *r, size_t *keylen)
+{
+    static const int required[] = {F_STATE, F_TOKEN, F_CREATED, F_EXPIRES};
+    int key = p->seen[F_KEY_B64] ? F_KEY_B64 : F_KEY;
+    if (!p->seen[key])
+        return field_error(p, F_KEY, "missing (or \"key_base64\")");
+    for (size_t i = 0; i < sizeof required / sizeof *required; i++)
+        if (!p->seen[required[i]])
+            return field_error(p, required[i], "missing");
+    *keylen = p->len[key];
+    if (*keylen == 0 || *keylen > IDEM_KEY_MAX)
+        return field_error(p, key, "%zu bytes; keys are 1 to %u bytes",
+                           *keylen, IDEM_KEY_MAX);
+    const char *st = p->scratch->p + p->off[F_STATE];
+    int i = 0;
+    while (i < 3 && (strlen(states[i]) != p->len[F_STATE] ||
+                     memcmp(states[i], st, p->len[F_STATE])))
+        i++;
+    if (i == 3)
+        return field_error(p, F_STATE, "must be pending, done or failed");
+    r->state = (idem_state)i;
+    int resp = p->seen[F_RESP_B64] ? F_RESP_B64 : F_RESP;
+    r->len = p->len[resp];
+    if (r->len > IDEM_VALUE_MAX)
+        return field_error(p, resp, "%zu bytes; the limit is %u", r->len,
+                           IDEM_VALUE_MAX);
+    return 1;
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Times and token as a store can hold them: no record is created after
+ * it expires, and none expires, or holds a lease, further from now than
+ * the longest TTL. Only a pending record has a lease. */
+static int check_numbers(rec_parse *p, idem_record *r)
+{
+    uint64_t limit = (uint64_t)(now_ms() + IDEM_MS_MAX);
+    if (p->num[F_TOKEN] == 0)
+        return field_error(p, F_TOKEN, "must be 1 or more");
+    if (p->num[F_EXPIRES] > limit)
+        return field_error(p, F_EXPIRES, "%" PRIu64 " is further from now "
+                           "than the longest TTL (100 years)",
+                           p->num[F_EXPIRES]);
+    if (p->num[F_CREATED] > p->num[F_EXPIRES])
+        return field_error(p, F_CREATED, "%" PRIu64 " is after "
+                           "\"expires_ms\" %" PRIu64, p->num[F_CREATED],
+                           p->num[F_EXPIRES]);
+    int pending = r->state == IDEM_PENDING;
+    for (int f = F_LEASE; f <= F_RELEASED; f++)
+        if (p->seen[f] && !pending)
+            return field_error(p, f, "only a pending record has it");
+    if (pending && !p->seen[F_LEASE])
+        return field_error(p, F_LEASE, "missing (the record is pending)");
+    if (p->num[F_LEASE] > limit)
+        return field_error(p, F_LEASE, "%" PRIu64 " is further from now "
+                           "than the longest lease (100 years)",
+                           p->num[F_LEASE]);
+    r->token = p->num[F_TOKEN];
+    r->created_ms = (int64_t)p->num[F_CREATED];
+    r->expires_ms = (int64_t)p->num[F_EXPIRES];
+    r->lease_until = (int64_t)p->num[F_LEASE];
+    r->released = p->flag;
+    return 1;
+}
+
+/* YAJL's own message, on one line. */
+static void syntax_error(rec_parse *p, yajl_handle h)
+{
+    unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    snprintf(p->err, p->errlen, "not a JSON object: %s",
+             msg ? (char *)msg : "bad JSON");
+    p->err[strcspn(p->err, "\n")] = '\0';
+    if (msg)
+        yajl_free_error(h, msg);
+}
+
+static int parse_line(rec_parse *p, const char *line, size_t len)
+{
+    static const yajl_callbacks cb = {
+        on_null, on_bool, NULL, NULL, on_number, on_string, on_start_map,
+        on_key, on_end_map, on_start_array, NULL};
+    yajl_handle h = yajl_alloc(&cb, NULL, p);
+    if (!h) {
+        snprintf(p->err, p->errlen, "out of memory");
+        return 0;
+    }
+    yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
+    if (st == yajl_status_ok)
+        st = yajl_complete_parse(h);
+    if (st == yajl_status_error)
+        syntax_error(p, h);
+    yajl_free(h);
+    return st == yajl_status_ok;
+}
+
+/* A key in a key space is stored behind the space's prefix: copy the
+ * prefix and the key to the end of scratch; *kf's offset and length
+ * become the stored key's. */
+static int space_in(rec_parse *p, int kf)
+{
+    char name[KS_NAME_MAX + 1];
     key_space ks;
-    if (v && (!YAJL_IS_STRING(v) || ks_set(&ks, v->u.string))) {
-        snprintf(err, errlen, "\"key_space\" must be 1 to %u bytes of text",
-                 KS_NAME_MAX);
-        return -1;
-    }
-    if (!v)
-        return 0;
-    *len = ks.len;
-    return buf_add(scratch, ks.prefix, ks.len);
+    size_t n = p->len[F_SPACE];
+    if (n > KS_NAME_MAX)
+        return field_error(p, F_SPACE, "over %u bytes", KS_NAME_MAX);
+    memcpy(name, p->scratch->p + p->off[F_SPACE], n);
+    name[n] = '\0';
+    if (memchr(name, '\0', n) || ks_set(&ks, name))
+        return field_error(p, F_SPACE, "must be 1 to %u bytes of text, no "
+                           "control characters", KS_NAME_MAX);
+    if (p->len[kf] + ks.len > IDEM_KEY_MAX)
+        return field_error(p, kf, "%zu bytes; keys in key space '%s' are 1 "
+                           "to %zu bytes", p->len[kf], name,
+                           IDEM_KEY_MAX - ks.len);
+    cli_buf *b = p->scratch;
+    size_t at = b->len;
+    if (buf_add(b, ks.prefix, ks.len) || buf_reserve(b, p->len[kf]))
+        return field_error(p, F_SPACE, "out of memory");
+    memcpy(b->p + b->len, b->p + p->off[kf], p->len[kf]);
+    b->len += p->len[kf];
+    p->off[kf] = at;
+    p->len[kf] += ks.len;
+    return 1;
 }
 
 int rec_from_json(const char *line, size_t len, cli_buf *scratch,
                   const void **key, size_t *keylen, idem_record *r,
                   char *err, size_t errlen)
 {
-    char *text = malloc(len + 1);
-    if (!text) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
-    memcpy(text, line, len);
-    text[len] = '\0';
-    char yerr[200] = "";
-    yajl_val obj = yajl_tree_parse(text, yerr, sizeof yerr);
-    free(text);
+    rec_parse p = {.scratch = scratch, .field = -1, .err = err,
+                   .errlen = errlen};
     memset(r, 0, sizeof *r);
     scratch->len = 0;
-    size_t koff, doff, spacelen = 0;
-    int rc = -1, ok = 1;
-    if (!obj || !YAJL_IS_OBJECT(obj))
-        snprintf(err, errlen, "not a JSON object%s%s", *yerr ? ": " : "",
-                 yerr);
-    else if (!space_in(obj, scratch, &spacelen, err, errlen) &&
-             !bytes_in(obj, "key", scratch, &koff, keylen, err, errlen) &&
-             !bytes_in(obj, "response", scratch, &doff, &r->len, err,
-                       errlen) &&
-             !parse_state(obj, r, err, errlen) &&
-             !parse_fp(obj, r, err, errlen))
-        rc = 0;
-    if (!rc) {
-        r->token = (uint64_t)num(obj, "token", &ok);
-        r->created_ms = num(obj, "created_ms", &ok);
-        r->expires_ms = num(obj, "expires_ms", &ok);
-        r->lease_until = num(obj, "lease_until_ms", &ok);
-        yajl_val rel = field(obj, "released");
-        r->released = rel && YAJL_IS_TRUE(rel);
-        *key = scratch->p + koff - spacelen;
-        r->data = r->len ? scratch->p + doff : NULL;
-        if (ok && *keylen)
-            *keylen += spacelen;
-        if (!ok || !*keylen) {
-            snprintf(err, errlen, !*keylen ? "no \"key\"" :
-                     "token and the *_ms fields must be whole numbers");
-            rc = -1;
-        }
+    if (!parse_line(&p, line, len) || !check_fields(&p, r, keylen) ||
+        !check_numbers(&p, r))
+        return -1;
+    int kf = p.seen[F_KEY_B64] ? F_KEY_B64 : F_KEY;
+    int rf = p.seen[F_RESP_B64] ? F_RESP_B64 : F_RESP;
+    if (p.seen[F_SPACE] && !space_in(&p, kf))
+        return -1;
+    *keylen = p.len[kf];
+    *key = scratch->p + p.off[kf];
+    r->data = r->len ? scratch->p + p.off[rf] : NULL;
+    if (p.seen[F_FP]) {
+        memcpy(r->fp, scratch->p + p.off[F_FP], IDEM_FP_LEN);
+        r->has_fp = 1;
     }
-    yajl_tree_free(obj);
-    return rc;
+    return 0;
 }

@@ -105,6 +105,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'S': c->shared_keys = 1; return 0;
     case 'q': c->quiet = 1; return 0;
     case 'J': c->stats_json = 1; return 0;
+    case 'O': c->overwrite = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
     case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
     case 'C':
@@ -148,7 +149,7 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
                                "no control characters", KS_NAME_MAX);
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
-    return 0;
+    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs);
 }
 
 /* ------------------------------------------------------------------------
@@ -613,24 +614,21 @@ int stream_run(const stream_cfg *c)
     uint64_t off = 0, lineno = 0;
     if (!rc)
         rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, &c->ks, c->output,
-                       c->inputs, c->ninputs, &at, &off, &lineno);
-    if (!rc && lp.st.job.append && !c->quiet)
-        fprintf(stderr, "idem %s: this store keeps no checkpoints, so the "
-                "output is appended to: exactly-once across clean runs; "
-                "across crashes %s (a local: store makes it crash-proof)\n",
-                c->cmd, strcmp(c->cmd, "dedup") == 0
-                            ? "at-least-once"
-                            : "a result line of the batch in flight may be "
-                              "missing, its effect done (--replay emit "
-                              "prints every key's result)");
+                       c->overwrite, c->inputs, c->ninputs, &at, &off,
+                       &lineno);
     if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
         rc = cli_fail(c->cmd, "%s", lp.rd.err);
     if (!rc) {
+        lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
         progress(&lp, 1);
+        if (!rc && lp.rd.partial_len && !c->quiet)
+            fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
+                    "end: this line is left unread until it has one\n",
+                    c->cmd, nd_name(&lp.rd), lp.rd.partial_lineno);
         if (rc != 2)
             summary(&lp);
         if (!rc && lp.st.n.problems) {

@@ -39,6 +39,8 @@ typedef struct stream_cfg {
     int64_t ttl_ms, lease_ms;
     int64_t commit_interval_ms;  /* -1: the runner's default */
     int quiet, stats_json;
+    int overwrite;            /* an --output no checkpoint names may be
+                               * cut to 0 bytes */
     char **inputs;
     size_t ninputs;
     idem_handler_fn handler;  /* NULL: deduplicate */
@@ -71,7 +73,7 @@ int stream_run(const stream_cfg *cfg);
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
         {"commit-interval", 1, 0, 'C'},                                   \
         {"key-space", 1, 0, 'K'}, {"shared-keys", 0, 0, 'S'},             \
-        {"help", 0, 0, 'h'}
+        {"overwrite", 0, 0, 'O'}, {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
