@@ -110,7 +110,7 @@ typedef struct idem__ritem {
     int nargs;
     const char *arg[IDEM__RARGS];
     size_t argl[IDEM__RARGS];
-    char num[4][24];             /* storage for numeric arguments */
+    char num[5][24];             /* storage for numeric arguments */
     const redisReply *reply;     /* its answer after idem__run(), or NULL */
     int status;                  /* ... or why it has none */
 } idem__ritem;

@@ -1,7 +1,7 @@
 /* recjson.c - the NDJSON form of a record, shared by get, dump and load.
  *
- *   {"key":"k1","state":"done","token":1,"created_ms":...,"expires_ms":...,
- *    "response":"..."}
+ *   {"key":"k1","state":"done","token":1700000000000000,"attempts":1,
+ *    "created_ms":...,"expires_ms":...,"response":"..."}
  *
  * Keys and values are bytes: valid UTF-8 goes out as a JSON string, the
  * rest as base64 under "key_base64" / "response_base64", so a dump never
@@ -9,7 +9,10 @@
  * are Unix milliseconds, as the store keeps them; get also prints them
  * readable. Optional fields: "released" (a PENDING record after a
  * retryable failure), "lease_until_ms" (PENDING), "fingerprint" (hex).
- * "response" holds a DONE record's response or a FAILED one's error. */
+ * "response" holds a DONE record's response or a FAILED one's error.
+ * Dumps made before tokens were taken from the clock have no "attempts":
+ * their tokens counted the claims, so a token that fits in 32 bits is
+ * read as the attempts too. */
 #include "recjson.h"
 
 #include <stdlib.h>
@@ -31,9 +34,10 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
 {
     int rc = buf_str(b, "{") || bytes_field(b, "key", key, keylen);
     rc = rc ? rc : buf_fmt(b, ",\"state\":\"%s\",\"token\":%llu,"
+                          "\"attempts\":%u,"
                           "\"created_ms\":%lld,\"expires_ms\":%lld",
                           states[r->state], (unsigned long long)r->token,
-                          (long long)r->created_ms,
+                          r->attempts, (long long)r->created_ms,
                           (long long)r->expires_ms);
     if (r->state == IDEM_PENDING)
         rc = rc ? rc : buf_fmt(b, ",\"lease_until_ms\":%lld%s",
@@ -101,6 +105,17 @@ static int64_t num(yajl_val obj, const char *name, int *ok)
     return YAJL_IS_INTEGER(v) ? YAJL_GET_INTEGER(v) : 0;
 }
 
+/* "attempts", or for an older dump without it the token it counted. */
+static uint32_t parse_attempts(yajl_val obj, uint64_t token, int *ok)
+{
+    if (!field(obj, "attempts"))
+        return token <= UINT32_MAX ? (uint32_t)token : 1;
+    int64_t n = num(obj, "attempts", ok);
+    if (n < 1 || n > UINT32_MAX)
+        *ok = 0;
+    return (uint32_t)n;
+}
+
 static int parse_state(yajl_val obj, idem_record *r, char *err,
                        size_t errlen)
 {
@@ -162,6 +177,7 @@ int rec_from_json(const char *line, size_t len, cli_buf *scratch,
         rc = 0;
     if (!rc) {
         r->token = (uint64_t)num(obj, "token", &ok);
+        r->attempts = parse_attempts(obj, r->token, &ok);
         r->created_ms = num(obj, "created_ms", &ok);
         r->expires_ms = num(obj, "expires_ms", &ok);
         r->lease_until = num(obj, "lease_until_ms", &ok);
@@ -171,7 +187,8 @@ int rec_from_json(const char *line, size_t len, cli_buf *scratch,
         r->data = r->len ? scratch->p + doff : NULL;
         if (!ok || !*keylen) {
             snprintf(err, errlen, !*keylen ? "no \"key\"" :
-                     "token and the *_ms fields must be whole numbers");
+                     "token, attempts and the *_ms fields must be whole "
+                     "numbers (attempts from 1)");
             rc = -1;
         }
     }
