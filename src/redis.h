@@ -98,7 +98,7 @@ typedef struct idem__redis {
 /* ---- redis_pipe.c */
 
 /* ARGV of one key after the shared ones; keys per multi-key call. */
-#define IDEM__RARGS 8
+#define IDEM__RARGS 9   /* import takes the most: a whole record */
 #define IDEM__GROUP 64
 
 /* One key of a batch. */
