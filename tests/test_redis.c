@@ -792,7 +792,7 @@ Test(redis, runner_releases_claims_when_commit_fails)
                  idem_errdetail(s));
     cr_assert_eq(done, 2);
     cr_assert_eq(m[0].result, IDEM_MSG_DONE);
-    cr_assert_eq(m[0].token, 2, "a new claim of the released key");
+    cr_assert_eq(m[0].attempt, 2, "a new claim of the released key");
     idem_record rec;
     cr_assert_eq(idem_get(s, "a", 1, &rec), 0);
     cr_assert_eq(rec.state, IDEM_DONE);
