@@ -40,6 +40,8 @@ void idem__arena_free(idem__arena *a);
 
 /* Wall-clock Unix milliseconds. */
 int64_t idem__wall_ms(void);
+/* Wall-clock Unix microseconds. */
+int64_t idem__wall_us(void);
 /* Monotonic nanoseconds, for measuring. */
 uint64_t idem__mono_ns(void);
 

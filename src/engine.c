@@ -13,7 +13,12 @@
  *    oldest, not active, and has no live entry or checkpoint holds nothing
  *    anybody can read, so it can be deleted whole;
  *  - a frame is only ever copied forward (compaction) and then synced
- *    before the segment it came from is deleted.
+ *    before the segment it came from is deleted;
+ *  - token_hw is at least every token this handle issued or imported and
+ *    every token in a frame on disk when it opened, so a claim's token,
+ *    above both token_hw and the clock in microseconds, repeats none that
+ *    a record on disk holds, whatever expired or was forgotten, and even
+ *    after the clock stepped back across a restart.
  *
  * Failure atomicity: before a frame is appended, index room is reserved;
  * the append reserves its buffer room; only then are both changed, with no
@@ -45,6 +50,7 @@ typedef struct idem__engine {
     idem__ckpt *ckpts;
     size_t nckpts;
     uint32_t sweep_cursor;   /* next entry id an incremental sweep visits */
+    uint64_t token_hw;       /* the greatest token issued or found */
     uint64_t expired_total, dropped_total, copied_total;
 } idem__engine;
 
@@ -166,17 +172,37 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
 /* ------------------------------------------------------------------------
  * The protocol operations */
 
+/* Raise the high-water mark of tokens to token. */
+static void idem__token_seen(idem__engine *en, uint64_t token)
+{
+    if (token > en->token_hw)
+        en->token_hw = token;
+}
+
+/* The least token a claim at now_us (the clock in microseconds) may
+ * issue: above every token known, and no less than the clock, so that it
+ * stays above the tokens of earlier runs whose frames are gone. */
+static uint64_t idem__token_floor(const idem__engine *en, int64_t now_us)
+{
+    uint64_t next = en->token_hw + 1;
+    return now_us > 0 && (uint64_t)now_us > next ? (uint64_t)now_us : next;
+}
+
 static int idem__claim_one(idem_store *s, const idem_key *k,
                            const uint64_t h[2], const idem__claim_args *a,
-                           int64_t now, idem_outcome *out)
+                           int64_t now_us, idem_outcome *out)
 {
+    idem__engine *en = idem__eng(s);
+    int64_t now = now_us / 1000;
     idem__found fo = {.h = {h[0], h[1]}};
     int rc = idem__lookup_hashed(s, k->key, k->len, now, &fo);
     if (rc)
         return rc;
     idem__rec next;
     idem__decide_claim(fo.live ? &fo.f.rec : NULL, k->fp, now, a->lease_ms,
-                       a->ttl_ms, &next, out);
+                       a->ttl_ms, idem__token_floor(en, now_us), &next, out);
+    if (out->kind == IDEM_NEW)
+        idem__token_seen(en, next.token);
     if (out->kind == IDEM_NEW && a->done) {
         next.state = IDEM_DONE;
         next.lease = 0;
@@ -204,7 +230,7 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
                                 idem_outcome *outs)
 {
     idem__engine *en = idem__eng(s);
-    int64_t now = idem__now(s);
+    int64_t now_us = idem__now_us(s);
     uint64_t h[IDEM__WINDOW][2];
     for (size_t i = 0; i < n; i++) {
         size_t w = i % IDEM__WINDOW;
@@ -222,7 +248,7 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
         }
         if (outs[i].status)
             continue;
-        int rc = idem__claim_one(s, &keys[i], h[w], a, now, &outs[i]);
+        int rc = idem__claim_one(s, &keys[i], h[w], a, now_us, &outs[i]);
         if (rc == IDEM_ECOLLISION || rc == IDEM_ECORRUPT) {
             outs[i].status = rc;
         } else if (rc) {
@@ -329,7 +355,7 @@ static void idem__to_record(const idem__frame *f, idem_record *out)
     const idem__rec *r = &f->rec;
     out->state = (idem_state)r->state;
     out->token = r->token;
-    out->attempts = r->token;
+    out->attempts = r->attempts;
     out->released = r->released;
     out->created_ms = r->created;
     out->expires_ms = r->expires;
@@ -393,7 +419,8 @@ static int idem__eng_import(idem_store *s, const void *key, size_t keylen,
     idem__rec r = {.state = (uint8_t)in->state,
                    .has_fp = in->has_fp != 0,
                    .released = in->state == IDEM_PENDING && in->released,
-                   .token = (uint32_t)in->token,
+                   .attempts = in->attempts ? in->attempts : 1,
+                   .token = in->token,
                    .created = in->created_ms,
                    .expires = in->expires_ms,
                    .lease = in->state == IDEM_PENDING ? in->lease_until : 0};
@@ -402,6 +429,7 @@ static int idem__eng_import(idem_store *s, const void *key, size_t keylen,
                    : in->state == IDEM_FAILED_STATE ? IDEM__R_FAIL
                    : r.released                     ? IDEM__R_RELEASE
                                                     : IDEM__R_CLAIM;
+    idem__token_seen(idem__eng(s), r.token);
     return idem__put(s, &fo, type, &r, key, keylen, in->data, in->len, now);
 }
 
@@ -669,6 +697,7 @@ static int idem__apply_one(idem_store *s, idem__seg *g, uint32_t off,
                            int64_t now)
 {
     idem__engine *en = idem__eng(s);
+    idem__token_seen(en, f->rec.token);
     if (f->type == IDEM__R_CHECKPOINT)
         return idem__ckpt_set(en, f->key, f->keylen, g->id, off)
                    ? idem__fail(s, IDEM_ENOMEM, "out of memory")

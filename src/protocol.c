@@ -3,7 +3,9 @@
  * Invariants kept by these rules:
  *  - a key has at most one holder: NEW is only given when there is no
  *    live record, or the PENDING holder's lease has run out or was given
- *    up, and then with a token greater than every earlier one;
+ *    up, and then with a token greater than every earlier one of the key,
+ *    even one whose record has expired or was forgotten since (the
+ *    caller's min_token covers those);
  *  - only the current token can finish a claim, so a worker that lost its
  *    lease cannot overwrite the outcome of the one that took over;
  *  - DONE and FAILED are final until they expire or are forgotten;
@@ -21,11 +23,13 @@ static int idem__fp_differs(const idem__rec *cur, const uint8_t *fp)
 
 static void idem__new_record(const idem__rec *cur, const uint8_t *fp,
                              int64_t now, int64_t lease_ms, int64_t ttl_ms,
-                             idem__rec *next)
+                             uint64_t min_token, idem__rec *next)
 {
     memset(next, 0, sizeof *next);
     next->state = IDEM_PENDING;
-    next->token = cur ? cur->token + 1 : 1;
+    next->token = cur && cur->token >= min_token ? cur->token + 1
+                                                 : min_token;
+    next->attempts = cur ? cur->attempts + 1 : 1;
     next->created = cur ? cur->created : now;
     next->lease = now + lease_ms;
     next->expires = now + ttl_ms;
@@ -46,8 +50,8 @@ static void idem__new_record(const idem__rec *cur, const uint8_t *fp,
 }
 
 void idem__decide_claim(const idem__rec *cur, const uint8_t *fp, int64_t now,
-                        int64_t lease_ms, int64_t ttl_ms, idem__rec *next,
-                        idem_outcome *out)
+                        int64_t lease_ms, int64_t ttl_ms, uint64_t min_token,
+                        idem__rec *next, idem_outcome *out)
 {
     out->data = NULL;
     out->len = 0;
@@ -55,7 +59,7 @@ void idem__decide_claim(const idem__rec *cur, const uint8_t *fp, int64_t now,
     if (cur && idem__fp_differs(cur, fp)) {
         out->kind = IDEM_MISMATCH;
         out->token = cur->token;
-        out->attempts = cur->token;
+        out->attempts = cur->attempts;
         return;
     }
     if (cur && cur->state == IDEM_DONE) {
@@ -66,15 +70,15 @@ void idem__decide_claim(const idem__rec *cur, const uint8_t *fp, int64_t now,
         out->kind = IDEM_BUSY;
         out->lease_until = cur->lease;
     } else {
-        idem__new_record(cur, fp, now, lease_ms, ttl_ms, next);
+        idem__new_record(cur, fp, now, lease_ms, ttl_ms, min_token, next);
         out->kind = IDEM_NEW;
         out->token = next->token;
-        out->attempts = next->token;
+        out->attempts = next->attempts;
         out->lease_until = next->lease;
         return;
     }
     out->token = cur->token;
-    out->attempts = cur->token;
+    out->attempts = cur->attempts;
 }
 
 int idem__may_finish(const idem__rec *cur, uint64_t token)

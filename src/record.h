@@ -1,6 +1,7 @@
 /* record.h - the on-disk record format of the log engine.
  *
- * A record is a checksummed, length-prefixed, versioned frame:
+ * A record is a checksummed, length-prefixed, versioned frame. Version 2,
+ * the one written:
  *
  *   off  size  field
  *     0     8  check    XXH3-64 of bytes [8, len)
@@ -9,7 +10,7 @@
  *    13     1  type     IDEM__R_*: the operation that wrote it
  *    14     1  state    idem_state after the operation
  *    15     1  flags    IDEM__RF_*
- *    16     4  token
+ *    16     4  attempts claims granted on the record
  *    20     4  keylen
  *    24     8  created  ms
  *    32     8  expires  ms
@@ -17,7 +18,12 @@
  *    48    16  fp
  *    64     4  vallen
  *    68     4  reserved (0)
- *    72        key bytes, value bytes, zero padding to a multiple of 8
+ *    72     8  token
+ *    80        key bytes, value bytes, zero padding to a multiple of 8
+ *
+ * Version 1, still read, has a 72-byte header: offset 16 holds a 32-bit
+ * token, there is no field at 72, and attempts is the token (tokens then
+ * counted claims from 1).
  *
  * Every key record is a full snapshot of the key's state, so recovery
  * needs only the newest record of each key. The length comes before the
@@ -37,7 +43,11 @@
 #error "the idem log format is little-endian; port record.c first"
 #endif
 
-#define IDEM__REC_VERSION 1
+#define IDEM__REC_VERSION 2
+/* The header of the frames written (version 2). */
+#define IDEM__REC_HDR2 80u
+/* The smallest header of any version (version 1): a scanner looking for
+ * a frame needs at least this many bytes. */
 #define IDEM__REC_HDR 72u
 
 enum idem__rtype {

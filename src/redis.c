@@ -53,29 +53,32 @@ static int idem__batch_error(int st)
 }
 
 static int idem__claim_reply(idem_store *s, const redisReply *rep,
-                             idem_outcome *o)
+                             int64_t lease_ms, idem_outcome *o)
 {
-    long long kind, token, lease;
-    if (rep->type == REDIS_REPLY_INTEGER) {
-        /* A fresh key: NEW with token 1, the lease its value. */
+    long long kind, token, lease, attempts;
+    if (rep->type == REDIS_REPLY_INTEGER && rep->integer > 0) {
+        /* A fresh key: NEW, its first claim, with the script's clock in
+         * microseconds for token, so the lease ran from token / 1000. */
         o->kind = IDEM_NEW;
-        o->token = 1;
+        o->token = (uint64_t)rep->integer;
         o->attempts = 1;
-        o->lease_until = rep->integer;
+        o->lease_until = rep->integer / 1000 + lease_ms;
         return 0;
     }
-    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 3 ||
+    if (rep->type != REDIS_REPLY_ARRAY || rep->elements < 4 ||
         idem__int_of(rep->element[0], &kind) ||
         idem__int_of(rep->element[1], &token) ||
-        idem__int_of(rep->element[2], &lease) || kind < IDEM_NEW ||
-        kind > IDEM_MISMATCH || token < 1)
+        idem__int_of(rep->element[2], &lease) ||
+        idem__int_of(rep->element[3], &attempts) || kind < IDEM_NEW ||
+        kind > IDEM_MISMATCH || token < 1 || attempts < 1 ||
+        attempts > UINT32_MAX)
         return idem__bad_reply(s, "claim");
     o->kind = (idem_outcome_kind)kind;
     o->token = (uint64_t)token;
-    o->attempts = (uint32_t)token;
+    o->attempts = (uint32_t)attempts;
     o->lease_until = lease;
     if (kind == IDEM_REPLAY || kind == IDEM_FAILED) {
-        const redisReply *d = rep->elements > 3 ? rep->element[3] : NULL;
+        const redisReply *d = rep->elements > 4 ? rep->element[4] : NULL;
         if (!d || d->type != REDIS_REPLY_STRING)
             return idem__bad_reply(s, "claim");
         o->data = idem__out_keep(s, d->str, d->len);
@@ -168,8 +171,9 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
     for (size_t j = 0; j < b->nitems; j++) {
         const idem__ritem *it = &b->items[j];
         idem_outcome *o = &outs[which[j]];
-        o->status = it->reply ? idem__claim_reply(s, it->reply, o)
-                              : it->status;
+        o->status = it->reply
+                        ? idem__claim_reply(s, it->reply, a->lease_ms, o)
+                        : it->status;
         if (idem__batch_error(o->status) && !rc)
             rc = o->status;
         if (o->status && it->reply)
@@ -394,19 +398,20 @@ static int idem__get_reply(idem_store *s, const redisReply *rep,
 {
     if (rep->type == REDIS_REPLY_NIL)
         return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
-    long long v[6];
-    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 8;
-    for (int i = 0; ok && i < 6; i++)
+    long long v[7];
+    int ok = rep->type == REDIS_REPLY_ARRAY && rep->elements >= 9;
+    for (int i = 0; ok && i < 7; i++)
         ok = idem__int_of(rep->element[i], &v[i]) == 0;
-    const redisReply *fp = ok ? rep->element[6] : NULL;
-    const redisReply *d = ok ? rep->element[7] : NULL;
-    if (!ok || fp->type != REDIS_REPLY_STRING ||
+    const redisReply *fp = ok ? rep->element[7] : NULL;
+    const redisReply *d = ok ? rep->element[8] : NULL;
+    if (!ok || v[6] < 1 || v[6] > UINT32_MAX ||
+        fp->type != REDIS_REPLY_STRING ||
         (fp->len != 0 && fp->len != IDEM_FP_LEN) ||
         (d->type != REDIS_REPLY_STRING && d->type != REDIS_REPLY_NIL))
         return idem__bad_reply(s, "get");
     out->state = (idem_state)v[0];
     out->token = (uint64_t)v[1];
-    out->attempts = (uint32_t)v[1];
+    out->attempts = (uint32_t)v[6];
     out->released = (int)v[2];
     out->created_ms = v[3];
     out->expires_ms = v[4];
@@ -473,6 +478,7 @@ static int idem__redis_import(idem_store *s, const void *key, size_t keylen,
     idem__arg(one.it, rec->has_fp ? rec->fp : NULL,
               rec->has_fp ? IDEM_FP_LEN : 0);
     idem__arg(one.it, rec->data, rec->len);
+    idem__argnum(one.it, 4, rec->attempts ? rec->attempts : 1);
     rc = idem__one_run(s, &one, 1);
     long long v;
     if (!rc && idem__int_of(one.it->reply, &v))

@@ -109,7 +109,7 @@ typedef struct idem__redis {
 /* ---- redis_pipe.c */
 
 /* ARGV of one key after the shared ones; keys per multi-key call. */
-#define IDEM__RARGS 8
+#define IDEM__RARGS 9   /* import takes the most: a whole record */
 #define IDEM__GROUP 64
 
 /* One key of a batch. */
@@ -121,7 +121,7 @@ typedef struct idem__ritem {
     int nargs;
     const char *arg[IDEM__RARGS];
     size_t argl[IDEM__RARGS];
-    char num[4][24];             /* storage for numeric arguments */
+    char num[5][24];             /* storage for numeric arguments */
     const redisReply *reply;     /* its answer after idem__run(), or NULL */
     int status;                  /* ... or why it has none */
 } idem__ritem;

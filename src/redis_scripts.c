@@ -6,9 +6,13 @@
  * clients race for one key with exactly one NEW among them. Each script
  * mirrors protocol.c (the decision table of DESIGN.md) line for line:
  * MISMATCH before state, REPLAY for DONE, FAILED for a cached permanent
- * failure, BUSY under a live lease, otherwise NEW with token + 1 keeping
- * the longer expiry; only the current token of a PENDING, unreleased
- * record may complete, fail or extend it.
+ * failure, BUSY under a live lease, otherwise NEW keeping the longer
+ * expiry, with attempts + 1 and a token that is the greater of the
+ * record's token + 1 (expired or not: Redis may not have removed it yet)
+ * and the clock in microseconds; only the current token of a PENDING,
+ * unreleased record may complete, fail or extend it. A record Redis has
+ * removed leaves no token behind, so the clock alone keeps the next one
+ * above it (idem.h, idem_complete(), says when that is not enough).
  *
  * A record has the classic idempotency-key fields status (0 PENDING,
  * 1 DONE, 2 FAILED), response and created_ts, plus token, attempts,
@@ -40,7 +44,8 @@
  * for one key. A fresh key, the common case, costs one existence check
  * and one write of preformatted strings, and answers with a bare integer.
  *
- * Time: ARGV[1] is the time in Unix ms, or empty for the server's TIME.
+ * Time: ARGV[1] is the time in Unix ms, or empty for the server's TIME;
+ * clock() answers it in ms and in microseconds, from one reading.
  * Using the server's clock means clients with skewed clocks agree on
  * leases; the option of passing a time exists for tests that drive time.
  * A record whose `expires` has passed is absent to every script even if
@@ -53,10 +58,13 @@
  * answered instead of BUSY (claim) or IDEM_ELOST (complete, fail). That
  * is what lets a claim be retried through a failover safely.
  *
- * Numbers: Lua's are doubles, exact to 2^53, far beyond any ms time or
- * token. Numbers passed to redis.call are written as integers, and the
- * day layout stores them as the same decimal strings. Tokens are
- * compared as those strings. */
+ * Numbers: Lua's are doubles, exact to 2^53 (IDEM_TOKEN_MAX), far beyond
+ * any ms time, and beyond a microsecond clock until 2255. Numbers passed
+ * to redis.call are written as integers, and the day layout stores them
+ * as the same decimal strings; tokens are formatted with %.0f before
+ * they are stored, so that they are the decimal strings a client sends
+ * whatever the server's formatting of large numbers. Tokens are compared
+ * as those strings. */
 #include "redis_scripts.h"
 
 #include <openssl/sha.h>
@@ -65,21 +73,28 @@
 
 #define IDEM__LUA_CLOCK                                                    \
     "local DAY = 86400000\n"                                               \
-    "local function now_ms()\n"                                            \
-    "  if ARGV[1] ~= '' then return tonumber(ARGV[1]) end\n"               \
-    "  local t = redis.call('TIME')\n"                                     \
-    "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
-    "end\n"
+    "local function clock()\n"                                             \
+    "  local us\n"                                                         \
+    "  if ARGV[1] ~= '' then\n"                                            \
+    "    us = tonumber(ARGV[1]) * 1000\n"                                  \
+    "  else\n"                                                             \
+    "    local t = redis.call('TIME')\n"                                   \
+    "    us = tonumber(t[1]) * 1000000 + tonumber(t[2])\n"                 \
+    "  end\n"                                                              \
+    "  return math.floor(us / 1000), us\n"                                 \
+    "end\n"                                                                \
+    "local function now_ms() return (clock()) end\n"
 
 /* The hash layout: KEYS are the records; ARGV is as the bodies want it.
  * raw() answers the fields load() needs, in this order. */
 #define IDEM__LUA_HASH                                                     \
     IDEM__LUA_CLOCK                                                        \
     "local RECS, ARG = KEYS, ARGV\n"                                       \
-    "local function start() return now_ms() end\n"                         \
+    "local function start() return clock() end\n"                          \
     "local function raw(k)\n"                                              \
     "  return redis.call('HMGET', k, 'status', 'token', 'lease',\n"        \
-    "    'expires', 'created_ts', 'released', 'fp', 'cid', 'fid')\n"       \
+    "    'expires', 'created_ts', 'released', 'fp', 'cid', 'fid',\n"       \
+    "    'attempts')\n"                                                    \
     "end\n"                                                                \
     "local function fresh(k) return redis.call('EXISTS', k) == 0 end\n"    \
     "local function create(k, ttl, old, ...)\n"                            \
@@ -117,13 +132,14 @@
     "for j = 5 + nrec, #ARGV do ARG[#ARG + 1] = ARGV[j] end\n"             \
     "local today, tnow, seen, where, recs, set = 0, 0, {}, {}, {}, {}\n"   \
     "local function start()\n"                                             \
-    "  tnow = now_ms()\n"                                                  \
+    "  local us\n"                                                         \
+    "  tnow, us = clock()\n"                                                  \
     "  today = math.floor(tnow / DAY) - day0 + 1\n"                        \
     "  if today - ndays < 1 or today > #KEYS then\n"                       \
     "    error('idem: the clocks of client and server are more than a '\n" \
     "      .. 'day apart')\n"                                              \
     "  end\n"                                                              \
-    "  return tnow\n"                                                      \
+    "  return tnow, us\n"                                                  \
     "end\n"                                                                \
     "local function find(k)\n"                                             \
     "  if seen[k] then return recs[k] end\n"                               \
@@ -173,7 +189,9 @@
     "  where[k], recs[k] = nil, nil\n"                                     \
     "end\n"
 
-/* What every body shares, after its layout's prelude. */
+/* What every body shares, after its layout's prelude. load() answers a
+ * live record, or nil and, for an expired one Redis still keeps, its
+ * token (the next must be greater). */
 #define IDEM__LUA_COMMON                                                   \
     "local function load(k, now)\n"                                        \
     "  local v = raw(k)\n"                                                 \
@@ -181,8 +199,9 @@
     "  local r = {status = tonumber(v[1]), token = v[2] or '0',\n"         \
     "    lease = tonumber(v[3]) or 0, expires = tonumber(v[4]) or 0,\n"    \
     "    created = tonumber(v[5]) or now, released = v[6] == '1',\n"       \
-    "    fp = v[7] or '', cid = v[8] or '', fid = v[9] or ''}\n"           \
-    "  if now >= r.expires then return nil end\n"                          \
+    "    fp = v[7] or '', cid = v[8] or '', fid = v[9] or '',\n"           \
+    "    attempts = tonumber(v[10]) or 1}\n"                               \
+    "  if now >= r.expires then return nil, r.token end\n"                 \
     "  return r\n"                                                         \
     "end\n"                                                                \
     "local function why_not(r, token)\n"                                   \
@@ -216,58 +235,64 @@
     "end\n"
 
 /* RECS: the keys; ARG: now, lease_ms, ttl_ms, then fp and request id of
- * each key. -> per key, {kind, token, lease_until[, data]} with kind as
- * idem_outcome_kind, or for a fresh key just lease_until (NEW, token 1).
- * The record of an expired key is replaced whole. */
+ * each key. -> per key, {kind, token, lease_until, attempts[, data]}
+ * with kind as idem_outcome_kind, or for a fresh key just the token: NEW
+ * with attempts 1, the token the call's clock in microseconds, so that
+ * lease_until is token / 1000 + lease_ms. The record of an expired key
+ * is replaced whole. */
 #define IDEM__LUA_CLAIM                                                    \
-    "local now_s, lease_s, exp_s, lease_n\n"                               \
+    "local now_s, lease_s, exp_s, tok_n, tok_s\n"                          \
     "local function claim(k, fp, rid, now, lease_ms, ttl_ms)\n"            \
     "  if fresh(k) then\n"                                                 \
     /* The common case, a fresh key: every value is a string made once    \
      * per call (formatting numbers costs more than the write itself),    \
-     * and the answer is the lease alone, meaning NEW with token 1. */    \
-    "    grant(k, now, ttl_ms, false, 'status', '0', 'token', '1',\n"      \
+     * and the answer is the token alone. */                              \
+    "    grant(k, now, ttl_ms, false, 'status', '0', 'token', tok_s,\n"    \
     "      'attempts', '1', 'lease', lease_s, 'expires', exp_s,\n"         \
     "      'created_ts', now_s, 'fp', fp, 'cid', rid)\n"                   \
-    "    return lease_n\n"                                                 \
+    "    return tok_n\n"                                                   \
     "  end\n"                                                              \
-    "  local r = load(k, now)\n"                                           \
+    "  local r, gone = load(k, now)\n"                                     \
     "  if r and fp ~= '' and r.fp ~= '' and r.fp ~= fp then\n"             \
-    "    return {5, tonumber(r.token), 0}\n"                               \
+    "    return {5, tonumber(r.token), 0, r.attempts}\n"                   \
     "  end\n"                                                              \
     "  if DONE and r and r.status == 1 and r.cid == rid then\n"           \
-    "    return {1, tonumber(r.token), r.lease}\n"                        \
+    "    return {1, tonumber(r.token), r.lease, r.attempts}\n"           \
     "  end\n"                                                              \
     "  if r and r.status == 1 then\n"                                      \
-    "    return {2, tonumber(r.token), 0, response(k) or ''}\n"            \
+    "    return {2, tonumber(r.token), 0, r.attempts, response(k) or ''}\n" \
     "  end\n"                                                              \
     "  if r and r.status == 2 then\n"                                      \
-    "    return {3, tonumber(r.token), 0, response(k) or ''}\n"            \
+    "    return {3, tonumber(r.token), 0, r.attempts, response(k) or ''}\n" \
     "  end\n"                                                              \
     "  if r and not r.released and now < r.lease then\n"                   \
-    "    if r.cid == rid then return {1, tonumber(r.token), r.lease} end\n" \
-    "    return {4, tonumber(r.token), r.lease}\n"                         \
+    "    local kind = r.cid == rid and 1 or 4\n"                           \
+    "    return {kind, tonumber(r.token), r.lease, r.attempts}\n"          \
     "  end\n"                                                              \
     "  local lease = now + lease_ms\n"                                     \
-    "  local token, created, exp = 1, now, now + ttl_ms\n"                 \
+    "  local token, attempts, created, exp = tok_n, 1, now, now + ttl_ms\n" \
+    "  local prev = tonumber((r and r.token) or gone or '')\n"             \
+    "  if prev and prev >= token then token = prev + 1 end\n"              \
     "  if r then\n"                                                        \
-    "    token = tonumber(r.token) + 1\n"                                  \
+    "    attempts = r.attempts + 1\n"                                      \
     "    created = r.created\n"                                            \
     "    if r.expires > exp then exp = r.expires end\n"                    \
     "    if fp == '' then fp = r.fp end\n"                                 \
     "  end\n"                                                              \
-    "  grant(k, now, exp - now, true, 'status', 0, 'token', token,\n"      \
-    "    'attempts', token, 'lease', lease, 'expires', exp,\n"             \
-    "    'created_ts', created, 'fp', fp, 'cid', rid)\n"                   \
-    "  return {1, token, lease}\n"                                         \
+    "  grant(k, now, exp - now, true, 'status', 0,\n"                     \
+    "    'token', string.format('%.0f', token), 'attempts', attempts,\n"   \
+    "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n" \
+    "    'cid', rid)\n"                                                    \
+    "  return {1, token, lease, attempts}\n"                               \
     "end\n"                                                                \
-    "local now = start()\n"                                                \
+    "local now, now_us = start()\n"                                        \
     "local lease_ms, ttl_ms = tonumber(ARG[2]), tonumber(ARG[3])\n"        \
     /* A record lives at least as long as its lease (as in protocol.c). */ \
     "if ttl_ms < lease_ms then ttl_ms = lease_ms end\n"                    \
     "now_s = string.format('%.0f', now)\n"                                 \
-    "lease_n = now + lease_ms\n"                                           \
-    "lease_s = string.format('%.0f', lease_n)\n"                           \
+    "tok_n = now_us\n"                                                     \
+    "tok_s = string.format('%.0f', now_us)\n"                              \
+    "lease_s = string.format('%.0f', now + lease_ms)\n"                    \
     "exp_s = string.format('%.0f', now + ttl_ms)\n"                        \
     "local out = {}\n"                                                     \
     "for i, k in ipairs(RECS) do\n"                                        \
@@ -344,17 +369,18 @@
     "return out\n"
 
 /* RECS[1]; ARG: now. -> nil, or {status, token, released, created,
- * expires, lease, fp, response or nil}. Reads only. */
+ * expires, lease, attempts, fp, response or nil}. Reads only. */
 #define IDEM__LUA_GET                                                      \
     "local now = start()\n"                                                \
     "local r = load(RECS[1], now)\n"                                       \
     "if not r then return false end\n"                                     \
     "return {r.status, tonumber(r.token), r.released and 1 or 0,\n"        \
-    "  r.created, r.expires, r.lease, r.fp, response(RECS[1])}\n"
+    "  r.created, r.expires, r.lease, r.attempts, r.fp, response(RECS[1])}\n"
 
 /* RECS[1]; ARG: now, status, token, released (0/1), created_ts,
- * expires, lease, fp, response. Writes the record whole, replacing any
- * (fresh() finds where the old one is). -> 1, or 0 if already expired. */
+ * expires, lease, fp, response, attempts. Writes the record whole,
+ * replacing any (fresh() finds where the old one is). -> 1, or 0 if
+ * already expired. */
 #define IDEM__LUA_IMPORT                                                   \
     "local now = start()\n"                                                \
     "local k, exp = RECS[1], tonumber(ARG[6])\n"                           \
@@ -363,7 +389,7 @@
     "  return redis.error_reply('IDEMTTL the record outlives its bucket')\n" \
     "end\n"                                                                \
     "fresh(k)\n"                                                           \
-    "local f = {'status', ARG[2], 'token', ARG[3], 'attempts', ARG[3],\n"  \
+    "local f = {'status', ARG[2], 'token', ARG[3], 'attempts', ARG[10],\n" \
     "  'lease', ARG[7], 'expires', ARG[6], 'created_ts', ARG[5],\n"        \
     "  'fp', ARG[8]}\n"                                                    \
     "if ARG[4] == '1' then f[#f + 1] = 'released'; f[#f + 1] = '1' end\n"  \
@@ -471,7 +497,8 @@
 
 /* KEYS: names found by SCAN, all in one slot; ARGV: now, cursor
  * (unused). -> {'0', {{name, status, token, released, created, expires,
- * lease, fp, response}, ...}} for the live records among them. */
+ * lease, attempts, fp, response}, ...}} for the live records among
+ * them. */
 #define IDEM__LUA_DUMP_HASH                                                \
     "local now = start()\n"                                                \
     "local out = {}\n"                                                     \
@@ -480,8 +507,8 @@
     "    local r = load(k, now)\n"                                         \
     "    if r and r.status then\n"                                         \
     "      out[#out + 1] = {k, r.status, tonumber(r.token),\n"             \
-    "        r.released and 1 or 0, r.created, r.expires, r.lease, r.fp,\n" \
-    "        response(k) or ''}\n"                                         \
+    "        r.released and 1 or 0, r.created, r.expires, r.lease,\n"      \
+    "        r.attempts, r.fp, response(k) or ''}\n"                       \
     "    end\n"                                                            \
     "  end\n"                                                              \
     "end\n"                                                                \
@@ -512,14 +539,15 @@
     "end\n"
 
 /* -> {cursor, {{name, status, token, released, created, expires, lease,
- * fp, response}, ...}}, as the hash layout's. */
+ * attempts, fp, response}, ...}}, as the hash layout's. */
 #define IDEM__LUA_DUMP_DAY                                                 \
     IDEM__LUA_BUCKET_PAGE                                                  \
     "local out = {}\n"                                                     \
     "local cur = page(function(k, t)\n"                                    \
     "  out[#out + 1] = {k, tonumber(t[1]), tonumber(t[2]),\n"              \
     "    t[6] == '1' and 1 or 0, tonumber(t[5]) or now, tonumber(t[4]),\n" \
-    "    tonumber(t[3]) or 0, t[7] or '', t[11] or ''}\n"                  \
+    "    tonumber(t[3]) or 0, tonumber(t[10]) or 1, t[7] or '',\n"         \
+    "    t[11] or ''}\n"                                                   \
     "end)\n"                                                               \
     "return {cur, out}\n"
 

@@ -51,19 +51,22 @@ static int idem__num(const redisReply *e, int64_t *v)
 }
 
 /* One dumped record: {name, status, token, released, created, expires,
- * lease, fp, response}. The hash layout's name is PREFIX{KEY}. */
+ * lease, attempts, fp, response}. The hash layout's name is
+ * PREFIX{KEY}. */
 static int idem__dump_one(const idem__redis *r, const redisReply *e,
                           idem__scan_acc *acc)
 {
-    int64_t v[6];
-    if (e->type != REDIS_REPLY_ARRAY || e->elements != 9 ||
+    int64_t v[7];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 10 ||
         e->element[0]->type != REDIS_REPLY_STRING ||
-        e->element[7]->type != REDIS_REPLY_STRING ||
-        e->element[8]->type != REDIS_REPLY_STRING)
+        e->element[8]->type != REDIS_REPLY_STRING ||
+        e->element[9]->type != REDIS_REPLY_STRING)
         return -1;
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 7; i++)
         if (idem__num(e->element[i + 1], &v[i]))
             return -1;
+    if (v[6] < 1 || v[6] > UINT32_MAX)
+        return -1;
     const char *key = e->element[0]->str;
     size_t keylen = e->element[0]->len;
     if (r->cfg.layout == IDEM__LAYOUT_HASH) {
@@ -74,9 +77,9 @@ static int idem__dump_one(const idem__redis *r, const redisReply *e,
         key += p + 1;
         keylen -= p + 2;
     }
-    const redisReply *fp = e->element[7], *d = e->element[8];
+    const redisReply *fp = e->element[8], *d = e->element[9];
     idem_record rec = {.state = (idem_state)v[0], .token = (uint64_t)v[1],
-                       .attempts = (uint32_t)v[1], .released = (int)v[2],
+                       .attempts = (uint32_t)v[6], .released = (int)v[2],
                        .created_ms = v[3], .expires_ms = v[4],
                        .lease_until = v[0] == IDEM_PENDING ? v[5] : 0,
                        .has_fp = fp->len == IDEM_FP_LEN,

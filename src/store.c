@@ -91,6 +91,16 @@ int64_t idem__now(const idem_store *s)
     return idem__wall_ms();
 }
 
+int64_t idem__now_us(const idem_store *s)
+{
+    if (!s->opts.clock)
+        return idem__wall_us();
+    int64_t ms = s->opts.clock(s->opts.clock_ctx);
+    return ms > INT64_MAX / 1000   ? INT64_MAX
+           : ms < INT64_MIN / 1000 ? INT64_MIN
+                                   : ms * 1000;
+}
+
 void idem__poison(idem_store *s, int code)
 {
     if (s->be && s->be->poison)
@@ -517,7 +527,7 @@ static int idem__check_record(idem_store *s, const idem_record *r)
 {
     if (!r)
         return idem__fail(s, IDEM_EINVAL, "rec is NULL");
-    if (r->token == 0 || r->token > UINT32_MAX)
+    if (r->token == 0 || r->token > IDEM_TOKEN_MAX)
         return idem__fail(s, IDEM_EINVAL, "token %llu is out of range",
                           (unsigned long long)r->token);
     if (r->state != IDEM_PENDING && r->state != IDEM_DONE &&

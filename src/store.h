@@ -110,6 +110,10 @@ int idem__forked(const idem_store *s);
 /* The store's clock, in Unix ms. */
 int64_t idem__now(const idem_store *s);
 
+/* The same clock in Unix microseconds, where fencing tokens start: the
+ * injected clock's ms times 1000, else the wall clock's own. */
+int64_t idem__now_us(const idem_store *s);
+
 /* Copy n bytes into the handle's output memory and return a pointer that
  * stays valid until the next call on s; NULL on ENOMEM. Successive calls
  * within one API call all stay valid (outputs of a batch). */

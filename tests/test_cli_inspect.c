@@ -52,10 +52,12 @@ Test(cli_inspect, get_and_forget)
     cr_assert(t_grep(at("out"), "state      done"));
     cr_assert(t_grep(at("out"), "response   {\"ok\":1}"));
     cr_assert_eq(t_cli(dir, "get --json f > out"), 0);
-    cr_assert(t_grep(at("out"), "\"state\":\"failed\",\"token\":1,"));
+    cr_assert(t_grep(at("out"), "\"state\":\"failed\",\"token\":"));
+    cr_assert(t_grep(at("out"), ",\"attempts\":1,\"created_ms\":"));
     cr_assert(t_grep(at("out"), "\"response\":\"bad\"}"));
     cr_assert_eq(t_cli(dir, "get p > out"), 0);
     cr_assert(t_grep(at("out"), "state      pending"));
+    cr_assert(t_grep(at("out"), "attempts   1\n"));
     cr_assert(t_grep(at("out"), "lease"));
     cr_assert_eq(t_cli(dir, "forget a"), 0);
     cr_assert_eq(t_cli(dir, "get a 2> err"), 1);
@@ -105,8 +107,10 @@ Test(cli_inspect, dump_and_load_keep_every_byte)
          at("bad"));
     cr_assert_eq(t_cli(dir, "load bad 2> err"), 1);
     cr_assert(t_grep(at("err"), "bad:2: not a JSON object"));
-    cr_assert_eq(t_cli(dir, "get z > /dev/null"), 0,
+    cr_assert_eq(t_cli(dir, "get --json z > out"), 0,
                  "lines before the bad one are committed");
+    cr_assert(t_grep(at("out"), "\"token\":1,\"attempts\":1,"),
+              "a dump without attempts: its token counted the claims");
 }
 
 Test(cli_inspect, check_and_repair)

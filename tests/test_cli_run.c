@@ -70,6 +70,15 @@ static int run_store(int n, const char *actions)
     return run(opts, actions);
 }
 
+/* The handler's log without its tokens: the key and attempt of each
+ * run, in order. */
+static void expect_runs(const char *text)
+{
+    cr_assert_eq(t_sh("cut -d' ' -f1,2 '%s' > '%s'", at("log"), at("runs")),
+                 0);
+    expect("runs", text);
+}
+
 #define R(k) "{\"key\":\"" k "\",\"status\":\"done\",\"result\":" \
              "{\"ok\":true,\"key\":\"" k "\",\"n\":22}}\n"
 
@@ -79,10 +88,10 @@ Test(cli_run, each_key_once_in_order)
 {
     cr_assert_eq(run("--quiet --output out in", ""), 0);
     expect("out", R("a") R("b") R("c") R("d"));
-    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+    expect_runs("a 1\nb 1\nc 1\nd 1\n");
     cr_assert_eq(run("--quiet --output out in", ""), 0);
     expect("out", R("a") R("b") R("c") R("d"));
-    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+    expect_runs("a 1\nb 1\nc 1\nd 1\n");
 }
 
 Test(cli_run, replay_emit_gives_duplicates_the_cached_result)
@@ -94,7 +103,7 @@ Test(cli_run, replay_emit_gives_duplicates_the_cached_result)
     free(out);
     cr_assert_eq(run("--quiet --replay emit in > out", ""), 0);
     cr_assert_eq(t_sh("grep -c replayed '%s' | grep -qx 5", at("out")), 0);
-    expect("log", "a 1\nb 1\nc 1\nd 1\n");
+    expect_runs("a 1\nb 1\nc 1\nd 1\n");
 }
 
 Test(cli_run, failures_are_cached_retries_give_up)
@@ -109,11 +118,11 @@ Test(cli_run, failures_are_cached_retries_give_up)
     cr_assert(strstr(out, "{\"key\":\"d\",\"status\":\"done\","), "%s", out);
     free(out);
     cr_assert(t_grep(at("err"), "\"failed\":1,\"gave_up\":1"));
-    expect("log", "a 1\nb 1\nc 1\nd 1\nc 2\nd 2\n");
+    expect_runs("a 1\nb 1\nc 1\nd 1\nc 2\nd 2\n");
     /* b's failure is cached; c was released and runs again */
     cr_assert_eq(run("--quiet in > out", "retry=c"), 0);
-    cr_assert(t_grep(at("log"), "c 3\n"));
-    cr_assert(!t_grep(at("log"), "b 2"));
+    cr_assert(t_grep(at("log"), "c 3 "));
+    cr_assert(!t_grep(at("log"), "b 2 "));
 }
 
 Test(cli_run, a_handler_that_exits_stops_the_run_and_commits_the_prefix)
@@ -127,7 +136,7 @@ Test(cli_run, a_handler_that_exits_stops_the_run_and_commits_the_prefix)
     expect("out", R("a") R("b") R("c") R("d"));
     /* d's envelope was sent but never read: its claim was released, and
      * the rerun gives it a new token */
-    expect("log", "a 1\nb 1\nc 1\nc 2\nd 2\n");
+    expect_runs("a 1\nb 1\nc 1\nc 2\nd 2\n");
 }
 
 Test(cli_run, garbage_and_wrong_keys_are_errors)

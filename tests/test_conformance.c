@@ -118,13 +118,15 @@ CONF_TEST(new_then_replay)
     idem_store *s = t_open(conf_uri);
     idem_outcome o = claim(s, K("order:1"));
     cr_assert_eq(o.kind, IDEM_NEW);
-    cr_assert_eq(o.token, 1);
+    cr_assert_geq(o.token, (uint64_t)t_clock_ms * 1000, "the clock in µs");
     cr_assert_eq(o.attempts, 1);
     cr_assert_eq(o.lease_until, t_clock_ms + 30000);
+    uint64_t tok = o.token;
     complete(s, "order:1", o.token, "{\"charged\":true}");
     o = claim(s, K("order:1"));
     cr_assert_eq(o.kind, IDEM_REPLAY);
-    cr_assert_eq(o.token, 1);
+    cr_assert_eq(o.token, tok);
+    cr_assert_eq(o.attempts, 1);
     assert_data(&o, "{\"charged\":true}");
     cr_assert_eq(idem_close(s), 0);
 }
@@ -149,7 +151,7 @@ CONF_TEST(takeover_after_lease_and_lost_lease)
     t_clock_ms += 1000;
     idem_outcome b = claim(s, K("k"));
     cr_assert_eq(b.kind, IDEM_NEW);
-    cr_assert_eq(b.token, a.token + 1);
+    cr_assert_gt(b.token, a.token);
     cr_assert_eq(b.attempts, 2);
     /* The presumed-dead worker wakes up: its token no longer holds. */
     cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0), IDEM_ELOST);
@@ -219,7 +221,8 @@ CONF_TEST(retryable_failure_releases)
     cr_assert_eq(idem_complete(s, "k", 1, a.token, "x", 1, 0), IDEM_ELOST);
     idem_outcome b = claim(s, K("k"));
     cr_assert_eq(b.kind, IDEM_NEW);
-    cr_assert_eq(b.token, a.token + 1);
+    cr_assert_gt(b.token, a.token);
+    cr_assert_eq(b.attempts, 2);
     complete(s, "k", b.token, "done");
     cr_assert_eq(claim(s, K("k")).kind, IDEM_REPLAY);
     idem_close(s);
@@ -241,7 +244,8 @@ CONF_TEST(permanent_failure_cached_for_failure_ttl)
     t_clock_ms += 1;
     idem_outcome c = claim(s, K("k"));
     cr_assert_eq(c.kind, IDEM_NEW);
-    cr_assert_eq(c.token, 1);
+    cr_assert_gt(c.token, a.token);
+    cr_assert_eq(c.attempts, 1, "a new record");
     idem_close(s);
 }
 
@@ -257,14 +261,15 @@ CONF_TEST(ttl_expiry)
     cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ENOTFOUND);
     idem_outcome b = claim(s, K("k"));
     cr_assert_eq(b.kind, IDEM_NEW);
-    cr_assert_eq(b.token, 1);
+    cr_assert_gt(b.token, a.token);
+    cr_assert_eq(b.attempts, 1, "a new record");
     /* A PENDING record expires too: its TTL, not only its lease. */
     idem_outcome c = claim_opts(s, K("p"), 100, 1000);
-    (void)c;
     t_clock_ms += 1000;
     idem_outcome d = claim(s, K("p"));
     cr_assert_eq(d.kind, IDEM_NEW);
-    cr_assert_eq(d.token, 1);
+    cr_assert_gt(d.token, c.token);
+    cr_assert_eq(d.attempts, 1);
     idem_close(s);
 }
 
@@ -307,9 +312,11 @@ CONF_TEST(get_and_forget)
     cr_assert(memcmp(r.data, "resp", 4) == 0);
     cr_assert_eq(idem_forget(s, "k", 1), 0);
     cr_assert_eq(idem_get(s, "k", 1, &r), IDEM_ENOTFOUND);
+    t_clock_ms += 1;  /* see tokens_grow_across_forget_and_expiry */
     idem_outcome b = claim(s, K("k"));
     cr_assert_eq(b.kind, IDEM_NEW);
-    cr_assert_eq(b.token, 1);
+    cr_assert_gt(b.token, a.token);
+    cr_assert_eq(b.attempts, 1);
     idem_close(s);
 }
 
@@ -344,9 +351,14 @@ CONF_TEST(batch_equals_singles)
     for (int i = 0; i < N; i++) {
         cr_assert_eq(batch[i].status, 0);
         cr_assert_eq(batch[i].kind, single[i].kind, "key %d", i);
-        cr_assert_eq(batch[i].token, single[i].token);
+        cr_assert_eq(batch[i].attempts, single[i].attempts);
         cr_assert_eq(batch[i].lease_until, single[i].lease_until);
         cr_assert_eq(batch[i].len, single[i].len);
+        /* Tokens differ between the families where they are counted
+         * store-wide (local:, mem:); each is the record's own. */
+        idem_record r;
+        cr_assert_eq(idem_get(s, names[1][i], strlen(names[1][i]), &r), 0);
+        cr_assert_eq(batch[i].token, r.token, "key %d", i);
     }
     /* complete_many == complete, including a wrong token. */
     idem_completion items[N];
@@ -490,7 +502,7 @@ CONF_TEST(same_key_twice_in_one_batch)
     idem_key d[3] = {K("d"), K("e"), K("d")};
     cr_assert_eq(idem_claim_many(s, d, 3, NULL, o, IDEM_CLAIM_DONE), 0);
     cr_assert_eq(o[0].kind, IDEM_NEW);
-    cr_assert_eq(o[0].token, 1);
+    cr_assert_eq(o[0].attempts, 1);
     cr_assert_eq(o[1].kind, IDEM_NEW);
     cr_assert_eq(o[2].kind, IDEM_REPLAY, "the second sees the first's DONE");
     cr_assert_eq(o[2].token, o[0].token);
@@ -503,7 +515,7 @@ CONF_TEST(same_key_twice_in_one_batch)
 }
 
 /* Claim-done over a record whose lease ran out: a takeover written DONE
- * at once, with the next token. */
+ * at once, with a greater token. */
 CONF_TEST(claim_done_takes_over_an_expired_lease)
 {
     idem_store *s = t_open(conf_uri);
@@ -514,11 +526,12 @@ CONF_TEST(claim_done_takes_over_an_expired_lease)
     idem_outcome o;
     cr_assert_eq(idem_claim_many(s, &k, 1, &co, &o, IDEM_CLAIM_DONE), 0);
     cr_assert_eq(o.kind, IDEM_NEW);
-    cr_assert_eq(o.token, a.token + 1);
+    cr_assert_gt(o.token, a.token);
+    cr_assert_eq(o.attempts, 2);
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
     cr_assert_eq(r.state, IDEM_DONE);
-    cr_assert_eq(r.token, a.token + 1);
+    cr_assert_eq(r.token, o.token);
     cr_assert_eq(r.expires_ms, t_clock_ms + 5000);
     cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0), IDEM_ELOST);
     idem_close(s);
@@ -732,7 +745,8 @@ CONF_TEST(import_restores_a_record_exactly)
     cr_assert(r.has_fp && r.fp[3] == 0xab);
     cr_assert(r.len == 4 && !memcmp(r.data, "boom", 4));
     /* Replacing a live record: a PENDING one, its lease running. */
-    in = (idem_record){.state = IDEM_PENDING, .token = 6,
+    cr_assert_eq(r.attempts, 1, "attempts 0 is taken as 1");
+    in = (idem_record){.state = IDEM_PENDING, .token = 6, .attempts = 2,
                        .created_ms = t_clock_ms,
                        .expires_ms = t_clock_ms + 60000,
                        .lease_until = t_clock_ms + 1000};
@@ -740,14 +754,152 @@ CONF_TEST(import_restores_a_record_exactly)
     idem_outcome o = claim(s, K("k"));
     cr_assert_eq(o.kind, IDEM_BUSY);
     cr_assert_eq(o.token, 6);
+    cr_assert_eq(o.attempts, 2);
     t_clock_ms += 1000;
     o = claim(s, K("k"));
     cr_assert_eq(o.kind, IDEM_NEW);
-    cr_assert_eq(o.token, 7);
+    cr_assert_gt(o.token, 6);
+    cr_assert_eq(o.attempts, 3);
     in.expires_ms = t_clock_ms - 1;
     cr_assert_eq(idem_import(s, "old", 3, &in), 0);
     cr_assert_eq(idem_get(s, "old", 3, &r), IDEM_ENOTFOUND);
     in.token = 0;
     cr_assert_eq(idem_import(s, "bad", 3, &in), IDEM_EINVAL);
+    in.token = IDEM_TOKEN_MAX + 1;
+    cr_assert_eq(idem_import(s, "bad", 3, &in), IDEM_EINVAL);
+    idem_close(s);
+}
+
+/* A lease as long as the TTL: when the lease runs out the record has
+ * expired with it. The takeover must still get a greater token, or the
+ * worker presumed dead would complete the new holder's claim with its
+ * old one, and the new holder would get IDEM_ELOST. */
+CONF_TEST(takeover_of_an_expired_claim_gets_a_greater_token)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome a = claim_opts(s, K("k"), 1000, 1000);
+    cr_assert_eq(a.kind, IDEM_NEW);
+    t_clock_ms += 1000;
+    idem_outcome b = claim_opts(s, K("k"), 1000, 1000);
+    cr_assert_eq(b.kind, IDEM_NEW);
+    cr_assert_gt(b.token, a.token, "%llu after %llu",
+                 (unsigned long long)b.token, (unsigned long long)a.token);
+    cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0),
+                 IDEM_ELOST, "the stale worker's complete");
+    complete(s, "k", b.token, "ok");
+    idem_outcome c = claim(s, K("k"));
+    cr_assert_eq(c.kind, IDEM_REPLAY);
+    cr_assert_eq(c.token, b.token);
+    assert_data(&c, "ok");
+    idem_close(s);
+}
+
+/* Claim k, whose record is gone: its token must be above `before`, the
+ * greatest earlier one, which no longer holds the key. */
+static uint64_t reclaim_above(idem_store *s, uint64_t before)
+{
+    idem_outcome o = claim_opts(s, K("k"), 1000, 5000);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_gt(o.token, before, "%llu after %llu",
+                 (unsigned long long)o.token, (unsigned long long)before);
+    cr_assert_eq(o.attempts, 1, "a new record");
+    cr_assert_eq(idem_complete(s, "k", 1, before, "x", 1, 0), IDEM_ELOST);
+    return o.token;
+}
+
+/* A key's tokens only grow, whatever became of its record in between:
+ * forgotten, expired DONE, expired FAILED, expired PENDING. */
+CONF_TEST(tokens_grow_across_forget_and_expiry)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_outcome o = claim_opts(s, K("k"), 1000, 5000);
+    uint64_t before = o.token;
+    complete(s, "k", before, "one");
+    cr_assert_eq(idem_forget(s, "k", 1), 0);
+    /* A store that keeps nothing of a forgotten record (Redis) takes the
+     * next token from its clock, which has moved on since. */
+    t_clock_ms += 1;
+    before = reclaim_above(s, before);
+    cr_assert_eq(idem_complete(s, "k", 1, before, "two", 3, 2000), 0);
+    t_clock_ms += 2000;
+    before = reclaim_above(s, before);
+    cr_assert_eq(idem_fail(s, "k", 1, before, "no", 2, 0), 0);
+    t_clock_ms += 3600 * 1000;  /* the default failure TTL */
+    before = reclaim_above(s, before);
+    t_clock_ms += 5000;         /* the PENDING record's TTL */
+    before = reclaim_above(s, before);
+    complete(s, "k", before, "last");
+    idem_close(s);
+}
+
+/* A claimed record lives at least as long as its lease: idem_extend()
+ * keeps a record with a short TTL alive past that TTL, and so do a claim
+ * and a takeover with a lease longer than their TTL. */
+CONF_TEST(a_claimed_record_lives_as_long_as_its_lease)
+{
+    idem_store *s = t_open(conf_uri);
+    idem_record r;
+    idem_outcome a = claim_opts(s, K("k"), 500, 1000);
+    t_clock_ms += 400;
+    cr_assert_eq(idem_extend(s, "k", 1, a.token, 5000), 0);
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0);
+    cr_assert_eq(r.lease_until, t_clock_ms + 5000);
+    cr_assert_geq(r.expires_ms, r.lease_until);
+    t_clock_ms += 4000;  /* past the TTL and the first lease */
+    idem_outcome b = claim(s, K("k"));
+    cr_assert_eq(b.kind, IDEM_BUSY, "the extended record is alive");
+    cr_assert_eq(b.lease_until, r.lease_until);
+    complete(s, "k", a.token, "once");
+    cr_assert_eq(claim(s, K("k")).kind, IDEM_REPLAY);
+    idem_outcome p = claim_opts(s, K("p"), 500, 1000);
+    cr_assert_eq(idem_get(s, "p", 1, &r), 0);
+    cr_assert_geq(r.expires_ms, r.lease_until);
+    t_clock_ms += 500;
+    idem_outcome q = claim_opts(s, K("p"), 5000, 1000);
+    cr_assert_eq(q.kind, IDEM_NEW);
+    cr_assert_gt(q.token, p.token);
+    cr_assert_eq(idem_get(s, "p", 1, &r), 0);
+    cr_assert_eq(r.lease_until, t_clock_ms + 5000);
+    cr_assert_geq(r.expires_ms, r.lease_until, "the takeover's record");
+    t_clock_ms += 4000;
+    cr_assert_eq(claim(s, K("p")).kind, IDEM_BUSY);
+    idem_close(s);
+}
+
+/* Tokens are 64 bits wide on every backend: one above 2^32 is kept
+ * exactly, through a reopen where the store keeps its data. */
+CONF_TEST(a_token_above_32_bits_survives_a_reopen)
+{
+    const uint64_t big = ((uint64_t)1 << 32) + 5;
+    int keeps = strcmp(conf_uri, "mem:") != 0;
+    idem_store *s = t_open(conf_uri);
+    idem_record in = {.state = IDEM_PENDING, .token = big, .attempts = 3,
+                      .created_ms = t_clock_ms,
+                      .expires_ms = t_clock_ms + 60000,
+                      .lease_until = t_clock_ms + 10000};
+    cr_assert_eq(idem_import(s, "k", 1, &in), 0, "%s", idem_errdetail(s));
+    idem_outcome n = claim(s, K("n"));
+    cr_assert_gt(n.token, (uint64_t)UINT32_MAX);
+    cr_assert_eq(idem_sync(s), 0);
+    if (keeps) {
+        cr_assert_eq(idem_close(s), 0);
+        s = t_open(conf_uri);
+    }
+    idem_record r;
+    cr_assert_eq(idem_get(s, "k", 1, &r), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(r.token, big);
+    cr_assert_eq(r.attempts, 3);
+    cr_assert_eq(idem_extend(s, "k", 1, (uint32_t)big, 1000), IDEM_ELOST,
+                 "the token cut to 32 bits does not hold the key");
+    complete(s, "k", big, "ok");
+    complete(s, "n", n.token, "ok");
+    if (keeps) {
+        cr_assert_eq(idem_close(s), 0);
+        s = t_open(conf_uri);
+    }
+    idem_outcome o = claim(s, K("k"));
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    cr_assert_eq(o.token, big);
+    cr_assert_eq(claim(s, K("n")).token, n.token);
     idem_close(s);
 }

@@ -6,10 +6,17 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common.h"
 
 static char *dir;
+
+/* Room for a small segment built by hand. */
+typedef struct seg_buf {
+    unsigned char data[4096];
+    size_t len;
+} seg_buf;
 
 static void setup(void)
 {
@@ -336,13 +343,13 @@ Test(local, damaged_record_read_back_is_an_error)
     claim_complete(s, "k", "resp");
     cr_assert_eq(idem_sync(s), 0);
     /* The disk (or someone) damages the COMPLETE frame under the open
-     * store: header 32, CLAIM frame 80 bytes, then the COMPLETE frame,
+     * store: header 32, CLAIM frame 88 bytes, then the COMPLETE frame,
      * whose type byte is at 13. */
     char path[4300];
     snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
     FILE *f = fopen(path, "r+b");
     cr_assert(f);
-    cr_assert_eq(fseek(f, 32 + 80 + 13, SEEK_SET), 0);
+    cr_assert_eq(fseek(f, 32 + 88 + 13, SEEK_SET), 0);
     cr_assert_eq(fputc(0xee, f), 0xee);
     fclose(f);
     idem_key k = {"k", 1, NULL};
@@ -398,5 +405,112 @@ Test(local, idle_checkpoint_does_not_stop_segment_drops)
     cr_assert(n == 5 && memcmp(b, "pos=7", 5) == 0);
     cr_assert_eq(idem_checkpoint_get(s, "busy", &b, &n), 0);
     cr_assert(n == 5 && memcmp(b, "s-149", 5) == 0);
+    idem_close(s);
+}
+
+/* A clock stepped back, in the same process or across a reopen, gives no
+ * key a token it had before: the store keeps a high-water mark of its
+ * tokens and finds it again in its log. */
+Test(local, clock_stepped_back_repeats_no_token)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    uint64_t first = claim_complete(s, "k", "one");
+    cr_assert_eq(idem_forget(s, "k", 1), 0);
+    t_clock_ms -= 3600 * 1000;
+    uint64_t second = claim_complete(s, "k", "two");
+    cr_assert_gt(second, first, "%llu after %llu",
+                 (unsigned long long)second, (unsigned long long)first);
+    cr_assert_eq(idem_forget(s, "k", 1), 0);
+    cr_assert_eq(idem_close(s), 0);
+    t_clock_ms -= 3600 * 1000;
+    s = t_open(t_local_uri(dir));
+    uint64_t third = claim_complete(s, "k", "three");
+    cr_assert_gt(third, second, "%llu after a reopen, after %llu",
+                 (unsigned long long)third, (unsigned long long)second);
+    cr_assert_gt(claim_complete(s, "other", "x"), third,
+                 "the mark is the store's, not the key's");
+    idem_close(s);
+}
+
+/* Append to b a version-1 frame: a 72-byte header whose 32-bit token at
+ * offset 16 also counted the claims, as stores written before tokens
+ * were 64 bits hold them. */
+static void v1_frame(seg_buf *b, uint8_t type, uint8_t state,
+                     uint32_t token, const char *key, int64_t created,
+                     int64_t expires, int64_t lease, const char *val)
+{
+    size_t kl = strlen(key), vl = strlen(val);
+    size_t len = (72 + kl + vl + 7) & ~(size_t)7;
+    unsigned char *p = b->data + b->len;
+    cr_assert_leq(b->len + len, sizeof b->data);
+    memset(p, 0, len);
+    uint32_t len32 = (uint32_t)len, kl32 = (uint32_t)kl, vl32 = (uint32_t)vl;
+    memcpy(p + 8, &len32, 4);
+    p[12] = 1;
+    p[13] = type;
+    p[14] = state;
+    memcpy(p + 16, &token, 4);
+    memcpy(p + 20, &kl32, 4);
+    memcpy(p + 24, &created, 8);
+    memcpy(p + 32, &expires, 8);
+    memcpy(p + 40, &lease, 8);
+    memcpy(p + 64, &vl32, 4);
+    memcpy(p + 72, key, kl);
+    memcpy(p + 72 + kl, val, vl);
+    uint64_t check = XXH3_64bits(p + 8, len - 8);
+    memcpy(p, &check, 8);
+    b->len += len;
+}
+
+/* A store written in the first record format (32-bit tokens) opens, its
+ * records read as they were, and the protocol goes on from them with
+ * greater tokens in the new format. */
+Test(local, version_1_records_still_read)
+{
+    enum { CLAIM = 1, COMPLETE = 2, COMMIT = 8 };
+    idem_store *s = t_open(t_local_uri(dir));
+    cr_assert_eq(idem_close(s), 0);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
+    size_t n;
+    char *seg = t_read(path, &n);
+    cr_assert_geq(n, 32);
+    static seg_buf b;
+    memcpy(b.data, seg, 32);  /* the segment header */
+    b.len = 32;
+    free(seg);
+    int64_t now = t_clock_ms;
+    v1_frame(&b, CLAIM, IDEM_PENDING, 6, "done", now, now + 60000,
+             now + 1000, "");
+    v1_frame(&b, COMPLETE, IDEM_DONE, 7, "done", now, now + 60000, 0,
+             "resp");
+    v1_frame(&b, CLAIM, IDEM_PENDING, 3, "pending", now, now + 60000,
+             now - 1, "");
+    v1_frame(&b, COMMIT, 0, 0, "", 32, 0, 0, "");
+    t_write(path, b.data, b.len);
+
+    s = t_open(t_local_uri(dir));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "done", 4, &r), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.token, 7);
+    cr_assert_eq(r.attempts, 7, "a version-1 token counted the claims");
+    cr_assert(r.len == 4 && !memcmp(r.data, "resp", 4));
+    idem_key k = {"pending", 7, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_NEW, "its lease ran out: a takeover");
+    cr_assert_gt(o.token, 3);
+    cr_assert_eq(o.attempts, 4);
+    cr_assert_eq(idem_complete(s, "pending", 7, 3, "late", 4, 0),
+                 IDEM_ELOST);
+    cr_assert_eq(idem_complete(s, "pending", 7, o.token, "ok", 2, 0), 0);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(t_local_uri(dir));
+    cr_assert_eq(idem_get(s, "pending", 7, &r), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.token, o.token);
+    cr_assert_eq(r.attempts, 4);
+    cr_assert_eq(kind_of(s, "done"), IDEM_REPLAY);
     idem_close(s);
 }

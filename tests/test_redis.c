@@ -329,8 +329,45 @@ Test(redis, server_time)
      * clock, within the 28 hours of slack either way. */
     cr_assert(out.lease_until > before &&
               out.lease_until < before + 2 * 100000000LL);
+    /* The token is the server's clock in microseconds, the lease's start
+     * in ms. */
+    cr_assert_geq(out.token, (uint64_t)before * 1000);
+    cr_assert_eq(out.lease_until, (int64_t)(out.token / 1000) + co.lease_ms);
     idem_close(s);
     redisFree(c);
+}
+
+/* Records written when tokens counted the claims (1, 2, ..., with
+ * attempts equal) keep working: the next claim's token is just larger. */
+Test(redis, records_with_counted_tokens_keep_working)
+{
+    const char *uri = single_uri();
+    char pfx[128];
+    prefix_of(uri, pfx, sizeof pfx);
+    redisContext *c = th_connect(th_first_port(th_redis_addr()));
+    long long now = t_clock_ms;
+    freeReplyObject(th_cmd(c, "HSET %s{p} status 0 token 3 attempts 3 "
+                           "lease %lld expires %lld created_ts %lld", pfx,
+                           now - 1, now + 60000, now - 5000));
+    freeReplyObject(th_cmd(c, "HSET %s{d} status 1 token 2 attempts 2 "
+                           "expires %lld created_ts %lld response R", pfx,
+                           now + 60000, now - 5000));
+    redisFree(c);
+    idem_store *s = t_open(uri);
+    idem_key p = {"p", 1, NULL}, d = {"d", 1, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &p, NULL, &o), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_NEW, "its lease ran out: a takeover");
+    cr_assert_gt(o.token, 3);
+    cr_assert_eq(o.attempts, 4);
+    cr_assert_eq(idem_complete(s, "p", 1, 3, "late", 4, 0), IDEM_ELOST);
+    cr_assert_eq(idem_complete(s, "p", 1, o.token, "ok", 2, 0), 0);
+    cr_assert_eq(idem_claim(s, &d, NULL, &o), 0);
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    cr_assert_eq(o.token, 2);
+    cr_assert_eq(o.attempts, 2);
+    cr_assert(o.len == 1 && !memcmp(o.data, "R", 1));
+    idem_close(s);
 }
 
 /* A key that holds something else makes its own script fail: that key
@@ -785,7 +822,7 @@ Test(redis, runner_releases_claims_when_commit_fails)
                  idem_errdetail(s));
     cr_assert_eq(done, 2);
     cr_assert_eq(m[0].result, IDEM_MSG_DONE);
-    cr_assert_eq(m[0].token, 2, "a new claim of the released key");
+    cr_assert_eq(m[0].attempt, 2, "a new claim of the released key");
     idem_record rec;
     cr_assert_eq(idem_get(s, "a", 1, &rec), 0);
     cr_assert_eq(rec.state, IDEM_DONE);

@@ -199,22 +199,22 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     size_t n;
     load_file(first, &p, &n);
     cr_assert_gt(n, 400);
-    /* Frame 1 claims batch0-key0 (88 bytes from offset 32); frame 2, at
-     * 120, completes it. Damage frame 2. */
-    p[120 + 80] ^= 0xff;
+    /* Frame 1 claims batch0-key0 (96 bytes from offset 32); frame 2, at
+     * 128, completes it. Damage frame 2. */
+    p[128 + 80] ^= 0xff;
     write_file(first, p, n);
     free(p);
     idem_store *s;
     idem_options o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record "
-                                        "at offset 120"),
+                                        "at offset 128"),
               "%s", idem_errdetail(s));
     idem_close(s);
     idem_check_report rep;
     cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT);
     cr_assert_eq(rep.damaged, 1);
-    cr_assert(strstr(rep.first_damage, "offset 120"), "%s", rep.first_damage);
+    cr_assert(strstr(rep.first_damage, "offset 128"), "%s", rep.first_damage);
     cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
                  rep.first_damage);
     cr_assert_eq(rep.damaged, 1);
@@ -373,7 +373,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
     build(64u << 20, CLOSED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
-    for (size_t at = ends[BATCHES - 2] - 72; at < ends[BATCHES - 2];
+    for (size_t at = ends[BATCHES - 2] - 80; at < ends[BATCHES - 2];
          at += 8) {
         memcpy(bad, orig, orig_len);
         bad[at] ^= 0x5a;

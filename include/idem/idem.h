@@ -18,9 +18,10 @@
  *                      -> MISMATCH          the key came with another payload
  *
  * A claim holds a *lease*. A worker that dies stops renewing it; once it
- * runs out the next claim takes the key over with token + 1. The token is a
- * fencing token: idem_complete() with an old token fails with IDEM_ELOST, so
- * a worker that was presumed dead learns that its effects may be doubled.
+ * runs out the next claim takes the key over with a greater token. The
+ * token is a fencing token: idem_complete() with an old token fails with
+ * IDEM_ELOST, so a worker that was presumed dead learns that its effects
+ * may be doubled. A key's tokens only ever grow (see idem_complete()).
  *
  * DURABILITY
  *
@@ -122,6 +123,13 @@ const char *idem_version(void);
 #define IDEM_KEY_MAX 1024u              /* bytes in a key (1..this) */
 #define IDEM_VALUE_MAX (64u << 20)      /* bytes in a response/error */
 #define IDEM_FP_LEN 16                  /* bytes in a payload fingerprint */
+#define IDEM_TOKEN_MAX ((uint64_t)1 << 53) /* the greatest token
+                                         * idem_import() takes: Redis
+                                         * scripts count in doubles, exact
+                                         * to 2^53; tokens issued stay
+                                         * below it (a clock in
+                                         * microseconds reaches it in
+                                         * 2255) */
 #define IDEM_CHECKPOINT_NAME_MAX 255u   /* bytes in a checkpoint name */
 #define IDEM_MS_MAX (100LL * 365 * 24 * 3600 * 1000)
                                         /* the longest TTL or lease, in ms
@@ -280,9 +288,11 @@ typedef struct idem_key {
 typedef struct idem_outcome {
     int status;            /* 0, or why this key was not claimed (batch) */
     idem_outcome_kind kind;
-    uint64_t token;        /* NEW: yours. REPLAY/FAILED: the finisher's */
+    uint64_t token;        /* NEW: yours. REPLAY/FAILED: the finisher's.
+                            * 64 bits: see idem_complete() */
     uint32_t attempts;     /* claims granted (NEW) on this record so far,
-                            * counting from 1 since it was created */
+                            * counting from 1 since it was created (the
+                            * token does not count them) */
     int64_t lease_until;   /* NEW, BUSY: when the lease runs out (ms) */
     const void *data;      /* REPLAY: response. FAILED: error. else NULL */
     size_t len;
@@ -306,10 +316,24 @@ int idem_claim(idem_store *s, const idem_key *key,
  * living ttl_ms (0: the store default) from now. Does not sync.
  * IDEM_ELOST if the token does not hold the key.
  *
- * Tokens are per record: after a record expires or is forgotten, the next
- * claim starts again at token 1. A worker still holding token 1 of the old
- * record could then complete the new claim; keep TTLs far above the
- * longest a worker can take, and forget only keys nobody works on. */
+ * Tokens only grow: a token issued for a key is greater than every token
+ * issued before for that key in that store, whatever expired or was
+ * forgotten in between. So a worker whose record expired or was taken
+ * over under it gets IDEM_ELOST here, never the new holder's claim, and
+ * a sink that keeps the greatest token it saw per key can refuse a late
+ * write. A new token is the greater of the record's previous token + 1
+ * and the store's clock in microseconds (the injected clock's ms times
+ * 1000; on Redis the server's TIME, or the handle's clock when set).
+ * local: and mem: also keep a store-wide high-water mark of the tokens
+ * issued, which local: finds again in its log when it opens, so a clock
+ * stepped back, even across a restart, repeats no token that a record on
+ * disk still holds. What can still repeat a token: a clock stepped back
+ * by more than the time the log keeps a key's frames (its records' TTLs,
+ * until their segment is dropped) on local:, or, on Redis, which keeps
+ * nothing of a record that expired or was forgotten, a server clock
+ * stepped back by more than the time since then; and a claim that was
+ * never synced before a crash, whose token a clock stepped back can give
+ * again (sync before acting on a token, as the README's example does). */
 int idem_complete(idem_store *s, const void *key, size_t keylen,
                   uint64_t token, const void *response, size_t len,
                   int64_t ttl_ms);
@@ -317,14 +341,18 @@ int idem_complete(idem_store *s, const void *key, size_t keylen,
 #define IDEM_RETRYABLE 1u  /* idem_fail(): release the key for a retry */
 
 /* Fail a claim. With IDEM_RETRYABLE the key is released: the next claim is
- * NEW with token + 1. Without it, FAILED is cached with this error for the
- * store's failure TTL and every claim answers FAILED. Does not sync.
+ * NEW with a greater token. Without it, FAILED is cached with this error
+ * for the store's failure TTL and every claim answers FAILED. Does not
+ * sync.
  * IDEM_ELOST if the token does not hold the key. */
 int idem_fail(idem_store *s, const void *key, size_t keylen, uint64_t token,
               const void *error, size_t len, unsigned flags);
 
-/* Renew a lease: it now runs out lease_ms (0: default) from now.
- * IDEM_ELOST if the token does not hold the key. Does not sync. */
+/* Renew a lease: it now runs out lease_ms (0: default) from now, and the
+ * record lives at least that long, past its TTL if need be (as a claim's
+ * and a takeover's record does): an expired record would be NEW to
+ * anyone while its holder still works. IDEM_ELOST if the token does not
+ * hold the key. Does not sync. */
 int idem_extend(idem_store *s, const void *key, size_t keylen,
                 uint64_t token, int64_t lease_ms);
 
@@ -346,7 +374,8 @@ typedef struct idem_record {
 /* Read a live record without changing it. IDEM_ENOTFOUND if none. */
 int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out);
 
-/* Delete a key's record: the next claim is NEW with token 1.
+/* Delete a key's record: the next claim is NEW, with attempts 1 and a
+ * token greater than the forgotten one (see idem_complete()).
  * IDEM_ENOTFOUND if there was no live record. Does not sync. */
 int idem_forget(idem_store *s, const void *key, size_t keylen);
 
@@ -465,10 +494,10 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
  *         commit(prefix): the caller writes the outcomes to its sink,
  *             makes them durable and puts its checkpoint,
  *         complete / fail the claims, sync
- *     retryable failures: released, claimed again after a backoff (token
- *         + 1), run again, up to max_attempts; a key another worker holds
- *         is asked for again every 200 ms until it is settled or its
- *         lease runs out (then it is taken over)
+ *     retryable failures: released, claimed again after a backoff (a
+ *         greater token), run again, up to max_attempts; a key another
+ *         worker holds is asked for again every 200 ms until it is
+ *         settled or its lease runs out (then it is taken over)
  *
  * "The prefix" is the messages before the first one not settled. Their
  * outcomes are committed with the caller's checkpoint in one commit (on
@@ -649,11 +678,13 @@ int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx);
 
 /* Write *rec as key's record, replacing any live one: what a restore of
  * an idem_scan() export needs, since the protocol calls would renumber
- * tokens and restart clocks. Uses state, token (>= 1), released,
- * created_ms, expires_ms, lease_until, fp/has_fp and data/len; attempts
- * is implied by the token. A record already expired is not written and
- * the call returns 0. Does not sync. IDEM_EINVAL for an impossible record
- * (token 0, a state out of range). */
+ * tokens and restart clocks. Uses state, token (1 to IDEM_TOKEN_MAX),
+ * attempts (0 is taken as 1), released, created_ms, expires_ms,
+ * lease_until, fp/has_fp and data/len. Later claims of any key give
+ * tokens above an imported one on local: and mem:, and of this key on
+ * Redis. A record already expired is not written and the call returns 0.
+ * Does not sync. IDEM_EINVAL for an impossible record (token 0 or above
+ * IDEM_TOKEN_MAX, a state out of range). */
 int idem_import(idem_store *s, const void *key, size_t keylen,
                 const idem_record *rec);
 

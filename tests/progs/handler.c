@@ -5,8 +5,8 @@
  * Answers {"ok":true,"key":K,"n":LEN} to each envelope, where LEN is the
  * length of the envelope's message: deterministic, so outputs of runs
  * can be compared byte for byte. If LOG is a path (not an action), every
- * envelope's "key token" is appended to it before answering, one write per
- * line, so a kill -9 cannot leave half a line. Actions:
+ * envelope's "key attempt token" is appended to it before answering, one
+ * write per line, so a kill -9 cannot leave half a line. Actions:
  *
  *   fail=KEY      answer a permanent failure for KEY
  *   retry=KEY     answer a retryable failure for KEY, every time
@@ -96,7 +96,8 @@ int main(int argc, char **argv)
         const char *msg = strstr(line, "\"message\":");
         size_t mlen = msg ? strlen(msg) : 0;
         if (log >= 0) {
-            int k = snprintf(out, sizeof out, "%s %s\n", key, token);
+            int k = snprintf(out, sizeof out, "%s %s %s\n", key, attempt,
+                             token);
             if (write(log, out, (size_t)k) != k)
                 return 1;
         }

@@ -36,9 +36,10 @@ static void show(const char *space, const char *key, const idem_record *r)
     static const char *const states[] = {"pending", "done", "failed"};
     if (space)
         printf("key space  %s\n", space);
-    printf("key        %s\nstate      %s%s\ntoken      %llu\n", key,
-           states[r->state], r->released ? " (released for a retry)" : "",
-           (unsigned long long)r->token);
+    printf("key        %s\nstate      %s%s\ntoken      %llu\n"
+           "attempts   %u\n", key, states[r->state],
+           r->released ? " (released for a retry)" : "",
+           (unsigned long long)r->token, r->attempts);
     show_time("created", r->created_ms);
     show_time("expires", r->expires_ms);
     if (r->state == IDEM_PENDING)

@@ -1,7 +1,7 @@
 /* recjson.c - the NDJSON form of a record, shared by get, dump and load.
  *
- *   {"key":"k1","state":"done","token":1,"created_ms":...,"expires_ms":...,
- *    "response":"..."}
+ *   {"key":"k1","state":"done","token":1700000000000000,"attempts":1,
+ *    "created_ms":...,"expires_ms":...,"response":"..."}
  *
  * Keys and values are bytes: valid UTF-8 goes out as a JSON string, the
  * rest as base64 under "key_base64" / "response_base64", so a dump never
@@ -10,7 +10,10 @@
  * readable. A PENDING record adds "lease_until_ms" and, after a
  * retryable failure, "released"; a record with a payload fingerprint
  * adds "fingerprint" (32 hex digits). "response" holds a DONE record's
- * response or a FAILED one's error. "key_space" names the key space of a
+ * response or a FAILED one's error. "attempts" counts the claims granted;
+ * dumps made before tokens were taken from the clock have none: their
+ * tokens counted the claims, so a token that fits in 32 bits is read as
+ * the attempts too. "key_space" names the key space of a
  * CLI job's key (keyspace.c): "key" is then the key as the job found it;
  * without it the key is in the shared key space. Reading checks all of
  * it (below). */
@@ -46,9 +49,10 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
         rc = rc ? rc : buf_str(b, ",\"key_space\":") ||
                        buf_json_string(b, space, spacelen);
     rc = rc ? rc : buf_fmt(b, ",\"state\":\"%s\",\"token\":%llu,"
+                          "\"attempts\":%u,"
                           "\"created_ms\":%lld,\"expires_ms\":%lld",
                           states[r->state], (unsigned long long)r->token,
-                          (long long)r->created_ms,
+                          r->attempts, (long long)r->created_ms,
                           (long long)r->expires_ms);
     if (r->state == IDEM_PENDING)
         rc = rc ? rc : buf_fmt(b, ",\"lease_until_ms\":%lld%s",
@@ -80,7 +84,7 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
 
 enum {
     F_KEY, F_KEY_B64, F_STATE, F_TOKEN, F_CREATED, F_EXPIRES, F_LEASE,
-    F_RELEASED, F_FP, F_RESP, F_RESP_B64, F_SPACE, NFIELDS
+    F_RELEASED, F_FP, F_RESP, F_RESP_B64, F_SPACE, F_ATTEMPTS, NFIELDS
 };
 enum { K_TEXT, K_BASE64, K_NUMBER, K_BOOL };
 
@@ -94,6 +98,7 @@ static const struct {
     {"lease_until_ms", K_NUMBER}, {"released", K_BOOL},
     {"fingerprint", K_TEXT},  {"response", K_TEXT},
     {"response_base64", K_BASE64}, {"key_space", K_TEXT},
+    {"attempts", K_NUMBER},
 };
 
 static const char *const kind_names[] = {
@@ -311,8 +316,13 @@ static int64_t now_ms(void)
 static int check_numbers(rec_parse *p, idem_record *r)
 {
     uint64_t limit = (uint64_t)(now_ms() + IDEM_MS_MAX);
-    if (p->num[F_TOKEN] == 0)
-        return field_error(p, F_TOKEN, "must be 1 or more");
+    if (p->num[F_TOKEN] == 0 || p->num[F_TOKEN] > IDEM_TOKEN_MAX)
+        return field_error(p, F_TOKEN, "must be 1 to %" PRIu64,
+                           (uint64_t)IDEM_TOKEN_MAX);
+    if (p->seen[F_ATTEMPTS] &&
+        (p->num[F_ATTEMPTS] == 0 || p->num[F_ATTEMPTS] > UINT32_MAX))
+        return field_error(p, F_ATTEMPTS, "must be 1 to %" PRIu32,
+                           UINT32_MAX);
     if (p->num[F_EXPIRES] > limit)
         return field_error(p, F_EXPIRES, "%" PRIu64 " is further from now "
                            "than the longest TTL (100 years)",
@@ -332,6 +342,8 @@ static int check_numbers(rec_parse *p, idem_record *r)
                            "than the longest lease (100 years)",
                            p->num[F_LEASE]);
     r->token = p->num[F_TOKEN];
+    r->attempts = p->seen[F_ATTEMPTS] ? (uint32_t)p->num[F_ATTEMPTS]
+                  : r->token <= UINT32_MAX ? (uint32_t)r->token : 1;
     r->created_ms = (int64_t)p->num[F_CREATED];
     r->expires_ms = (int64_t)p->num[F_EXPIRES];
     r->lease_until = (int64_t)p->num[F_LEASE];
