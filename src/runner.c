@@ -74,6 +74,7 @@ struct idem_runner {
     size_t ntasks, recorded;  /* tasks given to the handler; first not
                                * yet looked at by idem__runner_record */
     int in_handler;
+    int in_commit;            /* commit() runs: a tick from it waits */
     int tick_rc;              /* a store error met inside the handler */
     size_t retries;           /* released for a retry in this round */
     int64_t backoff_ms;
@@ -273,8 +274,11 @@ static int idem__runner_keepalive(idem_runner *r)
     if (idem__runner_now() < r->next_renew &&
         idem__now(r->s) < r->next_renew_at)
         return 0;
+    int rc = idem__runner_renew(r);
+    /* From its end: a renewal slower than a third of the lease must not
+     * make every later call renew again and starve the handler. */
     idem__runner_plan_renewal(r);
-    return idem__runner_renew(r);
+    return rc;
 }
 
 static int idem__runner_claim_flags(const idem_runner *r)
@@ -550,8 +554,11 @@ static int idem__runner_commit(idem_runner *r, int always)
      * lost by a lease running out, which a stall that long would have
      * made due. */
     int rc = idem__runner_keepalive(r);
-    if (!rc && r->o.commit)
+    if (!rc && r->o.commit) {
+        r->in_commit = 1;
         rc = r->o.commit(r->o.ctx, r->msgs, p);
+        r->in_commit = 0;
+    }
     if (!rc)
         rc = idem__runner_finish(r, r->done, p);
     if (!rc)
@@ -565,7 +572,7 @@ static int idem__runner_commit(idem_runner *r, int always)
 
 int idem_runner_tick(idem_runner *r)
 {
-    if (!r || !r->in_handler)
+    if (!r || !r->in_handler || r->in_commit)
         return 0;
     if (r->tick_rc)
         return r->tick_rc;

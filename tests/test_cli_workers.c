@@ -297,3 +297,25 @@ Test(workers, a_key_the_store_refuses_is_reported)
     }
     th_shared_stop();
 }
+
+/* ------------------------------------------------------------------------
+ * The handler's whole process tree ends with it */
+
+/* sh forks the handler it is given; a hung handler killed at the end of
+ * its lease (and the restarted one after it) must leave no process of
+ * its tree behind: a survivor would go on running effects for claims
+ * that were released and given to another. */
+Test(workers, a_killed_handler_leaves_no_process_behind)
+{
+    make_input(4);
+    char actions[4400];
+    snprintf(actions, sizeof actions, "hang=2 %s/marker", dir);
+    pid_t w = start_run("out", "local:store", "--lease 1s --restart 1",
+                        actions);
+    int st = wait_for(w);
+    cr_assert_eq(st, 1, "the handler hangs again after its restart: %d", st);
+    cr_assert(t_grep(at("out.err"), "within the lease"));
+    /* [m]: the pattern does not match the shell that runs pgrep */
+    cr_assert_neq(t_sh("pgrep -f '%s/[m]arker' >/dev/null", dir), 0,
+                  "a handler of the killed tree is still running");
+}

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common.h"
 
@@ -331,4 +332,54 @@ Test(runner, a_failed_allocation_anywhere_commits_nothing_unchecked)
 Test(runner, a_failed_write_anywhere_commits_nothing_unchecked)
 {
     fail_each_point(&t_fail_write_after);
+}
+
+/* A commit step that ticks the runner (as a handler would) is not run
+ * again from inside itself: the tick does nothing there. */
+static idem_runner *ticking;
+
+static int tick_from_commit(void *ctx, const idem_msg *m, size_t n)
+{
+    script *sc = ctx;
+    (void)m;
+    sc->committed_calls++;
+    sc->last_commit = n;
+    return idem_runner_tick(ticking);
+}
+
+static int ticking_handler(void *ctx, idem_task *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        t[i].answer = IDEM_TASK_DONE;
+        t[i].data = "yes";
+        t[i].len = 3;
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+        int rc = idem_runner_tick(ticking);
+        if (rc)
+            return rc;
+    }
+    (void)ctx;
+    return 0;
+}
+
+Test(runner, a_tick_from_the_commit_step_does_nothing)
+{
+    idem_store *s = t_open("mem:");
+    script sc = {0};
+    idem_runner_opts ro;
+    idem_runner_opts_init(&ro);
+    ro.handler = ticking_handler;
+    ro.commit = tick_from_commit;
+    ro.ctx = &sc;
+    ro.commit_interval_ms = 1;  /* commits at every tick */
+    cr_assert_eq(idem_runner_new(s, &ro, &ticking), 0);
+    idem_msg m[3] = {msg("a"), msg("b"), msg("c")};
+    size_t done;
+    cr_assert_eq(idem_runner_batch(ticking, m, 3, &done), 0);
+    cr_assert_eq(done, 3);
+    cr_assert_eq(sc.last_commit, 3);
+    cr_assert_geq(sc.committed_calls, 3, "ticks committed");
+    idem_runner_free(ticking);
+    idem_close(s);
 }

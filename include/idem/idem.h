@@ -657,7 +657,8 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
  * has passed, and commits the answered prefix (calling commit()) when
  * commit_interval_ms has passed since the last commit. Returns 0, or a
  * store or commit() error: the handler should then stop and return it.
- * Outside a handler call it does nothing and returns 0. */
+ * Outside a handler call, and from commit(), it does nothing and returns
+ * 0. */
 int idem_runner_tick(idem_runner *r);
 
 void idem_runner_free(idem_runner *r);

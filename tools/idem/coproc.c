@@ -33,9 +33,14 @@
  * each tick the answers read so far get real pointers into rb, and the
  * runner copies them; rb may move afterwards.
  *
- * The child gets PR_SET_PDEATHSIG, so kill -9 of idem takes the handler
- * down too, instead of leaving it running effects for claims that the
- * next run will take over. */
+ * The handler runs in a process group of its own, and every kill ends the
+ * whole group: sh forks the command it is given, so killing sh alone
+ * would leave the real handler running effects for claims that are about
+ * to be released, taken over or given to a restarted handler. The group
+ * leader gets PR_SET_PDEATHSIG, so kill -9 of idem takes it down too
+ * (what it started itself survives that case: see idem(1)). Time spent
+ * in the runner's tick does not count against the handler's deadline:
+ * its answers wait in the pipe meanwhile. */
 #include "coproc.h"
 
 #include <errno.h>
@@ -70,6 +75,7 @@ static int start(coproc *c)
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         if (getppid() != parent)
             _exit(127);
@@ -87,6 +93,7 @@ static int start(coproc *c)
         snprintf(c->err, sizeof c->err, "fork: %s", strerror(errno));
         return IDEM_EIO;
     }
+    setpgid(pid, pid);  /* also here: whichever runs first */
     c->pid = pid;
     c->to = in[1];
     c->from = out[0];
@@ -110,13 +117,23 @@ static void reap(coproc *c, char *why, size_t n)
         snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
 }
 
+/* End what is left of the handler's process group, once its leader has
+ * been reaped, and wait (a second at most) until none of it runs. */
+static void end_group(pid_t pgid)
+{
+    kill(-pgid, SIGKILL);
+    for (int i = 0; i < 100 && kill(-pgid, 0) == 0; i++)
+        poll(NULL, 0, 10);
+}
+
 static void kill_child(coproc *c)
 {
     if (!c->pid)
         return;
-    kill(c->pid, SIGKILL);
+    kill(-c->pid, SIGKILL);
     char why[96];
     reap(c, why, sizeof why);
+    end_group(c->pid);
     close(c->to);
     close(c->from);
     c->pid = 0;
@@ -420,8 +437,10 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
             deadline = mono_ms() + c->lease_ms;
+        int64_t t0 = mono_ms();
         if (!rc)
             rc = tick(c, tasks, got);
+        deadline += mono_ms() - t0;
     }
     return rc;
 }
@@ -444,6 +463,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         close(c->to);
         close(c->from);
         reap(c, why, sizeof why);
+        end_group(c->pid);
         c->pid = 0;
         snprintf(c->err, sizeof c->err, "the handler %s before answering "
                  "every message", why);
@@ -468,9 +488,10 @@ int coproc_stop(coproc *c, const char *cmdname)
     while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && mono_ms() < deadline)
         poll(NULL, 0, 10);
     if (r == 0) {
-        kill(c->pid, SIGKILL);
+        kill(-c->pid, SIGKILL);
         waitpid(c->pid, &st, 0);
     }
+    end_group(c->pid);
     close(c->from);
     c->pid = 0;
     if (r != 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)
