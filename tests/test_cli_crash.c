@@ -215,14 +215,20 @@ Test(cli_crash, run_kill9, .timeout = 900)
     crash_case(argv, 0, kills(50), tokens_never_repeat);
 }
 
-/* Redis: out is ref byte for byte; then the store is emptied for the
- * next round. */
-static char redis_port[16], redis_prefix[64];
+/* Redis: out is ref byte for byte (and, for run, no token is given
+ * twice); then the store is emptied for the next round, on every node of
+ * a cluster. */
+static char redis_ports[8][16], redis_prefix[64];
+static int nports;
 
 static void flush_redis(void)
 {
-    t_sh("redis-cli -p %s --scan --pattern '%s*' | xargs -r redis-cli -p %s "
-         "DEL > /dev/null", redis_port, redis_prefix, redis_port);
+    /* One DEL per key, on the node that listed it: a DEL of many keys
+     * fails on a cluster when they lie in different slots. */
+    for (int i = 0; i < nports; i++)
+        t_sh("redis-cli -p %s --scan --pattern '%s*' | sed 's/^/DEL /' | "
+             "redis-cli -p %s > /dev/null", redis_ports[i], redis_prefix,
+             redis_ports[i]);
 }
 
 static void same_and_flush(void)
@@ -231,18 +237,67 @@ static void same_and_flush(void)
     flush_redis();
 }
 
-Test(cli_crash, dedup_redis_kill9, .timeout = 900)
+static void tokens_and_flush(void)
 {
+    tokens_never_repeat();
+    flush_redis();
+}
+
+/* The store URI for scheme over addrs ("h:p,h:p"), whose ports the
+ * flush visits. */
+static const char *redis_case(const char *scheme, const char *addrs)
+{
+    static char uri[512];
     paths();
-    const char *addr = th_redis_addr();
-    snprintf(redis_port, sizeof redis_port, "%d", th_first_port(addr));
     snprintf(redis_prefix, sizeof redis_prefix, "%s", th_prefix());
-    char uri[256];
-    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", addr, redis_prefix);
+    nports = 0;
+    for (const char *p = addrs; p && nports < 8; p = strchr(p, ',')) {
+        p += *p == ',';
+        snprintf(redis_ports[nports++], sizeof redis_ports[0], "%d",
+                 th_first_port(p));
+    }
+    snprintf(uri, sizeof uri, "%s://%s?prefix=%s", scheme, addrs,
+             redis_prefix);
+    reset_store = flush_redis;
+    return uri;
+}
+
+static void dedup_on(const char *uri, long n)
+{
     const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
                           "--lease", "1s", "--store", uri, "--output", "out",
                           "in", NULL};
-    reset_store = flush_redis;
-    crash_case(argv, 0, kills(20), same_and_flush);
+    crash_case(argv, 0, n, same_and_flush);
+}
+
+static void run_on(const char *uri, long n)
+{
+    const char *argv[] = {cli, "run", "--key", "id", "--batch", "300",
+                          "--lease", "1s", "--store", uri, "--output", "out",
+                          "--exec", handler, "in", NULL};
+    crash_case(argv, 0, n, tokens_and_flush);
+}
+
+Test(cli_crash, dedup_redis_kill9, .timeout = 900)
+{
+    dedup_on(redis_case("redis", th_redis_addr()), kills(20));
+    th_shared_stop();
+}
+
+Test(cli_crash, run_redis_kill9, .timeout = 900)
+{
+    run_on(redis_case("redis", th_redis_addr()), kills(10));
+    th_shared_stop();
+}
+
+Test(cli_crash, dedup_cluster_kill9, .timeout = 900)
+{
+    dedup_on(redis_case("redis-cluster", th_cluster_addr()), kills(10));
+    th_shared_stop();
+}
+
+Test(cli_crash, run_cluster_kill9, .timeout = 900)
+{
+    run_on(redis_case("redis-cluster", th_cluster_addr()), kills(10));
     th_shared_stop();
 }
