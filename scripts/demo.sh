@@ -87,4 +87,5 @@ echo "                             higher fencing token (idem run --help)"
 echo
 "$IDEM" stats
 echo
-echo "try: cd $BUILD/demo && ../idem get --key-space run ord-000042"
+first=$(head -n 1 orders.ndjson | sed 's/.*"order_id": "\([^"]*\)".*/\1/')
+echo "try: cd $BUILD/demo && ../idem get --key-space run $first"

@@ -338,6 +338,12 @@ Test(cli_dedup, jobs_keep_their_keys_apart)
     cr_assert_eq(t_cli(dir, "dump > out"), 0);
     cr_assert(t_grep(at("out"), "{\"key\":\"42\",\"key_space\":\"events\","));
     cr_assert(t_grep(at("out"), "{\"key\":\"42\",\"key_space\":\"orders\","));
+    cr_assert_eq(t_cli(dir, "stats --key-spaces > st"), 0);
+    cr_assert(t_grep(at("st"), "key space      events: 1 keys\n"
+                                "key space      orders: 1 keys\n"));
+    cr_assert_eq(t_cli(dir, "stats --key-spaces --json > st"), 0);
+    cr_assert(t_grep(at("st"), ",\"key_spaces\":{\"events\":1,"
+                                "\"orders\":1}}\n"));
     /* dump | load keeps them apart */
     cr_assert_eq(t_cli(dir, "load --store local:copy out 2> err"), 0);
     cr_assert_eq(t_cli(dir, "get --key-space orders --store local:copy 42 "

@@ -72,17 +72,19 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
                const char *const *choices, int *out);
 
 /* The options of the small commands (get, forget, stats, ...): --store,
- * --help, and as `flags` say, --json (CLI_JSON) and --job NAME or
- * --key-space NAME (CLI_KEY_SPACE; both give the key space). Positional
+ * --help, and as `flags` say, --json (CLI_JSON), --job NAME or
+ * --key-space NAME (CLI_KEY_SPACE; both give the key space) and
+ * --key-spaces (CLI_PER_SPACE: count per key space). Positional
  * arguments must number from min to max; `args` names them for messages
  * ("KEY"). Returns 0 (then *first is the index of the first positional),
  * -1 after --help (exit 0), or 2. */
-enum { CLI_JSON = 1, CLI_KEY_SPACE = 2 };
+enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4 };
 
 typedef struct cli_simple {
     const char *uri;
     int json;
     const char *key_space;  /* NULL: the shared key space */
+    int per_space;          /* --key-spaces */
     int first;
 } cli_simple;
 

@@ -211,7 +211,8 @@ static void simple_options(unsigned flags, struct option *opts)
                {{"help", 0, 0, 'h'}, 0},
                {{"json", 0, 0, 'J'}, CLI_JSON},
                {{"job", 1, 0, 'K'}, CLI_KEY_SPACE},
-               {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE}};
+               {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE},
+               {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE}};
     size_t n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if ((all[i].needs & flags) == all[i].needs)
@@ -223,7 +224,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out)
 {
-    struct option opts[6];
+    struct option opts[7];
     simple_options(flags, opts);
     *out = (cli_simple){0};
     int ch;
@@ -239,6 +240,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
         if (ch == 'K')
             out->key_space = optarg;
         out->json |= ch == 'J';
+        out->per_space |= ch == 'P';
     }
     int n = argc - optind;
     out->first = optind;
