@@ -511,7 +511,10 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
  * not yet committed: at most commit_interval_ms of finished work plus
  * what was in flight. The handler may see a key again after a crash or a
  * handler error, with a higher attempt and token: side effects that
- * cannot be undone should be fenced with the token.
+ * cannot be undone should be fenced with the token. All of this holds
+ * within the TTL: a record that expires while a crashed job is down is
+ * gone, so a rerun finds its key new and runs and writes it again; keep
+ * TTLs far above the longest a job may stay down.
  *
  * Two workers on one store and one input never run a key twice while
  * both live: a claim is renewed while its work is in flight, and a
