@@ -82,7 +82,7 @@ echo "results (one per order):     $(wc -l < results.ndjson)"
 echo "handler calls:               $charged: $again orders reached the handler"
 echo "                             a second time after kill -9: those in"
 echo "                             flight or answered within the last"
-echo "                             --commit-interval (200ms), now with a"
+echo "                             --commit-interval (20ms here), now with a"
 echo "                             higher fencing token (idem run --help)"
 echo
 "$IDEM" stats
