@@ -520,3 +520,33 @@ Test(cli_dedup, an_output_no_job_wrote_is_not_cut)
     cr_assert_eq(t_cli(dir, "dedup --help > out2"), 0);
     cr_assert(t_grep(at("out2"), "--overwrite"));
 }
+
+/* Two jobs told apart by their --output alone are two jobs: their keys
+ * are apart too. */
+Test(cli_dedup, jobs_named_by_their_output_keep_their_keys_apart)
+{
+    put("e", "{\"event_id\":\"42\"}\n");
+    put("o", "{\"order_id\":\"42\"}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key event_id --quiet --output ev e"),
+                 0);
+    cr_assert_eq(t_cli(dir, "dedup --key order_id --quiet --output or o"),
+                 0);
+    expect("or", "{\"order_id\":\"42\"}\n");
+}
+
+/* --output /dev/stdout names the file behind it: a run whose standard
+ * output is another file is another job, and that file, which no
+ * checkpoint names, is not cut. */
+Test(cli_dedup, an_output_through_dev_stdout_is_the_file_behind_it)
+{
+    put("a", "{\"id\":1}\n");
+    put("b", "{\"id\":2}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --quiet --output /dev/stdout a "
+                            ">> out1"), 0);
+    put("log", "precious\n");
+    cr_assert_eq(t_cli(dir, "dedup --key id --output /dev/stdout b >> log "
+                            "2> err"), 1);
+    cr_assert(t_grep(at("err"), "--overwrite"));
+    expect("log", "precious\n");
+    expect("out1", "{\"id\":1}\n");
+}

@@ -146,7 +146,8 @@ static void expect_each_key(int n, int runs, const char *const outs[],
 static void two_workers(const char *store)
 {
     make_input(30);
-    const char *opts = "--lease 1s --batch 30";
+    /* Workers of one job share its keys by naming its key space. */
+    const char *opts = "--lease 1s --batch 30 --key-space orders";
     pid_t w1 = start_run("out1", store, opts, "sleep=100");
     sleep_ms(1500);
     pid_t w2 = start_run("out2", store, opts, "sleep=100");
@@ -234,13 +235,15 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
 {
     make_input(6);
     const char *store = redis_store("redis", th_redis_addr());
-    pid_t w1 = start_run("out1", store, "--lease 1s", "sleep=300");
+    pid_t w1 = start_run("out1", store, "--lease 1s --key-space s",
+                         "sleep=300");
     for (int waited = 0; lines_of("log") == 0 && waited < 60000;
          waited += 10)
         sleep_ms(10);
     kill(w1, SIGSTOP);
     sleep_ms(1500);  /* its leases run out */
-    pid_t w2 = start_run("out2", store, "--lease 1s", "sleep=1");
+    pid_t w2 = start_run("out2", store, "--lease 1s --key-space s",
+                         "sleep=1");
     int st2 = wait_for(w2);
     kill(w1, SIGCONT);
     int st1 = wait_for(w1);
@@ -262,13 +265,13 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
 Test(workers, an_answer_too_large_is_a_reported_permanent_failure)
 {
     make_input(3);
-    pid_t w = start_run("out", "local:store", "", "big=k1");
+    pid_t w = start_run("out", "local:store", "--key-space t", "big=k1");
     cr_assert_eq(wait_for(w), 3);
     cr_assert(t_grep(at("out.err"), "key 'k1': the handler's answer is too "
                                     "large to store"));
     cr_assert(t_grep(at("out"), "{\"key\":\"k1\",\"status\":\"failed\""));
-    cr_assert_eq(t_cli(dir, "get --key-space run k1 | grep -q 'failed'"), 0);
-    w = start_run("out2", "local:store", "", "");
+    cr_assert_eq(t_cli(dir, "get --key-space t k1 | grep -q failed"), 0);
+    w = start_run("out2", "local:store", "--key-space t", "");
     cr_assert_eq(wait_for(w), 0);
     cr_assert_eq(lines_of("log"), 3, "nothing ran again");
 }

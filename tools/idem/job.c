@@ -116,20 +116,41 @@ int job_check_output(const char *cmd, const char *out_path, char **inputs,
     return 0;
 }
 
+int job_output_name(const char *out_path, char *buf, size_t n)
+{
+    struct stat sb;
+    if (!out_path || !strcmp(out_path, "-") ||
+        (stat(out_path, &sb) == 0 && !S_ISREG(sb.st_mode)))
+        return 0;
+    /* The file itself, links resolved: /dev/stdout or a symlink names
+     * the file behind it, which is the job's, not the name. */
+    char full[2 * PATH_MAX + 2], real[PATH_MAX];
+    if (realpath(out_path, real)) {
+        snprintf(full, sizeof full, "%s", real);
+    } else {
+        char dir[PATH_MAX], base[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s", out_path);
+        snprintf(base, sizeof base, "%s", out_path);
+        const char *d = realpath(dirname(dir), real) ? real : ".";
+        snprintf(full, sizeof full, "%s/%s", d, basename(base));
+    }
+    size_t len = strlen(full);
+    for (size_t i = 0; i < len; i++)
+        if ((unsigned char)full[i] < 0x20)
+            len = SIZE_MAX - 1;  /* not text: use the hash */
+    if (len < n)
+        snprintf(buf, n, "%s", full);
+    else
+        snprintf(buf, n, "#%016" PRIx64,
+                 (uint64_t)XXH3_64bits(full, strlen(full)));
+    return 1;
+}
+
 static void default_name(job *j, const char *out_path)
 {
-    char dir[PATH_MAX], base[PATH_MAX], real[PATH_MAX];
-    snprintf(dir, sizeof dir, "%s", out_path);
-    snprintf(base, sizeof base, "%s", out_path);
-    const char *d = realpath(dirname(dir), real) ? real : ".";
-    int n = snprintf(j->name, sizeof j->name, "%s:%s/%s", j->cmd, d,
-                     basename(base));
-    if (n < 0 || (size_t)n >= sizeof j->name) {
-        char full[2 * PATH_MAX + 2];
-        n = snprintf(full, sizeof full, "%s/%s", d, basename(base));
-        snprintf(j->name, sizeof j->name, "%s:#%016" PRIx64, j->cmd,
-                 (uint64_t)XXH3_64bits(full, n > 0 ? (size_t)n : 0));
-    }
+    size_t k = strlen(j->cmd) + 1;
+    snprintf(j->name, sizeof j->name, "%s:", j->cmd);
+    job_output_name(out_path, j->name + k, sizeof j->name - k);
 }
 
 /* A job's keys stay in the key space they were committed in: a run that

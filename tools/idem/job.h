@@ -40,6 +40,12 @@ typedef struct job {
 int job_check_output(const char *cmd, const char *out_path, char **inputs,
                      size_t ninputs);
 
+/* The name of the job that writes out_path when no --job names it: the
+ * file's real path (links resolved), or "#" and a hash of it when that
+ * is longer than n - 1 bytes or not text. Into buf; returns 0 when
+ * out_path is standard output or not a regular file (no job). */
+int job_output_name(const char *out_path, char *buf, size_t n);
+
 /* Open the output and find where to start: the checkpoint of job `name`
  * (NULL: derived from the output path) when it matches these inputs. A
  * job whose checkpoint keeps its keys in another key space than ks

@@ -8,6 +8,7 @@
  *   US NAME US KEY          (US: the byte 0x1f, ASCII's unit separator)
  *
  * where NAME is its key space (--key-space, else the --job name, else the
+ * real path of the --output file, which names the job, else the
  * command's name). NAME is text without control characters, so the
  * second US ends it, whatever bytes KEY holds, and two key spaces never
  * share a stored key. US rather than NUL keeps stored keys usable as C

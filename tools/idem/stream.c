@@ -142,8 +142,15 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
     if (c->shared_keys && c->key_space_name)
         return cli_usage_error(c->cmd, "--key-space and --shared-keys "
                                "exclude each other");
+    /* A job's keys are its own: its --job name, else the name of the
+     * job its --output file makes, else the command's. */
+    const char *own = c->job ? c->job
+                      : job_output_name(c->output, c->job_space,
+                                        sizeof c->job_space)
+                          ? c->job_space
+                          : c->cmd;
     if (ks_set(&c->ks, c->shared_keys ? NULL : c->key_space_name
-                       ? c->key_space_name : c->job ? c->job : c->cmd))
+                       ? c->key_space_name : own))
         return cli_usage_error(c->cmd, "a key space (--key-space, else "
                                "--job) is named by 1 to %u bytes of text, "
                                "no control characters", KS_NAME_MAX);

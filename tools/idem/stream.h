@@ -33,6 +33,8 @@ typedef struct stream_cfg {
     const char *key_space_name;  /* --key-space */
     int shared_keys;             /* --shared-keys */
     key_space ks;                /* where the keys are stored */
+    char job_space[KS_NAME_MAX + 1];  /* ks's name when --output names
+                                       * the job */
     int line_mode;
     int on_missing, on_bad;   /* ON_* */
     uint64_t batch;
