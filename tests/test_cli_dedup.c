@@ -550,3 +550,29 @@ Test(cli_dedup, an_output_through_dev_stdout_is_the_file_behind_it)
     expect("log", "precious\n");
     expect("out1", "{\"id\":1}\n");
 }
+
+/* Lines appended to an input that a job had read to its end, before the
+ * one it stopped in, are read by the next run: it reads from the start
+ * instead of resuming past them. */
+Test(cli_dedup, lines_appended_to_an_earlier_input_are_read)
+{
+    put("a", "a1\na2\n");
+    put("b", "b1\n");
+    cr_assert_eq(t_cli(dir, "dedup --line --quiet --output out a b"), 0);
+    t_sh("printf 'a3\\n' >> '%s' && printf 'b2\\n' >> '%s'", at("a"),
+         at("b"));
+    cr_assert_eq(t_cli(dir, "dedup --line --quiet --output out a b"), 0);
+    expect("out", "a1\na2\nb1\na3\nb2\n");
+}
+
+/* An output among a local store's own files is refused before anything
+ * is touched: it would be a segment, or be replaced by one of them. */
+Test(cli_dedup, an_output_inside_the_store_is_refused)
+{
+    put("in", "{\"k\":1}\n");
+    cr_assert_eq(t_cli(dir, "dedup --key k --quiet in > out"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --key k --output store/TAIL.tmp in "
+                            "2> err"), 2);
+    cr_assert(t_grep(at("err"), "inside the store's directory"));
+    cr_assert_eq(t_cli(dir, "check > /dev/null"), 0);
+}

@@ -296,6 +296,9 @@ Test(cli_inspect, load_says_which_line_and_field_is_wrong)
         {T TIMES ",\"key_base64\":\"a=b=\"", "key_base64"},
         {T TIMES ",\"expires\":1", "expires"},
         {T TIMES ",\"lease_until_ms\":1", "lease_until_ms"},
+        {"\"state\":\"pending\",\"token\":1,\"created_ms\":@,"
+         "\"expires_ms\":@,\"lease_until_ms\":#", "lease_until_ms"},
+        {"\"state\":\"done\",\"token\":9007199254740993," TIMES, "token"},
         {T TIMES ",\"response\":{}", "response"},
         {T TIMES ",\"response\":\"a\",\"response_base64\":\"YQ==\"",
          "response_base64"},

@@ -95,10 +95,31 @@ static int identity(const char *path, int fd, struct stat *sb)
                                      : fstat(fd, sb) == 0;
 }
 
+/* An output file inside a local store's directory would be one of the
+ * store's files, or be overwritten by them (a segment, TAIL). */
+static int in_store_dir(const char *cmd, const char *out_path,
+                        const char *store_dir)
+{
+    char dir[PATH_MAX];
+    struct stat d, s;
+    if (!store_dir || !out_path || !strcmp(out_path, "-"))
+        return 0;
+    snprintf(dir, sizeof dir, "%s", out_path);
+    if (stat(dirname(dir), &d) != 0 || stat(store_dir, &s) != 0 ||
+        d.st_dev != s.st_dev || d.st_ino != s.st_ino)
+        return 0;
+    return cli_usage_error(cmd, "--output %s is inside the store's "
+                           "directory %s, among its own files: write it "
+                           "elsewhere", out_path, store_dir);
+}
+
 int job_check_output(const char *cmd, const char *out_path, char **inputs,
-                     size_t ninputs)
+                     size_t ninputs, const char *store_dir)
 {
     struct stat out, in;
+    int rc = in_store_dir(cmd, out_path, store_dir);
+    if (rc)
+        return rc;
     if (!identity(out_path, 1, &out) || !S_ISREG(out.st_mode))
         return 0;  /* nothing there yet, or nothing that can be cut */
     const char *out_name = out_path && strcmp(out_path, "-")
@@ -211,11 +232,32 @@ static int read_checkpoint(job *j, int *found)
     return same_key_space(j, version, text + end);
 }
 
-/* Does the line before the checkpoint's offset still read the same, and
- * does the offset not fall inside a line? A line without its newline
- * (the end of an input that another one followed, or a checkpoint of an
- * idem that committed unterminated last lines) is whole only while
- * nothing follows it: bytes appended since would be its continuation. */
+/* Chain input i, of which n bytes were read, into a done_hash. */
+static uint64_t done_step(uint64_t h, uint64_t i, uint64_t n)
+{
+    uint64_t v[2] = {i, n};
+    return XXH3_64bits_withSeed(v, sizeof v, h);
+}
+
+/* done_hash of inputs[0..upto) as they are now: each read to its end. */
+static uint64_t done_now(char **inputs, uint64_t upto)
+{
+    uint64_t h = 0;
+    for (uint64_t i = 0; i < upto; i++) {
+        struct stat sb;
+        h = done_step(h, i, stat(inputs[i], &sb) == 0
+                                ? (uint64_t)sb.st_size : UINT64_MAX);
+    }
+    return h;
+}
+
+/* Does the line before the checkpoint's offset still read the same,
+ * have the inputs before it not grown since they were read to their
+ * end (lines appended to them would never be read), and does the offset
+ * not fall inside a line? A line without its newline (the end of an
+ * input that another one followed, or a checkpoint of an idem that
+ * committed unterminated last lines) is whole only while nothing
+ * follows it: bytes appended since would be its continuation. */
 static int tail_matches(const job_pos *p, char **inputs)
 {
     if (p->tail_len == 0 || p->tail_len > p->offset)
@@ -226,7 +268,8 @@ static int tail_matches(const job_pos *p, char **inputs)
                                   (off_t)(p->offset - p->tail_len))
                           : -1;
     int ok = got >= (ssize_t)p->tail_len &&
-             XXH3_64bits(b, p->tail_len) == p->tail_hash &&
+             (XXH3_64bits(b, p->tail_len) ^ done_now(inputs, p->input)) ==
+                 p->tail_hash &&
              (got == (ssize_t)p->tail_len || b[p->tail_len - 1] == '\n');
     if (fd >= 0)
         close(fd);
@@ -363,6 +406,7 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
         *at = (size_t)j->pos.input;
         *off = j->pos.offset;
         *lineno = j->pos.lineno;
+        j->pos.done_hash = done_now(inputs, j->pos.input);
         j->resumed = 1;
     }
     j->pos.inputs_id = id;
@@ -396,11 +440,19 @@ int job_commit(job *j, size_t input, const nd_line *last)
     j->obuf.len = 0;
     j->pos.out_len = j->out_len;
     if (last) {
+        /* Inputs left behind were read to their end: the last line
+         * committed of the one we were in ended it; any in between had
+         * nothing committed, so nothing to read. */
+        for (uint64_t i = j->pos.input; i < input; i++)
+            j->pos.done_hash = done_step(j->pos.done_hash, i,
+                                         i == j->pos.input ? j->pos.offset
+                                                           : 0);
         j->pos.input = input;
         j->pos.offset = last->end;
         j->pos.lineno = last->lineno;
         j->pos.tail_len = last->len + (size_t)last->has_nl;
-        j->pos.tail_hash = XXH3_64bits(last->p, j->pos.tail_len);
+        j->pos.tail_hash = XXH3_64bits(last->p, j->pos.tail_len) ^
+                           j->pos.done_hash;
     }
     return j->name[0] ? put_checkpoint(j) : 0;
 }

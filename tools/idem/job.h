@@ -15,8 +15,11 @@ typedef struct job_pos {
     uint64_t input;      /* input number ... */
     uint64_t offset;     /* ... byte offset in it ... */
     uint64_t lineno;     /* ... and its line number there */
-    uint64_t tail_hash;  /* hash of the last line before offset */
+    uint64_t tail_hash;  /* hash of the last line before offset, mixed
+                          * with done_hash */
     uint64_t tail_len;
+    uint64_t done_hash;  /* the inputs before `input` and the bytes read
+                          * of each (0 while input is 0) */
 } job_pos;
 
 typedef struct job {
@@ -35,10 +38,11 @@ typedef struct job {
 
 /* Refuse an output (out_path; NULL or "-": standard output) that is the
  * same file as one of the inputs ("-": standard input), through any link,
+ * or that lies in store_dir (a local store's directory; NULL: none),
  * before anything is opened or changed. Returns 0, or 2 after saying
  * why. */
 int job_check_output(const char *cmd, const char *out_path, char **inputs,
-                     size_t ninputs);
+                     size_t ninputs, const char *store_dir);
 
 /* The name of the job that writes out_path when no --job names it: the
  * file's real path (links resolved), or "#" and a hash of it when that

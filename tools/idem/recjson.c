@@ -337,6 +337,11 @@ static int check_numbers(rec_parse *p, idem_record *r)
             return field_error(p, f, "only a pending record has it");
     if (pending && !p->seen[F_LEASE])
         return field_error(p, F_LEASE, "missing (the record is pending)");
+    if (pending && p->num[F_LEASE] > p->num[F_EXPIRES])
+        return field_error(p, F_LEASE, "%" PRIu64 " is after "
+                           "\"expires_ms\" %" PRIu64 ": a claimed record "
+                           "lives at least as long as its lease",
+                           p->num[F_LEASE], p->num[F_EXPIRES]);
     if (p->num[F_LEASE] > limit)
         return field_error(p, F_LEASE, "%" PRIu64 " is further from now "
                            "than the longest lease (100 years)",

@@ -156,7 +156,9 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
                                "no control characters", KS_NAME_MAX);
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
-    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs);
+    const char *uri = cli_store_uri(c->uri);
+    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs,
+                            strncmp(uri, "local:", 6) ? NULL : uri + 6);
 }
 
 /* ------------------------------------------------------------------------
