@@ -663,12 +663,21 @@ static void idem__runner_start(idem_runner *r, idem_msg *msgs, size_t n)
 }
 
 /* The batch stops short: give back every claim not committed. */
+/* The batch stops short: give back every claim not committed. The first
+ * error that is not one key's own (a server gone) ends the releases:
+ * each would wait out the store's timeout, and the leases of the rest
+ * run out by themselves. */
 static void idem__runner_abandon(idem_runner *r)
 {
     static const char cut[] = "not committed: the batch stopped before it";
+    int rc = 0;
     for (size_t i = r->done; i < r->n; i++)
         if (r->held[i]) {
-            idem__runner_release(r, i, cut);
+            if (!rc) {
+                rc = idem__runner_release(r, i, cut);
+                rc = idem__runner_key_error(rc) ? 0 : rc;
+            }
+            r->held[i] = 0;
             r->msgs[i].result = IDEM_MSG_UNDONE;
         }
 }
@@ -698,11 +707,15 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
         if (rc)
             break;
     }
-    if (rc || herr)
-        idem__runner_abandon(r);
+    /* After a store error, poison first: what the batch buffered (on
+     * Redis: a queued checkpoint and its writes) is dropped, and the
+     * releases are written on their own (on a local store they are
+     * refused too: its next open takes the claims over at once). */
     if (rc)
         idem__poison(r->s, rc);
-    else if (herr)
+    if (rc || herr)
+        idem__runner_abandon(r);
+    if (!rc && herr)
         rc = idem_sync(r->s);  /* the releases */
     *committed = r->done;
     r->msgs = NULL;

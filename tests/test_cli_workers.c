@@ -322,3 +322,36 @@ Test(workers, a_killed_handler_leaves_no_process_behind)
     cr_assert_neq(t_sh("pgrep -f '%s/[m]arker' >/dev/null", dir), 0,
                   "a handler of the killed tree is still running");
 }
+
+/* ------------------------------------------------------------------------
+ * A store error is not a handler error */
+
+/* Redis stops answering for longer than timeout_ms while the handler
+ * works: the run stops (exit 1) instead of restarting the handler, which
+ * did nothing wrong, over claims it still holds; the rerun from the
+ * checkpoint ends with one result line per key. */
+Test(workers, a_store_error_stops_the_run_it_does_not_restart_the_handler)
+{
+    make_input(200);
+    char store[512];
+    snprintf(store, sizeof store, "redis://%s?prefix=%s&timeout_ms=300",
+             th_redis_addr(), th_prefix());
+    const char *opts = "--restart 3 --commit-interval 50ms --lease 2s";
+    pid_t w = start_run("out", store, opts, "sleep=10");
+    for (int waited = 0; lines_of("log") < 20 && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    redisContext *c = th_connect(th_first_port(th_redis_addr()));
+    freeReplyObject(th_cmd(c, "CLIENT PAUSE 1500 WRITE"));
+    redisFree(c);
+    int st = wait_for(w);
+    cr_assert_eq(st, 1, "exit %d: %s", st, t_read(at("out.err"), NULL));
+    cr_assert(!t_grep(at("out.err"), "restarting the handler"),
+              "%s", t_read(at("out.err"), NULL));
+    sleep_ms(1600);
+    w = start_run("out", store, "--lease 2s", "");
+    cr_assert_eq(wait_for(w), 0);
+    const char *const outs[] = {"out"};
+    expect_each_key(200, -1, outs, 1);
+    th_shared_stop();
+}

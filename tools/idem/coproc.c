@@ -403,6 +403,7 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
 {
     fix_answers(c, tasks, got);
     int rc = idem_runner_tick(c->runner);
+    c->store_failed |= rc != 0;
     return rc ? broke(c, rc, "the store failed while the handler worked; "
                       "stopped it") : 0;
 }

@@ -16,6 +16,7 @@ typedef struct coproc {
     size_t rpos;            /* answers consumed from rb */
     uint64_t answers;       /* lines read from it, for messages */
     idem_runner *runner;    /* ticked while the handler works */
+    int store_failed;       /* a tick failed: the store, not the handler */
     size_t fixed;           /* answers whose data points into rb */
     char err[512];          /* why the last call failed */
 } coproc;

@@ -316,9 +316,13 @@ static int64_t now_ms(void)
 static int check_numbers(rec_parse *p, idem_record *r)
 {
     uint64_t limit = (uint64_t)(now_ms() + IDEM_MS_MAX);
-    if (p->num[F_TOKEN] == 0 || p->num[F_TOKEN] > IDEM_TOKEN_MAX)
-        return field_error(p, F_TOKEN, "must be 1 to %" PRIu64,
-                           (uint64_t)IDEM_TOKEN_MAX);
+    /* Room is left for 2^32 more claims of the key: a token at the
+     * limit could not be followed by a greater one. */
+    if (p->num[F_TOKEN] == 0 ||
+        p->num[F_TOKEN] > IDEM_TOKEN_MAX - ((uint64_t)1 << 32))
+        return field_error(p, F_TOKEN, "must be 1 to %" PRIu64 " (room "
+                           "for later claims below IDEM_TOKEN_MAX)",
+                           (uint64_t)(IDEM_TOKEN_MAX - ((uint64_t)1 << 32)));
     if (p->seen[F_ATTEMPTS] &&
         (p->num[F_ATTEMPTS] == 0 || p->num[F_ATTEMPTS] > UINT32_MAX))
         return field_error(p, F_ATTEMPTS, "must be 1 to %" PRIu32,

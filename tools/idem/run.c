@@ -126,6 +126,11 @@ static void handler_end(void *ctx)
     r->end_rc = coproc_stop(&r->co, "run");
 }
 
+static int store_failed(void *ctx)
+{
+    return ((run_ctx *)ctx)->co.store_failed;
+}
+
 static int handle(void *ctx, idem_task *tasks, size_t n)
 {
     run_ctx *r = ctx;
@@ -204,6 +209,7 @@ int idem_cmd_run(int argc, char **argv)
     run_ctx r = {0};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
                     .commit_interval_ms = -1, .runner_out = &r.co.runner,
+                    .store_failed = store_failed,
                     .handler = handle, .hctx = &r,
                     .handler_end = handler_end, .emit = emit_result,
                     .ectx = &r};

@@ -74,6 +74,7 @@ typedef struct loop {
     size_t base;     /* msgs before this were committed by earlier runs of
                       * the runner over this batch (handler restarts) */
     size_t committed;
+    int handler_rc;  /* what the handler returned in the last batch */
     atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
     int tty;
@@ -386,6 +387,18 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
                       upto ? &b->items[upto - 1].l : NULL);
 }
 
+/* Restart the handler only when it was the handler that broke, and
+ * restarts are left: after a store error (which the runner met itself,
+ * or the handler's tick did) the store is poisoned, and a rerun must
+ * start from the last checkpoint, not go on. */
+static int restartable(const loop *lp)
+{
+    const stream_cfg *c = lp->st.cfg;
+    return c->handler && lp->st.n.restarts < c->restarts &&
+           lp->rc == lp->handler_rc &&
+           !(c->store_failed && c->store_failed(c->hctx));
+}
+
 /* Commit the batch; after a handler failure, again over the messages not
  * committed (their claims were released: they get new tokens), as long
  * as restarts are left. */
@@ -397,6 +410,7 @@ static void *commit_batch(void *arg)
     b->emitted = 0;
     for (;;) {
         idem_msg *msgs = b->msgs + lp->base;
+        lp->handler_rc = 0;
         lp->rc = idem_runner_batch(lp->runner, msgs, b->nmsgs - lp->base,
                                    &lp->committed);
         /* Problems met after a message's line was committed. */
@@ -406,10 +420,13 @@ static void *commit_batch(void *arg)
                 problem(lp, &user);
             }
         lp->base += lp->committed;
-        if (!lp->rc)  /* expire a little between batches: bounded work */
-            lp->rc = idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL);
-        if (!lp->rc || lp->base == b->nmsgs || !lp->st.cfg->handler ||
-            lp->st.n.restarts >= lp->st.cfg->restarts)
+        /* Expire a little between batches: bounded work. The batch is
+         * committed whatever the sweep says; a later one tries again. */
+        if (!lp->rc && idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL) &&
+            !lp->st.cfg->quiet)
+            fprintf(stderr, "idem %s: a sweep between batches failed (%s); "
+                    "going on\n", lp->st.cfg->cmd, idem_errdetail(lp->s));
+        if (!lp->rc || lp->base == b->nmsgs || !restartable(lp))
             return NULL;
         lp->st.n.restarts++;
         if (!lp->st.cfg->quiet)
@@ -540,8 +557,10 @@ static void summary(loop *lp)
 /* The runner has one context for both callbacks: ours. */
 static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
-    const stream_cfg *c = ((loop *)ctx)->st.cfg;
-    return ks_handle(&c->ks, c->handler, c->hctx, tasks, n);
+    loop *lp = ctx;
+    const stream_cfg *c = lp->st.cfg;
+    lp->handler_rc = ks_handle(&c->ks, c->handler, c->hctx, tasks, n);
+    return lp->handler_rc;
 }
 
 static int setup(loop *lp, const stream_cfg *c)

@@ -53,6 +53,8 @@ typedef struct stream_cfg {
     int64_t backoff_ms;
     uint64_t restarts;        /* handler failures to restart after */
     idem_runner **runner_out; /* if set, receives the runner (to tick) */
+    int (*store_failed)(void *hctx);  /* may be NULL: did the handler
+                                       * stop because the store failed? */
     stream_emit_fn emit;
     void *ectx;
 } stream_cfg;
