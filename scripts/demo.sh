@@ -45,7 +45,8 @@ done
 HANDLER
 chmod +x charge.sh
 
-set -- run --key order_id --exec ./charge.sh --batch 200 --commit-interval 20ms
+set -- run --job orders --key order_id --exec ./charge.sh --batch 200 \
+    --commit-interval 20ms
 
 echo "== $(wc -l < orders.ndjson) orders, some redelivered:"
 head -n 2 orders.ndjson
@@ -88,4 +89,4 @@ echo
 "$IDEM" stats
 echo
 first=$(head -n 1 orders.ndjson | sed 's/.*"order_id": "\([^"]*\)".*/\1/')
-echo "try: cd $BUILD/demo && ../idem get --key-space run $first"
+echo "try: cd $BUILD/demo && ../idem get --job orders $first"
