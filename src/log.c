@@ -35,7 +35,7 @@ void idem__seg_name(char *buf, size_t n, uint32_t id)
 
 void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created)
 {
-    uint32_t version = 1;
+    uint32_t version = IDEM__SEG_VERSION;
     memcpy(dst, idem__seg_magic, 8);
     memcpy(dst + 8, &version, 4);
     memcpy(dst + 12, &id, 4);
@@ -57,9 +57,17 @@ int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
     memcpy(&version, p + 8, 4);
     memcpy(&got, p + 12, 4);
     memcpy(created, p + 16, 8);
-    if (version != 1)
+    if (version < 1 || version > IDEM__SEG_VERSION)
         return IDEM_EVERSION;
     return got == id ? 0 : IDEM_ECORRUPT;
+}
+
+int idem__seg_keeps_tail(const unsigned char *p, size_t avail)
+{
+    uint32_t version = 0;
+    if (avail >= IDEM__SEG_HDR)
+        memcpy(&version, p + 8, 4);
+    return version >= 2;
 }
 
 int idem__log_ioerr(idem__log *lg, const char *op, uint32_t seg, int err)

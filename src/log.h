@@ -98,10 +98,19 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need);
 /* The file name of segment id: "seg-00000001.log". */
 void idem__seg_name(char *buf, size_t n, uint32_t id);
 
-/* Encode/check a segment header. */
+/* Encode/check a segment header. Version 1: written before the store kept
+ * PATH/TAIL. Version 2: the store keeps PATH/TAIL, and it is written before
+ * the first frame of the segment, so a version-2 segment that holds a frame
+ * (or is not the newest) proves that PATH/TAIL existed. The frames are the
+ * same in both. */
+#define IDEM__SEG_VERSION 2u
 void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created);
 int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
                         int64_t *created);
+
+/* Was the segment whose header is p written by a store that keeps
+ * PATH/TAIL (version 2 or later)? Call after idem__seg_header_ok. */
+int idem__seg_keeps_tail(const unsigned char *p, size_t avail);
 
 /* Release every segment and buffer (does not commit). */
 void idem__log_close(idem__log *lg);

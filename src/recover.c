@@ -190,6 +190,18 @@ static uint64_t idem__durable_end(const idem__log *lg, uint32_t id)
                                                : IDEM__SEG_HDR;
 }
 
+/* Has PATH/TAIL gone missing? A segment written by a store that keeps it
+ * proves it existed once it holds a frame or a newer segment follows it
+ * (see idem__seg_keeps_tail); a crash never deletes it, it is only ever
+ * replaced by rename. Without this a deleted tail file would let damage at
+ * the end of the log pass for a torn last group. */
+static int idem__tail_lost(const idem__log *lg, const idem__seg *g,
+                           int newest)
+{
+    return !lg->has_tail && (g->size > IDEM__SEG_HDR || !newest) &&
+           idem__seg_keeps_tail(g->base, (size_t)g->size);
+}
+
 /* What a scan found that a crash cannot explain. */
 typedef struct idem__verdict {
     int code;             /* 0: sound, or a torn tail to cut */
@@ -208,6 +220,9 @@ static idem__verdict idem__judge(const idem__log *lg, const idem__seg *g,
     idem__verdict v = {IDEM_ECORRUPT, "damaged record", sc->bad_at, g->size};
     if (sc->version)
         v.code = IDEM_EVERSION, v.what = "record of a newer format";
+    else if (idem__tail_lost(lg, g, newest))
+        v.what = "TAIL is missing (this segment was written after it)",
+        v.at = IDEM__SEG_HDR;
     else if (g->size < durable)
         v.what = "truncated", v.at = g->size, v.of = durable;
     else if (sc->bad_at < durable || (sc->bad_at < g->size && sc->midfile))

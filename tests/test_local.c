@@ -310,8 +310,9 @@ Test(local, readonly_open_changes_nothing)
     claim_complete(s, "b", "2");  /* never committed: a torn tail */
     char copy[4300];
     snprintf(copy, sizeof copy, "%s/copy", dir);
-    cr_assert_eq(t_sh("mkdir '%s' && cp '%s'/IDEM '%s'/seg-* '%s'", copy,
-                      dir, dir, copy), 0);
+    cr_assert_eq(t_sh("mkdir '%s' && cp '%s'/IDEM '%s'/TAIL '%s'/seg-* '%s'",
+                      copy, dir, dir, dir, copy),
+                 0);
     idem_close(s);
     /* Append a torn frame by hand so that there is a tail to leave be. */
     cr_assert_eq(t_sh("printf 'torn-frame-bytes' >> '%s'/seg-00000001.log",

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common.h"
 
@@ -504,14 +505,37 @@ Test(torn, only_segment_deleted, .timeout = 60)
     t_rmdir(dir);
 }
 
+/* Make the segment at path look written by an idem that kept no tail
+ * file: header version 1, its checksum recomputed. */
+static void make_version_1(const char *path)
+{
+    size_t len;
+    unsigned char *p = (unsigned char *)t_read(path, &len);
+    cr_assert(p && len >= 32);
+    uint32_t one = 1;
+    memcpy(p + 8, &one, 4);
+    uint64_t check = XXH3_64bits(p, 24);
+    memcpy(p + 24, &check, 8);
+    write_file(path, p, len);
+    free(p);
+}
+
+static void remove_tail_file(void)
+{
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    cr_assert_eq(unlink(tail), 0);
+}
+
 Test(torn, store_without_tail_file_opens_as_before, .timeout = 60)
 {
     /* A store written before the tail file existed: its newest segment
      * is read by the commits alone, so a torn last batch is cut. */
     build(64u << 20, CLOSED);
-    char tail[4300];
-    snprintf(tail, sizeof tail, "%s/TAIL", dir);
-    cr_assert_eq(unlink(tail), 0);
+    remove_tail_file();
+    make_version_1(seg_path);
+    free(orig);
+    load_file(seg_path, &orig, &orig_len);
     write_file(seg_path, orig, ends[BATCHES - 2] + 100);
     expect_batches(BATCHES - 1, "no tail file", ends[BATCHES - 2] + 100);
     t_rmdir(dir);
@@ -525,6 +549,34 @@ Test(torn, damaged_tail_file_is_refused_then_repaired, .timeout = 60)
     cr_assert_eq(t_sh("printf 'junk' | dd of='%s' bs=1 seek=12 "
                       "conv=notrunc 2>/dev/null", tail), 0);
     expect_refused_then_repaired("TAIL", "damaged");
+    expect_batches(BATCHES, "repaired tail file", 0);
+    t_rmdir(dir);
+}
+
+Test(torn, deleted_tail_file_is_refused_then_repaired, .timeout = 60)
+{
+    /* Without its tail file, garbage in the last group of a cleanly
+     * closed store would pass for a torn group and drop it silently. */
+    build(64u << 20, CLOSED);
+    remove_tail_file();
+    unsigned char *bad = malloc(orig_len);
+    cr_assert(bad);
+    memcpy(bad, orig, orig_len);
+    for (size_t i = 0; i < 200; i++)
+        bad[orig_len - 220 + i] ^= 0x5a;
+    write_file(seg_path, bad, orig_len);
+    free(bad);
+    expect_refused_then_repaired("seg-00000001.log: TAIL is missing",
+                                 offset_text(32));
+    expect_batches(BATCHES - 1, "repaired after the tail file went", 0);
+    t_rmdir(dir);
+}
+
+Test(torn, deleted_tail_file_of_sound_store_is_repaired_whole, .timeout = 60)
+{
+    build(4096, CLOSED);
+    remove_tail_file();
+    expect_refused_then_repaired("TAIL is missing", "at offset 32");
     expect_batches(BATCHES, "repaired tail file", 0);
     t_rmdir(dir);
 }
