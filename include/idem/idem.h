@@ -93,27 +93,62 @@ extern "C" {
 /* ------------------------------------------------------------------------
  * Errors */
 
+/* Every code, its value and its text, in one table: idem_strerror() is
+ * made from it, and a program can make its own, e.g. a switch naming each
+ * code:
+ *
+ *     #define NAME(name, value, text) case IDEM_##name: return #name;
+ *         IDEM_ERRNO_MAP(NAME)
+ *     #undef NAME
+ *
+ * The values are part of the ABI: a code keeps its value forever, and a
+ * release may add codes (so a switch needs a default). IDEM_ECLOCK, the
+ * key generators' code (idem/keys.h), sits far from the store's codes so
+ * that both can grow. */
+#define IDEM_ERRNO_MAP(XX)                                                 \
+    XX(OK, 0, "success")                                                   \
+    /* a bad argument: see idem_errdetail() */                             \
+    XX(EINVAL, -1, "invalid argument")                                     \
+    /* an allocation failed; nothing was changed */                        \
+    XX(ENOMEM, -2, "out of memory")                                        \
+    /* a read, write or sync failed */                                     \
+    XX(EIO, -3, "input/output error")                                      \
+    /* the disk is full */                                                 \
+    XX(ENOSPC, -4, "no space left on device")                              \
+    /* no live record for the key (get, forget) */                         \
+    XX(ENOTFOUND, -5, "no such record")                                    \
+    /* the token no longer holds the key: another worker took it over, or \
+     * it was completed, failed, released, expired or forgotten */         \
+    XX(ELOST, -6, "lease lost: the token no longer holds the key")         \
+    /* another process holds the store */                                  \
+    XX(ELOCKED, -7, "store is locked by another process")                  \
+    /* stored data failed its checksum or format */                        \
+    XX(ECORRUPT, -8, "stored data is damaged")                             \
+    /* a key is empty or longer than IDEM_KEY_MAX */                       \
+    XX(EKEYSIZE, -9, "key is empty or too long")                           \
+    /* a response/error is over IDEM_VALUE_MAX */                          \
+    XX(EVALSIZE, -10, "value is too long")                                 \
+    /* data written by an unknown format version */                        \
+    XX(EVERSION, -11, "unknown data format version")                       \
+    /* two keys share an index hash (see "Odds") */                        \
+    XX(ECOLLISION, -12, "two keys share an index hash")                    \
+    /* a server could not be reached */                                    \
+    XX(ECONN, -13, "cannot connect to server")                             \
+    /* a server did not answer in time */                                  \
+    XX(ETIMEOUT, -14, "server timed out")                                  \
+    /* a server answered something unexpected */                           \
+    XX(EPROTO, -15, "unexpected reply from server")                        \
+    /* a server refused the credentials */                                 \
+    XX(EAUTH, -16, "authentication failed")                                \
+    /* the backend does not offer this operation */                        \
+    XX(ENOTSUP, -17, "operation not supported by this store")              \
+    /* the clock is outside what a key generator can use (idem/keys.h) */  \
+    XX(ECLOCK, -32, "the clock is outside what the generator can use")
+
 enum {
-    IDEM_OK = 0,
-    IDEM_EINVAL = -1,     /* a bad argument: see idem_errdetail() */
-    IDEM_ENOMEM = -2,     /* an allocation failed; nothing was changed */
-    IDEM_EIO = -3,        /* a read, write or sync failed */
-    IDEM_ENOSPC = -4,     /* the disk is full */
-    IDEM_ENOTFOUND = -5,  /* no live record for the key (get, forget) */
-    IDEM_ELOST = -6,      /* the token no longer holds the key: another
-                           * worker took it over, or it was completed,
-                           * failed, released, expired or forgotten */
-    IDEM_ELOCKED = -7,    /* another process holds the store */
-    IDEM_ECORRUPT = -8,   /* stored data failed its checksum or format */
-    IDEM_EKEYSIZE = -9,   /* a key is empty or longer than IDEM_KEY_MAX */
-    IDEM_EVALSIZE = -10,  /* a response/error is over IDEM_VALUE_MAX */
-    IDEM_EVERSION = -11,  /* data written by an unknown format version */
-    IDEM_ECOLLISION = -12,/* two keys share an index hash (see "Odds") */
-    IDEM_ECONN = -13,     /* a server could not be reached */
-    IDEM_ETIMEOUT = -14,  /* a server did not answer in time */
-    IDEM_EPROTO = -15,    /* a server answered something unexpected */
-    IDEM_EAUTH = -16,     /* a server refused the credentials */
-    IDEM_ENOTSUP = -17    /* the backend does not offer this operation */
+#define IDEM__ERRNO_ENUM(name, value, text) IDEM_##name = (value),
+    IDEM_ERRNO_MAP(IDEM__ERRNO_ENUM)
+#undef IDEM__ERRNO_ENUM
 };
 
 /* The name and meaning of an error code, e.g. "IDEM_ELOST: lease lost".

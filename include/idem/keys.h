@@ -57,12 +57,11 @@
 extern "C" {
 #endif
 
-/* The clock is outside what a generator can use: a snowflake clock that
- * went back further than max_wait_ms (or did not come back in time), a
- * clock before the snowflake epoch or past the end of the format's range
- * (41 bits of ms: 69 years), a uuid7 clock before 1970 or past 10889. Far
- * from the store's codes so that both can grow. */
-#define IDEM_ECLOCK (-32)
+/* IDEM_ECLOCK (in idem.h's IDEM_ERRNO_MAP, with every other code): the
+ * clock is outside what a generator can use: a snowflake clock that went
+ * back further than max_wait_ms (or did not come back in time), a clock
+ * before the snowflake epoch or past the end of the format's range (41
+ * bits of ms: 69 years), a uuid7 clock before 1970 or past 10889. */
 
 /* ------------------------------------------------------------------------
  * UUIDs (RFC 9562) */
