@@ -6,7 +6,7 @@
  * drops and compaction happen all the time), clean reopens and simulated
  * crashes (the directory copied as it is on disk while the store is
  * open). After every step the store must answer as the model of
- * DESIGN.md's protocol does; after a crash, as it did at the last commit.
+ * the README's protocol does; after a crash, as it did at the last commit.
  * That is what catches a record lost, resurrected or misplaced by the
  * interplay of compaction, checkpoints, expiry and recovery.
  *
