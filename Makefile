@@ -14,8 +14,11 @@ WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
        -Wmissing-prototypes -Wformat=2 -Wundef -Wvla -Wpointer-arith \
        -Wcast-align -Wwrite-strings -Wimplicit-fallthrough \
        -Wno-unused-parameter
+# Hidden by default: libidem.so exports what the headers mark IDEM_EXPORT
+# and nothing else (scripts/check-exports.sh). Tests and the CLI, which
+# call idem__ internals, link the static library.
 CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
-             -Iinclude -Isrc $(CFLAGS)
+             -fvisibility=hidden -Iinclude -Isrc $(CFLAGS)
 LIBS = -lhiredis -lxxhash -lcrypto -lpthread
 
 LIB_SRC := $(sort $(wildcard src/*.c))
@@ -53,7 +56,7 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -llmdb -lyajl
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
@@ -73,6 +76,7 @@ deps:
 
 test: deps check-style
 	@$(MAKE) --no-print-directory all $(BUILD)/idem-tests $(PROGS)
+	@sh scripts/check-exports.sh $(BUILD)/libidem.so
 	@sh scripts/run-tests.sh $(BUILD)
 
 asan: deps

@@ -6,7 +6,10 @@
 #     strtok, atoi, atol, atoll, atof, gets (unbounded writes, hidden
 #     state, or errors that cannot be told from a zero);
 #   - every file opens with its essay line, "/* [dir/]NAME - ...";
-#   - no tab, no trailing blank, no line over 80 columns.
+#   - no tab, no trailing blank, no line over 80 columns;
+#   - shellcheck(1) finds nothing in scripts/*.sh and bench/*.sh (the
+#     scripts start servers and kill processes: a word split in the
+#     wrong place kills the wrong one).
 #
 # Prints each violation as FILE:LINE: what, and exits 1 if there was any.
 set -u
@@ -35,8 +38,14 @@ for f in $files; do
     head -n 1 "$f" | grep -qE "^/\* ([a-z]+/)*$name - " ||
         report "$f:1" "no opening essay line \"/* $name - ...\""
 done
+if command -v shellcheck >/dev/null; then
+    shellcheck scripts/*.sh bench/*.sh >&2 ||
+        report "scripts/*.sh bench/*.sh" "shellcheck (above)"
+else
+    report "shellcheck" "not installed: sh scripts/deps.sh"
+fi
 if [ "$bad" -ne 0 ]; then
     echo "check-style: the house rules are in scripts/check-style.sh" >&2
     exit 1
 fi
-echo "check-style: $(echo "$files" | wc -l) files clean"
+echo "check-style: $(echo "$files" | wc -l) files and the shell scripts clean"

@@ -54,7 +54,8 @@ echo
 echo "== idem run, killed with kill -9 halfway:"
 "$IDEM" "$@" --quiet --output results.ndjson orders.ndjson &
 pid=$!
-while [ "$(cat results.ndjson 2>/dev/null | wc -l)" -lt $((ORDERS / 3)) ]; do
+while [ "$( (wc -l <results.ndjson) 2>/dev/null || echo 0)" -lt \
+    $((ORDERS / 3)) ]; do
     sleep 0.05
 done
 kill -9 $pid

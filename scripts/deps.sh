@@ -5,7 +5,7 @@
 set -e
 PKGS="gcc make pkg-config libssl-dev libxxhash-dev libcriterion-dev
       liblmdb-dev libhiredis-dev uuid-dev redis-server redis-tools faketime
-      mawk libyajl-dev"
+      mawk libyajl-dev shellcheck"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||
@@ -20,4 +20,5 @@ fi
 echo "idem: installing$missing" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >/dev/null
+# shellcheck disable=SC2086 # a list of package names, split on purpose
 apt-get install -y -qq --no-install-recommends $missing >/dev/null

@@ -130,7 +130,7 @@ restart)
     exit 1
     ;;
 stop)
-    for f in $(find "$dir" -name pid 2>/dev/null); do
+    find "$dir" -name pid 2>/dev/null | while read -r f; do
         kill -9 "$(cat "$f")" 2>/dev/null || true
     done
     ;;

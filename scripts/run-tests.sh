@@ -23,12 +23,13 @@ export IDEM_PROGS="$PWD/$BUILD/progs" IDEM_CLI="$PWD/$BUILD/idem"
 export IDEM_SCRIPTS="$PWD/scripts" IDEM_REDIS_ROOT="$root"
 case "${IDEM_TEST_FILTER:-*}" in
 *redis*|*cluster*|*conf*|\**)
-    single=$(sh scripts/redis-test.sh single "$root/shared") &&
-        cluster=$(sh scripts/redis-test.sh cluster "$root/shared-cluster" 3 1) || {
+    if ! single=$(sh scripts/redis-test.sh single "$root/shared") ||
+        ! cluster=$(sh scripts/redis-test.sh cluster "$root/shared-cluster" 3 1)
+    then
         echo "run-tests: cannot start the shared Redis servers" >&2
         echo "0 passed, 1 failed"
         exit 1
-    }
+    fi
     export IDEM_TEST_REDIS="127.0.0.1:$single"
     IDEM_TEST_CLUSTER=$(echo "$cluster" | sed 's/\([0-9][0-9]*\)/127.0.0.1:\1/g')
     export IDEM_TEST_CLUSTER

@@ -115,6 +115,30 @@ uint64_t idem__mono_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+int64_t idem__mono_ms(void)
+{
+    return (int64_t)(idem__mono_ns() / 1000000u);
+}
+
+void idem__sleep_ms(int64_t ms)
+{
+    if (ms <= 0)
+        return;
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    /* nanosleep leaves in ts what is left when a signal interrupts it. */
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+void idem__scopy(char *dst, size_t cap, const char *src)
+{
+    size_t n = strlen(src);
+    if (n >= cap)
+        n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 char *idem__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -44,6 +44,15 @@ int64_t idem__wall_ms(void);
 int64_t idem__wall_us(void);
 /* Monotonic nanoseconds, for measuring. */
 uint64_t idem__mono_ns(void);
+/* Monotonic milliseconds, for deadlines. */
+int64_t idem__mono_ms(void);
+/* Sleep ms milliseconds (nothing if ms <= 0). A signal does not cut the
+ * sleep short: callers plan renewals and deadlines by it. */
+void idem__sleep_ms(int64_t ms);
+
+/* Copy the string src into dst of cap > 0 bytes, cut to fit, always
+ * terminated: for messages, where a cut is better than a failure. */
+void idem__scopy(char *dst, size_t cap, const char *src);
 
 /* Duplicate a string with malloc (the library's own, so tests can fail
  * it). NULL on ENOMEM. */

@@ -67,6 +67,12 @@ static idem__engine *idem__eng(idem_store *s)
     return s->impl;
 }
 
+idem__log *idem__engine_log(idem_store *s)
+{
+    int ours = s->be == &idem__backend_local || s->be == &idem__backend_mem;
+    return ours ? &idem__eng(s)->log : NULL;
+}
+
 static void idem__hash(const idem__engine *en, const void *key, size_t len,
                        uint64_t h[2])
 {

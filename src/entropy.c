@@ -15,7 +15,7 @@
  * slower, equally safe.
  *
  * The buffer is per thread, so drawing takes no lock. */
-#include "keys.h"
+#include "entropy.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -27,6 +27,9 @@ typedef struct idem__ient {
     uint32_t off;      /* its offset in the segment (or free-list link) */
 } idem__ient;
 
+/* What the RAM figures (README, docs/internals.md) are made of. */
+_Static_assert(sizeof(idem__ient) == 32, "an index entry is 32 bytes");
+
 #define IDEM__IENT_FREE UINT32_MAX
 
 typedef struct idem__index {

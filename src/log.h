@@ -13,8 +13,10 @@
  * Invariants:
  *  - segment ids run from segs[0].id to segs[nsegs-1].id without gaps;
  *    only the oldest segment is ever dropped;
- *  - a segment other than the active one ends with a COMMIT frame: new
- *    segments are started only between commits;
+ *  - a segment other than the active one ends with a COMMIT frame, or
+ *    holds no frame at all (it was started for an append that a crash or
+ *    an error kept from committing): new segments are started only
+ *    between commits;
  *  - bytes [0, size) of a segment are in its file (or heap buffer); bytes
  *    [size, size + wbuf.len) of the active segment are in wbuf;
  *  - after a failed write or sync `broken` is set and stays set: the
@@ -29,7 +31,10 @@
 #include "dir.h"
 #include "store.h"
 
+/* magic 8, version 4, id 4, created 8, XXH3-64 8 (docs/internals.md) */
 #define IDEM__SEG_HDR 32u
+_Static_assert(IDEM__SEG_HDR == 8 + 4 + 4 + 8 + 8,
+               "a segment header is 32 bytes");
 
 typedef struct idem__seg {
     uint32_t id;
@@ -118,5 +123,13 @@ void idem__log_close(idem__log *lg);
 /* Record an I/O failure: errno to IDEM_EIO/ENOSPC, detail names the file
  * and the operation. */
 int idem__log_ioerr(idem__log *lg, const char *op, uint32_t seg, int err);
+
+/* Check the invariants above: 0, or IDEM_ECORRUPT and what is wrong in
+ * why[0..n). For tests and debugging (log_check.c): the library never
+ * calls it. */
+int idem__log_check(idem__log *lg, char *why, size_t n);
+
+/* The log of a local: or mem: store (engine.c); NULL on other backends. */
+idem__log *idem__engine_log(idem_store *s);
 
 #endif

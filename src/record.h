@@ -50,6 +50,14 @@
  * a frame needs at least this many bytes. */
 #define IDEM__REC_HDR 72u
 
+/* The layout above, as docs/internals.md states it: the fingerprint fills
+ * [48, 64), the token ends the version 2 header, which is version 1's
+ * plus the 8-byte token. */
+_Static_assert(48 + IDEM_FP_LEN == 64, "the fingerprint ends at vallen");
+_Static_assert(IDEM__REC_HDR == 72, "a version 1 frame header is 72 bytes");
+_Static_assert(IDEM__REC_HDR2 == IDEM__REC_HDR + 8,
+               "a version 2 frame header is 80 bytes, the token last");
+
 enum idem__rtype {
     IDEM__R_CLAIM = 1,
     IDEM__R_COMPLETE,

@@ -184,9 +184,6 @@ int idem__run(idem_store *s, idem__rbatch *b, int write);
 /* Is e (an error reply) one after which the same command may succeed
  * later: TRYAGAIN, CLUSTERDOWN, LOADING, BUSY, MASTERDOWN, READONLY? */
 int idem__transient(const char *e);
-void idem__sleep_ms(int64_t ms);
-/* Copy a message, cut to fit. */
-void idem__scopy(char *dst, size_t cap, const char *src);
 
 /* ---- redis.c */
 
@@ -280,9 +277,6 @@ redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
                                 int *code);
 /* Was the I/O error on conn a timeout? */
 int idem__rconn_timed_out(const idem__rconn *conn);
-
-/* Monotonic milliseconds. */
-int64_t idem__mono_ms(void);
 
 /* ---- redis_cluster.c */
 

@@ -17,11 +17,6 @@
 
 #include "redis.h"
 
-int64_t idem__mono_ms(void)
-{
-    return (int64_t)(idem__mono_ns() / 1000000u);
-}
-
 static struct timeval idem__tv(int64_t ms)
 {
     if (ms < 1)

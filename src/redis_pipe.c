@@ -51,15 +51,6 @@
 /* Bytes of commands a connection buffers before it starts sending. */
 #define IDEM__EARLY_FLUSH 8192u
 
-void idem__scopy(char *dst, size_t cap, const char *src)
-{
-    size_t n = strlen(src);
-    if (n >= cap)
-        n = cap - 1;
-    memcpy(dst, src, n);
-    dst[n] = '\0';
-}
-
 static idem__redis *idem__r(idem_store *s)
 {
     return s->impl;
@@ -507,13 +498,6 @@ static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
         return IDEM_ENOMEM;
     conn->wrote |= b->write;
     return 0;
-}
-
-void idem__sleep_ms(int64_t ms)
-{
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
-        ;
 }
 
 /* Read every reply a connection is owed this round. */

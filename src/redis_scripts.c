@@ -4,7 +4,7 @@
  * the script's read and its write. That is what makes a claim on Redis
  * one round trip with no WATCH/MULTI retry loop, and what lets many
  * clients race for one key with exactly one NEW among them. Each script
- * mirrors protocol.c (the decision table of DESIGN.md) line for line:
+ * mirrors protocol.c (README, "The protocol"; protocol.h) line for line:
  * MISMATCH before state, REPLAY for DONE, FAILED for a cached permanent
  * failure, BUSY under a live lease, otherwise NEW keeping the longer
  * expiry, with attempts + 1 and a token that is the greater of the

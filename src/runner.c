@@ -589,14 +589,6 @@ int idem_runner_tick(idem_runner *r)
 /* ------------------------------------------------------------------------
  * Waiting between rounds */
 
-static void idem__sleep_ms(int64_t ms)
-{
-    if (ms <= 0)
-        return;
-    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* Sleep ms, keeping the held claims alive. */
 static int idem__runner_nap(idem_runner *r, int64_t ms)
 {

@@ -27,7 +27,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "keys.h"
+#include "entropy.h"
 
 #define IDEM__UUID7_OPTS_VERSION 1u
 #define IDEM__TS_LIMIT (INT64_C(1) << 48)

@@ -1,4 +1,4 @@
-/* tests/test_conformance.c - the claim protocol, as DESIGN.md states it,
+/* tests/test_conformance.c - the claim protocol, as the README states it,
  * checked on every backend. Time is driven by the injectable clock. */
 #include <signal.h>
 #include <stdio.h>

@@ -6,9 +6,12 @@
  * drops and compaction happen all the time), clean reopens and simulated
  * crashes (the directory copied as it is on disk while the store is
  * open). After every step the store must answer as the model of
- * DESIGN.md's protocol does; after a crash, as it did at the last commit.
+ * the README's protocol does; after a crash, as it did at the last commit.
  * That is what catches a record lost, resurrected or misplaced by the
  * interplay of compaction, checkpoints, expiry and recovery.
+ *
+ * After every step the log's own invariants (src/log.h) are checked too
+ * (idem__log_check), so that a step that breaks one is named at once.
  *
  * IDEM_MODEL_SEEDS sets the number of runs per backend (default 12). */
 #include <stdio.h>
@@ -16,6 +19,7 @@
 #include <string.h>
 
 #include "common.h"
+#include "log.h"
 
 enum { NKEYS = 40, NCKPT = 3, VMAX = 200, STEPS = 2000 };
 
@@ -181,6 +185,16 @@ static idem_store *crash(idem_store *s, int *gen)
     return open_store();
 }
 
+/* The invariants of s's log hold. */
+static void expect_log_ok(idem_store *s, const char *when)
+{
+    char why[256] = "";
+    idem__log *lg = idem__engine_log(s);
+    cr_assert(lg, "%s: not a local: or mem: store", when);
+    cr_assert_eq(idem__log_check(lg, why, sizeof why), 0, "%s: log: %s",
+                 when, why);
+}
+
 static void run(unsigned seed)
 {
     rnd_state = seed;
@@ -285,6 +299,7 @@ static void run(unsigned seed)
             s = crash(s, &gen);
             expect_all(s, when);
         }
+        expect_log_ok(s, when);
     }
     expect_all(s, "end");
     idem_close(s);

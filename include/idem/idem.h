@@ -76,6 +76,16 @@
 
 #include "idem/version.h"
 
+/* IDEM_EXPORT marks the public API: libidem is built with
+ * -fvisibility=hidden, so a function without it (every idem__ internal)
+ * is not in libidem.so's dynamic symbol table and no program can come to
+ * depend on it. */
+#if defined(__GNUC__)
+#define IDEM_EXPORT __attribute__((visibility("default")))
+#else
+#define IDEM_EXPORT
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -83,39 +93,74 @@ extern "C" {
 /* ------------------------------------------------------------------------
  * Errors */
 
+/* Every code, its value and its text, in one table: idem_strerror() is
+ * made from it, and a program can make its own, e.g. a switch naming each
+ * code:
+ *
+ *     #define NAME(name, value, text) case IDEM_##name: return #name;
+ *         IDEM_ERRNO_MAP(NAME)
+ *     #undef NAME
+ *
+ * The values are part of the ABI: a code keeps its value forever, and a
+ * release may add codes (so a switch needs a default). IDEM_ECLOCK, the
+ * key generators' code (idem/keys.h), sits far from the store's codes so
+ * that both can grow. */
+#define IDEM_ERRNO_MAP(XX)                                                 \
+    XX(OK, 0, "success")                                                   \
+    /* a bad argument: see idem_errdetail() */                             \
+    XX(EINVAL, -1, "invalid argument")                                     \
+    /* an allocation failed; nothing was changed */                        \
+    XX(ENOMEM, -2, "out of memory")                                        \
+    /* a read, write or sync failed */                                     \
+    XX(EIO, -3, "input/output error")                                      \
+    /* the disk is full */                                                 \
+    XX(ENOSPC, -4, "no space left on device")                              \
+    /* no live record for the key (get, forget) */                         \
+    XX(ENOTFOUND, -5, "no such record")                                    \
+    /* the token no longer holds the key: another worker took it over, or \
+     * it was completed, failed, released, expired or forgotten */         \
+    XX(ELOST, -6, "lease lost: the token no longer holds the key")         \
+    /* another process holds the store */                                  \
+    XX(ELOCKED, -7, "store is locked by another process")                  \
+    /* stored data failed its checksum or format */                        \
+    XX(ECORRUPT, -8, "stored data is damaged")                             \
+    /* a key is empty or longer than IDEM_KEY_MAX */                       \
+    XX(EKEYSIZE, -9, "key is empty or too long")                           \
+    /* a response/error is over IDEM_VALUE_MAX */                          \
+    XX(EVALSIZE, -10, "value is too long")                                 \
+    /* data written by an unknown format version */                        \
+    XX(EVERSION, -11, "unknown data format version")                       \
+    /* two keys share an index hash (see "Odds") */                        \
+    XX(ECOLLISION, -12, "two keys share an index hash")                    \
+    /* a server could not be reached */                                    \
+    XX(ECONN, -13, "cannot connect to server")                             \
+    /* a server did not answer in time */                                  \
+    XX(ETIMEOUT, -14, "server timed out")                                  \
+    /* a server answered something unexpected */                           \
+    XX(EPROTO, -15, "unexpected reply from server")                        \
+    /* a server refused the credentials */                                 \
+    XX(EAUTH, -16, "authentication failed")                                \
+    /* the backend does not offer this operation */                        \
+    XX(ENOTSUP, -17, "operation not supported by this store")              \
+    /* the clock is outside what a key generator can use (idem/keys.h) */  \
+    XX(ECLOCK, -32, "the clock is outside what the generator can use")
+
 enum {
-    IDEM_OK = 0,
-    IDEM_EINVAL = -1,     /* a bad argument: see idem_errdetail() */
-    IDEM_ENOMEM = -2,     /* an allocation failed; nothing was changed */
-    IDEM_EIO = -3,        /* a read, write or sync failed */
-    IDEM_ENOSPC = -4,     /* the disk is full */
-    IDEM_ENOTFOUND = -5,  /* no live record for the key (get, forget) */
-    IDEM_ELOST = -6,      /* the token no longer holds the key: another
-                           * worker took it over, or it was completed,
-                           * failed, released, expired or forgotten */
-    IDEM_ELOCKED = -7,    /* another process holds the store */
-    IDEM_ECORRUPT = -8,   /* stored data failed its checksum or format */
-    IDEM_EKEYSIZE = -9,   /* a key is empty or longer than IDEM_KEY_MAX */
-    IDEM_EVALSIZE = -10,  /* a response/error is over IDEM_VALUE_MAX */
-    IDEM_EVERSION = -11,  /* data written by an unknown format version */
-    IDEM_ECOLLISION = -12,/* two keys share an index hash (see "Odds") */
-    IDEM_ECONN = -13,     /* a server could not be reached */
-    IDEM_ETIMEOUT = -14,  /* a server did not answer in time */
-    IDEM_EPROTO = -15,    /* a server answered something unexpected */
-    IDEM_EAUTH = -16,     /* a server refused the credentials */
-    IDEM_ENOTSUP = -17    /* the backend does not offer this operation */
+#define IDEM__ERRNO_ENUM(name, value, text) IDEM_##name = (value),
+    IDEM_ERRNO_MAP(IDEM__ERRNO_ENUM)
+#undef IDEM__ERRNO_ENUM
 };
 
 /* The name and meaning of an error code, e.g. "IDEM_ELOST: lease lost".
  * Never NULL; a static string. Thread-safe. */
-const char *idem_strerror(int code);
+IDEM_EXPORT const char *idem_strerror(int code);
 
 /* ------------------------------------------------------------------------
  * Version */
 
 /* The library's version string, e.g. "0.1.0". Compare with
  * IDEM_VERSION_STRING to tell headers and library apart. */
-const char *idem_version(void);
+IDEM_EXPORT const char *idem_version(void);
 
 /* ------------------------------------------------------------------------
  * Limits */
@@ -175,7 +220,7 @@ typedef struct idem_options {
 #define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
 
 /* Fill *opts with the defaults listed above. */
-void idem_options_init(idem_options *opts);
+IDEM_EXPORT void idem_options_init(idem_options *opts);
 
 /* Open the store that uri names (NULL: "local:./idem-data"), creating it if
  * needed. opts may be NULL for the defaults; it is copied.
@@ -244,7 +289,8 @@ void idem_options_init(idem_options *opts);
  * sweep, stats, dump and check leave alone. idem_sweep() SCANs every
  * master (max_work bounds the keys looked at per call) and deletes records
  * without a TTL older than retention_ms. docs/redis.md has the details. */
-int idem_open(const char *uri, const idem_options *opts, idem_store **out);
+IDEM_EXPORT int idem_open(const char *uri, const idem_options *opts,
+                          idem_store **out);
 
 /* Sync what is pending, release the store and free the handle. Returns the
  * result of that last sync (the handle is freed regardless). A local:
@@ -252,11 +298,11 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out);
  * open refuses any loss after it. In a fork child of the process that
  * opened s, only frees memory (see FORK) and returns 0. NULL is a no-op
  * returning 0. */
-int idem_close(idem_store *s);
+IDEM_EXPORT int idem_close(idem_store *s);
 
 /* What went wrong in the last failed call on s, as one line of text, or ""
  * after a success. Owned by s; valid until the next call on s. */
-const char *idem_errdetail(const idem_store *s);
+IDEM_EXPORT const char *idem_errdetail(const idem_store *s);
 
 /* ------------------------------------------------------------------------
  * The claim protocol */
@@ -309,8 +355,8 @@ typedef struct idem_claim_opts {
 /* Claim one key. Does not sync. Returns 0 and fills *out, or an error:
  * IDEM_EKEYSIZE, IDEM_EINVAL, IDEM_ENOMEM, IDEM_EIO, IDEM_ENOSPC,
  * IDEM_ECOLLISION, IDEM_ECORRUPT (the key's record cannot be read back). */
-int idem_claim(idem_store *s, const idem_key *key,
-               const idem_claim_opts *opts, idem_outcome *out);
+IDEM_EXPORT int idem_claim(idem_store *s, const idem_key *key,
+                           const idem_claim_opts *opts, idem_outcome *out);
 
 /* Complete a claim: PENDING with this token becomes DONE holding response,
  * living ttl_ms (0: the store default) from now. Does not sync.
@@ -334,9 +380,9 @@ int idem_claim(idem_store *s, const idem_key *key,
  * stepped back by more than the time since then; and a claim that was
  * never synced before a crash, whose token a clock stepped back can give
  * again (sync before acting on a token, as the README's example does). */
-int idem_complete(idem_store *s, const void *key, size_t keylen,
-                  uint64_t token, const void *response, size_t len,
-                  int64_t ttl_ms);
+IDEM_EXPORT int idem_complete(idem_store *s, const void *key, size_t keylen,
+                              uint64_t token, const void *response, size_t len,
+                              int64_t ttl_ms);
 
 #define IDEM_RETRYABLE 1u  /* idem_fail(): release the key for a retry */
 
@@ -345,16 +391,17 @@ int idem_complete(idem_store *s, const void *key, size_t keylen,
  * for the store's failure TTL and every claim answers FAILED. Does not
  * sync.
  * IDEM_ELOST if the token does not hold the key. */
-int idem_fail(idem_store *s, const void *key, size_t keylen, uint64_t token,
-              const void *error, size_t len, unsigned flags);
+IDEM_EXPORT int idem_fail(idem_store *s, const void *key, size_t keylen,
+                          uint64_t token, const void *error, size_t len,
+                          unsigned flags);
 
 /* Renew a lease: it now runs out lease_ms (0: default) from now, and the
  * record lives at least that long, past its TTL if need be (as a claim's
  * and a takeover's record does): an expired record would be NEW to
  * anyone while its holder still works. IDEM_ELOST if the token does not
  * hold the key. Does not sync. */
-int idem_extend(idem_store *s, const void *key, size_t keylen,
-                uint64_t token, int64_t lease_ms);
+IDEM_EXPORT int idem_extend(idem_store *s, const void *key, size_t keylen,
+                            uint64_t token, int64_t lease_ms);
 
 /* A record as idem_get() reports it. data as in idem_outcome. */
 typedef struct idem_record {
@@ -372,15 +419,16 @@ typedef struct idem_record {
 } idem_record;
 
 /* Read a live record without changing it. IDEM_ENOTFOUND if none. */
-int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out);
+IDEM_EXPORT int idem_get(idem_store *s, const void *key, size_t keylen,
+                         idem_record *out);
 
 /* Delete a key's record: the next claim is NEW, with attempts 1 and a
  * token greater than the forgotten one (see idem_complete()).
  * IDEM_ENOTFOUND if there was no live record. Does not sync. */
-int idem_forget(idem_store *s, const void *key, size_t keylen);
+IDEM_EXPORT int idem_forget(idem_store *s, const void *key, size_t keylen);
 
 /* Make every change made so far durable (one fdatasync on local:). */
-int idem_sync(idem_store *s);
+IDEM_EXPORT int idem_sync(idem_store *s);
 
 /* ------------------------------------------------------------------------
  * Batches: one commit (local) or one round trip (servers) for n keys. */
@@ -405,9 +453,9 @@ int idem_sync(idem_store *s);
  * value says so and the claims made (status 0) are not durable.
  * IDEM_EINVAL for invalid arguments (opts out of range, NULL arrays):
  * then outs is not touched. */
-int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
-                    const idem_claim_opts *opts, idem_outcome *outs,
-                    unsigned flags);
+IDEM_EXPORT int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
+                                const idem_claim_opts *opts, idem_outcome *outs,
+                                unsigned flags);
 
 /* One completion of idem_complete_many(). */
 typedef struct idem_completion {
@@ -421,8 +469,8 @@ typedef struct idem_completion {
 
 /* Complete n claims; statuses[i] is idem_complete()'s result for items[i].
  * Return value and flags as idem_claim_many(). */
-int idem_complete_many(idem_store *s, const idem_completion *items,
-                       size_t n, int *statuses, unsigned flags);
+IDEM_EXPORT int idem_complete_many(idem_store *s, const idem_completion *items,
+                                   size_t n, int *statuses, unsigned flags);
 
 /* ------------------------------------------------------------------------
  * Checkpoints: a runner's source position, committed with its batch.
@@ -464,15 +512,15 @@ int idem_complete_many(idem_store *s, const idem_completion *items,
 /* Store blob (len bytes, may be 0) under name. Does not sync.
  * IDEM_ENOTSUP on backends without checkpoints (every backend of this
  * library has them). */
-int idem_checkpoint_put(idem_store *s, const char *name, const void *blob,
-                        size_t len);
+IDEM_EXPORT int idem_checkpoint_put(idem_store *s, const char *name,
+                                    const void *blob, size_t len);
 
 /* The newest blob stored under name: the one this handle queued if there
  * is one, else the last synced one. *blob is owned by s and valid until
  * the next call on s. IDEM_ENOTFOUND if none; on Redis it applies first
  * the writes a crashed sync left with the checkpoint. */
-int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
-                        size_t *len);
+IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
+                                    const void **blob, size_t *len);
 
 /* ------------------------------------------------------------------------
  * The stream runner: a batch of messages processed exactly once.
@@ -640,19 +688,19 @@ typedef struct idem_runner_opts {
                              * end of each round */
 } idem_runner_opts;
 
-void idem_runner_opts_init(idem_runner_opts *o);
+IDEM_EXPORT void idem_runner_opts_init(idem_runner_opts *o);
 
 /* A runner over store s (which must outlive it). IDEM_EINVAL for bad
  * options, IDEM_ENOMEM. */
-int idem_runner_new(idem_store *s, const idem_runner_opts *o,
-                    idem_runner **out);
+IDEM_EXPORT int idem_runner_new(idem_store *s, const idem_runner_opts *o,
+                                idem_runner **out);
 
 /* Process msgs[0..n) as described above. *committed (may be NULL) is
  * the number of messages whose outcome was committed: n on success.
  * Returns 0, the handler's or commit()'s error, or a store error (then
  * see idem_errdetail() of the store). */
-int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
-                      size_t *committed);
+IDEM_EXPORT int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
+                                  size_t *committed);
 
 /* Called by a handler while it works (see idem_handler_fn), from the
  * thread that runs idem_runner_batch(): records the answers given so
@@ -662,9 +710,9 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
  * store or commit() error: the handler should then stop and return it.
  * Outside a handler call, and from commit(), it does nothing and returns
  * 0. */
-int idem_runner_tick(idem_runner *r);
+IDEM_EXPORT int idem_runner_tick(idem_runner *r);
 
-void idem_runner_free(idem_runner *r);
+IDEM_EXPORT void idem_runner_free(idem_runner *r);
 
 /* ------------------------------------------------------------------------
  * Export and import: every live record out, and back in. */
@@ -678,7 +726,7 @@ typedef int (*idem_scan_fn)(void *ctx, const void *key, size_t keylen,
 /* Visit every live (unexpired) record once, in no particular order.
  * fn must not call functions on s. Returns 0, fn's nonzero answer, or an
  * error. Checkpoints are not records and are not visited. */
-int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx);
+IDEM_EXPORT int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx);
 
 /* Write *rec as key's record, replacing any live one: what a restore of
  * an idem_scan() export needs, since the protocol calls would renumber
@@ -689,8 +737,8 @@ int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx);
  * Redis. A record already expired is not written and the call returns 0.
  * Does not sync. IDEM_EINVAL for an impossible record (token 0 or above
  * IDEM_TOKEN_MAX, a state out of range). */
-int idem_import(idem_store *s, const void *key, size_t keylen,
-                const idem_record *rec);
+IDEM_EXPORT int idem_import(idem_store *s, const void *key, size_t keylen,
+                            const idem_record *rec);
 
 /* ------------------------------------------------------------------------
  * Upkeep */
@@ -703,7 +751,7 @@ int idem_import(idem_store *s, const void *key, size_t keylen,
  * costs at most a segment's worth of reads. Commits (syncs) whatever was
  * pending first. *expired (may be NULL) receives how many records were
  * removed. IDEM_EINVAL on a store opened with IDEM_O_READONLY. */
-int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
+IDEM_EXPORT int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 
 /* Counters and gauges of a store. */
 typedef struct idem_stats {
@@ -720,7 +768,7 @@ typedef struct idem_stats {
 } idem_stats;
 
 /* Fill *out. Counting by state visits every entry: O(keys). */
-int idem_stats_get(idem_store *s, idem_stats *out);
+IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {
@@ -745,7 +793,7 @@ typedef struct idem_check_report {
  * token that is not a positive integer, a day-layout bucket field that
  * is not a packed record. idem_repair() deletes those, and only those.
  * mem: gives IDEM_ENOTSUP; NULL or "" is local:./idem-data. */
-int idem_check(const char *uri, idem_check_report *report);
+IDEM_EXPORT int idem_check(const char *uri, idem_check_report *report);
 
 /* Rewrite each damaged segment of the store at uri keeping every valid
  * record; the damaged bytes are lost. A torn tail is cut, a bad segment
@@ -754,7 +802,7 @@ int idem_check(const char *uri, idem_check_report *report);
  * that are left, so that the store opens. Returns 0 and fills report, or
  * IDEM_ENOTSUP (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
  * IDEM_ENOSPC, IDEM_ENOMEM. The store must not be open elsewhere. */
-int idem_repair(const char *uri, idem_check_report *report);
+IDEM_EXPORT int idem_repair(const char *uri, idem_check_report *report);
 
 #include "idem/keys.h"
 

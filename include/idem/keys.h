@@ -57,12 +57,11 @@
 extern "C" {
 #endif
 
-/* The clock is outside what a generator can use: a snowflake clock that
- * went back further than max_wait_ms (or did not come back in time), a
- * clock before the snowflake epoch or past the end of the format's range
- * (41 bits of ms: 69 years), a uuid7 clock before 1970 or past 10889. Far
- * from the store's codes so that both can grow. */
-#define IDEM_ECLOCK (-32)
+/* IDEM_ECLOCK (in idem.h's IDEM_ERRNO_MAP, with every other code): the
+ * clock is outside what a generator can use: a snowflake clock that went
+ * back further than max_wait_ms (or did not come back in time), a clock
+ * before the snowflake epoch or past the end of the format's range (41
+ * bits of ms: 69 years), a uuid7 clock before 1970 or past 10889. */
 
 /* ------------------------------------------------------------------------
  * UUIDs (RFC 9562) */
@@ -80,11 +79,11 @@ extern "C" {
  *
  * Returns 0, or IDEM_EIO if getrandom(2) failed (out is then unchanged).
  * Thread-safe. */
-int idem_uuid4(uint8_t out[IDEM_UUID_LEN]);
+IDEM_EXPORT int idem_uuid4(uint8_t out[IDEM_UUID_LEN]);
 
 /* A version 7 UUID (RFC 9562 section 5.7) from the process-wide generator,
  * which reads CLOCK_REALTIME. Same as idem_uuid7_gen_next(NULL, out). */
-int idem_uuid7(uint8_t out[IDEM_UUID_LEN]);
+IDEM_EXPORT int idem_uuid7(uint8_t out[IDEM_UUID_LEN]);
 
 /* A uuid7 generator with its own clock and its own order. Most programs
  * want idem_uuid7(); a private generator is for an injected clock (tests,
@@ -101,15 +100,16 @@ typedef struct idem_uuid7_opts {
     void *clock_ctx;        /* passed to clock */
 } idem_uuid7_opts;
 
-void idem_uuid7_opts_init(idem_uuid7_opts *opts);
+IDEM_EXPORT void idem_uuid7_opts_init(idem_uuid7_opts *opts);
 
 /* Make a generator. opts may be NULL for the defaults; it is copied.
  * Returns 0 and *out, or IDEM_EINVAL (opts not initialised) or
  * IDEM_ENOMEM, with *out NULL. Free it with idem_uuid7_gen_free(). */
-int idem_uuid7_gen_new(const idem_uuid7_opts *opts, idem_uuid7_gen **out);
+IDEM_EXPORT int idem_uuid7_gen_new(const idem_uuid7_opts *opts,
+                                   idem_uuid7_gen **out);
 
 /* Free a generator (NULL is a no-op). No call may be running on it. */
-void idem_uuid7_gen_free(idem_uuid7_gen *g);
+IDEM_EXPORT void idem_uuid7_gen_free(idem_uuid7_gen *g);
 
 /* The next uuid7 of g (NULL: the process-wide generator).
  *
@@ -142,25 +142,27 @@ void idem_uuid7_gen_free(idem_uuid7_gen *g);
  * reads before 1970 or from the year 10889 on (past 48 bits of ms), or the
  * generator has issued its last possible UUID. On error out is unchanged.
  * Thread-safe. */
-int idem_uuid7_gen_next(idem_uuid7_gen *g, uint8_t out[IDEM_UUID_LEN]);
+IDEM_EXPORT int idem_uuid7_gen_next(idem_uuid7_gen *g,
+                                    uint8_t out[IDEM_UUID_LEN]);
 
 /* Write u as 36 lowercase characters and a NUL into out. Thread-safe. */
-void idem_uuid_format(const uint8_t u[IDEM_UUID_LEN],
-                      char out[IDEM_UUID_STRLEN + 1]);
+IDEM_EXPORT void idem_uuid_format(const uint8_t u[IDEM_UUID_LEN],
+                                  char out[IDEM_UUID_STRLEN + 1]);
 
 /* Parse the 36-character text form (hex digits of either case, hyphens at
  * 8, 13, 18, 23) from text[0..len). Returns 0 and fills out, or
  * IDEM_EINVAL (out unchanged). Any version and variant are accepted: check
  * them with idem_uuid_version(). */
-int idem_uuid_parse(const char *text, size_t len, uint8_t out[IDEM_UUID_LEN]);
+IDEM_EXPORT int idem_uuid_parse(const char *text, size_t len,
+                                uint8_t out[IDEM_UUID_LEN]);
 
 /* The version number (0..15) of u if its variant bits are RFC 9562's (10),
  * else -1. */
-int idem_uuid_version(const uint8_t u[IDEM_UUID_LEN]);
+IDEM_EXPORT int idem_uuid_version(const uint8_t u[IDEM_UUID_LEN]);
 
 /* The Unix milliseconds in a uuid7 (its first 48 bits), or -1 if u is not
  * a version 7, RFC-variant UUID. */
-int64_t idem_uuid7_unix_ms(const uint8_t u[IDEM_UUID_LEN]);
+IDEM_EXPORT int64_t idem_uuid7_unix_ms(const uint8_t u[IDEM_UUID_LEN]);
 
 /* ------------------------------------------------------------------------
  * Snowflake IDs
@@ -218,7 +220,7 @@ typedef struct idem_snowflake_opts {
                              * this span. Default 200. */
 } idem_snowflake_opts;
 
-void idem_snowflake_opts_init(idem_snowflake_opts *opts);
+IDEM_EXPORT void idem_snowflake_opts_init(idem_snowflake_opts *opts);
 
 /* Make a generator.
  *
@@ -242,7 +244,8 @@ void idem_snowflake_opts_init(idem_snowflake_opts *opts);
  * initialised), IDEM_ELOCKED (the state file is in use), IDEM_ECORRUPT
  * (the state file is not one idem wrote: no valid slot), IDEM_EIO,
  * IDEM_ENOMEM. */
-int idem_snowflake_new(const idem_snowflake_opts *opts, idem_snowflake **out);
+IDEM_EXPORT int idem_snowflake_new(const idem_snowflake_opts *opts,
+                                   idem_snowflake **out);
 
 /* The next ID into *id.
  *
@@ -255,16 +258,16 @@ int idem_snowflake_new(const idem_snowflake_opts *opts, idem_snowflake **out);
  * IDEM_EIO if the state file could not be written (no ID is issued then);
  * IDEM_EINVAL if the handle is in a closed state. The detail says which.
  * After an error the generator stays usable. Thread-safe. */
-int idem_snowflake_next(idem_snowflake *g, uint64_t *id);
+IDEM_EXPORT int idem_snowflake_next(idem_snowflake *g, uint64_t *id);
 
 /* What went wrong in the last failed call on g, or "". Owned by g. With
  * several threads the text may come from another thread's call. */
-const char *idem_snowflake_errdetail(const idem_snowflake *g);
+IDEM_EXPORT const char *idem_snowflake_errdetail(const idem_snowflake *g);
 
 /* Write the exact high-water mark (if there is a state file), release the
  * file and free g. Returns 0 or IDEM_EIO (g is freed regardless; the mark
  * left in the file is then the reserved one, still safe). NULL: 0. */
-int idem_snowflake_close(idem_snowflake *g);
+IDEM_EXPORT int idem_snowflake_close(idem_snowflake *g);
 
 /* The fields of a snowflake ID. */
 typedef struct idem_snowflake_parts {
@@ -277,17 +280,19 @@ typedef struct idem_snowflake_parts {
 /* Split id; epoch_ms must be the generator's (the ID does not hold it).
  * Returns 0, or IDEM_EINVAL if bit 63 is set or epoch_ms < 0.
  * Thread-safe. */
-int idem_snowflake_decode(uint64_t id, int64_t epoch_ms,
-                          idem_snowflake_parts *out);
+IDEM_EXPORT int idem_snowflake_decode(uint64_t id, int64_t epoch_ms,
+                                      idem_snowflake_parts *out);
 
 /* Write id in decimal with a NUL; returns the number of digits. An id
  * with bit 63 set is no snowflake ID: out is "" and the result 0. */
-size_t idem_snowflake_format(uint64_t id, char out[IDEM_SNOWFLAKE_STRLEN + 1]);
+IDEM_EXPORT size_t idem_snowflake_format(uint64_t id,
+                                         char out[IDEM_SNOWFLAKE_STRLEN + 1]);
 
 /* Parse 1..19 decimal digits (no sign, no spaces; "0" alone is allowed,
  * other leading zeros are not) from text[0..len) into *id, which must fit
  * in 63 bits. Returns 0 or IDEM_EINVAL. */
-int idem_snowflake_parse(const char *text, size_t len, uint64_t *id);
+IDEM_EXPORT int idem_snowflake_parse(const char *text, size_t len,
+                                     uint64_t *id);
 
 /* ------------------------------------------------------------------------
  * Business keys: prefix:id:hash
@@ -344,7 +349,7 @@ typedef struct idem_bizkey_opts {
     size_t hmac_key_len;    /* 1.. bytes; copied by idem_bizkey_new() */
 } idem_bizkey_opts;
 
-void idem_bizkey_opts_init(idem_bizkey_opts *opts);
+IDEM_EXPORT void idem_bizkey_opts_init(idem_bizkey_opts *opts);
 
 /* Make a bizkey generator: it keeps the OpenSSL digest (and, with a
  * secret, the keyed HMAC state) ready, so each key costs one hash of the
@@ -355,10 +360,11 @@ void idem_bizkey_opts_init(idem_bizkey_opts *opts);
  * Errors: IDEM_EINVAL (hash_len outside 8..64, an empty secret, opts not
  * initialised), IDEM_ENOMEM, IDEM_EIO (OpenSSL could not provide SHA-256
  * or HMAC, e.g. a FIPS provider configuration that refuses them). */
-int idem_bizkey_new(const idem_bizkey_opts *opts, idem_bizkey_gen **out);
+IDEM_EXPORT int idem_bizkey_new(const idem_bizkey_opts *opts,
+                                idem_bizkey_gen **out);
 
 /* Free g and wipe its secret (NULL is a no-op). */
-void idem_bizkey_free(idem_bizkey_gen *g);
+IDEM_EXPORT void idem_bizkey_free(idem_bizkey_gen *g);
 
 /* Write "prefix:id:hash" and a NUL into out (outsz bytes; a buffer of
  * IDEM_BIZKEY_MAX + 1 always fits) and its length, without the NUL, into
@@ -368,25 +374,28 @@ void idem_bizkey_free(idem_bizkey_gen *g);
  * first bad character) or an out too small (then *outlen, if given, is
  * the length needed and out is untouched); IDEM_EIO if OpenSSL failed.
  * One thread at a time per generator. */
-int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix, const char *id,
-                     const void *payload, size_t len, char *out,
-                     size_t outsz, size_t *outlen);
+IDEM_EXPORT int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix,
+                                 const char *id, const void *payload,
+                                 size_t len, char *out, size_t outsz,
+                                 size_t *outlen);
 
 /* What went wrong in the last failed call on g, or "". Owned by g. */
-const char *idem_bizkey_errdetail(const idem_bizkey_gen *g);
+IDEM_EXPORT const char *idem_bizkey_errdetail(const idem_bizkey_gen *g);
 
 /* One key without a generator: idem_bizkey_new(), _make(), _free(). Slower
  * (OpenSSL setup per call) and with no detail; for one-off use. opts may
  * be NULL for SHA-256 with 16 hex digits. Thread-safe. */
-int idem_bizkey(const char *prefix, const char *id, const void *payload,
-                size_t len, const idem_bizkey_opts *opts, char *out,
-                size_t outsz, size_t *outlen);
+IDEM_EXPORT int idem_bizkey(const char *prefix, const char *id,
+                            const void *payload, size_t len,
+                            const idem_bizkey_opts *opts, char *out,
+                            size_t outsz, size_t *outlen);
 
 /* Check a prefix or an id against the rules above without making a key.
  * Returns 0 or IDEM_EINVAL; on IDEM_EINVAL, if why is not NULL, writes a
  * sentence saying what is wrong into why (whysz bytes, NUL-terminated). */
-int idem_bizkey_check_prefix(const char *prefix, char *why, size_t whysz);
-int idem_bizkey_check_id(const char *id, char *why, size_t whysz);
+IDEM_EXPORT int idem_bizkey_check_prefix(const char *prefix, char *why,
+                                         size_t whysz);
+IDEM_EXPORT int idem_bizkey_check_id(const char *id, char *why, size_t whysz);
 
 /* The parts of a bizkey, pointing into the key that was parsed. */
 typedef struct idem_bizkey_parts {
@@ -402,7 +411,8 @@ typedef struct idem_bizkey_parts {
  * (the hash must be 8..64 lowercase hex digits). Returns 0 or IDEM_EINVAL.
  * Whether the hash matches a payload is not checked here: make the key
  * again and compare. Thread-safe. */
-int idem_bizkey_parse(const char *key, size_t len, idem_bizkey_parts *out);
+IDEM_EXPORT int idem_bizkey_parse(const char *key, size_t len,
+                                  idem_bizkey_parts *out);
 
 /* ------------------------------------------------------------------------
  * Payload fingerprints (IDEM_FP_LEN = 16 bytes) */
@@ -421,19 +431,19 @@ int idem_bizkey_parse(const char *key, size_t len, idem_bizkey_parts *out);
  * must not be mixed within one store.
  *
  * Thread-safe; never fails; payload may be NULL when len is 0. */
-void idem_fingerprint(const void *payload, size_t len,
-                      uint8_t out[IDEM_FP_LEN]);
+IDEM_EXPORT void idem_fingerprint(const void *payload, size_t len,
+                                  uint8_t out[IDEM_FP_LEN]);
 
 /* SHA-256 of payload[0..len) truncated to its first 16 bytes:
  * collision-resistant (2^64 work to find any pair), at SHA-256's speed.
  * Returns 0, or IDEM_EIO if OpenSSL failed (out is then unchanged).
  * Thread-safe. */
-int idem_fingerprint_sha256(const void *payload, size_t len,
-                            uint8_t out[IDEM_FP_LEN]);
+IDEM_EXPORT int idem_fingerprint_sha256(const void *payload, size_t len,
+                                        uint8_t out[IDEM_FP_LEN]);
 
 /* Write fp as 32 lowercase hex digits and a NUL into out. */
-void idem_fingerprint_hex(const uint8_t fp[IDEM_FP_LEN],
-                          char out[2 * IDEM_FP_LEN + 1]);
+IDEM_EXPORT void idem_fingerprint_hex(const uint8_t fp[IDEM_FP_LEN],
+                                      char out[2 * IDEM_FP_LEN + 1]);
 
 #ifdef __cplusplus
 }

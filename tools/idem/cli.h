@@ -58,10 +58,21 @@ int cli_fail(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
  * '?' after printing the message (the caller returns 2). */
 int cli_getopt(const char *cmd, int argc, char **argv,
                const struct option *opts);
+/* The same with short options besides -h: shorts as getopt's optstring,
+ * starting with ':' (":n:h"). */
+int cli_getopt_short(const char *cmd, int argc, char **argv,
+                     const char *shorts, const struct option *opts);
 
 /* "30s", "5m", "24h", "7d", "250ms"; a bare number is seconds. > 0. */
 int cli_duration(const char *cmd, const char *opt, const char *arg,
                  int64_t *ms);
+
+/* Unix milliseconds (1704067200000) or an ISO 8601 date (2024-01-01, UTC)
+ * or time with its zone (2024-01-01T09:00:00+09:00, ...Z), from 1970 on.
+ * A time without a zone is refused: guessing one is how times end up an
+ * hour off. */
+int cli_time(const char *cmd, const char *opt, const char *arg,
+             int64_t *ms);
 
 /* A whole number in [lo, hi]. */
 int cli_number(const char *cmd, const char *opt, const char *arg,

@@ -12,7 +12,6 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,7 +21,7 @@
 #include "cli.h"
 #include "idem/idem.h"
 
-#define IDEM_KG "idem keygen"
+#define KG "keygen" /* the name in messages */
 #define IDEM_PAYLOAD_MAX (256u << 20)
 
 static const char kg_keygen_help[] =
@@ -138,150 +137,6 @@ struct kg_opts {
     const char *decode;
 };
 
-static int kg_usage_err(const char *fmt, ...)
-    __attribute__((format(printf, 1, 2)));
-
-static int kg_usage_err(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs(IDEM_KG ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return IDEM_EXIT_USAGE;
-}
-
-static int kg_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int kg_fail(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs(IDEM_KG ": ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return IDEM_EXIT_FAIL;
-}
-
-/* ---- parsing option values --------------------------------------------- */
-
-/* A decimal integer in [min, max] with nothing around it. */
-static int kg_parse_u64(const char *s, uint64_t min, uint64_t max,
-                        uint64_t *out)
-{
-    if (!s[0] || s[0] < '0' || s[0] > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < min || v > max)
-        return -1;
-    *out = v;
-    return 0;
-}
-
-/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant). */
-static int64_t kg_days_from_civil(int64_t y, unsigned m, unsigned d)
-{
-    y -= m <= 2;
-    int64_t era = (y >= 0 ? y : y - 399) / 400;
-    unsigned yoe = (unsigned)(y - era * 400);
-    unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
-    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    return era * 146097 + (int64_t)doe - 719468;
-}
-
-/* n digits at *p into *v; advances *p. */
-static int kg_digits(const char **p, int n, unsigned *v)
-{
-    unsigned x = 0;
-    for (int i = 0; i < n; i++) {
-        char c = (*p)[i];
-        if (c < '0' || c > '9')
-            return -1;
-        x = x * 10 + (unsigned)(c - '0');
-    }
-    *p += n;
-    *v = x;
-    return 0;
-}
-
-/* Unix ms, or ISO 8601: YYYY-MM-DD, or YYYY-MM-DDTHH:MM[:SS[.fff]] and Z
- * or +HH:MM / -HH:MM. A time without a zone is refused: guessing one is
- * how IDs end up decoded an hour off. */
-static int kg_parse_time(const char *s, int64_t *out)
-{
-    uint64_t ms;
-    if (strchr(s, '-') == NULL && strchr(s, ':') == NULL) {
-        if (kg_parse_u64(s, 0, (uint64_t)INT64_MAX / 2, &ms))
-            return -1;
-        *out = (int64_t)ms;
-        return 0;
-    }
-    const char *p = s;
-    unsigned y, mo, d, h = 0, mi = 0, sec = 0, frac = 0;
-    if (kg_digits(&p, 4, &y) || *p++ != '-' || kg_digits(&p, 2, &mo) ||
-        *p++ != '-' || kg_digits(&p, 2, &d))
-        return -1;
-    if (mo < 1 || mo > 12 || d < 1 || d > 31 || y < 1970)
-        return -1;
-    static const unsigned mdays[] = {31, 29, 31, 30, 31, 30,
-                                     31, 31, 30, 31, 30, 31};
-    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
-    if (d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap))
-        return -1;
-    int64_t offset_min = 0;
-    if (*p) {
-        if (*p != 'T' && *p != 't')
-            return -1;
-        p++;
-        if (kg_digits(&p, 2, &h) || *p++ != ':' || kg_digits(&p, 2, &mi))
-            return -1;
-        if (*p == ':') {
-            p++;
-            if (kg_digits(&p, 2, &sec))
-                return -1;
-            if (*p == '.') {
-                p++;
-                unsigned scale = 100, n = 0;
-                while (*p >= '0' && *p <= '9') {
-                    frac += (unsigned)(*p - '0') * scale;
-                    scale /= 10;
-                    p++;
-                    n++;
-                }
-                if (n == 0 || n > 3)
-                    return -1;
-            }
-        }
-        if (h > 23 || mi > 59 || sec > 59)
-            return -1;
-        if (*p == 'Z' || *p == 'z') {
-            p++;
-        } else if (*p == '+' || *p == '-') {
-            int sign = *p++ == '-' ? -1 : 1;
-            unsigned oh, om;
-            if (kg_digits(&p, 2, &oh) || *p++ != ':' || kg_digits(&p, 2, &om) ||
-                oh > 23 || om > 59)
-                return -1;
-            offset_min = sign * (int64_t)(oh * 60 + om);
-        } else {
-            return -2; /* no zone */
-        }
-        if (*p)
-            return -1;
-    }
-    int64_t days = kg_days_from_civil(y, mo, d);
-    int64_t t = ((days * 24 + h) * 60 + mi - offset_min) * 60 + sec;
-    t = t * 1000 + frac;
-    if (t < 0)
-        return -1;
-    *out = t;
-    return 0;
-}
-
 /* YYYY-MM-DDTHH:MM:SS.mmmZ */
 static void kg_format_time(int64_t ms, char *out, size_t n)
 {
@@ -302,18 +157,18 @@ static int kg_slurp(int fd, const char *name, unsigned char **data, size_t *len)
     size_t cap = 4096, n = 0;
     unsigned char *buf = malloc(cap);
     if (!buf)
-        return kg_fail("out of memory");
+        return cli_fail(KG, "out of memory");
     for (;;) {
         if (n == cap) {
             if (cap >= IDEM_PAYLOAD_MAX) {
                 free(buf);
-                return kg_fail("%s: larger than %u MiB", name,
-                               IDEM_PAYLOAD_MAX >> 20);
+                return cli_fail(KG, "%s: larger than %u MiB", name,
+                                IDEM_PAYLOAD_MAX >> 20);
             }
             unsigned char *nb = realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
-                return kg_fail("out of memory reading %s", name);
+                return cli_fail(KG, "out of memory reading %s", name);
             }
             buf = nb;
             cap *= 2;
@@ -324,7 +179,7 @@ static int kg_slurp(int fd, const char *name, unsigned char **data, size_t *len)
         if (r < 0) {
             int e = errno;
             free(buf);
-            return kg_fail("reading %s: %s", name, strerror(e));
+            return cli_fail(KG, "reading %s: %s", name, strerror(e));
         }
         if (r == 0)
             break;
@@ -339,7 +194,7 @@ static int kg_read_file(const char *path, unsigned char **data, size_t *len)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return kg_fail("cannot open %s: %s", path, strerror(errno));
+        return cli_fail(KG, "cannot open %s: %s", path, strerror(errno));
     int rc = kg_slurp(fd, path, data, len);
     close(fd);
     return rc;
@@ -349,7 +204,7 @@ static int kg_read_file(const char *path, unsigned char **data, size_t *len)
 
 static int kg_out_error(void)
 {
-    return kg_fail("writing the keys failed: %s", strerror(errno));
+    return cli_fail(KG, "writing the keys failed: %s", strerror(errno));
 }
 
 static int kg_gen_uuids(const struct kg_opts *o)
@@ -359,7 +214,7 @@ static int kg_gen_uuids(const struct kg_opts *o)
     for (uint64_t i = 0; i < o->count; i++) {
         int rc = o->kind == IDEM_K_UUID4 ? idem_uuid4(u) : idem_uuid7(u);
         if (rc)
-            return kg_fail("%s", idem_strerror(rc));
+            return cli_fail(KG, "%s", idem_strerror(rc));
         idem_uuid_format(u, line);
         line[IDEM_UUID_STRLEN] = '\n';
         if (fwrite(line, 1, IDEM_UUID_STRLEN + 1, stdout) !=
@@ -385,8 +240,8 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
     idem_snowflake *g;
     int rc = idem_snowflake_new(&so, &g);
     if (rc) {
-        int ex =
-            kg_fail("%s: %s", idem_strerror(rc), idem_snowflake_errdetail(g));
+        int ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
+                          idem_snowflake_errdetail(g));
         idem_snowflake_close(g);
         return ex;
     }
@@ -396,8 +251,8 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
         uint64_t id;
         rc = idem_snowflake_next(g, &id);
         if (rc) {
-            ex = kg_fail("%s: %s", idem_strerror(rc),
-                         idem_snowflake_errdetail(g));
+            ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
+                          idem_snowflake_errdetail(g));
             break;
         }
         size_t n = idem_snowflake_format(id, line);
@@ -407,7 +262,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
     }
     rc = idem_snowflake_close(g);
     if (rc && !ex)
-        ex = kg_fail("closing the state file: %s", idem_strerror(rc));
+        ex = cli_fail(KG, "closing the state file: %s", idem_strerror(rc));
     return ex;
 }
 
@@ -418,7 +273,7 @@ static int kg_load_payload(const struct kg_opts *o, unsigned char **data,
         *len = strlen(o->payload);
         *data = malloc(*len + 1);
         if (!*data)
-            return kg_fail("out of memory");
+            return cli_fail(KG, "out of memory");
         memcpy(*data, o->payload, *len + 1);
         return 0;
     }
@@ -443,7 +298,8 @@ static int kg_gen_bizkey(const struct kg_opts *o)
         if (slen == 0) {
             free(payload);
             free(secret);
-            return kg_fail("the HMAC key file %s is empty", o->hmac_key_file);
+            return cli_fail(KG, "the HMAC key file %s is empty",
+                            o->hmac_key_file);
         }
     }
     idem_bizkey_opts bo;
@@ -460,7 +316,8 @@ static int kg_gen_bizkey(const struct kg_opts *o)
         rc = idem_bizkey_make(g, o->prefix, o->id, payload, plen, key,
                               sizeof key, &klen);
     if (rc) {
-        ex = kg_fail("%s: %s", idem_strerror(rc), idem_bizkey_errdetail(g));
+        ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
+                      idem_bizkey_errdetail(g));
     } else {
         key[klen++] = '\n';
         if (fwrite(key, 1, klen, stdout) != klen)
@@ -502,8 +359,8 @@ static int kg_decode_uuid(const char *key, int strict_kind)
     idem_uuid_format(u, canon);
     int v = idem_uuid_version(u);
     if (strict_kind && v != strict_kind)
-        return kg_fail("%s is a UUID of version %d, not a uuid%d", key, v,
-                       strict_kind);
+        return cli_fail(KG, "%s is a UUID of version %d, not a uuid%d", key, v,
+                        strict_kind);
     if (v == 4 || v == 7)
         printf("kind=uuid%d\n", v);
     else
@@ -579,8 +436,8 @@ static int kg_decode(const struct kg_opts *o)
         break;
     }
     if (rc < 0)
-        return kg_fail(
-            "cannot decode '%s': %s", k,
+        return cli_fail(
+            KG, "cannot decode '%s': %s", k,
             o->kind == IDEM_K_SNOWFLAKE
                 ? "not a snowflake ID (1..19 decimal digits, below 2^63)"
             : o->kind == IDEM_K_BIZKEY
@@ -626,21 +483,11 @@ static const struct option kg_long_opts[] = {
     {NULL, 0, NULL, 0},
 };
 
-static const char *kg_opt_name(int c)
-{
-    if (c == 'n')
-        return "-n";
-    for (const struct option *l = kg_long_opts; l->name; l++)
-        if (l->val == c)
-            return l->name;
-    return "?";
-}
-
 /* An option given with a kind it does not apply to. */
 static int kg_not_for(const char *opt, const char *kinds, enum kg_kind kind)
 {
-    return kg_usage_err("--%s applies to %s only, not to %s", opt, kinds,
-                        kg_kind_names[kind]);
+    return cli_usage_error(KG, "--%s applies to %s only, not to %s", opt, kinds,
+                           kg_kind_names[kind]);
 }
 
 static int kg_check_combination(const struct kg_opts *o)
@@ -650,17 +497,18 @@ static int kg_check_combination(const struct kg_opts *o)
         if (o->count_set || o->node_set || o->state_file || o->max_wait_set ||
             o->prefix || o->id || o->payload || o->payload_file ||
             o->payload_stdin || o->hmac_key_file || o->hash_len_set)
-            return kg_usage_err("--decode takes only a key (and --epoch "
-                                "for a snowflake); drop the other options");
+            return cli_usage_error(KG, "--decode takes only a key (and --epoch "
+                                   "for a snowflake); drop the other options");
         if (k == IDEM_K_FINGERPRINT)
-            return kg_usage_err("a fingerprint cannot be decoded: it is a "
-                                "digest; compute it again and compare");
+            return cli_usage_error(KG, "a fingerprint cannot be decoded: it "
+                                   "is a digest; compute it again and "
+                                   "compare");
         return 0;
     }
     if (k == IDEM_K_NONE)
-        return kg_usage_err("say which kind of key: idem keygen uuid4, "
-                            "uuid7, snowflake, bizkey or fingerprint (or "
-                            "--decode KEY); see idem keygen --help");
+        return cli_usage_error(KG, "say which kind of key: idem keygen "
+                               "uuid4, uuid7, snowflake, bizkey or "
+                               "fingerprint (or --decode KEY)");
     int snow = k == IDEM_K_SNOWFLAKE, biz = k == IDEM_K_BIZKEY;
     int takes_payload = biz || k == IDEM_K_FINGERPRINT;
     if (o->node_set && !snow)
@@ -681,34 +529,35 @@ static int kg_check_combination(const struct kg_opts *o)
         return kg_not_for("hash-len", "bizkey", k);
     int sources = !!o->payload + !!o->payload_file + o->payload_stdin;
     if (sources && !takes_payload)
-        return kg_usage_err("%s keys take no payload; --payload, "
-                            "--payload-file and - apply to bizkey and "
-                            "fingerprint",
-                            kg_kind_names[k]);
+        return cli_usage_error(KG, "%s keys take no payload; --payload, "
+                               "--payload-file and - apply to bizkey and "
+                               "fingerprint",
+                               kg_kind_names[k]);
     if (takes_payload) {
         if (o->count_set)
-            return kg_usage_err(
-                "-n does not apply to %s: the same payload always gives the "
-                "same %s; run once per payload",
-                kg_kind_names[k], biz ? "key" : "fingerprint");
+            return cli_usage_error(KG, "-n does not apply to %s: the same "
+                                   "payload always gives the same %s; run "
+                                   "once per payload",
+                                   kg_kind_names[k],
+                                   biz ? "key" : "fingerprint");
         if (sources == 0)
-            return kg_usage_err("%s needs a payload: --payload STR, "
-                                "--payload-file FILE, or - for standard "
-                                "input",
-                                kg_kind_names[k]);
+            return cli_usage_error(KG, "%s needs a payload: --payload STR, "
+                                   "--payload-file FILE, or - for standard "
+                                   "input",
+                                   kg_kind_names[k]);
         if (sources > 1)
-            return kg_usage_err("give one payload: --payload, "
-                                "--payload-file or -, not several");
+            return cli_usage_error(KG, "give one payload: --payload, "
+                                   "--payload-file or -, not several");
     }
     if (biz) {
         char why[256];
         if (!o->prefix || !o->id)
-            return kg_usage_err("bizkey needs --prefix and --id, e.g. "
-                                "idem keygen bizkey --prefix order --id "
-                                "A-1001 --payload-file msg.json");
+            return cli_usage_error(KG, "bizkey needs --prefix and --id, e.g. "
+                                   "idem keygen bizkey --prefix order --id "
+                                   "A-1001 --payload-file msg.json");
         if (idem_bizkey_check_prefix(o->prefix, why, sizeof why) ||
             idem_bizkey_check_id(o->id, why, sizeof why))
-            return kg_usage_err("%s", why);
+            return cli_usage_error(KG, "%s", why);
     }
     return 0;
 }
@@ -725,133 +574,99 @@ static int kg_positional(struct kg_opts *o, const char *a)
         if (strcmp(a, kg_kind_names[i]) == 0)
             k = (enum kg_kind)i;
     if (k == IDEM_K_NONE)
-        return kg_usage_err("unknown key kind '%s': use uuid4, uuid7, "
-                            "snowflake, bizkey or fingerprint",
-                            a);
+        return cli_usage_error(KG, "unknown key kind '%s': use uuid4, uuid7, "
+                               "snowflake, bizkey or fingerprint",
+                               a);
     if (o->kind != IDEM_K_NONE)
-        return kg_usage_err("give one kind, not '%s' and '%s'",
-                            kg_kind_names[o->kind], a);
+        return cli_usage_error(KG, "give one kind, not '%s' and '%s'",
+                               kg_kind_names[o->kind], a);
     o->kind = k;
     return 0;
+}
+
+/* The value of option c into o: 0, or the exit status of bad usage. */
+static int kg_option(struct kg_opts *o, int c)
+{
+    uint64_t v = 0;
+    int ex = 0;
+    switch (c) {
+    case 'n':
+        ex = cli_number(KG, "-n", optarg, 1, UINT64_MAX / 2, &o->count);
+        o->count_set = 1;
+        break;
+    case OPT_NODE:
+        ex = cli_number(KG, "--node", optarg, 0, IDEM_SNOWFLAKE_NODE_MAX, &v);
+        o->node = (unsigned)v;
+        o->node_set = 1;
+        break;
+    case OPT_EPOCH:
+        ex = cli_time(KG, "--epoch", optarg, &o->epoch_ms);
+        o->epoch_set = 1;
+        break;
+    case OPT_STATE_FILE:
+        if (!optarg[0])
+            ex = cli_usage_error(KG, "--state-file wants a file name");
+        o->state_file = optarg;
+        break;
+    case OPT_MAX_WAIT:
+        ex = cli_number(KG, "--max-wait", optarg, 0, 24u * 3600 * 1000, &v);
+        o->max_wait_ms = (int64_t)v;
+        o->max_wait_set = 1;
+        break;
+    case OPT_PREFIX:
+        o->prefix = optarg;
+        break;
+    case OPT_ID:
+        o->id = optarg;
+        break;
+    case OPT_PAYLOAD:
+        o->payload = optarg;
+        break;
+    case OPT_PAYLOAD_FILE:
+        o->payload_file = optarg;
+        break;
+    case OPT_HMAC_KEY_FILE:
+        o->hmac_key_file = optarg;
+        break;
+    case OPT_HASH_LEN:
+        ex = cli_number(KG, "--hash-len", optarg, IDEM_BIZKEY_HASH_MIN,
+                        IDEM_BIZKEY_HASH_MAX, &v);
+        o->hash_len = (unsigned)v;
+        o->hash_len_set = 1;
+        break;
+    case OPT_DECODE:
+        o->decode = optarg;
+        break;
+    }
+    return ex;
+}
+
+/* The options, then the words that are not options (getopt moves them
+ * last): 0 or the exit status of bad usage; -1 after --help. */
+static int kg_parse(int argc, char **argv, struct kg_opts *o)
+{
+    int c, ex = 0;
+    while (!ex &&
+           (c = cli_getopt_short(KG, argc, argv, ":n:h", kg_long_opts)) != -1) {
+        if (c == '?')
+            return IDEM_EXIT_USAGE;
+        if (c == 'h') {
+            fputs(kg_keygen_help, stdout);
+            return -1;
+        }
+        ex = kg_option(o, c);
+    }
+    for (int i = optind; !ex && i < argc; i++)
+        ex = kg_positional(o, argv[i]);
+    return ex ? ex : kg_check_combination(o);
 }
 
 int idem_cmd_keygen(int argc, char **argv)
 {
     struct kg_opts o = {.count = 1};
-    int c;
-    opterr = 0;
-    optind = 0;
-    for (;;) {
-        c = getopt_long(argc, argv, "+:n:h", kg_long_opts, NULL);
-        if (c == -1) {
-            /* "+": getopt stops at each word that is not an option. */
-            if (optind >= argc)
-                break;
-            int ex = kg_positional(&o, argv[optind++]);
-            if (ex)
-                return ex;
-            continue;
-        }
-        uint64_t v;
-        switch (c) {
-        case 'h':
-            fputs(kg_keygen_help, stdout);
-            return IDEM_EXIT_OK;
-        case 'n':
-            if (kg_parse_u64(optarg, 1, UINT64_MAX / 2, &v))
-                return kg_usage_err("-n wants a count of keys, a whole "
-                                    "number >= 1, e.g. -n 1000; got '%s'",
-                                    optarg);
-            o.count = v;
-            o.count_set = 1;
-            break;
-        case OPT_NODE:
-            if (kg_parse_u64(optarg, 0, IDEM_SNOWFLAKE_NODE_MAX, &v))
-                return kg_usage_err("--node wants a number 0..%u, e.g. "
-                                    "--node 7; got '%s'",
-                                    IDEM_SNOWFLAKE_NODE_MAX, optarg);
-            o.node = (unsigned)v;
-            o.node_set = 1;
-            break;
-        case OPT_EPOCH: {
-            int r = kg_parse_time(optarg, &o.epoch_ms);
-            if (r == -2)
-                return kg_usage_err("--epoch '%s' has no time zone: add Z "
-                                    "for UTC (e.g. 2024-01-01T00:00:00Z) "
-                                    "or an offset (+09:00)",
-                                    optarg);
-            if (r)
-                return kg_usage_err("--epoch wants Unix milliseconds "
-                                    "(1704067200000) or an ISO 8601 date "
-                                    "or time from 1970 on (2024-01-01, "
-                                    "2024-01-01T00:00:00Z); got '%s'",
-                                    optarg);
-            o.epoch_set = 1;
-            break;
-        }
-        case OPT_STATE_FILE:
-            if (!optarg[0])
-                return kg_usage_err("--state-file wants a file name");
-            o.state_file = optarg;
-            break;
-        case OPT_MAX_WAIT:
-            if (kg_parse_u64(optarg, 0, 24u * 3600 * 1000, &v))
-                return kg_usage_err("--max-wait wants milliseconds, "
-                                    "0..86400000, e.g. --max-wait 5000; "
-                                    "got '%s'",
-                                    optarg);
-            o.max_wait_ms = (int64_t)v;
-            o.max_wait_set = 1;
-            break;
-        case OPT_PREFIX:
-            o.prefix = optarg;
-            break;
-        case OPT_ID:
-            o.id = optarg;
-            break;
-        case OPT_PAYLOAD:
-            o.payload = optarg;
-            break;
-        case OPT_PAYLOAD_FILE:
-            o.payload_file = optarg;
-            break;
-        case OPT_HMAC_KEY_FILE:
-            o.hmac_key_file = optarg;
-            break;
-        case OPT_HASH_LEN:
-            if (kg_parse_u64(optarg, IDEM_BIZKEY_HASH_MIN, IDEM_BIZKEY_HASH_MAX,
-                             &v))
-                return kg_usage_err("--hash-len wants %u..%u hex digits "
-                                    "(16 by default); got '%s'",
-                                    IDEM_BIZKEY_HASH_MIN, IDEM_BIZKEY_HASH_MAX,
-                                    optarg);
-            o.hash_len = (unsigned)v;
-            o.hash_len_set = 1;
-            break;
-        case OPT_DECODE:
-            o.decode = optarg;
-            break;
-        case ':':
-            if (optopt)
-                return kg_usage_err("%s%s needs a value; see idem keygen "
-                                    "--help",
-                                    optopt == 'n' ? "" : "--",
-                                    kg_opt_name(optopt));
-            return kg_usage_err("%s needs a value; see idem keygen --help",
-                                argv[optind - 1]);
-        default:
-            if (optopt && optopt < 256)
-                return kg_usage_err("unknown option -%c; see idem keygen "
-                                    "--help",
-                                    optopt);
-            return kg_usage_err("unknown option '%s'; see idem keygen "
-                                "--help",
-                                argv[optind - 1]);
-        }
-    }
-    int ex = kg_check_combination(&o);
+    int ex = kg_parse(argc, argv, &o);
     if (ex)
-        return ex;
+        return ex < 0 ? IDEM_EXIT_OK : ex;
     if (o.decode)
         ex = kg_decode(&o);
     else if (o.kind == IDEM_K_SNOWFLAKE)

@@ -82,16 +82,28 @@ static void unknown_option(const char *cmd, const char *arg,
 int cli_getopt(const char *cmd, int argc, char **argv,
                const struct option *opts)
 {
+    return cli_getopt_short(cmd, argc, argv, ":h", opts);
+}
+
+int cli_getopt_short(const char *cmd, int argc, char **argv,
+                     const char *shorts, const struct option *opts)
+{
     opterr = 0;
-    int prev = optind;
-    int ch = getopt_long(argc, argv, ":h", opts, NULL);
+    int ch = getopt_long(argc, argv, shorts, opts, NULL);
     if (ch != '?' && ch != ':')
         return ch;
-    const char *arg = prev < argc ? argv[prev] : "";
-    if (ch == ':')
-        cli_usage_error(cmd, "%s needs a value, e.g. %s VALUE", arg, arg);
-    else if (!strncmp(arg, "--", 2))
-        unknown_option(cmd, arg, opts);
+    /* getopt has stepped past the word at fault, wherever the words that
+     * are not options stood: it is the one before optind. (Not so for an
+     * unknown letter inside "-abc", but optopt names that one.) */
+    const char *word = optind > 0 && optind <= argc ? argv[optind - 1] : "";
+    int is_long = !strncmp(word, "--", 2);
+    if (ch == ':' && is_long)
+        cli_usage_error(cmd, "%s needs a value, e.g. %s VALUE", word, word);
+    else if (ch == ':')
+        cli_usage_error(cmd, "-%c needs a value, e.g. -%c VALUE", optopt,
+                        optopt);
+    else if (is_long && optopt == 0)
+        unknown_option(cmd, word, opts);
     else
         cli_usage_error(cmd, "unknown option '-%c'", optopt);
     return '?';
@@ -119,6 +131,150 @@ int cli_duration(const char *cmd, const char *opt, const char *arg,
                            "%s wants a positive duration such as 250ms, "
                            "30s, 5m, 24h or 7d (up to 100 years), not '%s'",
                            opt, arg);
+}
+
+/* Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant). */
+static int64_t days_from_civil(int64_t y, unsigned m, unsigned d)
+{
+    y -= m <= 2;
+    int64_t era = (y >= 0 ? y : y - 399) / 400;
+    unsigned yoe = (unsigned)(y - era * 400);
+    unsigned doy = (153 * (m > 2 ? m - 3 : m + 9) + 2) / 5 + d - 1;
+    unsigned doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + (int64_t)doe - 719468;
+}
+
+/* n digits at *p into *v; advances *p. */
+static int digits(const char **p, int n, unsigned *v)
+{
+    unsigned x = 0;
+    for (int i = 0; i < n; i++) {
+        char c = (*p)[i];
+        if (c < '0' || c > '9')
+            return -1;
+        x = x * 10 + (unsigned)(c - '0');
+    }
+    *p += n;
+    *v = x;
+    return 0;
+}
+
+/* YYYY-MM-DD at *p, a real day from 1970 on, as days since 1970. */
+static int iso_date(const char **p, int64_t *days)
+{
+    static const unsigned mdays[] = {31, 29, 31, 30, 31, 30,
+                                     31, 31, 30, 31, 30, 31};
+    unsigned y, mo, d;
+    if (digits(p, 4, &y) || *(*p)++ != '-' || digits(p, 2, &mo) ||
+        *(*p)++ != '-' || digits(p, 2, &d))
+        return -1;
+    if (mo < 1 || mo > 12 || d < 1 || d > 31 || y < 1970)
+        return -1;
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    if (d > mdays[mo - 1] || (mo == 2 && d == 29 && !leap))
+        return -1;
+    *days = days_from_civil(y, mo, d);
+    return 0;
+}
+
+/* HH:MM[:SS[.fff]] at *p as ms since midnight. */
+static int iso_clock(const char **p, int64_t *ms)
+{
+    unsigned h, mi, sec = 0, frac = 0;
+    if (digits(p, 2, &h) || *(*p)++ != ':' || digits(p, 2, &mi))
+        return -1;
+    if (**p == ':') {
+        (*p)++;
+        if (digits(p, 2, &sec))
+            return -1;
+        if (**p == '.') {
+            (*p)++;
+            unsigned scale = 100, n = 0;
+            for (; **p >= '0' && **p <= '9'; (*p)++, n++) {
+                frac += (unsigned)(**p - '0') * scale;
+                scale /= 10;
+            }
+            if (n == 0 || n > 3)
+                return -1;
+        }
+    }
+    if (h > 23 || mi > 59 || sec > 59)
+        return -1;
+    *ms = (((int64_t)h * 60 + mi) * 60 + sec) * 1000 + frac;
+    return 0;
+}
+
+/* Z, or +HH:MM / -HH:MM, at *p as minutes east of UTC; -2 if absent. */
+static int iso_zone(const char **p, int64_t *minutes)
+{
+    if (**p == 'Z' || **p == 'z') {
+        (*p)++;
+        *minutes = 0;
+        return 0;
+    }
+    if (**p != '+' && **p != '-')
+        return -2;
+    int sign = *(*p)++ == '-' ? -1 : 1;
+    unsigned oh, om;
+    if (digits(p, 2, &oh) || *(*p)++ != ':' || digits(p, 2, &om) ||
+        oh > 23 || om > 59)
+        return -1;
+    *minutes = sign * (int64_t)(oh * 60 + om);
+    return 0;
+}
+
+/* cli_time() without its messages: 0, -1 (not a time) or -2 (no zone). */
+static int parse_time(const char *s, int64_t *out)
+{
+    if (!strchr(s, '-') && !strchr(s, ':')) {
+        char *end;
+        errno = 0;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (*s < '0' || *s > '9' || errno || *end ||
+            v > (unsigned long long)INT64_MAX / 2)
+            return -1;
+        *out = (int64_t)v;
+        return 0;
+    }
+    const char *p = s;
+    int64_t days, clock_ms = 0, zone_min = 0;
+    if (iso_date(&p, &days))
+        return -1;
+    if (*p) {
+        if (*p != 'T' && *p != 't')
+            return -1;
+        p++;
+        if (iso_clock(&p, &clock_ms))
+            return -1;
+        int rc = iso_zone(&p, &zone_min);
+        if (rc)
+            return rc;
+        if (*p)
+            return -1;
+    }
+    int64_t t = days * 86400000 + clock_ms - zone_min * 60000;
+    if (t < 0)
+        return -1;
+    *out = t;
+    return 0;
+}
+
+int cli_time(const char *cmd, const char *opt, const char *arg, int64_t *ms)
+{
+    int rc = parse_time(arg, ms);
+    if (rc == -2)
+        return cli_usage_error(cmd,
+                               "%s '%s' has no time zone: add Z for UTC "
+                               "(e.g. 2024-01-01T00:00:00Z) or an offset "
+                               "(+09:00)",
+                               opt, arg);
+    if (rc)
+        return cli_usage_error(cmd,
+                               "%s wants Unix milliseconds (1704067200000) "
+                               "or an ISO 8601 date or time from 1970 on "
+                               "(2024-01-01, 2024-01-01T00:00:00Z); got '%s'",
+                               opt, arg);
+    return 0;
 }
 
 int cli_number(const char *cmd, const char *opt, const char *arg,

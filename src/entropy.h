@@ -1,10 +1,10 @@
-/* keys.h - what the key generators share inside libidem.
+/* entropy.h - what the key generators share inside libidem.
  *
  * Only the per-thread entropy buffer: uuid4 and uuid7 both draw random
  * bits from it, and it must be one buffer so that the fork rule (a child
  * never reuses what its parent buffered) is enforced in one place. */
-#ifndef IDEM_KEYS_INTERNAL_H
-#define IDEM_KEYS_INTERNAL_H
+#ifndef IDEM_ENTROPY_H
+#define IDEM_ENTROPY_H
 
 #include <stddef.h>
 
