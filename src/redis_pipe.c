@@ -303,74 +303,104 @@ typedef struct idem__round {
     int fatal;           /* an error that ends the call for every key */
 } idem__round;
 
-/* Handle reply `rep` to the command of inflight entry e on conn. */
+/* A redirect of command c: MOVED or ASK. */
+static void idem__on_redirect(idem_store *s, idem__rbatch *b, idem__rcmd *c,
+                              const redisReply *rep, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    char msg[sizeof b->firstmsg];
+    if (!r->cfg.cluster) {
+        snprintf(msg, sizeof msg, "%s: the server is a cluster node (%s): "
+                 "use redis-cluster://", s->uri, rep->str);
+        idem__final(b, c, IDEM_EPROTO, msg);
+        return;
+    }
+    if (b->stay) {
+        snprintf(msg, sizeof msg, "%s: %s", s->uri, rep->str);
+        idem__final(b, c, IDEM_EPROTO, msg);
+        c->moved = 1;
+        return;
+    }
+    int is_ask;
+    int node = idem__redirect(r, rep, &is_ask);
+    if (node < 0) {
+        r->map_stale = 1;
+        rd->backoff = 1;
+        c->lasterr = IDEM_EPROTO;
+        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, rep->str);
+    } else if (is_ask) {
+        c->ask = node;
+    } else {
+        r->map_stale = 1;
+    }
+}
+
+/* A script over many keys stopped at a key that is not an idem record
+ * (WRONGTYPE). Send each key on its own, so that only that key fails;
+ * keys the script had already done answer the same again, by their
+ * request ids. */
+static void idem__split_cmd(idem__rbatch *b, idem__rcmd *c)
+{
+    for (size_t j = 1; j < c->count; j++) {
+        idem__rcmd *d = &b->cmds[b->n++];
+        memset(d, 0, sizeof *d);
+        d->first = c->first + j;
+        d->count = 1;
+        d->slot = c->slot;
+        d->ask = -1;
+    }
+    c->count = 1;
+    c->lasterr = IDEM_EPROTO;
+}
+
+/* An error reply to command c: retried, split or final. */
+static void idem__on_cmd_error(idem_store *s, idem__rbatch *b,
+                               idem__rconn *conn, idem__rcmd *c,
+                               const redisReply *rep, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    const char *e = rep->str;
+    char msg[sizeof b->firstmsg];
+    snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
+    if (strncmp(e, "NOSCRIPT", 8) == 0) {
+        conn->loaded = 0;
+        c->lasterr = IDEM_EPROTO;
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
+    } else if (strncmp(e, "MOVED ", 6) == 0 || strncmp(e, "ASK ", 4) == 0) {
+        idem__on_redirect(s, b, c, rep, rd);
+    } else if (idem__transient(e)) {
+        rd->backoff = 1;
+        if (strncmp(e, "READONLY", 8) == 0)
+            r->map_stale = r->cfg.cluster;
+        c->lasterr = IDEM_ETIMEOUT;
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
+    } else if (strncmp(e, "NOAUTH", 6) == 0 ||
+               strncmp(e, "WRONGPASS", 9) == 0) {
+        idem__final(b, c, IDEM_EAUTH, msg);
+        rd->fatal = IDEM_EAUTH;
+    } else if (c->count > 1) {
+        idem__split_cmd(b, c);
+    } else {
+        /* The script failed, e.g. WRONGTYPE: the key holds something
+         * that is not an idem record. This key alone fails. */
+        idem__final(b, c, IDEM_EPROTO, msg);
+    }
+}
+
+/* Handle reply `rep` to command cmdi, sent on conn. */
 static void idem__on_cmd_reply(idem_store *s, idem__rbatch *b,
                                idem__rconn *conn, size_t cmdi,
                                redisReply *rep, idem__round *rd)
 {
     idem__redis *r = idem__r(s);
     idem__rcmd *c = &b->cmds[cmdi];
-    char msg[sizeof b->firstmsg];
     if (rep->type != REDIS_REPLY_ERROR) {
         c->reply = rep;
         if (!r->cfg.wait || !b->write)
             c->done = 1;  /* else: done once WAIT confirms */
         return;
     }
-    const char *e = rep->str;
-    int is_ask;
-    if (strncmp(e, "NOSCRIPT", 8) == 0) {
-        conn->loaded = 0;
-        c->lasterr = IDEM_EPROTO;
-        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-    } else if (strncmp(e, "MOVED ", 6) == 0 || strncmp(e, "ASK ", 4) == 0) {
-        int node = r->cfg.cluster ? idem__redirect(r, rep, &is_ask) : -1;
-        if (!r->cfg.cluster) {
-            snprintf(msg, sizeof msg, "%s: the server is a cluster node "
-                     "(%s): use redis-cluster://", s->uri, e);
-            idem__final(b, c, IDEM_EPROTO, msg);
-        } else if (node < 0) {
-            r->map_stale = 1;
-            rd->backoff = 1;
-            c->lasterr = IDEM_EPROTO;
-            snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-        } else if (is_ask) {
-            c->ask = node;
-        } else {
-            r->map_stale = 1;
-        }
-    } else if (idem__transient(e)) {
-        rd->backoff = 1;
-        if (strncmp(e, "READONLY", 8) == 0)
-            r->map_stale = r->cfg.cluster;
-        c->lasterr = IDEM_ETIMEOUT;
-        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-    } else if (strncmp(e, "NOAUTH", 6) == 0 ||
-               strncmp(e, "WRONGPASS", 9) == 0) {
-        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
-        idem__final(b, c, IDEM_EAUTH, msg);
-        rd->fatal = IDEM_EAUTH;
-    } else if (c->count > 1) {
-        /* A script over many keys stopped at a key that is not an idem
-         * record (WRONGTYPE). Send each key on its own, so that only
-         * that key fails; keys the script had already done answer the
-         * same again, by their request ids. */
-        for (size_t j = 1; j < c->count; j++) {
-            idem__rcmd *d = &b->cmds[b->n++];
-            memset(d, 0, sizeof *d);
-            d->first = c->first + j;
-            d->count = 1;
-            d->slot = c->slot;
-            d->ask = -1;
-        }
-        c->count = 1;
-        c->lasterr = IDEM_EPROTO;
-    } else {
-        /* The script failed, e.g. WRONGTYPE: the key holds something
-         * that is not an idem record. This key alone fails. */
-        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
-        idem__final(b, c, IDEM_EPROTO, msg);
-    }
+    idem__on_cmd_error(s, b, conn, c, rep, rd);
     freeReplyObject(rep);
 }
 
@@ -772,13 +802,14 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
 
 
 /* Give each item its own answer: the command's reply, or its element
- * of the reply of a multi-key script. */
+ * of the reply of a multi-key script (unless the batch answers whole). */
 static void idem__distribute(idem_store *s, idem__rbatch *b, int rc)
 {
+    int split = b->multi && !b->whole;
     for (size_t i = 0; i < b->n; i++) {
         idem__rcmd *c = &b->cmds[i];
         const redisReply *rep = c->reply;
-        int bad = b->multi && rep && c->status == 0 &&
+        int bad = split && rep && c->status == 0 &&
                   (rep->type != REDIS_REPLY_ARRAY || rep->elements != c->count);
         for (size_t j = 0; j < c->count; j++) {
             idem__ritem *it = &b->items[b->order[c->first + j]];
@@ -789,7 +820,7 @@ static void idem__distribute(idem_store *s, idem__rbatch *b, int rc)
             else if (bad)
                 it->status = IDEM_EPROTO;
             else
-                it->reply = b->multi ? rep->element[j] : rep;
+                it->reply = split ? rep->element[j] : rep;
             if (it->reply && it->reply->type == REDIS_REPLY_ERROR) {
                 /* A key's own failure inside a multi-key script. */
                 char msg[sizeof b->firstmsg];
