@@ -504,6 +504,61 @@ Test(redis, sweep_cluster)
     sweep_test(cluster_uri(), th_first_port(th_cluster_addr()), 1);
 }
 
+static int count_record(void *ctx, const void *key, size_t keylen,
+                        const idem_record *rec)
+{
+    ++*(int *)ctx;
+    return 0;
+}
+
+/* Every connection of the handle killed (CLIENT KILL) before a sweep,
+ * stats and a dump: each reconnects and answers as if nothing had
+ * happened, as claims do. pool=2 puts the scripts on a connection other
+ * than the one that runs SCAN, so both paths find theirs dead. */
+Test(redis, sweep_after_client_kill)
+{
+    enum { OLD = 300 };
+    th_servers sv;
+    th_start_single(&sv);
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d?pool=2&timeout_ms=20000",
+             sv.ports[0]);
+    redisContext *c = th_connect(sv.ports[0]);
+    for (int i = 0; i < OLD; i++)
+        freeReplyObject(th_cmd(c, "HSET idempotency:{h%d} status 1 token 1 "
+                               "created_ts %lld response x", i,
+                               (long long)(t_clock_ms - 7200 * 1000LL)));
+    idem_options o = t_options();
+    o.retention_ms = 3600 * 1000;
+    idem_store *s;
+    cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
+    idem_key k[2] = {{"a", 1, NULL}, {"b", 1, NULL}};
+    idem_outcome out[2];
+    cr_assert_eq(idem_claim_many(s, k, 2, NULL, out, 0), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(st.live_keys, OLD + 2);
+    redisReply *r = th_cmd(c, "CLIENT KILL TYPE normal");
+    cr_assert(r->type == REDIS_REPLY_INTEGER && r->integer >= 2,
+              "the handle's connections were killed");
+    freeReplyObject(r);
+    uint64_t swept = 0;
+    cr_assert_eq(idem_sweep(s, 0, &swept), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(swept, OLD);
+    freeReplyObject(th_cmd(c, "CLIENT KILL TYPE normal"));
+    cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(st.live_keys, 2);
+    cr_assert_eq(st.pending, 2);
+    freeReplyObject(th_cmd(c, "CLIENT KILL TYPE normal"));
+    int seen = 0;
+    cr_assert_eq(idem_scan(s, count_record, &seen), 0, "%s",
+                 idem_errdetail(s));
+    cr_assert_eq(seen, 2);
+    idem_close(s);
+    redisFree(c);
+    th_stop(&sv);
+}
+
 /* Two processes claim the same 10,000 keys at once through the cluster:
  * every key is NEW for exactly one of them. */
 Test(redis, two_processes_same_keys)
