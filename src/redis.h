@@ -55,6 +55,9 @@ typedef struct idem__rcfg {
 int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
                      idem__rcfg *cfg);
 void idem__rcfg_free(idem__rcfg *cfg);
+/* The name of URI parameter i (0, 1, ...), or NULL past the last: what
+ * tests compare with docs/uri.md. */
+const char *idem__rparam_name(size_t i);
 
 /* What a reply slot in a connection's pipeline stands for. */
 enum { IDEM__IN_LOAD, IDEM__IN_ASKING, IDEM__IN_CMD, IDEM__IN_WAIT };

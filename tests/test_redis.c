@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "crc16.h"
+#include "redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];
@@ -55,6 +56,43 @@ static int open_rc(const char *uri, idem_store **s)
     idem_options o;
     idem_options_init(&o);
     return idem_open(uri, &o, s);
+}
+
+/* docs/uri.md's table of Redis parameters and the URI parser's table
+ * name the same parameters, each once. */
+Test(redis, uri_params_documented)
+{
+    const char *scripts = getenv("IDEM_SCRIPTS");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/../docs/uri.md",
+             scripts ? scripts : "scripts");
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    char line[1024], doc[32][64];
+    int n = 0, in = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "### Parameters", 14) == 0)
+            in = 1;
+        else if (in && strncmp(line, "#", 1) == 0)
+            break;
+        else if (in && strncmp(line, "| `", 3) == 0) {
+            size_t len = strcspn(line + 3, "`");
+            cr_assert(n < 32 && len < sizeof doc[0]);
+            memcpy(doc[n], line + 3, len);
+            doc[n++][len] = '\0';
+        }
+    }
+    fclose(f);
+    int known = 0;
+    for (const char *p; (p = idem__rparam_name((size_t)known)) != NULL;
+         known++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            found += strcmp(doc[i], p) == 0;
+        cr_assert_eq(found, 1, "%s is in docs/uri.md %d times", p, found);
+    }
+    cr_assert_eq(n, known, "docs/uri.md documents %d parameters, the "
+                 "parser knows %d", n, known);
 }
 
 Test(redis, uri_errors)
