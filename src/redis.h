@@ -55,6 +55,9 @@ typedef struct idem__rcfg {
 int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
                      idem__rcfg *cfg);
 void idem__rcfg_free(idem__rcfg *cfg);
+/* The name of URI parameter i (0, 1, ...), or NULL past the last: what
+ * tests compare with docs/uri.md. */
+const char *idem__rparam_name(size_t i);
 
 /* What a reply slot in a connection's pipeline stands for. */
 enum { IDEM__IN_LOAD, IDEM__IN_ASKING, IDEM__IN_CMD, IDEM__IN_WAIT };
@@ -135,6 +138,7 @@ typedef struct idem__rcmd {
     int done;
     int ask;                     /* node to send ASKING + command, or -1 */
     int lasterr;                 /* why the last try did not answer */
+    int moved;                   /* status set by a redirect (b->stay) */
 } idem__rcmd;
 
 typedef struct idem__rbatch {
@@ -143,6 +147,11 @@ typedef struct idem__rbatch {
     int raw;                     /* keys are named whole (checkpoints),
                                   * not records of the layout */
     int write;                   /* the script changes records */
+    int whole;                   /* one answer per command, for all its
+                                  * keys (scans), not one per key */
+    int stay;                    /* keys belong to the node they were
+                                  * found on: a redirect ends the command
+                                  * (EPROTO, moved) instead of following */
     idem__ritem *items;
     size_t nitems;
     size_t *order;               /* items grouped by slot */
@@ -177,7 +186,8 @@ void idem__argrid(idem_store *s, idem__ritem *it, int slot);
 size_t idem__rid(idem_store *s, char buf[24]);
 /* An argument every key of the batch shares, after the time. */
 void idem__batch_common(idem__rbatch *b, int slot, long long v);
-/* Run the batch. Each item ends with a reply or a status. Returns 0 if
+/* Run the batch. Each item ends with a reply (b->whole: its command's,
+ * shared with the command's other items) or a status. Returns 0 if
  * every item has a reply or an error of its own key (EPROTO); otherwise
  * the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some from one. */
 int idem__run(idem_store *s, idem__rbatch *b, int write);

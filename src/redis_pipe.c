@@ -294,74 +294,104 @@ typedef struct idem__round {
     int fatal;           /* an error that ends the call for every key */
 } idem__round;
 
-/* Handle reply `rep` to the command of inflight entry e on conn. */
+/* A redirect of command c: MOVED or ASK. */
+static void idem__on_redirect(idem_store *s, idem__rbatch *b, idem__rcmd *c,
+                              const redisReply *rep, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    char msg[sizeof b->firstmsg];
+    if (!r->cfg.cluster) {
+        snprintf(msg, sizeof msg, "%s: the server is a cluster node (%s): "
+                 "use redis-cluster://", s->uri, rep->str);
+        idem__final(b, c, IDEM_EPROTO, msg);
+        return;
+    }
+    if (b->stay) {
+        snprintf(msg, sizeof msg, "%s: %s", s->uri, rep->str);
+        idem__final(b, c, IDEM_EPROTO, msg);
+        c->moved = 1;
+        return;
+    }
+    int is_ask;
+    int node = idem__redirect(r, rep, &is_ask);
+    if (node < 0) {
+        r->map_stale = 1;
+        rd->backoff = 1;
+        c->lasterr = IDEM_EPROTO;
+        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, rep->str);
+    } else if (is_ask) {
+        c->ask = node;
+    } else {
+        r->map_stale = 1;
+    }
+}
+
+/* A script over many keys stopped at a key that is not an idem record
+ * (WRONGTYPE). Send each key on its own, so that only that key fails;
+ * keys the script had already done answer the same again, by their
+ * request ids. */
+static void idem__split_cmd(idem__rbatch *b, idem__rcmd *c)
+{
+    for (size_t j = 1; j < c->count; j++) {
+        idem__rcmd *d = &b->cmds[b->n++];
+        memset(d, 0, sizeof *d);
+        d->first = c->first + j;
+        d->count = 1;
+        d->slot = c->slot;
+        d->ask = -1;
+    }
+    c->count = 1;
+    c->lasterr = IDEM_EPROTO;
+}
+
+/* An error reply to command c: retried, split or final. */
+static void idem__on_cmd_error(idem_store *s, idem__rbatch *b,
+                               idem__rconn *conn, idem__rcmd *c,
+                               const redisReply *rep, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    const char *e = rep->str;
+    char msg[sizeof b->firstmsg];
+    snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
+    if (strncmp(e, "NOSCRIPT", 8) == 0) {
+        conn->loaded = 0;
+        c->lasterr = IDEM_EPROTO;
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
+    } else if (strncmp(e, "MOVED ", 6) == 0 || strncmp(e, "ASK ", 4) == 0) {
+        idem__on_redirect(s, b, c, rep, rd);
+    } else if (idem__transient(e)) {
+        rd->backoff = 1;
+        if (strncmp(e, "READONLY", 8) == 0)
+            r->map_stale = r->cfg.cluster;
+        c->lasterr = IDEM_ETIMEOUT;
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
+    } else if (strncmp(e, "NOAUTH", 6) == 0 ||
+               strncmp(e, "WRONGPASS", 9) == 0) {
+        idem__final(b, c, IDEM_EAUTH, msg);
+        rd->fatal = IDEM_EAUTH;
+    } else if (c->count > 1) {
+        idem__split_cmd(b, c);
+    } else {
+        /* The script failed, e.g. WRONGTYPE: the key holds something
+         * that is not an idem record. This key alone fails. */
+        idem__final(b, c, IDEM_EPROTO, msg);
+    }
+}
+
+/* Handle reply `rep` to command cmdi, sent on conn. */
 static void idem__on_cmd_reply(idem_store *s, idem__rbatch *b,
                                idem__rconn *conn, size_t cmdi,
                                redisReply *rep, idem__round *rd)
 {
     idem__redis *r = idem__r(s);
     idem__rcmd *c = &b->cmds[cmdi];
-    char msg[sizeof b->firstmsg];
     if (rep->type != REDIS_REPLY_ERROR) {
         c->reply = rep;
         if (!r->cfg.wait || !b->write)
             c->done = 1;  /* else: done once WAIT confirms */
         return;
     }
-    const char *e = rep->str;
-    int is_ask;
-    if (strncmp(e, "NOSCRIPT", 8) == 0) {
-        conn->loaded = 0;
-        c->lasterr = IDEM_EPROTO;
-        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-    } else if (strncmp(e, "MOVED ", 6) == 0 || strncmp(e, "ASK ", 4) == 0) {
-        int node = r->cfg.cluster ? idem__redirect(r, rep, &is_ask) : -1;
-        if (!r->cfg.cluster) {
-            snprintf(msg, sizeof msg, "%s: the server is a cluster node "
-                     "(%s): use redis-cluster://", s->uri, e);
-            idem__final(b, c, IDEM_EPROTO, msg);
-        } else if (node < 0) {
-            r->map_stale = 1;
-            rd->backoff = 1;
-            c->lasterr = IDEM_EPROTO;
-            snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-        } else if (is_ask) {
-            c->ask = node;
-        } else {
-            r->map_stale = 1;
-        }
-    } else if (idem__transient(e)) {
-        rd->backoff = 1;
-        if (strncmp(e, "READONLY", 8) == 0)
-            r->map_stale = r->cfg.cluster;
-        c->lasterr = IDEM_ETIMEOUT;
-        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: %s", s->uri, e);
-    } else if (strncmp(e, "NOAUTH", 6) == 0 ||
-               strncmp(e, "WRONGPASS", 9) == 0) {
-        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
-        idem__final(b, c, IDEM_EAUTH, msg);
-        rd->fatal = IDEM_EAUTH;
-    } else if (c->count > 1) {
-        /* A script over many keys stopped at a key that is not an idem
-         * record (WRONGTYPE). Send each key on its own, so that only
-         * that key fails; keys the script had already done answer the
-         * same again, by their request ids. */
-        for (size_t j = 1; j < c->count; j++) {
-            idem__rcmd *d = &b->cmds[b->n++];
-            memset(d, 0, sizeof *d);
-            d->first = c->first + j;
-            d->count = 1;
-            d->slot = c->slot;
-            d->ask = -1;
-        }
-        c->count = 1;
-        c->lasterr = IDEM_EPROTO;
-    } else {
-        /* The script failed, e.g. WRONGTYPE: the key holds something
-         * that is not an idem record. This key alone fails. */
-        snprintf(msg, sizeof msg, "%s: %s", s->uri, e);
-        idem__final(b, c, IDEM_EPROTO, msg);
-    }
+    idem__on_cmd_error(s, b, conn, c, rep, rd);
     freeReplyObject(rep);
 }
 
@@ -559,178 +589,195 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
     conn->wrote = 0;
 }
 
-/* Run every command of b to an answer or to the end of the time budget.
- * Returns 0 if each command has an answer or an error of its own key;
- * otherwise the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some
- * command from being answered. */
-static int idem__rounds(idem_store *s, idem__rbatch *b)
+/* The connections a round writes to, in the order they were first
+ * used, and the call's deadline. */
+typedef struct idem__actives {
+    idem__active *a;
+    size_t n, cap;
+    int64_t deadline;
+} idem__actives;
+
+/* Note conn (node's connection k) as used by this round. 0 or ENOMEM. */
+static int idem__activate(idem__rconn *conn, size_t node, size_t k,
+                          idem__actives *act)
+{
+    if (conn->nin)
+        return 0;  /* already in the list */
+    if (act->n == act->cap) {
+        size_t cap = act->cap ? act->cap * 2 : 16;
+        idem__active *p = realloc(act->a, cap * sizeof *p);
+        if (!p)
+            return IDEM_ENOMEM;
+        act->a = p;
+        act->cap = cap;
+    }
+    act->a[act->n].node = node;
+    act->a[act->n++].conn = k;
+    idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
+    return 0;
+}
+
+/* Step 1 for command i: to the connection of the node that owns its
+ * slot. 0, or an error that ends the call (EAUTH, ENOMEM, EINVAL). */
+static int idem__dispatch_cmd(idem_store *s, idem__rbatch *b, size_t i,
+                              idem__actives *act, idem__round *rd)
 {
     idem__redis *r = idem__r(s);
-    int64_t deadline = idem__mono_ms() + r->cfg.timeout_ms;
-    int64_t backoff = 0;
-    int fatal = 0;
-    idem__active *act = NULL;
-    size_t nact = 0, capact = 0;
-    idem__sigstate sig;
-    /* Transient failures write the detail as they happen; what the
-     * caller sees is the detail from before, or the final errors. */
-    char before[sizeof s->detail];
-    idem__scopy(before, sizeof before, s->detail);
-    idem__nosigpipe_begin(&sig);
-    for (;;) {
-        size_t pending = 0;
-        for (size_t i = 0; i < b->n; i++)
-            pending += !b->cmds[i].done;
-        if (!pending || fatal)
-            break;
-        int64_t left = deadline - idem__mono_ms();
-        if (left <= 0)
-            break;
-        if (backoff) {
-            idem__sleep_ms(backoff < left ? backoff : left);
-            left = deadline - idem__mono_ms();
-            if (left <= 0)
-                break;
-        }
-        if (r->cfg.cluster && r->map_stale) {
-            int rc = idem__map_refresh(s, r, deadline);
-            if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM) {
-                fatal = rc;
-                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
-                break;
-            }
-            if (rc)
-                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
-            left = deadline - idem__mono_ms();
-            if (left <= 0)
-                break;
-        }
-        idem__round rd = {0, 0};
-        nact = 0;
-        r->round++;
-        /* 1. dispatch */
-        for (size_t i = 0; i < b->n && !fatal; i++) {
-            idem__rcmd *c = &b->cmds[i];
-            if (c->done)
-                continue;
-            int node = c->ask >= 0 ? c->ask : idem__route(r, c->slot);
-            if (node < 0) {
-                r->map_stale = 1;
-                rd.backoff = 1;
-                c->lasterr = IDEM_ECONN;
-                snprintf(b->lastmsg, sizeof b->lastmsg,
-                         "%s: no known master serves slot %u", s->uri,
-                         c->slot);
-                continue;
-            }
-            size_t k = c->slot % (unsigned)r->cfg.pool;
-            int rc = idem__ensure_conn(s, b, (size_t)node, k,
-                                       deadline - idem__mono_ms());
-            if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM || rc == IDEM_EINVAL) {
-                fatal = rc;
-                break;
-            }
-            if (rc) {
-                c->lasterr = rc;
-                r->map_stale = r->cfg.cluster;
-                rd.backoff = 1;
-                continue;
-            }
-            idem__rconn *conn = &r->nodes[node].conns[k];
-            if (conn->nin == 0) {
-                if (nact == capact) {
-                    size_t cap = capact ? capact * 2 : 16;
-                    idem__active *p = realloc(act, cap * sizeof *p);
-                    if (!p) {
-                        fatal = IDEM_ENOMEM;
-                        break;
-                    }
-                    act = p;
-                    capact = cap;
-                }
-                act[nact].node = (size_t)node;
-                act[nact++].conn = k;
-                idem__rconn_deadline(conn, left);
-            }
-            if (idem__append_cmd(r, b, conn, i)) {
-                fatal = IDEM_ENOMEM;
-                break;
-            }
-            /* Send what is built as it grows, so that the server works
-             * on the first commands while the rest are formatted. A
-             * failure here shows again, and is handled, at step 3. */
-            if (conn->c && sdslen(conn->c->obuf) >= IDEM__EARLY_FLUSH)
-                (void)idem__rconn_flush(conn);
-        }
-        if (fatal) {
-            for (size_t a = 0; a < nact; a++)
-                idem__rconn_close(idem__conn_at(r, act[a]));
-            if (fatal == IDEM_ENOMEM)
-                snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
-            else
-                idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
-            break;
-        }
-        /* 2. WAIT after the writes of each connection */
-        for (size_t a = 0; a < nact && r->cfg.wait; a++) {
-            idem__rconn *conn = idem__conn_at(r, act[a]);
-            if (!conn->wrote)
-                continue;
-            char nb[16], tb[24];
-            /* Redis times out blocked clients on its cron (10 Hz by
-             * default), so WAIT may answer ~100 ms after its timeout:
-             * leave room for that before the call's own deadline. */
-            int64_t lw = deadline - idem__mono_ms();
-            int64_t wait_ms = lw > 400 ? lw - 200 : lw / 2;
-            snprintf(nb, sizeof nb, "%d", r->cfg.wait);
-            snprintf(tb, sizeof tb, "%lld", (long long)(wait_ms > 0 ? wait_ms
-                                                                    : 1));
-            const char *wa[3] = {"WAIT", nb, tb};
-            size_t wl[3] = {4, strlen(nb), strlen(tb)};
-            if (redisAppendCommandArgv(conn->c, 3, wa, wl) != REDIS_OK ||
-                idem__rconn_expect(conn, IDEM__IN_WAIT, 0)) {
-                fatal = IDEM_ENOMEM;
-                snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
-            }
-        }
-        /* 3. write every pipeline, then read every reply */
-        /* Each blocking step gets what is left of the budget, so that
-         * several slow nodes in a row cannot add up past it. */
-        for (size_t a = 0; a < nact; a++) {
-            idem__rconn *conn = idem__conn_at(r, act[a]);
-            idem__rconn_deadline(conn, deadline - idem__mono_ms());
-            if (conn->c && idem__rconn_flush(conn)) {
-                char msg[sizeof b->lastmsg];
-                snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
-                         r->nodes[act[a].node].host,
-                         r->nodes[act[a].node].port, conn->c->errstr);
-                idem__requeue_conn(b, conn, idem__rconn_timed_out(conn)
-                                                ? IDEM_ETIMEOUT
-                                                : IDEM_ECONN, msg);
-                idem__rconn_close(conn);
-                r->map_stale = r->cfg.cluster;
-                rd.backoff = 1;
-            }
-        }
-        for (size_t a = 0; a < nact; a++) {
-            idem__rconn *conn = idem__conn_at(r, act[a]);
-            idem__rconn_deadline(conn, deadline - idem__mono_ms());
-            if (conn->c && conn->nin)
-                idem__read_conn(s, b, act[a], &rd);
-            else
-                conn->nin = 0;
-        }
-        if (rd.fatal)
-            fatal = rd.fatal;
-        /* 4. back off only when waiting can help; a redirect is retried
-         * at once. */
-        if (rd.backoff)
-            backoff = backoff ? (backoff * 2 > 500 ? 500 : backoff * 2) : 10;
-        else
-            backoff = 0;
+    idem__rcmd *c = &b->cmds[i];
+    int node = c->ask >= 0 ? c->ask : idem__route(r, c->slot);
+    if (node < 0) {
+        r->map_stale = 1;
+        rd->backoff = 1;
+        c->lasterr = IDEM_ECONN;
+        snprintf(b->lastmsg, sizeof b->lastmsg, "%s: no known master "
+                 "serves slot %u", s->uri, c->slot);
+        return 0;
     }
-    idem__nosigpipe_end(&sig);
-    free(act);
+    size_t k = c->slot % (unsigned)r->cfg.pool;
+    int rc = idem__ensure_conn(s, b, (size_t)node, k,
+                               act->deadline - idem__mono_ms());
+    if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM || rc == IDEM_EINVAL)
+        return rc;
+    if (rc) {
+        c->lasterr = rc;
+        r->map_stale = r->cfg.cluster;
+        rd->backoff = 1;
+        return 0;
+    }
+    idem__rconn *conn = &r->nodes[node].conns[k];
+    if (idem__activate(conn, (size_t)node, k, act) ||
+        idem__append_cmd(r, b, conn, i))
+        return IDEM_ENOMEM;
+    /* Send what is built as it grows, so that the server works on the
+     * first commands while the rest are formatted. A failure here shows
+     * again, and is handled, at step 3. */
+    if (conn->c && sdslen(conn->c->obuf) >= IDEM__EARLY_FLUSH)
+        (void)idem__rconn_flush(conn);
+    return 0;
+}
+
+/* 1. dispatch every pending command. 0 or the error that ends the
+ * call; then the round's connections are closed (half-built pipelines)
+ * and b->lastmsg says why. */
+static int idem__dispatch(idem_store *s, idem__rbatch *b, idem__actives *act,
+                          idem__round *rd)
+{
+    int fatal = 0;
+    for (size_t i = 0; i < b->n && !fatal; i++)
+        if (!b->cmds[i].done)
+            fatal = idem__dispatch_cmd(s, b, i, act, rd);
+    if (!fatal)
+        return 0;
+    for (size_t a = 0; a < act->n; a++)
+        idem__rconn_close(idem__conn_at(idem__r(s), act->a[a]));
+    if (fatal == IDEM_ENOMEM)
+        snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
+    else
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+    return fatal;
+}
+
+/* 2. WAIT after the writes of each connection. 0 or ENOMEM. */
+static int idem__append_waits(idem_store *s, idem__rbatch *b,
+                              const idem__actives *act)
+{
+    idem__redis *r = idem__r(s);
+    int fatal = 0;
+    for (size_t a = 0; a < act->n && r->cfg.wait; a++) {
+        idem__rconn *conn = idem__conn_at(r, act->a[a]);
+        if (!conn->wrote)
+            continue;
+        char nb[16], tb[24];
+        /* Redis times out blocked clients on its cron (10 Hz by
+         * default), so WAIT may answer ~100 ms after its timeout:
+         * leave room for that before the call's own deadline. */
+        int64_t lw = act->deadline - idem__mono_ms();
+        int64_t wait_ms = lw > 400 ? lw - 200 : lw / 2;
+        snprintf(nb, sizeof nb, "%d", r->cfg.wait);
+        snprintf(tb, sizeof tb, "%lld", (long long)(wait_ms > 0 ? wait_ms
+                                                                : 1));
+        const char *wa[3] = {"WAIT", nb, tb};
+        size_t wl[3] = {4, strlen(nb), strlen(tb)};
+        if (redisAppendCommandArgv(conn->c, 3, wa, wl) != REDIS_OK ||
+            idem__rconn_expect(conn, IDEM__IN_WAIT, 0)) {
+            fatal = IDEM_ENOMEM;
+            snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
+        }
+    }
+    return fatal;
+}
+
+/* 3. write every pipeline, then read every reply. Each blocking step
+ * gets what is left of the budget, so that several slow nodes in a row
+ * cannot add up past it. */
+static void idem__exchange(idem_store *s, idem__rbatch *b,
+                           const idem__actives *act, idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    for (size_t a = 0; a < act->n; a++) {
+        idem__rconn *conn = idem__conn_at(r, act->a[a]);
+        idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
+        if (conn->c && idem__rconn_flush(conn)) {
+            char msg[sizeof b->lastmsg];
+            snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
+                     r->nodes[act->a[a].node].host,
+                     r->nodes[act->a[a].node].port, conn->c->errstr);
+            idem__requeue_conn(b, conn, idem__rconn_timed_out(conn)
+                                            ? IDEM_ETIMEOUT
+                                            : IDEM_ECONN, msg);
+            idem__rconn_close(conn);
+            r->map_stale = r->cfg.cluster;
+            rd->backoff = 1;
+        }
+    }
+    for (size_t a = 0; a < act->n; a++) {
+        idem__rconn *conn = idem__conn_at(r, act->a[a]);
+        idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
+        if (conn->c && conn->nin)
+            idem__read_conn(s, b, act->a[a], rd);
+        else
+            conn->nin = 0;
+    }
+}
+
+/* 4. back off only when waiting can help; a redirect is retried at
+ * once. The next round's pause after one that waited `backoff`. */
+static int64_t idem__next_backoff(int64_t backoff, const idem__round *rd)
+{
+    if (!rd->backoff)
+        return 0;
+    return backoff ? (backoff * 2 > 500 ? 500 : backoff * 2) : 10;
+}
+
+/* Before a round: pause, and reload a stale slot map. 0 to go on, 1
+ * when the budget is spent, or an error that ends the call. */
+static int idem__prepare_round(idem_store *s, idem__rbatch *b,
+                               int64_t deadline, int64_t backoff)
+{
+    idem__redis *r = idem__r(s);
+    int64_t left = deadline - idem__mono_ms();
+    if (left > 0 && backoff) {
+        idem__sleep_ms(backoff < left ? backoff : left);
+        left = deadline - idem__mono_ms();
+    }
+    if (left <= 0)
+        return 1;
+    if (!r->cfg.cluster || !r->map_stale)
+        return 0;
+    int rc = idem__map_refresh(s, r, deadline);
+    if (rc)
+        idem__scopy(b->lastmsg, sizeof b->lastmsg, s->detail);
+    if (rc == IDEM_EAUTH || rc == IDEM_ENOMEM)
+        return rc;
+    return deadline - idem__mono_ms() <= 0;
+}
+
+/* Every command still pending at the end fails: with the error that
+ * ended the call, or the last reason it had none. The first code. */
+static int idem__fail_pending(idem_store *s, idem__rbatch *b, int fatal,
+                              int64_t deadline)
+{
+    idem__redis *r = idem__r(s);
     int rc = 0;
     int64_t spent = r->cfg.timeout_ms - (deadline - idem__mono_ms());
     for (size_t i = 0; i < b->n; i++) {
@@ -749,6 +796,54 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
         if (!rc)
             rc = code;
     }
+    return rc;
+}
+
+static int idem__pending(const idem__rbatch *b)
+{
+    for (size_t i = 0; i < b->n; i++)
+        if (!b->cmds[i].done)
+            return 1;
+    return 0;
+}
+
+/* Run every command of b to an answer or to the end of the time budget.
+ * Returns 0 if each command has an answer or an error of its own key;
+ * otherwise the error (ECONN, ETIMEOUT, EAUTH, ENOMEM) that kept some
+ * command from being answered. */
+static int idem__rounds(idem_store *s, idem__rbatch *b)
+{
+    idem__redis *r = idem__r(s);
+    idem__actives act = {NULL, 0, 0, idem__mono_ms() + r->cfg.timeout_ms};
+    int64_t backoff = 0;
+    int fatal = 0;
+    idem__sigstate sig;
+    /* Transient failures write the detail as they happen; what the
+     * caller sees is the detail from before, or the final errors. */
+    char before[sizeof s->detail];
+    idem__scopy(before, sizeof before, s->detail);
+    idem__nosigpipe_begin(&sig);
+    while (!fatal && idem__pending(b)) {
+        int rc = idem__prepare_round(s, b, act.deadline, backoff);
+        if (rc) {
+            fatal = rc == 1 ? 0 : rc;
+            break;
+        }
+        idem__round rd = {0, 0};
+        act.n = 0;
+        r->round++;
+        fatal = idem__dispatch(s, b, &act, &rd);
+        if (fatal)
+            break;
+        fatal = idem__append_waits(s, b, &act);
+        idem__exchange(s, b, &act, &rd);
+        if (rd.fatal)
+            fatal = rd.fatal;
+        backoff = idem__next_backoff(backoff, &rd);
+    }
+    idem__nosigpipe_end(&sig);
+    free(act.a);
+    int rc = idem__fail_pending(s, b, fatal, act.deadline);
     idem__scopy(s->detail, sizeof s->detail,
                 b->firstmsg[0] ? b->firstmsg : before);
     return rc;
@@ -756,13 +851,14 @@ static int idem__rounds(idem_store *s, idem__rbatch *b)
 
 
 /* Give each item its own answer: the command's reply, or its element
- * of the reply of a multi-key script. */
+ * of the reply of a multi-key script (unless the batch answers whole). */
 static void idem__distribute(idem_store *s, idem__rbatch *b, int rc)
 {
+    int split = b->multi && !b->whole;
     for (size_t i = 0; i < b->n; i++) {
         idem__rcmd *c = &b->cmds[i];
         const redisReply *rep = c->reply;
-        int bad = b->multi && rep && c->status == 0 &&
+        int bad = split && rep && c->status == 0 &&
                   (rep->type != REDIS_REPLY_ARRAY || rep->elements != c->count);
         for (size_t j = 0; j < c->count; j++) {
             idem__ritem *it = &b->items[b->order[c->first + j]];
@@ -773,7 +869,7 @@ static void idem__distribute(idem_store *s, idem__rbatch *b, int rc)
             else if (bad)
                 it->status = IDEM_EPROTO;
             else
-                it->reply = b->multi ? rep->element[j] : rep;
+                it->reply = split ? rep->element[j] : rep;
             if (it->reply && it->reply->type == REDIS_REPLY_ERROR) {
                 /* A key's own failure inside a multi-key script. */
                 char msg[sizeof b->firstmsg];

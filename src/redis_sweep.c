@@ -5,8 +5,17 @@
  * a PEXPIRE was lost), which it deletes once created_ts is older than
  * the retention, and records whose expiry passed under a caller's clock
  * before Redis's own. SCAN MATCH PREFIX* COUNT 1000 walks each master;
- * each page's keys go to one script call per slot (a script may only
- * touch keys of one slot in a cluster), all of a page pipelined.
+ * each page's keys go to the scripts as one batch of redis_pipe.c, a
+ * call per slot (a script may only touch keys of one slot in a cluster)
+ * and up to IDEM__GROUP keys: so a sweep loads the scripts, follows
+ * MOVED and ASK, and retries through a broken connection as claims do.
+ * A SCAN page itself is asked again on a new connection when its own
+ * broke: SCAN only reads, and the cursor is the server's.
+ *
+ * Stats, dump and check follow no redirect: a slot that moved away
+ * mid-scan is counted on its new node if that node is scanned later,
+ * and a check, which cannot count on that, says the store changed
+ * shape under it. A sweep follows them: deleting twice is harmless.
  *
  * The day layout has its whole days to drop instead: SCAN finds the
  * buckets, and a bucket whose days are over goes at once, with UNLINK
@@ -37,8 +46,9 @@ typedef struct idem__scan_acc {
     idem_scan_fn fn;             /* dump: called for each record ... */
     void *ctx;
     int fn_rc;                   /* ... until it answers nonzero */
-    const char *repair;          /* check: "0" or "1", the last ARGV */
+    int repair;                  /* check: 0 or 1, its last ARGV */
     char first[256];             /* check: the first unreadable record */
+    char errmsg[512];            /* the detail of err */
 } idem__scan_acc;
 
 static int idem__num(const redisReply *e, int64_t *v)
@@ -133,32 +143,65 @@ static int idem__take(idem_store *s, int script, const redisReply *rep,
     return 0;
 }
 
-/* Note an error reply of one call; it is reported once the scan is
- * over. A slot that moved away mid-scan is swept on its new node, if
- * that node is scanned later; a check cannot count on that, and says the
- * store changed shape under it. */
-static void idem__scan_error(idem_store *s, idem__rconn *conn, int script,
-                             const redisReply *rep, idem__scan_acc *acc)
+/* Note an error of one call; it is reported once the scan is over. A
+ * redirect (moved) ends a check only: see above. */
+static void idem__scan_error(idem_store *s, int script, int moved,
+                             idem__scan_acc *acc)
 {
-    int moved = strncmp(rep->str, "MOVED", 5) == 0 ||
-                strncmp(rep->str, "ASK", 3) == 0;
     if (acc->err || (moved && script != IDEM__S_CHECK))
         return;
-    if (moved) {
-        acc->err = idem__fail(s, IDEM_EPROTO, "%s: a slot moved during the "
-                              "check (%s): run it again", s->uri, rep->str);
-        return;
-    }
     acc->err = IDEM_EPROTO;
-    idem__fail(s, IDEM_EPROTO, "%s: scan: %s", s->uri, rep->str);
-    if (strncmp(rep->str, "NOSCRIPT", 8) == 0)
-        conn->loaded = 0;
+    if (moved)
+        snprintf(acc->errmsg, sizeof acc->errmsg, "a slot moved during the "
+                 "check (%s): run it again", idem_errdetail(s));
+    else
+        idem__scopy(acc->errmsg, sizeof acc->errmsg, idem_errdetail(s));
 }
 
-static int idem__slot_cmp(const void *a, const void *b)
+/* Take what command c of a scan batch answered; *cursor (NULL: not
+ * wanted) gets its cursor, 0 when it has none. */
+static void idem__take_cmd(idem_store *s, const idem__rbatch *b,
+                           const idem__rcmd *c, idem__scan_acc *acc,
+                           uint64_t *cursor)
 {
-    const unsigned *x = a, *y = b;
-    return (x[0] > y[0]) - (x[0] < y[0]);
+    if (cursor)
+        *cursor = 0;
+    if (c->status) {
+        idem__scan_error(s, b->script, c->moved, acc);
+    } else if (idem__take(s, b->script, c->reply, acc, cursor)) {
+        idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected reply", s->uri);
+        idem__scan_error(s, b->script, 0, acc);
+    }
+}
+
+/* A batch of up to n keys found by SCAN, for script: they are named
+ * whole, answered whole, and stay on their node unless swept (see
+ * above). multi: a call per slot for many keys; else one per key. */
+static int idem__scan_batch(idem_store *s, idem__rbatch *b, int script,
+                            size_t n, int multi)
+{
+    int rc = idem__batch_init(s, b, script, n);
+    if (rc)
+        return rc;
+    b->multi = multi;
+    b->raw = 1;
+    b->whole = 1;
+    b->stay = script != IDEM__S_SWEEP;
+    return 0;
+}
+
+/* Run a scan batch and take its answers, in order; item i's cursor to
+ * cursors[i] (NULL: not wanted). */
+static int idem__scan_run(idem_store *s, idem__rbatch *b,
+                          idem__scan_acc *acc, uint64_t *cursors)
+{
+    int rc = idem__run(s, b, b->script == IDEM__S_SWEEP || acc->repair);
+    for (size_t i = 0; i < b->n && !rc && !acc->fn_rc; i++) {
+        const idem__rcmd *c = &b->cmds[i];
+        idem__take_cmd(s, b, c, acc,
+                       cursors ? &cursors[b->order[c->first]] : NULL);
+    }
+    return rc;
 }
 
 /* The glob pattern matching every key under the prefix (day layout:
@@ -211,180 +254,178 @@ static int idem__ours(const idem__redis *r, const redisReply *e)
            memcmp(open + 1, r->cfg.tags[i], tl) == 0;
 }
 
-/* Run `script` over the keys of one SCAN page, grouped by slot. */
-static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
-                           const redisReply *keys, int script,
-                           const char *now, idem__scan_acc *acc)
+/* Run script over the keys of one SCAN page: the hash layout's, and
+ * the day layout's buckets to sweep. */
+static int idem__scan_page(idem_store *s, const redisReply *keys, int script,
+                           idem__scan_acc *acc)
 {
-    size_t n = keys->elements;
-    if (n == 0)
-        return 0;
-    unsigned(*order)[2] = malloc(n * sizeof *order);
-    const char **argv = malloc((n + 7) * sizeof *argv);
-    size_t *lens = malloc((n + 7) * sizeof *lens);
-    if (!order || !argv || !lens) {
-        free(order);
-        free(argv);
-        free(lens);
-        return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    }
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
+    idem__redis *r = idem__r(s);
+    idem__rbatch b;
+    int rc = idem__scan_batch(s, &b, script, keys->elements, 1);
+    for (size_t i = 0; i < keys->elements && !rc; i++) {
         const redisReply *e = keys->element[i];
-        if (!idem__ours(r, e))
-            continue;
-        order[m][0] = r->cfg.cluster ? idem__key_slot(e->str, e->len) : 0;
-        order[m++][1] = (unsigned)i;
-    }
-    n = m;
-    qsort(order, n, sizeof *order, idem__slot_cmp);
-    char ret[24], days[24];
-    snprintf(ret, sizeof ret, "%lld", (long long)s->opts.retention_ms);
-    snprintf(days, sizeof days, "%d", r->cfg.days);
-    size_t groups = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n;) {
-        size_t j = i;
-        while (j < n && order[j][0] == order[i][0])
-            j++;
-        int argc = 0;
-        char nk[24];
-        snprintf(nk, sizeof nk, "%zu", j - i);
-        argv[argc] = "EVALSHA";
-        lens[argc++] = 7;
-        argv[argc] = r->shas[script];
-        lens[argc++] = 40;
-        argv[argc] = nk;
-        lens[argc++] = strlen(nk);
-        for (size_t k = i; k < j; k++) {
-            const redisReply *e = keys->element[order[k][1]];
-            argv[argc] = e->str;
-            lens[argc++] = e->len;
-        }
-        argv[argc] = now;
-        lens[argc++] = strlen(now);
-        if (script == IDEM__S_SWEEP) {
-            argv[argc] = ret;
-            lens[argc++] = strlen(ret);
-            argv[argc] = days;
-            lens[argc++] = strlen(days);
-        } else {
-            argv[argc] = "0";  /* the cursor: every key in one call */
-            lens[argc++] = 1;
-        }
-        if (acc->repair) {
-            argv[argc] = acc->repair;
-            lens[argc++] = 1;
-        }
-        if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK) {
+        if (idem__ours(r, e) && !idem__item_add(s, &b, e->str, e->len))
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-            break;
-        }
-        groups++;
-        i = j;
     }
-    free(order);
-    free(argv);
-    free(lens);
-    if (!rc && idem__rconn_flush(conn))
-        groups = 0, rc = idem__fail(s, IDEM_ECONN, "%s: %s", s->uri,
-                                    conn->c->errstr);
-    for (size_t g = 0; g < groups; g++) {
-        redisReply *rep;
-        if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK) {
-            rc = idem__fail(s, idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
-                                                           : IDEM_ECONN,
-                            "%s: %s", s->uri, conn->c->errstr);
-            break;
-        }
-        if (rep->type == REDIS_REPLY_ERROR)
-            idem__scan_error(s, conn, script, rep, acc);
-        else if (idem__take(s, script, rep, acc, NULL) && !acc->err)
-            acc->err = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
-                                  "reply", s->uri);
-        freeReplyObject(rep);
+    if (!rc && script == IDEM__S_SWEEP) {
+        idem__batch_common(&b, 0, s->opts.retention_ms);
+        idem__batch_common(&b, 1, r->cfg.days);
+    } else if (!rc) {
+        idem__batch_common(&b, 0, 0);  /* the cursor: every key at once */
+        if (script == IDEM__S_CHECK)
+            idem__batch_common(&b, 1, acc->repair);
     }
-    if (rc)
-        idem__rconn_close(conn);
+    if (!rc)
+        rc = idem__scan_run(s, &b, acc, NULL);
+    idem__batch_free(&b);
     return rc;
 }
 
-/* Day layout, stats and dump: each bucket of a SCAN page, a page of
- * its records per call. */
-static int idem__scan_buckets(idem_store *s, idem__rconn *conn,
-                              const redisReply *keys, int script,
-                              const char *now, idem__scan_acc *acc)
+/* Where the day layout's scan of a SCAN page's buckets is: per bucket
+ * its HSCAN cursor and whether it has more; per item of a round its
+ * bucket and next cursor. */
+typedef struct idem__bucket_scan {
+    uint64_t *cur;
+    unsigned char *todo;
+    size_t *idx;
+    uint64_t *next;
+} idem__bucket_scan;
+
+/* One round of the day layout's bucket pages: a call for each bucket
+ * of the SCAN page that has more, side by side. */
+static int idem__bucket_round(idem_store *s, const redisReply *keys,
+                              int script, idem__scan_acc *acc,
+                              idem__bucket_scan *bs)
+{
+    uint64_t *cur = bs->cur;
+    unsigned char *todo = bs->todo;
+    size_t *idx = bs->idx;
+    size_t n = keys->elements, m = 0;
+    idem__rbatch b;
+    int rc = idem__scan_batch(s, &b, script, n, 0);
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (!todo[i])
+            continue;
+        const redisReply *e = keys->element[i];
+        idem__ritem *it = idem__item_add(s, &b, e->str, e->len);
+        if (!it) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
+        }
+        int len = snprintf(it->num[0], sizeof it->num[0], "%llu",
+                           (unsigned long long)cur[i]);
+        idem__arg(it, it->num[0], (size_t)len);
+        if (script == IDEM__S_CHECK)
+            idem__argnum(it, 1, acc->repair);
+        idx[m++] = i;
+    }
+    if (!rc)
+        rc = idem__scan_run(s, &b, acc, bs->next);
+    for (size_t j = 0; j < m && !rc; j++) {
+        cur[idx[j]] = bs->next[j];
+        todo[idx[j]] = bs->next[j] != 0;
+    }
+    idem__batch_free(&b);
+    return rc;
+}
+
+/* Day layout, stats, dump and check: every bucket of a SCAN page, a
+ * page of its records per call, until each bucket is read to its end. */
+static int idem__scan_buckets(idem_store *s, const redisReply *keys,
+                              int script, idem__scan_acc *acc)
 {
     idem__redis *r = idem__r(s);
-    int rc = 0;
-    for (size_t i = 0; i < keys->elements && !rc && !acc->fn_rc; i++) {
-        const redisReply *b = keys->element[i];
-        uint64_t cursor = 0;
-        if (!idem__ours(r, b))
-            continue;
-        do {
-            char cur[24];
-            snprintf(cur, sizeof cur, "%llu", (unsigned long long)cursor);
-            const char *argv[7] = {"EVALSHA", r->shas[script], "1", b->str,
-                                   now, cur, acc->repair};
-            size_t lens[7] = {7, 40, 1, b->len, strlen(now), strlen(cur), 1};
-            redisReply *rep = idem__rconn_command(
-                s, conn, acc->repair ? 7 : 6, argv, lens, &rc);
-            if (!rep)
-                break;
-            cursor = 0;
-            if (rep->type == REDIS_REPLY_ERROR)
-                idem__scan_error(s, conn, script, rep, acc);
-            else if (idem__take(s, script, rep, acc, &cursor))
-                rc = idem__fail(s, IDEM_EPROTO, "%s: scan: unexpected "
-                                "reply", s->uri);
-            freeReplyObject(rep);
-        } while (!rc && cursor && !acc->fn_rc);
+    size_t n = keys->elements ? keys->elements : 1;
+    idem__bucket_scan bs = {calloc(n, sizeof *bs.cur), calloc(n, 1),
+                            calloc(n, sizeof *bs.idx),
+                            calloc(n, sizeof *bs.next)};
+    int rc = 0, more = 0;
+    if (!bs.cur || !bs.todo || !bs.idx || !bs.next)
+        rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+    for (size_t i = 0; i < keys->elements && !rc; i++)
+        more |= bs.todo[i] = (unsigned char)idem__ours(r, keys->element[i]);
+    while (!rc && more && !acc->fn_rc) {
+        rc = idem__bucket_round(s, keys, script, acc, &bs);
+        more = 0;
+        for (size_t i = 0; i < keys->elements; i++)
+            more |= bs.todo[i];
     }
+    free(bs.cur);
+    free(bs.todo);
+    free(bs.idx);
+    free(bs.next);
     return rc;
+}
+
+/* One try of a SCAN page on node's first connection, connecting first
+ * if it is down. The reply, or NULL with *rc the error. */
+static redisReply *idem__scan_try(idem_store *s, size_t node, int64_t left,
+                                  const char **argv, const size_t *lens,
+                                  int *rc)
+{
+    idem__redis *r = idem__r(s);
+    idem__rnode *nd = &r->nodes[node];
+    idem__rconn *conn = &nd->conns[0];
+    int64_t ms = left < r->cfg.connect_ms ? left : r->cfg.connect_ms;
+    if (!conn->c && (*rc = idem__rconn_open(s, r, nd, conn, ms)) != 0)
+        return NULL;
+    idem__rconn_deadline(conn, left);
+    redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens, rc);
+    if (rep && rep->type == REDIS_REPLY_ERROR && idem__transient(rep->str)) {
+        *rc = idem__fail(s, IDEM_ETIMEOUT, "%s: SCAN: %s", s->uri, rep->str);
+        freeReplyObject(rep);
+        return NULL;
+    }
+    return rep;
+}
+
+/* A SCAN page of node, asked again on a new connection while the
+ * connection breaks or the node is busy, within the call's budget as
+ * claims are: SCAN only reads, and asking again for a cursor returns
+ * that page again. */
+static redisReply *idem__scan_call(idem_store *s, size_t node,
+                                   const char **argv, const size_t *lens,
+                                   int *rc)
+{
+    idem__redis *r = idem__r(s);
+    int64_t deadline = idem__mono_ms() + r->cfg.timeout_ms;
+    int64_t backoff = 10;
+    /* A failure that a retry cures leaves the detail as it was. */
+    char before[sizeof s->detail];
+    idem__scopy(before, sizeof before, s->detail);
+    for (;;) {
+        int64_t left = deadline - idem__mono_ms();
+        redisReply *rep = left > 0 ? idem__scan_try(s, node, left, argv,
+                                                    lens, rc)
+                                   : NULL;
+        if (rep)
+            idem__scopy(s->detail, sizeof s->detail, before);
+        if (rep || left <= 0 || (*rc != IDEM_ECONN && *rc != IDEM_ETIMEOUT))
+            return rep;
+        left = deadline - idem__mono_ms();
+        idem__sleep_ms(backoff < left ? backoff : left > 0 ? left : 0);
+        backoff = backoff * 2 > 500 ? 500 : backoff * 2;
+    }
 }
 
 /* Scan node from *cursor until the end or until max_work keys (0: no
  * limit) were seen in this call; *cursor is 0 when the node is done. */
-static int idem__scan_node(idem_store *s, idem__redis *r, size_t node,
-                           int script, size_t max_work, uint64_t *cursor,
+static int idem__scan_node(idem_store *s, size_t node, int script,
+                           size_t max_work, uint64_t *cursor,
                            idem__scan_acc *acc)
 {
-    idem__rconn *conn = &r->nodes[node].conns[0];
-    int rc = 0;
-    if (!conn->c)
-        rc = idem__rconn_open(s, r, &r->nodes[node], conn, r->cfg.connect_ms);
-    if (rc)
-        return rc;
-    idem__rconn_deadline(conn, r->cfg.timeout_ms);
-    if (!conn->loaded) {
-        for (int k = 0; k < IDEM__S_COUNT && !rc; k++) {
-            const char *la[3] = {"SCRIPT", "LOAD",
-                                 idem__script_text(r->cfg.layout, k)};
-            size_t ll[3] = {6, 4, strlen(la[2])};
-            redisReply *rep = idem__rconn_command(s, conn, 3, la, ll, &rc);
-            if (rep && rep->type == REDIS_REPLY_ERROR)
-                rc = idem__fail(s, IDEM_EPROTO, "%s: SCRIPT LOAD: %s",
-                                s->uri, rep->str);
-            freeReplyObject(rep);
-        }
-        if (rc)
-            return rc;
-        conn->loaded = 1;
-    }
-    char now[24] = "";
-    if (s->opts.clock)
-        snprintf(now, sizeof now, "%lld", (long long)idem__now(s));
+    idem__redis *r = idem__r(s);
     size_t patlen;
     char *pat = idem__scan_pattern(r, &patlen);
     if (!pat)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int rc = 0;
     do {
         char cur[24];
         snprintf(cur, sizeof cur, "%llu", (unsigned long long)*cursor);
         const char *argv[6] = {"SCAN", cur, "MATCH", pat, "COUNT", "1000"};
         size_t lens[6] = {4, strlen(cur), 5, patlen, 5, 4};
-        redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens, &rc);
+        redisReply *rep = idem__scan_call(s, node, argv, lens, &rc);
         if (!rep)
             break;
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -399,10 +440,8 @@ static int idem__scan_node(idem_store *s, idem__redis *r, size_t node,
         *cursor = strtoull(rep->element[0]->str, NULL, 10);
         acc->seen += rep->element[1]->elements;
         rc = r->cfg.layout == IDEM__LAYOUT_DAY && script != IDEM__S_SWEEP
-                 ? idem__scan_buckets(s, conn, rep->element[1], script, now,
-                                      acc)
-                 : idem__scan_page(s, r, conn, rep->element[1], script, now,
-                                   acc);
+                 ? idem__scan_buckets(s, rep->element[1], script, acc)
+                 : idem__scan_page(s, rep->element[1], script, acc);
         freeReplyObject(rep);
     } while (!rc && *cursor != 0 && (!max_work || acc->seen < max_work) &&
              !acc->fn_rc);
@@ -447,7 +486,7 @@ static int idem__scan_all(idem_store *s, int script, size_t max_work,
         if (!is[i])
             continue;
         uint64_t cursor = max_work ? r->scan_cursor[i] : 0;
-        rc = idem__scan_node(s, r, i, script, max_work, &cursor, acc);
+        rc = idem__scan_node(s, i, script, max_work, &cursor, acc);
         if (max_work)
             r->scan_cursor[i] = cursor;
         if ((max_work && acc->seen >= max_work) || acc->fn_rc)
@@ -455,6 +494,8 @@ static int idem__scan_all(idem_store *s, int script, size_t max_work,
     }
     idem__nosigpipe_end(&sig);
     free(is);
+    if (!rc && acc->err)
+        idem__scopy(s->detail, sizeof s->detail, acc->errmsg);
     return rc ? rc : acc->err;
 }
 
@@ -496,7 +537,7 @@ int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx)
 
 int idem__redis_check(idem_store *s, int repair, idem_check_report *out)
 {
-    idem__scan_acc acc = {.repair = repair ? "1" : "0"};
+    idem__scan_acc acc = {.repair = repair != 0};
     int rc = idem__scan_all(s, IDEM__S_CHECK, 0, &acc);
     out->segments = acc.seen;
     out->records = acc.counts[0];

@@ -5,7 +5,8 @@
  *
  * Parameters: timeout_ms, connect_timeout_ms, prefix, pool, wait, and
  * the layout of the records: layout=hash (one hash per key, the default)
- * or layout=day with days and shards (buckets per day and shard).
+ * or layout=day with days and shards (buckets per day and shard). Each
+ * is a row of one table (idem__rparams), docs/uri.md the manual of all.
  *
  * The URI is the whole configuration of a Redis store, so that every
  * tool that takes --store reaches every setting without flags of its own.
@@ -14,6 +15,8 @@
  * misspelt "timout_ms" silently ignored would be a store that hangs for
  * the default time instead of the one asked for. */
 #include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -123,6 +126,104 @@ static int idem__add_host(idem_store *s, idem__rcfg *cfg, const char *p,
     return 0;
 }
 
+/* One ?name=value parameter: where it goes in idem__rcfg and how its
+ * value is read. docs/uri.md documents each; a test checks that it
+ * names the same ones as this table. */
+typedef struct idem__rparam idem__rparam;
+struct idem__rparam {
+    const char *name;
+    int (*set)(idem_store *s, idem__rcfg *cfg, const idem__rparam *pm,
+               const char *v, size_t vlen);
+    size_t off;              /* the field, offsetof(idem__rcfg, ...) */
+    size_t size;             /* numbers: sizeof the field (int, int64_t) */
+    long long lo, hi;        /* numbers: the range allowed */
+};
+
+static int idem__set_num(idem_store *s, idem__rcfg *cfg,
+                         const idem__rparam *pm, const char *v, size_t vlen)
+{
+    long long num;
+    if (idem__parse_num(v, vlen, pm->lo, pm->hi, &num))
+        return idem__fail(s, IDEM_EINVAL, "%s: %s must be a number in "
+                          "%lld..%lld", s->uri, pm->name, pm->lo, pm->hi);
+    char *field = (char *)cfg + pm->off;
+    if (pm->size == sizeof(int64_t)) {
+        int64_t x = num;
+        memcpy(field, &x, sizeof x);
+    } else {
+        int x = (int)num;
+        memcpy(field, &x, sizeof x);
+    }
+    return 0;
+}
+
+static int idem__set_prefix(idem_store *s, idem__rcfg *cfg,
+                            const idem__rparam *pm, const char *v,
+                            size_t vlen)
+{
+    int bad;
+    char *d = idem__pct_decode(v, vlen, &cfg->prefixlen, &bad);
+    if (!d)
+        return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
+                                "prefix", s->uri)
+                   : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    free(cfg->prefix);
+    cfg->prefix = d;
+    return 0;
+}
+
+static int idem__set_layout(idem_store *s, idem__rcfg *cfg,
+                            const idem__rparam *pm, const char *v,
+                            size_t vlen)
+{
+    if (vlen == 4 && memcmp(v, "hash", 4) == 0)
+        cfg->layout = IDEM__LAYOUT_HASH;
+    else if (vlen == 3 && memcmp(v, "day", 3) == 0)
+        cfg->layout = IDEM__LAYOUT_DAY;
+    else
+        return idem__fail(s, IDEM_EINVAL, "%s: layout must be hash or "
+                          "day, not '%.*s'", s->uri, (int)vlen, v);
+    return 0;
+}
+
+#define IDEM__NUM(name, field, lo, hi)                                     \
+    {name, idem__set_num, offsetof(idem__rcfg, field),                     \
+     sizeof(((idem__rcfg *)0)->field), lo, hi}
+
+static const idem__rparam idem__rparams[] = {
+    IDEM__NUM("timeout_ms", timeout_ms, 1, 3600000),
+    IDEM__NUM("connect_timeout_ms", connect_ms, 1, 3600000),
+    {"prefix", idem__set_prefix, 0, 0, 0, 0},
+    IDEM__NUM("pool", pool, 1, 64),
+    IDEM__NUM("wait", wait, 0, 64),
+    IDEM__NUM("db", db, 0, 1000000),
+    {"layout", idem__set_layout, 0, 0, 0, 0},
+    IDEM__NUM("days", days, 1, IDEM__MAX_DAYS),
+    IDEM__NUM("shards", shards, 1, IDEM__MAX_SHARDS),
+};
+
+#undef IDEM__NUM
+
+#define IDEM__NPARAMS (sizeof idem__rparams / sizeof idem__rparams[0])
+
+const char *idem__rparam_name(size_t i)
+{
+    return i < IDEM__NPARAMS ? idem__rparams[i].name : NULL;
+}
+
+/* An unknown parameter: the error names it and lists the known ones. */
+static int idem__unknown_param(idem_store *s, const char *p, size_t klen)
+{
+    char known[256];
+    size_t n = 0;
+    known[0] = '\0';
+    for (size_t i = 0; i < IDEM__NPARAMS && n < sizeof known; i++)
+        n += (size_t)snprintf(known + n, sizeof known - n, "%s%s",
+                              i ? ", " : "", idem__rparams[i].name);
+    return idem__fail(s, IDEM_EINVAL, "%s: unknown parameter '%.*s' "
+                      "(known: %s)", s->uri, (int)klen, p, known);
+}
+
 static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
                              size_t n)
 {
@@ -130,64 +231,13 @@ static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
     if (!eq)
         return idem__fail(s, IDEM_EINVAL, "%s: parameter '%.*s' has no "
                           "value", s->uri, (int)n, p);
-    size_t klen = (size_t)(eq - p), vlen = n - klen - 1;
-    const char *v = eq + 1;
-    long long num;
-#define IDEM__IS(name) (klen == strlen(name) && memcmp(p, name, klen) == 0)
-    if (IDEM__IS("prefix")) {
-        int bad;
-        char *d = idem__pct_decode(v, vlen, &cfg->prefixlen, &bad);
-        if (!d)
-            return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
-                                    "prefix", s->uri)
-                       : idem__fail(s, IDEM_ENOMEM, "out of memory");
-        free(cfg->prefix);
-        cfg->prefix = d;
-        return 0;
+    size_t klen = (size_t)(eq - p);
+    for (size_t i = 0; i < IDEM__NPARAMS; i++) {
+        const idem__rparam *pm = &idem__rparams[i];
+        if (klen == strlen(pm->name) && memcmp(p, pm->name, klen) == 0)
+            return pm->set(s, cfg, pm, eq + 1, n - klen - 1);
     }
-    if (IDEM__IS("layout")) {
-        if (vlen == 4 && memcmp(v, "hash", 4) == 0)
-            cfg->layout = IDEM__LAYOUT_HASH;
-        else if (vlen == 3 && memcmp(v, "day", 3) == 0)
-            cfg->layout = IDEM__LAYOUT_DAY;
-        else
-            return idem__fail(s, IDEM_EINVAL, "%s: layout must be hash or "
-                              "day, not '%.*s'", s->uri, (int)vlen, v);
-        return 0;
-    }
-    struct {
-        const char *name;
-        long long lo, hi;
-    } nums[] = {{"timeout_ms", 1, 3600000},
-                {"connect_timeout_ms", 1, 3600000},
-                {"pool", 1, 64},
-                {"wait", 0, 64},
-                {"db", 0, 1000000},
-                {"days", 1, IDEM__MAX_DAYS},
-                {"shards", 1, IDEM__MAX_SHARDS}};
-    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
-        if (!IDEM__IS(nums[i].name))
-            continue;
-        if (idem__parse_num(v, vlen, nums[i].lo, nums[i].hi, &num))
-            return idem__fail(s, IDEM_EINVAL, "%s: %s must be a number "
-                              "in %lld..%lld", s->uri, nums[i].name,
-                              nums[i].lo, nums[i].hi);
-        switch (i) {
-        case 0: cfg->timeout_ms = num; break;
-        case 1: cfg->connect_ms = num; break;
-        case 2: cfg->pool = (int)num; break;
-        case 3: cfg->wait = (int)num; break;
-        case 4: cfg->db = (int)num; break;
-        case 5: cfg->days = (int)num; break;
-        default: cfg->shards = (int)num; break;
-        }
-        return 0;
-    }
-#undef IDEM__IS
-    return idem__fail(s, IDEM_EINVAL, "%s: unknown parameter '%.*s' "
-                      "(known: timeout_ms, connect_timeout_ms, prefix, pool, "
-                      "wait, db, layout, days, shards)", s->uri, (int)klen,
-                      p);
+    return idem__unknown_param(s, p, klen);
 }
 
 /* The day layout's bucket names end in :{TAG}, TAG chosen per shard so

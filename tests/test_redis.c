@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "crc16.h"
+#include "redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];
@@ -55,6 +56,43 @@ static int open_rc(const char *uri, idem_store **s)
     idem_options o;
     idem_options_init(&o);
     return idem_open(uri, &o, s);
+}
+
+/* docs/uri.md's table of Redis parameters and the URI parser's table
+ * name the same parameters, each once. */
+Test(redis, uri_params_documented)
+{
+    const char *scripts = getenv("IDEM_SCRIPTS");
+    char path[4200];
+    snprintf(path, sizeof path, "%s/../docs/uri.md",
+             scripts ? scripts : "scripts");
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    char line[1024], doc[32][64];
+    int n = 0, in = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "### Parameters", 14) == 0)
+            in = 1;
+        else if (in && strncmp(line, "#", 1) == 0)
+            break;
+        else if (in && strncmp(line, "| `", 3) == 0) {
+            size_t len = strcspn(line + 3, "`");
+            cr_assert(n < 32 && len < sizeof doc[0]);
+            memcpy(doc[n], line + 3, len);
+            doc[n++][len] = '\0';
+        }
+    }
+    fclose(f);
+    int known = 0;
+    for (const char *p; (p = idem__rparam_name((size_t)known)) != NULL;
+         known++) {
+        int found = 0;
+        for (int i = 0; i < n; i++)
+            found += strcmp(doc[i], p) == 0;
+        cr_assert_eq(found, 1, "%s is in docs/uri.md %d times", p, found);
+    }
+    cr_assert_eq(n, known, "docs/uri.md documents %d parameters, the "
+                 "parser knows %d", n, known);
 }
 
 Test(redis, uri_errors)
@@ -502,6 +540,61 @@ Test(redis, sweep_single)
 Test(redis, sweep_cluster)
 {
     sweep_test(cluster_uri(), th_first_port(th_cluster_addr()), 1);
+}
+
+static int count_record(void *ctx, const void *key, size_t keylen,
+                        const idem_record *rec)
+{
+    ++*(int *)ctx;
+    return 0;
+}
+
+/* Every connection of the handle killed (CLIENT KILL) before a sweep,
+ * stats and a dump: each reconnects and answers as if nothing had
+ * happened, as claims do. pool=2 puts the scripts on a connection other
+ * than the one that runs SCAN, so both paths find theirs dead. */
+Test(redis, sweep_after_client_kill)
+{
+    enum { OLD = 300 };
+    th_servers sv;
+    th_start_single(&sv);
+    char uri[1024];
+    snprintf(uri, sizeof uri, "redis://127.0.0.1:%d?pool=2&timeout_ms=20000",
+             sv.ports[0]);
+    redisContext *c = th_connect(sv.ports[0]);
+    for (int i = 0; i < OLD; i++)
+        freeReplyObject(th_cmd(c, "HSET idempotency:{h%d} status 1 token 1 "
+                               "created_ts %lld response x", i,
+                               (long long)(t_clock_ms - 7200 * 1000LL)));
+    idem_options o = t_options();
+    o.retention_ms = 3600 * 1000;
+    idem_store *s;
+    cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
+    idem_key k[2] = {{"a", 1, NULL}, {"b", 1, NULL}};
+    idem_outcome out[2];
+    cr_assert_eq(idem_claim_many(s, k, 2, NULL, out, 0), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(st.live_keys, OLD + 2);
+    redisReply *r = th_cmd(c, "CLIENT KILL TYPE normal");
+    cr_assert(r->type == REDIS_REPLY_INTEGER && r->integer >= 2,
+              "the handle's connections were killed");
+    freeReplyObject(r);
+    uint64_t swept = 0;
+    cr_assert_eq(idem_sweep(s, 0, &swept), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(swept, OLD);
+    freeReplyObject(th_cmd(c, "CLIENT KILL TYPE normal"));
+    cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(st.live_keys, 2);
+    cr_assert_eq(st.pending, 2);
+    freeReplyObject(th_cmd(c, "CLIENT KILL TYPE normal"));
+    int seen = 0;
+    cr_assert_eq(idem_scan(s, count_record, &seen), 0, "%s",
+                 idem_errdetail(s));
+    cr_assert_eq(seen, 2);
+    idem_close(s);
+    redisFree(c);
+    th_stop(&sv);
 }
 
 /* Two processes claim the same 10,000 keys at once through the cluster:

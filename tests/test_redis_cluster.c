@@ -106,6 +106,45 @@ static void migration_child(const char *uri, const char *out, int reverse)
     _exit(0);
 }
 
+/* MIGRATE up to count keys of slot from the node of cs to port dst;
+ * how many moved (0: the slot is empty there). */
+static int migrate_some(redisContext *cs, int dst, unsigned slot,
+                        unsigned count)
+{
+    redisReply *r = th_cmd(cs, "CLUSTER GETKEYSINSLOT %u %u", slot, count);
+    cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
+    int n = (int)r->elements;
+    if (n == 0) {
+        freeReplyObject(r);
+        return 0;
+    }
+    const char **argv = calloc(r->elements + 7, sizeof *argv);
+    size_t *lens = calloc(r->elements + 7, sizeof *lens);
+    cr_assert(argv && lens);
+    char port[16];
+    snprintf(port, sizeof port, "%d", dst);
+    int argc = 0;
+    argv[argc] = "MIGRATE", lens[argc++] = 7;
+    argv[argc] = "127.0.0.1", lens[argc++] = 9;
+    argv[argc] = port, lens[argc++] = strlen(port);
+    argv[argc] = "", lens[argc++] = 0;
+    argv[argc] = "0", lens[argc++] = 1;
+    argv[argc] = "5000", lens[argc++] = 4;
+    argv[argc] = "KEYS", lens[argc++] = 4;
+    for (size_t i = 0; i < r->elements; i++) {
+        argv[argc] = r->element[i]->str;
+        lens[argc++] = r->element[i]->len;
+    }
+    redisReply *m = redisCommandArgv(cs, argc, argv, lens);
+    cr_assert(m && m->type == REDIS_REPLY_STATUS, "MIGRATE: %s",
+              m && m->str ? m->str : cs->errstr);
+    freeReplyObject(m);
+    freeReplyObject(r);
+    free(argv);
+    free(lens);
+    return n;
+}
+
 Test(cluster_ops, slot_migration_while_claiming)
 {
     th_start_cluster(&sv, 3, 0);
@@ -142,37 +181,8 @@ Test(cluster_ops, slot_migration_while_claiming)
     freeReplyObject(th_cmd(cs, "CLUSTER SETSLOT %u MIGRATING %s", slot,
                            dst_id));
     int moved = 0;
-    for (;;) {
-        redisReply *r = th_cmd(cs, "CLUSTER GETKEYSINSLOT %u 10", slot);
-        cr_assert_eq(r->type, REDIS_REPLY_ARRAY);
-        if (r->elements == 0) {
-            freeReplyObject(r);
-            break;
-        }
-        const char *argv[32];
-        size_t lens[32];
-        char port[16];
-        snprintf(port, sizeof port, "%d", dst);
-        int argc = 0;
-        argv[argc] = "MIGRATE", lens[argc++] = 7;
-        argv[argc] = "127.0.0.1", lens[argc++] = 9;
-        argv[argc] = port, lens[argc++] = strlen(port);
-        argv[argc] = "", lens[argc++] = 0;
-        argv[argc] = "0", lens[argc++] = 1;
-        argv[argc] = "5000", lens[argc++] = 4;
-        argv[argc] = "KEYS", lens[argc++] = 4;
-        for (size_t i = 0; i < r->elements; i++) {
-            argv[argc] = r->element[i]->str;
-            lens[argc++] = r->element[i]->len;
-        }
-        redisReply *m = redisCommandArgv(cs, argc, argv, lens);
-        cr_assert(m && m->type == REDIS_REPLY_STATUS, "MIGRATE: %s",
-                  m && m->str ? m->str : cs->errstr);
-        moved += (int)r->elements;
-        freeReplyObject(m);
-        freeReplyObject(r);
-        sleep_ms(5);
-    }
+    for (int m; (m = migrate_some(cs, dst, slot, 10)) > 0; sleep_ms(5))
+        moved += m;
     for (int i = 0; i < sv.n; i++) {
         redisContext *c = th_connect(sv.ports[i]);
         freeReplyObject(th_cmd(c, "CLUSTER SETSLOT %u NODE %s", slot,
@@ -879,4 +889,81 @@ Test(cluster_ops, hung_master_does_not_stall_the_others)
            "answered; its replica %d served them %lld ms later", hung,
            TIMEOUT, replica, (long long)(mono_ms() - t0));
     idem_close(s);
+}
+
+/* ------------------------------------------------------------------------
+ * A sweep while a slot migrates: records without a TTL, created long ago,
+ * half of them moved to the target by MIGRATE. The target's SCAN finds
+ * the moved ones, which the source (the owner by the map) redirects with
+ * ASK; then the migration ends, more stale records are written, and the
+ * handle's map is out of date (MOVED). Every stale record is swept, and
+ * only those. */
+
+/* n records of slot "m" without a TTL, created two hours ago, from
+ * index first on, written on the node of c. */
+static void stale_records(redisContext *c, const char *prefix, int first,
+                          int n)
+{
+    for (int i = first; i < first + n; i++)
+        freeReplyObject(th_cmd(c, "HSET %s{m}%d} status 1 token 1 "
+                               "created_ts %lld response x", prefix, i,
+                               (long long)(t_clock_ms - 7200 * 1000LL)));
+}
+
+Test(cluster_ops, sweep_while_slot_migrates)
+{
+    enum { N = 200 };
+    th_start_cluster(&sv, 3, 0);
+    char prefix[64], uri[1024];
+    snprintf(prefix, sizeof prefix, "%s", th_prefix());
+    cluster_uri(uri, sizeof uri, prefix, "&timeout_ms=20000");
+    char tagged[128];
+    int n = snprintf(tagged, sizeof tagged, "%s{m}0}", prefix);
+    unsigned slot = idem__key_slot(tagged, (size_t)n);
+    int src = th_slot_owner(sv.ports[0], slot);
+    int dst = src == sv.ports[0] ? sv.ports[1] : sv.ports[0];
+    char src_id[64], dst_id[64];
+    th_node_id(src, src_id);
+    th_node_id(dst, dst_id);
+    redisContext *cs = th_connect(src), *cd = th_connect(dst);
+    stale_records(cs, prefix, 0, N);
+    idem_options o = t_options();
+    o.retention_ms = 3600 * 1000;
+    idem_store *s;
+    cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
+    idem_key live = {"m}live", 6, NULL};
+    idem_outcome out;
+    cr_assert_eq(idem_claim(s, &live, NULL, &out), 0, "%s",
+                 idem_errdetail(s));
+    freeReplyObject(th_cmd(cd, "CLUSTER SETSLOT %u IMPORTING %s", slot,
+                           src_id));
+    freeReplyObject(th_cmd(cs, "CLUSTER SETSLOT %u MIGRATING %s", slot,
+                           dst_id));
+    int moved = 0;
+    while (moved < N / 2)
+        moved += migrate_some(cs, dst, slot, 10);
+    uint64_t swept = 0;
+    cr_assert_eq(idem_sweep(s, 0, &swept), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(swept, N, "every stale record, moved or not");
+    for (int m; (m = migrate_some(cs, dst, slot, 10)) > 0;)
+        moved += m;
+    for (int i = 0; i < sv.n; i++) {
+        redisContext *c = th_connect(sv.ports[i]);
+        freeReplyObject(th_cmd(c, "CLUSTER SETSLOT %u NODE %s", slot,
+                               dst_id));
+        redisFree(c);
+    }
+    stale_records(cd, prefix, N, N);
+    cr_assert_eq(idem_sweep(s, 0, &swept), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(swept, N, "the stale records written after the move");
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "m}live", 6, &rec), 0, "%s", idem_errdetail(s));
+    idem_stats st;
+    cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(st.live_keys, 1, "only the live claim is left");
+    idem_close(s);
+    redisFree(cs);
+    redisFree(cd);
+    REPORT("slot %u moving from %d to %d: %d stale records swept on both "
+           "sides, then %d after the move", slot, src, dst, N, N);
 }

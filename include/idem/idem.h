@@ -256,7 +256,9 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  * in brackets. USER, PASSWORD and prefix may be %-encoded. "redis://pw@h"
  * is a password without a user (AUTH pw); with a user it is AUTH user pw
  * (Redis 6 ACLs). A cluster URI lists one or more nodes to learn the
- * cluster from; the rest are found through CLUSTER SLOTS. Parameters:
+ * cluster from; the rest are found through CLUSTER SLOTS. Parameters
+ * (docs/uri.md lists every one, with its range, layout, days and shards
+ * included):
  *
  *     timeout_ms=5000   the time one call may take, retries through
  *                       redirects, refused connections and failover
