@@ -258,6 +258,22 @@ int idem_close(idem_store *s);
  * after a success. Owned by s; valid until the next call on s. */
 const char *idem_errdetail(const idem_store *s);
 
+/* What idem_open() found worth telling but not worth a refusal, as one
+ * line of text, or "": today a local: store that other users can read
+ * ("./d: other users can read this store (seg-00000001.log, mode 0644);
+ * chmod o-rwx ./d"). Owned by s; valid until s is closed. A tool shows
+ * it to whoever opened the store. */
+const char *idem_warning(const idem_store *s);
+
+/* uri as it may be shown in a message, a log or a metrics label: its
+ * password, if it holds one ("redis://USER:PASSWORD@...",
+ * "redis://PASSWORD@..."), replaced by "***". Writes at most size bytes
+ * to buf (NUL-terminated, cut short if need be; buf may be NULL when
+ * size is 0) and returns the length of the whole rendering, as
+ * snprintf() does. NULL or "" renders as the default store. Every
+ * idem_errdetail() names the store this way. Thread-safe. */
+size_t idem_uri_display(const char *uri, char *buf, size_t size);
+
 /* ------------------------------------------------------------------------
  * The claim protocol */
 
