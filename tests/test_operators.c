@@ -413,8 +413,8 @@ Test(readonly, get_stats_dump_while_a_job_runs)
          "'echo \"{\\\"ok\\\":true,\\\"n\\\":$n}\"' 'done' > h.sh",
          dir, dir);
     snprintf(cmd, sizeof cmd, "exec \"$IDEM_CLI\" run --job J --key id "
-             "--output out --commit-interval 50ms --quiet --exec 'sh h.sh' in "
-             "2> run.err");
+             "--output out --commit-interval 50ms --lease 10m --quiet "
+             "--exec 'sh h.sh' in 2> run.err");
     pid_t run = spawn(dir, cmd);
     wait_done(dir, 5);
     /* The job holds the store all along: it waits for go. */
