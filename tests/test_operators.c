@@ -321,6 +321,15 @@ Test(modes, group_access)
     fill(t_local_uri(st), 40);
     files_have_mode(st, 0640);
     umask(old);
+    /* The store's directory is the path before the parameters: an
+     * output inside it is still refused. */
+    cr_assert_eq(t_sh("cd '%s' && echo '{\"id\":1}' > in && \"$IDEM_CLI\" "
+                      "dedup --key id --store 'local:store?mode=group' "
+                      "--output store/out in 2> err", dir), 2);
+    char err[4300];
+    snprintf(err, sizeof err, "%s/err", dir);
+    cr_assert(t_grep(err, "inside the store's directory"), "%s",
+              t_read(err, NULL));
     idem_store *s;
     snprintf(uri, sizeof uri, "local:%s?mode=world", st);
     cr_assert_eq(open_rc(uri, &s), IDEM_EINVAL);
