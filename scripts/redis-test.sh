@@ -2,7 +2,9 @@
 # Start and stop the Redis servers the tests and benchmarks use, on free
 # loopback ports, each in its own directory under DIR:
 #
-#   redis-test.sh single DIR            one server; prints its port
+#   redis-test.sh single DIR [ARGS...]  one server (ARGS: redis-server
+#                                       options, e.g. --requirepass PW);
+#                                       prints its port
 #   redis-test.sh cluster DIR M R       a cluster of M masters with R
 #                                       replicas each; prints the ports,
 #                                       comma-separated, masters first
@@ -42,7 +44,8 @@ start_one() {
             --dir "$dir/$p" --logfile "$dir/$p/log" $extra
         i=0
         while [ $i -lt 100 ]; do
-            if redis-cli -p "$p" ping 2>/dev/null | grep -q PONG; then
+            # A server with --requirepass answers NOAUTH: it is up.
+            if redis-cli -p "$p" ping 2>/dev/null | grep -q 'PONG\|NOAUTH'; then
                 echo "$p"
                 return 0
             fi
@@ -63,7 +66,8 @@ start_one() {
 case $cmd in
 single)
     mkdir -p "$dir"
-    start_one
+    shift 2
+    start_one "$@"
     ;;
 cluster)
     masters=$3

@@ -17,7 +17,15 @@
  * rather than silently dropped. It is replaced the same way as the
  * identity file, so a crash leaves the old one or the new one. A store
  * without one was written before idem kept it, or has never been closed
- * or rotated since: it is read by the rules of the commits alone. */
+ * or rotated since: it is read by the rules of the commits alone.
+ *
+ * A store holds cached responses (payment results, addresses) and the
+ * secret that keeps index-hash collisions out of an attacker's reach, so
+ * it is private: the directory is created 0700 and every file 0600,
+ * whatever the umask. A store created with mode=group (0750) lets its
+ * group read it: every file idem creates follows its directory, 0640
+ * when the group may enter it. Modes are set with fchmod() after
+ * creation, since the umask may take bits the store's mode wants. */
 #include "dir.h"
 
 #include <dirent.h>
@@ -42,10 +50,26 @@ static int idem__errno_code(int err)
     return err == ENOSPC || err == EDQUOT ? IDEM_ENOSPC : IDEM_EIO;
 }
 
+int idem__dir_create(int dirfd, const char *name, int flags)
+{
+    struct stat st;
+    mode_t mode = fstat(dirfd, &st) == 0 && (st.st_mode & S_IXGRP) ? 0640
+                                                                 : 0600;
+    int fd = openat(dirfd, name, flags | O_CREAT | O_CLOEXEC, mode);
+    /* A file that another user owns (a group store) keeps its mode. */
+    if (fd >= 0 && fchmod(fd, mode) != 0 && errno != EPERM) {
+        int err = errno;
+        close(fd);
+        errno = err;
+        return -1;
+    }
+    return fd;
+}
+
 static int idem__lock(idem_store *s, int dirfd, const char *path,
                       int *lockfd)
 {
-    int fd = openat(dirfd, "LOCK", O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    int fd = idem__dir_create(dirfd, "LOCK", O_RDWR);
     if (fd < 0)
         return idem__fail(s, idem__errno_code(errno), "%s/LOCK: %s", path,
                           strerror(errno));
@@ -72,13 +96,41 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
     return 0;
 }
 
-int idem__dir_open(idem_store *s, const char *path, int nocreate,
+int idem__dir_uri(idem_store *s, const char *rest, char **path,
+                  unsigned *how)
+{
+    size_t n = strcspn(rest, "?");
+    *path = NULL;
+    for (const char *p = rest + n; *p;) {
+        p++;
+        size_t len = strcspn(p, "&");
+        if (len == 10 && !memcmp(p, "mode=group", 10))
+            *how |= IDEM__DIR_GROUP;
+        else if (len == 12 && !memcmp(p, "mode=private", 12))
+            *how &= ~IDEM__DIR_GROUP;
+        else if (len)
+            return idem__fail(s, IDEM_EINVAL, "local:%s: unknown parameter "
+                              "'%.*s' (known: mode=private, mode=group)",
+                              rest, (int)len, p);
+        p += len;
+    }
+    if (!(*path = malloc(n + 1)))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    memcpy(*path, rest, n);
+    (*path)[n] = '\0';
+    return 0;
+}
+
+int idem__dir_open(idem_store *s, const char *path, unsigned how,
                    int *dirfd, int *lockfd)
 {
+    mode_t mode = how & IDEM__DIR_GROUP ? 0750 : 0700;
+    *lockfd = -1;
     if (!*path)
         return idem__fail(s, IDEM_EINVAL,
                           "local: needs a directory, e.g. local:./idem-data");
-    if (!nocreate && mkdir(path, 0755) != 0 && errno != EEXIST)
+    int made = !(how & IDEM__DIR_NOCREATE) && mkdir(path, mode) == 0;
+    if (!made && !(how & IDEM__DIR_NOCREATE) && errno != EEXIST)
         return idem__fail(s, errno == ENOENT ? IDEM_EINVAL
                                              : idem__errno_code(errno),
                           "%s: cannot create the store directory: %s", path,
@@ -87,13 +139,44 @@ int idem__dir_open(idem_store *s, const char *path, int nocreate,
     if (fd < 0)
         return idem__fail(s, errno == ENOENT ? IDEM_ENOTFOUND : IDEM_EIO,
                           "%s: %s", path, strerror(errno));
-    int rc = idem__lock(s, fd, path, lockfd);
+    int rc = made && fchmod(fd, mode) != 0
+                 ? idem__fail(s, IDEM_EIO, "%s: chmod: %s", path,
+                              strerror(errno))
+             : how & IDEM__DIR_NOLOCK ? 0
+                                      : idem__lock(s, fd, path, lockfd);
     if (rc) {
         close(fd);
         return rc;
     }
     *dirfd = fd;
     return 0;
+}
+
+void idem__dir_warn_open(idem_store *s, int dirfd, const char *path)
+{
+    struct stat dir, st;
+    int fd = dup(dirfd);
+    DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!d || fstat(dirfd, &dir) != 0 || !(dir.st_mode & S_IXOTH)) {
+        if (d)
+            closedir(d);
+        else if (fd >= 0)
+            close(fd);
+        return;  /* others cannot reach the files (or we cannot tell) */
+    }
+    rewinddir(d);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (fstatat(dirfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && (st.st_mode & S_IROTH)) {
+            snprintf(s->warning, sizeof s->warning,
+                     "%.180s: other users can read this store (%.40s is "
+                     "mode %04o, the directory %04o); chmod o-rwx %.180s",
+                     path, de->d_name, (unsigned)(st.st_mode & 07777),
+                     (unsigned)(dir.st_mode & 07777), path);
+            break;
+        }
+    closedir(d);
 }
 
 static int idem__meta_parse(idem_store *s, const char *path,
@@ -125,8 +208,7 @@ static int idem__replace_file(idem_store *s, int dirfd, const char *path,
 {
     char tmp[32];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
-    int fd = openat(dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
+    int fd = idem__dir_create(dirfd, tmp, O_WRONLY | O_TRUNC);
     if (fd < 0)
         return idem__fail(s, idem__errno_code(errno), "%s/%s: %s", path,
                           name, strerror(errno));

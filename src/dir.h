@@ -15,10 +15,31 @@
 #define IDEM__SECRET_LEN 192
 #define IDEM__TAIL "TAIL"
 
-/* Open (creating unless nocreate) the directory and lock it.
- * *dirfd, *lockfd are set on success. IDEM_ELOCKED names the holder. */
-int idem__dir_open(idem_store *s, const char *path, int nocreate,
+/* How idem__dir_open() opens a store directory. */
+#define IDEM__DIR_NOCREATE 1u  /* IDEM_ENOTFOUND when it is not there */
+#define IDEM__DIR_GROUP 2u     /* create it 0750, not 0700 */
+#define IDEM__DIR_NOLOCK 4u    /* a reader: take no lock, write nothing */
+
+/* What follows "local:": the directory (*path, malloc'ed) and the
+ * parameters after a '?' (mode=group or mode=private) added to *how.
+ * IDEM_EINVAL names a parameter it does not know. */
+int idem__dir_uri(idem_store *s, const char *rest, char **path,
+                  unsigned *how);
+
+/* Open (creating as how says) the directory and lock it, unless
+ * IDEM__DIR_NOLOCK. *dirfd, *lockfd (-1 without a lock) are set on
+ * success. IDEM_ELOCKED names the holder. */
+int idem__dir_open(idem_store *s, const char *path, unsigned how,
                    int *dirfd, int *lockfd);
+
+/* Create (or open, as flags say) the file name in the store directory
+ * with the store's file mode: 0600, or 0640 when the directory lets its
+ * group in. A file descriptor, or -1 with errno. */
+int idem__dir_create(int dirfd, const char *name, int flags);
+
+/* Set s->warning when users other than the owner and the group can read
+ * a file of the store at dirfd (see idem_warning()). */
+void idem__dir_warn_open(idem_store *s, int dirfd, const char *path);
 
 /* Read the secret from PATH/IDEM, creating the file if it is missing
  * (unless nocreate: then IDEM_ENOTFOUND, "not an idem store"). */

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -807,28 +808,73 @@ static int idem__eng_close(idem_store *s)
     return rc;
 }
 
-static int idem__open_local(idem_store *s, const char *path)
+/* When PATH/TAIL was last replaced (it is replaced whole, by rename), or
+ * zeros when there is none. */
+static void idem__tail_stamp(int dirfd, struct stat *st)
 {
+    if (fstatat(dirfd, IDEM__TAIL, st, 0) != 0)
+        memset(st, 0, sizeof *st);
+}
+
+static int idem__tail_moved(int dirfd, const struct stat *was)
+{
+    struct stat now;
+    idem__tail_stamp(dirfd, &now);
+    return now.st_ino != was->st_ino ||
+           now.st_ctim.tv_sec != was->st_ctim.tv_sec ||
+           now.st_ctim.tv_nsec != was->st_ctim.tv_nsec;
+}
+
+/* Open the store at rest once; *moved (readers only) says whether
+ * PATH/TAIL was replaced while it was read. */
+static int idem__load_local(idem_store *s, const char *rest, int *moved)
+{
+    struct stat tail;
     int rc = idem__engine_new(s, 0);
     if (rc)
         return rc;
     idem__engine *en = idem__eng(s);
-    en->log.dir = idem__strdup(path);
-    if (!en->log.dir)
-        rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-    int nocreate = (s->opts.flags & (IDEM_O_NOCREATE | IDEM_O_READONLY)) != 0;
-    en->log.readonly = (s->opts.flags & IDEM_O_READONLY) != 0;
+    int readonly = (s->opts.flags & IDEM_O_READONLY) != 0;
+    unsigned how = readonly ? IDEM__DIR_NOCREATE | IDEM__DIR_NOLOCK
+                   : s->opts.flags & IDEM_O_NOCREATE ? IDEM__DIR_NOCREATE
+                                                     : 0;
+    en->log.readonly = readonly;
+    rc = idem__dir_uri(s, rest, &en->log.dir, &how);
+    const char *path = en->log.dir;
     if (!rc)
-        rc = idem__dir_open(s, path, nocreate, &en->log.dirfd, &en->lockfd);
+        rc = idem__dir_open(s, path, how, &en->log.dirfd, &en->lockfd);
+    if (!rc && readonly)
+        idem__tail_stamp(en->log.dirfd, &tail);
     if (!rc)
-        rc = idem__dir_secret(s, en->log.dirfd, path, nocreate, en->secret);
+        rc = idem__dir_secret(s, en->log.dirfd, path,
+                              (how & IDEM__DIR_NOCREATE) != 0, en->secret);
     if (!rc)
         rc = idem__recover(&en->log, idem__now(s), idem__apply,
                            idem__reserve, s);
+    if (!rc)
+        idem__dir_warn_open(s, en->log.dirfd, path);
     if (rc) {
+        *moved = readonly && en->log.dirfd >= 0 &&
+                 idem__tail_moved(en->log.dirfd, &tail);
         idem__engine_free(en);
         s->impl = NULL;
     }
+    return rc;
+}
+
+/* A reader (IDEM_O_READONLY) takes no lock, so the store's writer may
+ * start a segment or drop one while the reader lists and reads them.
+ * Each such step replaces PATH/TAIL, after a new segment's header and
+ * before an old segment's unlink, so a read that fails while PATH/TAIL
+ * changed under it may have met the writer half way, and is done again.
+ * A writer's torn group past its last commit is no failure: a reader
+ * leaves it unread, as a torn tail (see idem__recover()). */
+static int idem__open_local(idem_store *s, const char *rest)
+{
+    int rc, moved = 0;
+    for (int tries = 0; tries < 16; tries++)
+        if (!(rc = idem__load_local(s, rest, &moved)) || !moved)
+            break;
     return rc;
 }
 

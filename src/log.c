@@ -299,8 +299,7 @@ static int idem__create_file(idem__log *lg, uint32_t id, int64_t now,
     unsigned char hdr[IDEM__SEG_HDR];
     idem__seg_name(name, sizeof name, id);
     idem__seg_header(hdr, id, now);
-    int fd = openat(lg->dirfd, name, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
+    int fd = idem__dir_create(lg->dirfd, name, O_RDWR | O_TRUNC);
     if (fd < 0)
         return idem__log_ioerr(lg, "create", id, errno);
     ssize_t w = write(fd, hdr, sizeof hdr);

@@ -449,8 +449,7 @@ static int idem__replace_seg(idem__log *lg, uint32_t id, idem__rewrite *w)
     char name[32], tmp[40];
     idem__seg_name(name, sizeof name, id);
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
-    int fd = openat(lg->dirfd, tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                    0644);
+    int fd = idem__dir_create(lg->dirfd, tmp, O_WRONLY | O_TRUNC);
     if (fd < 0)
         return idem__log_ioerr(lg, "create", id, errno);
     size_t len = (size_t)w->commit_len;
@@ -680,9 +679,10 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
         uri = "local:./idem-data";  /* as idem_open() reads it */
     if (strncmp(uri, "local:", 6) != 0)
         return idem__check_handle(uri, r, repair);
-    lg.dir = idem__strdup(uri + 6);
-    int rc = lg.dir ? idem__dir_open(&s, lg.dir, 1, &lg.dirfd, &lockfd)
-                    : IDEM_ENOMEM;
+    unsigned how = IDEM__DIR_NOCREATE;
+    int rc = idem__dir_uri(&s, uri + 6, &lg.dir, &how);
+    if (!rc)
+        rc = idem__dir_open(&s, lg.dir, how, &lg.dirfd, &lockfd);
     if (!rc)
         rc = idem__check_meta(&lg, repair, r);
     if (!rc)

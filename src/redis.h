@@ -31,6 +31,7 @@ typedef struct idem__rcfg {
     int *ports;
     size_t nseeds;
     char *user, *pass;        /* NULL: no AUTH */
+    char *pass_file;          /* password_file=, read into pass */
     int db;                   /* SELECT; single server only */
     int64_t timeout_ms;       /* budget of one call, retries included */
     int64_t connect_ms;       /* budget of one connection attempt */

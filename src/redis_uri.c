@@ -3,27 +3,85 @@
  *   redis://[[user]:password@]host[:port][/db][?param=value&...]
  *   redis-cluster://[[user]:password@]host:port[,host:port...][?...]
  *
- * Parameters: timeout_ms, connect_timeout_ms, prefix, pool, wait, and
- * the layout of the records: layout=hash (one hash per key, the default)
- * or layout=day with days and shards (buckets per day and shard). Each
- * is a row of one table (idem__rparams), docs/uri.md the manual of all.
+ * Parameters: timeout_ms, connect_timeout_ms, prefix, pool, wait,
+ * password_file, and the layout of the records: layout=hash (one hash per
+ * key, the default) or layout=day with days and shards (buckets per day
+ * and shard). Each is a row of one table (idem__rparams), docs/uri.md the
+ * manual of all.
  *
  * The URI is the whole configuration of a Redis store, so that every
  * tool that takes --store reaches every setting without flags of its own.
  * User, password and prefix may be percent-encoded (a password with '@'
  * or ':' in it). Anything not understood is an error that names it: a
  * misspelt "timout_ms" silently ignored would be a store that hangs for
- * the default time instead of the one asked for. */
+ * the default time instead of the one asked for.
+ *
+ * A password in the URI is visible to every local user through ps, so it
+ * may come from a file (password_file=PATH, readable by its owner and
+ * group only) or from $IDEM_REDIS_PASSWORD instead. Whatever the source,
+ * it is never shown: idem_uri_display() renders a URI with its password
+ * hidden, and that rendering is all a handle keeps for its messages. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "redis.h"
 
 #define IDEM__RDEFAULT_PORT 6379
 #define IDEM__RDEFAULT_PREFIX "idempotency:"
+#define IDEM__PASSWORD_MAX 65536  /* bytes read from a password_file */
+#define IDEM__HIDDEN "***"        /* what a password is shown as */
+
+/* Where the userinfo of a URI's authority auth[0..len) ends: its last
+ * '@', so that passwords may hold a raw '@' too; NULL when there is
+ * none. The parser and idem_uri_display() both ask this, so whatever
+ * the parser takes for a password is what the display hides. */
+static const char *idem__userinfo_end(const char *auth, size_t len)
+{
+    const char *at = NULL;
+    for (const char *p = auth; p < auth + len; p++)
+        if (*p == '@')
+            at = p;
+    return at;
+}
+
+/* The authority of uri: past "SCHEME:" and any '/' after it (so that a
+ * malformed "redis:/:pw@host" hides its password too), up to the first
+ * '?'; NULL for local: and mem:, whose text holds no password. */
+static const char *idem__authority(const char *uri, size_t *len)
+{
+    size_t scheme = strspn(uri, "abcdefghijklmnopqrstuvwxyz"
+                                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+-.");
+    if (uri[scheme] != ':' || (scheme == 5 && !strncmp(uri, "local", 5)) ||
+        (scheme == 3 && !strncmp(uri, "mem", 3)))
+        return NULL;
+    const char *auth = uri + scheme + 1;
+    auth += strspn(auth, "/");
+    *len = strcspn(auth, "?");
+    return auth;
+}
+
+size_t idem_uri_display(const char *uri, char *buf, size_t size)
+{
+    size_t len = 0;
+    uri = uri && *uri ? uri : IDEM__DEFAULT_URI;
+    const char *auth = idem__authority(uri, &len);
+    const char *at = auth ? idem__userinfo_end(auth, len) : NULL;
+    const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    /* "USER:PASSWORD@" keeps USER, "PASSWORD@" is a password alone; an
+     * empty password ("USER:@") hides nothing. */
+    const char *secret = colon ? colon + 1 : auth;
+    int n = at && secret < at
+                ? snprintf(buf, size, "%.*s" IDEM__HIDDEN "%s",
+                           (int)(secret - uri), uri, at)
+                : snprintf(buf, size, "%s", uri);
+    return n > 0 ? (size_t)n : 0;
+}
 
 /* Percent-decode p[0..n) into a new NUL-terminated string; *outlen gets
  * its length (it may hold NULs). NULL on ENOMEM or a bad escape
@@ -172,6 +230,21 @@ static int idem__set_prefix(idem_store *s, idem__rcfg *cfg,
     return 0;
 }
 
+static int idem__set_password_file(idem_store *s, idem__rcfg *cfg,
+                                   const idem__rparam *pm, const char *v,
+                                   size_t vlen)
+{
+    int bad;
+    char *d = idem__pct_decode(v, vlen, NULL, &bad);
+    if (!d)
+        return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
+                                "password_file", s->uri)
+                   : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    free(cfg->pass_file);
+    cfg->pass_file = d;
+    return 0;
+}
+
 static int idem__set_layout(idem_store *s, idem__rcfg *cfg,
                             const idem__rparam *pm, const char *v,
                             size_t vlen)
@@ -200,6 +273,7 @@ static const idem__rparam idem__rparams[] = {
     {"layout", idem__set_layout, 0, 0, 0, 0},
     IDEM__NUM("days", days, 1, IDEM__MAX_DAYS),
     IDEM__NUM("shards", shards, 1, IDEM__MAX_SHARDS),
+    {"password_file", idem__set_password_file, 0, 0, 0, 0},
 };
 
 #undef IDEM__NUM
@@ -238,6 +312,76 @@ static int idem__parse_param(idem_store *s, idem__rcfg *cfg, const char *p,
             return pm->set(s, cfg, pm, eq + 1, n - klen - 1);
     }
     return idem__unknown_param(s, p, klen);
+}
+
+/* The password in path: the whole file but one trailing newline (as
+ * `echo pw > file` leaves it). Refused when other users may read the
+ * file, since then it keeps nothing secret; its owner and group may. */
+static int idem__read_password(idem_store *s, const char *path, char **out)
+{
+    struct stat st;
+    char *pw = NULL;
+    ssize_t n = 0, got = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0 || fstat(fd, &st) != 0) {
+        int err = errno;
+        if (fd >= 0)
+            close(fd);
+        return idem__fail(s, IDEM_EINVAL, "%s: password_file %s: %s",
+                          s->uri, path, strerror(err));
+    }
+    if (st.st_mode & S_IROTH) {
+        close(fd);
+        return idem__fail(s, IDEM_EINVAL, "%s: password_file %s can be "
+                          "read by other users (mode %04o): chmod o-rwx it",
+                          s->uri, path, (unsigned)(st.st_mode & 07777));
+    }
+    if (!(pw = malloc(IDEM__PASSWORD_MAX + 1))) {
+        close(fd);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    while (got <= IDEM__PASSWORD_MAX &&
+           (n = read(fd, pw + got, IDEM__PASSWORD_MAX + 1 - (size_t)got)) > 0)
+        got += n;
+    int err = errno;
+    close(fd);
+    if (got && pw[got - 1] == '\n')
+        got--;
+    pw[got] = '\0';
+    const char *why = n < 0                       ? strerror(err)
+                      : got > IDEM__PASSWORD_MAX  ? "longer than 64 KiB"
+                      : got == 0                  ? "empty"
+                      : strlen(pw) != (size_t)got ? "holds a NUL byte"
+                                                  : NULL;
+    if (why) {
+        explicit_bzero(pw, IDEM__PASSWORD_MAX + 1);
+        free(pw);
+        return idem__fail(s, IDEM_EINVAL, "%s: password_file %s: %s",
+                          s->uri, path, why);
+    }
+    *out = pw;
+    return 0;
+}
+
+/* The password: the URI's, else password_file's, else
+ * $IDEM_REDIS_PASSWORD's, else none. An empty one in the URI
+ * ("redis://USER:@host") is none, so that a user can be named there with
+ * the password kept elsewhere. */
+static int idem__resolve_password(idem_store *s, idem__rcfg *cfg)
+{
+    if (cfg->pass && !*cfg->pass) {
+        free(cfg->pass);
+        cfg->pass = NULL;
+    }
+    if (cfg->pass_file && cfg->pass)
+        return idem__fail(s, IDEM_EINVAL, "%s: a password in the URI and a "
+                          "password_file: give one", s->uri);
+    if (cfg->pass_file)
+        return idem__read_password(s, cfg->pass_file, &cfg->pass);
+    const char *env = secure_getenv("IDEM_REDIS_PASSWORD");
+    if (!cfg->pass && env && *env && !(cfg->pass = idem__strdup(env)))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    return 0;
 }
 
 /* The day layout's bucket names end in :{TAG}, TAG chosen per shard so
@@ -314,12 +458,7 @@ int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
     rest += 2;
     const char *q = strchr(rest, '?');
     size_t authlen = q ? (size_t)(q - rest) : strlen(rest);
-    /* userinfo@ : the last '@' before the query, so passwords may hold
-     * a raw '@' too. */
-    const char *at = NULL;
-    for (const char *p = rest; p < rest + authlen; p++)
-        if (*p == '@')
-            at = p;
+    const char *at = idem__userinfo_end(rest, authlen);
     if (at) {
         const char *colon = memchr(rest, ':', (size_t)(at - rest));
         size_t ulen = colon ? (size_t)(colon - rest) : (size_t)(at - rest);
@@ -379,7 +518,8 @@ int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
                           "database 0", s->uri);
     if (!cfg->connect_ms)
         cfg->connect_ms = cfg->timeout_ms;
-    return idem__day_layout(s, cfg);
+    int rc = idem__resolve_password(s, cfg);
+    return rc ? rc : idem__day_layout(s, cfg);
 decode_failed:
     return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in user or "
                             "password", s->uri)
@@ -393,7 +533,10 @@ void idem__rcfg_free(idem__rcfg *cfg)
     free(cfg->hosts);
     free(cfg->ports);
     free(cfg->user);
+    if (cfg->pass)
+        explicit_bzero(cfg->pass, strlen(cfg->pass));
     free(cfg->pass);
+    free(cfg->pass_file);
     free(cfg->prefix);
     free(cfg->tags);
     free(cfg->tag_slots);

@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #define IDEM__OPTIONS_VERSION 1u
-#define IDEM__DEFAULT_URI "local:./idem-data"
 
 static const struct idem__backend *const idem__backends[] = {
     &idem__backend_local,
@@ -120,6 +119,11 @@ const char *idem_errdetail(const idem_store *s)
     return s ? s->detail : "out of memory";
 }
 
+const char *idem_warning(const idem_store *s)
+{
+    return s ? s->warning : "";
+}
+
 /* Start of every call: forget the previous call's outputs and detail. */
 static void idem__begin(idem_store *s)
 {
@@ -170,7 +174,7 @@ static int idem__pick_backend(idem_store *s, const char *uri,
     return idem__fail(s, IDEM_EINVAL,
                       "unknown store URI '%s': expected local:PATH, mem:, "
                       "redis://host:port or redis-cluster://host:port",
-                      uri);
+                      s->uri);
 }
 
 int idem_open(const char *uri, const idem_options *opts, idem_store **out)
@@ -190,7 +194,11 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out)
         idem_options_init(&s->opts);
     if (!uri || !*uri)
         uri = IDEM__DEFAULT_URI;
-    s->uri = idem__strdup(uri);
+    /* Messages name the store as it may be shown: without a password. */
+    size_t shown = idem_uri_display(uri, NULL, 0) + 1;
+    s->uri = malloc(shown);
+    if (s->uri)
+        idem_uri_display(uri, s->uri, shown);
     if (!s->uri)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     const char *rest = NULL;

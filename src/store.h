@@ -12,15 +12,18 @@
 
 struct idem__backend;
 
+#define IDEM__DEFAULT_URI "local:./idem-data"
+
 struct idem_store {
     const struct idem__backend *be;
     void *impl;               /* the backend's state */
     idem_options opts;
-    char *uri;
+    char *uri;                /* as shown: idem_uri_display() */
     idem__arena out;          /* memory behind data returned to callers */
     long pid;                 /* the process that opened it */
     unsigned long forks;      /* idem__forks when it was opened */
     char detail[512];
+    char warning[512];        /* idem_warning(): set by open, or "" */
 };
 
 /* Resolved per-claim numbers. */

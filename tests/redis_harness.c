@@ -52,9 +52,14 @@ static void th_run(th_servers *sv, const char *args)
 
 void th_start_single(th_servers *sv)
 {
+    th_start_single_with(sv, "");
+}
+
+void th_start_single_with(th_servers *sv, const char *options)
+{
     th_mkdir(sv);
-    char args[1200];
-    snprintf(args, sizeof args, "single '%s'", sv->dir);
+    char args[1400];
+    snprintf(args, sizeof args, "single '%s' %s", sv->dir, options);
     th_run(sv, args);
 }
 

@@ -24,6 +24,9 @@ typedef struct th_servers {
 /* Start one server / a cluster of masters x (1 + replicas) nodes.
  * Fails the test if they cannot be started. */
 void th_start_single(th_servers *sv);
+/* The same with redis-server options (a shell fragment), e.g.
+ * "--requirepass pw". */
+void th_start_single_with(th_servers *sv, const char *options);
 void th_start_cluster(th_servers *sv, int masters, int replicas);
 /* kill -9 every server of sv and remove its directory. */
 void th_stop(th_servers *sv);

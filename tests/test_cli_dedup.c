@@ -291,7 +291,7 @@ Test(cli_dedup, second_process_gets_a_clear_lock_error)
     t_sh("cd '%s' && (\"$IDEM_CLI\" dedup --line --store local:held "
          "--quiet < fifo > /dev/null &) && exec 3> fifo && "
          "while [ ! -s held/LOCK ]; do sleep 0.01; done && "
-         "\"$IDEM_CLI\" get x --store local:held 2> err; "
+         "\"$IDEM_CLI\" forget x --store local:held 2> err; "
          "echo $? > rc; exec 3>&-", dir);
     expect("rc", "1\n");
     cr_assert(t_grep(at("err"), "in use by another process (pid"),

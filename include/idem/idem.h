@@ -33,7 +33,9 @@
  * STORES, CHOSEN BY URI
  *
  *     local:PATH   the embedded log engine in directory PATH (the default,
- *                  "local:./idem-data"); one process at a time
+ *                  "local:./idem-data"); one writer at a time, readers
+ *                  beside it (IDEM_O_READONLY); private unless
+ *                  "local:PATH?mode=group" (see idem_open())
  *     mem:         the same engine in memory only; nothing survives close
  *     redis://...  one Redis server, shared by any number of processes
  *     redis-cluster://...  a Redis Cluster (see idem_open() for both)
@@ -216,7 +218,12 @@ typedef struct idem_options {
 
 #define IDEM_O_READONLY 1u     /* open an existing store without writing:
                                 * a torn tail is ignored, not cut; every
-                                * write and idem_sweep fail with EINVAL */
+                                * write and idem_sweep fail with EINVAL.
+                                * local: takes no lock, so it reads a
+                                * store another process writes (what was
+                                * committed when it opened; the group
+                                * being written is left unread, and is no
+                                * damage) and needs only read access */
 #define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
 
 /* Fill *opts with the defaults listed above. */
@@ -241,6 +248,14 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  * before PATH/TAIL existed open as they did: until their first clean
  * close, their end is judged by the commits alone.
  *
+ * A local: store is private: PATH is created 0700 and its files 0600,
+ * whatever the umask, since they hold cached responses and the secret of
+ * the index hash. "local:PATH?mode=group" creates PATH 0750 so that its
+ * group may read the store; every file follows its directory (0640 when
+ * the group may enter it). An existing store keeps its modes; one that
+ * other users can read opens with idem_warning() saying so. A '?' in
+ * PATH starts the parameters; unknown ones are IDEM_EINVAL.
+ *
  * Errors: IDEM_EINVAL (bad URI or options), IDEM_ELOCKED, IDEM_ECORRUPT
  * (damage other than a torn tail: run idem_repair()), IDEM_EVERSION,
  * IDEM_EIO, IDEM_ENOSPC, IDEM_ENOMEM, IDEM_ENOTFOUND (IDEM_O_NOCREATE);
@@ -253,12 +268,19 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  *     redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][?...]
  *
  * PORT defaults to 6379, DB to 0 (a cluster has only 0); an IPv6 HOST goes
- * in brackets. USER, PASSWORD and prefix may be %-encoded. "redis://pw@h"
- * is a password without a user (AUTH pw); with a user it is AUTH user pw
- * (Redis 6 ACLs). A cluster URI lists one or more nodes to learn the
- * cluster from; the rest are found through CLUSTER SLOTS. Parameters
- * (docs/uri.md lists every one, with its range, layout, days and shards
- * included):
+ * in brackets. USER, PASSWORD and prefix may be %-encoded ('?', '#' and
+ * '&' in a password must be). "redis://pw@h" is a password without a
+ * user (AUTH pw); with a user it is AUTH user pw (Redis 6 ACLs).
+ * Since a URI shows in ps, the password may come instead from a file,
+ * password_file=PATH (its content less one trailing newline; refused
+ * when users other than its owner and group may read it), or else from
+ * the environment variable IDEM_REDIS_PASSWORD. A URI with a password and
+ * a password_file is refused; "redis://USER:@h" names a user whose
+ * password comes from the file or the environment. No detail ever shows
+ * a password: messages name the store as idem_uri_display() does. A
+ * cluster URI lists one or more nodes to learn the cluster from; the
+ * rest are found through CLUSTER SLOTS. Parameters (docs/uri.md lists
+ * every one, with its range, layout, days and shards included):
  *
  *     timeout_ms=5000   the time one call may take, retries through
  *                       redirects, refused connections and failover
@@ -267,6 +289,7 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  *     connect_timeout_ms=N  one connection attempt (default timeout_ms)
  *     prefix=idempotency:   key names are PREFIX{KEY}: one hash per key
  *     pool=1            connections per node; a batch is spread over them
+ *     password_file=PATH  the password, read from PATH (above)
  *     wait=0            after writes, WAIT for this many replicas: a call
  *                       succeeds only once its writes reached them, so a
  *                       master's death loses no acknowledged claim. If
@@ -305,6 +328,22 @@ IDEM_EXPORT int idem_close(idem_store *s);
 /* What went wrong in the last failed call on s, as one line of text, or ""
  * after a success. Owned by s; valid until the next call on s. */
 IDEM_EXPORT const char *idem_errdetail(const idem_store *s);
+
+/* What idem_open() found worth telling but not worth a refusal, as one
+ * line of text, or "": today a local: store that other users can read
+ * ("./d: other users can read this store (seg-00000001.log, mode 0644);
+ * chmod o-rwx ./d"). Owned by s; valid until s is closed. A tool shows
+ * it to whoever opened the store. */
+IDEM_EXPORT const char *idem_warning(const idem_store *s);
+
+/* uri as it may be shown in a message, a log or a metrics label: its
+ * password, if it holds one ("redis://USER:PASSWORD@...",
+ * "redis://PASSWORD@..."), replaced by "***". Writes at most size bytes
+ * to buf (NUL-terminated, cut short if need be; buf may be NULL when
+ * size is 0) and returns the length of the whole rendering, as
+ * snprintf() does. NULL or "" renders as the default store. Every
+ * idem_errdetail() names the store this way. Thread-safe. */
+IDEM_EXPORT size_t idem_uri_display(const char *uri, char *buf, size_t size);
 
 /* ------------------------------------------------------------------------
  * The claim protocol */

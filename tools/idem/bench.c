@@ -221,7 +221,8 @@ int idem_cmd_bench(int argc, char **argv)
         printf("workload=%s store=%s keys=%s n=%zu batch=%zu seconds=%.3f "
                "ops_per_sec=%.0f new=%zu index_bytes_per_key=%.1f "
                "anon_rss_bytes_per_key=%.1f",
-               c.workload, c.uri, c.random_keys ? "random" : "ordered", c.n,
+               c.workload, cli_shown_uri(c.uri),
+               c.random_keys ? "random" : "ordered", c.n,
                c.batch, secs, (double)c.n / secs, news,
                st.live_keys ? (double)st.index_bytes / (double)st.live_keys
                             : 0.0,

@@ -86,7 +86,8 @@ static int check_or_repair(const char *cmd, const char *usage, int argc,
         return rc < 0 ? 0 : rc;
     const char *uri = cli_store_uri(o.uri);
     idem_check_report r;
-    return report(cmd, uri, fn(uri, &r), &r);
+    rc = fn(uri, &r);
+    return report(cmd, cli_shown_uri(uri), rc, &r);
 }
 
 int idem_cmd_check(int argc, char **argv)

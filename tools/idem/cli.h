@@ -106,8 +106,13 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
 /* The store URI: --store, else $IDEM_STORE, else local:./idem-data. */
 const char *cli_store_uri(const char *given);
 
+/* uri as messages and reports show it: its password hidden
+ * (idem_uri_display()). Valid until the next call. */
+const char *cli_shown_uri(const char *uri);
+
 /* Open a store, or print why not (with what to do about it) and return
- * NULL. flags as idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
+ * NULL; print what idem_warning() has to say. flags as
+ * idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms);
 /* The same with every option given. */

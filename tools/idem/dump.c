@@ -57,7 +57,7 @@ int idem_cmd_dump(int argc, char **argv)
     if (optind < argc)
         return cli_usage_error("dump", "unexpected argument '%s'; write to "
                                "a file with --output FILE", argv[optind]);
-    idem_store *s = cli_open("dump", cli_store_uri(uri), IDEM_O_NOCREATE, 0,
+    idem_store *s = cli_open("dump", cli_store_uri(uri), IDEM_O_READONLY, 0,
                              0);
     if (!s)
         return 1;

@@ -63,7 +63,7 @@ int idem_cmd_get(int argc, char **argv)
     cli_buf k = {0}, b = {0};
     rc = ks_key_arg("get", o.key_space, key, &k);
     idem_store *s = rc ? NULL : cli_open("get", cli_store_uri(o.uri),
-                                         IDEM_O_NOCREATE, 0, 0);
+                                         IDEM_O_READONLY, 0, 0);
     idem_record r;
     if (!rc && !s)
         rc = 1;

@@ -100,17 +100,20 @@ static int identity(const char *path, int fd, struct stat *sb)
 static int in_store_dir(const char *cmd, const char *out_path,
                         const char *store_dir)
 {
-    char dir[PATH_MAX];
+    char dir[PATH_MAX], store[PATH_MAX];
     struct stat d, s;
     if (!store_dir || !out_path || !strcmp(out_path, "-"))
         return 0;
     snprintf(dir, sizeof dir, "%s", out_path);
-    if (stat(dirname(dir), &d) != 0 || stat(store_dir, &s) != 0 ||
+    /* local:DIR?mode=group: the directory ends at the parameters. */
+    snprintf(store, sizeof store, "%.*s", (int)strcspn(store_dir, "?"),
+             store_dir);
+    if (stat(dirname(dir), &d) != 0 || stat(store, &s) != 0 ||
         d.st_dev != s.st_dev || d.st_ino != s.st_ino)
         return 0;
     return cli_usage_error(cmd, "--output %s is inside the store's "
                            "directory %s, among its own files: write it "
-                           "elsewhere", out_path, store_dir);
+                           "elsewhere", out_path, store);
 }
 
 int job_check_output(const char *cmd, const char *out_path, char **inputs,

@@ -315,6 +315,18 @@ const char *cli_store_uri(const char *given)
     return given ? given : env && *env ? env : "local:./idem-data";
 }
 
+const char *cli_shown_uri(const char *uri)
+{
+    static char *shown;
+    size_t n = idem_uri_display(uri, NULL, 0) + 1;
+    char *p = realloc(shown, n);
+    if (!p)
+        return "(the store)";  /* nothing better to say without memory */
+    shown = p;
+    idem_uri_display(uri, shown, n);
+    return shown;
+}
+
 int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what)
 {
     const char *d = s ? idem_errdetail(s) : "";
@@ -339,10 +351,18 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
 {
     idem_store *s;
     int rc = idem_open(uri, o, &s);
+    if (!rc && *idem_warning(s))
+        fprintf(stderr, "idem %s: warning: %s\n", cmd, idem_warning(s));
     if (!rc)
         return s;
     const char *d = s ? idem_errdetail(s) : "out of memory";
-    fprintf(stderr, "idem %s: cannot open the store %s: %s\n", cmd, uri, d);
+    uri = cli_shown_uri(uri);
+    /* The detail of a handle names the store already. */
+    if (!strncmp(d, uri, strlen(uri)))
+        fprintf(stderr, "idem %s: cannot open the store %s\n", cmd, d);
+    else
+        fprintf(stderr, "idem %s: cannot open the store %s: %s\n", cmd,
+                uri, d);
     if (rc == IDEM_ELOCKED)
         fprintf(stderr, "idem %s: wait for that process to finish, or "
                         "give this one its own --store\n", cmd);

@@ -107,7 +107,7 @@ int idem_cmd_stats(int argc, char **argv)
                               CLI_JSON | CLI_PER_SPACE, 0, 0, "", &o);
     if (rc)
         return rc < 0 ? 0 : rc;
-    idem_store *s = cli_open("stats", cli_store_uri(o.uri), IDEM_O_NOCREATE,
+    idem_store *s = cli_open("stats", cli_store_uri(o.uri), IDEM_O_READONLY,
                              0, 0);
     if (!s)
         return 1;
@@ -140,7 +140,8 @@ int idem_cmd_stats(int argc, char **argv)
         }
         fputs("}\n", stdout);
     } else {
-        print_text(cli_store_uri(o.uri), &st, oldest, newest);
+        print_text(cli_shown_uri(cli_store_uri(o.uri)), &st, oldest,
+                   newest);
         print_spaces(&c, 0);
     }
     free(c.v);
