@@ -55,6 +55,14 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
         pid[r > 0 ? r : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         close(fd);
+        /* flock() locks are per open file: a second handle of this very
+         * process is refused too, and its own pid would read as "another
+         * process". */
+        if (*pid && strtol(pid, NULL, 10) == (long)getpid())
+            return idem__fail(s, IDEM_ELOCKED,
+                              "%s: in use by another handle of this process "
+                              "(pid %s); close it before opening the store "
+                              "again", path, pid);
         return idem__fail(s, IDEM_ELOCKED,
                           "%s: in use by another process (pid %s); "
                           "one process may hold a local store at a time",

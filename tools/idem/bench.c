@@ -5,7 +5,6 @@
  * the same run. Keys are 36 bytes, like a printed UUID: random (a PRNG,
  * so key generation costs next to nothing) or ordered (a zero-padded
  * counter). Every batch is synced, so the figures are durable ones. */
-#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -18,6 +17,8 @@
 #include "idem/idem.h"
 
 #define KEYLEN BENCH_KEYLEN
+/* Keys are numbered: far more than a run could ever claim. */
+#define BENCH_N_MAX 1000000000000ull
 
 static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
@@ -118,19 +119,16 @@ static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
     return 0;
 }
 
-static int parse_size(const char *arg, const char *what, size_t *out)
+/* A count option: cli_number() refuses what is not a whole number from
+ * 1 up (a "-5" that strtoull() would wrap to 2^64 - 5 included). */
+static int parse_size(const char *arg, const char *what, uint64_t hi,
+                      size_t *out)
 {
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(arg, &end, 10);
-    if (errno || *end || end == arg || v == 0) {
-        fprintf(stderr,
-                "idem bench: %s wants a positive number, not '%s'\n", what,
-                arg);
-        return 2;
-    }
-    *out = (size_t)v;
-    return 0;
+    uint64_t v;
+    int rc = cli_number("bench", what, arg, 1, hi, &v);
+    if (!rc)
+        *out = (size_t)v;
+    return rc;
 }
 
 static int parse(int argc, char **argv, bench_cfg *c)
@@ -140,33 +138,40 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
         {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
         {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+    static const char *const workloads[] = {"claim", "claim-complete",
+                                            "replay", NULL};
+    static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
                      16};
-    int ch, rc = 0;
-    while (!rc && (ch = getopt_long(argc, argv, "n:h", opts, NULL)) != -1) {
+    int ch, rc = 0, i;
+    while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
+                                          opts)) != -1) {
         switch (ch) {
         case 's': c->uri = optarg; break;
-        case 'w': c->workload = optarg; break;
-        case 'k': c->random_keys = strcmp(optarg, "ordered") != 0;
-            if (strcmp(optarg, "ordered") && strcmp(optarg, "random"))
-                rc = 2;
+        case 'w':
+            rc = cli_choice("bench", "--workload", optarg, workloads, &i);
+            c->workload = rc ? c->workload : workloads[i];
             break;
-        case 'n': rc = parse_size(optarg, "-n", &c->n); break;
-        case 'b': rc = parse_size(optarg, "--batch", &c->batch); break;
-        case 'v': rc = parse_size(optarg, "--value-size", &c->value_size);
+        case 'k':
+            rc = cli_choice("bench", "--keys", optarg, keys, &i);
+            c->random_keys = i;
+            break;
+        case 'n': rc = parse_size(optarg, "-n", BENCH_N_MAX, &c->n); break;
+        case 'b':
+            rc = parse_size(optarg, "--batch", 1000000, &c->batch);
+            break;
+        case 'v':
+            rc = parse_size(optarg, "--value-size", IDEM_VALUE_MAX,
+                            &c->value_size);
             break;
         case 'r': c->reopen = 1; break;
         case 'h': fputs(bench_usage, stdout); return -1;
-        default: rc = 2;
+        default: rc = IDEM_EXIT_USAGE;
         }
     }
-    if (!rc && (optind < argc ||
-                (strcmp(c->workload, "claim") &&
-                 strcmp(c->workload, "claim-complete") &&
-                 strcmp(c->workload, "replay"))))
-        rc = 2;
-    if (rc)
-        fputs("idem bench: bad arguments; see `idem bench --help`\n", stderr);
+    if (!rc && optind < argc)
+        rc = cli_usage_error("bench", "unexpected argument '%s'",
+                             argv[optind]);
     return rc;
 }
 

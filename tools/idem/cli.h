@@ -58,6 +58,10 @@ int cli_fail(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
  * '?' after printing the message (the caller returns 2). */
 int cli_getopt(const char *cmd, int argc, char **argv,
                const struct option *opts);
+/* The same with short options besides -h: shorts as getopt's, starting
+ * with ':' ("n:h" becomes ":n:h"). */
+int cli_getopt_short(const char *cmd, int argc, char **argv,
+                     const char *shorts, const struct option *opts);
 
 /* "30s", "5m", "24h", "7d", "250ms"; a bare number is seconds. > 0. */
 int cli_duration(const char *cmd, const char *opt, const char *arg,

@@ -82,9 +82,15 @@ static void unknown_option(const char *cmd, const char *arg,
 int cli_getopt(const char *cmd, int argc, char **argv,
                const struct option *opts)
 {
+    return cli_getopt_short(cmd, argc, argv, ":h", opts);
+}
+
+int cli_getopt_short(const char *cmd, int argc, char **argv,
+                     const char *shorts, const struct option *opts)
+{
     opterr = 0;
     int prev = optind;
-    int ch = getopt_long(argc, argv, ":h", opts, NULL);
+    int ch = getopt_long(argc, argv, shorts, opts, NULL);
     if (ch != '?' && ch != ':')
         return ch;
     const char *arg = prev < argc ? argv[prev] : "";
@@ -127,7 +133,9 @@ int cli_number(const char *cmd, const char *opt, const char *arg,
     char *end;
     errno = 0;
     unsigned long long v = strtoull(arg, &end, 10);
-    if (errno || end == arg || *end || *arg == '-' || v < lo || v > hi)
+    /* Digits only: strtoull() skips blanks and takes a sign, and wraps
+     * " -5" round to 2^64 - 5. */
+    if (errno || *arg < '0' || *arg > '9' || *end || v < lo || v > hi)
         return cli_usage_error(cmd,
                                "%s wants a whole number from %llu to %llu, "
                                "not '%s'",
