@@ -203,13 +203,13 @@ int idem_cmd_bench(int argc, char **argv)
                    malloc(c.batch * sizeof(idem_outcome)),
                    malloc(c.batch * sizeof(idem_completion)),
                    malloc(c.batch * sizeof(int)), calloc(1, c.value_size)};
-    idem_store *s;
+    idem_store *s = NULL;
     long rss0 = rss_kib();
     rc = !b.names || !b.keys || !b.outs || !b.items || !b.st || !b.value;
     if (rc)
         fputs("idem bench: out of memory\n", stderr);
-    if (!rc && (rc = idem_open(c.uri, NULL, &s) != 0))
-        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+    if (!rc && !(s = cli_open("bench", c.uri, 0, 0, 0)))
+        rc = cli_open_status();
     int replay = !strcmp(c.workload, "replay");
     size_t news = 0, seeded = 0;
     if (!rc && replay)
@@ -245,5 +245,5 @@ int idem_cmd_bench(int argc, char **argv)
     free(b.items);
     free(b.st);
     free(b.value);
-    return rc ? 1 : 0;
+    return rc == IDEM_EXIT_USAGE ? rc : rc ? 1 : 0;
 }

@@ -39,6 +39,7 @@ int idem_cmd_check(int argc, char **argv);
 int idem_cmd_repair(int argc, char **argv);
 int idem_cmd_dump(int argc, char **argv);
 int idem_cmd_load(int argc, char **argv);
+int idem_cmd_reset(int argc, char **argv);
 
 /* ------------------------------------------------------------------------
  * opts.c: option parsing with messages that say what to type instead. */
@@ -78,17 +79,19 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
 /* The options of the small commands (get, forget, stats, ...): --store,
  * --help, and as `flags` say, --json (CLI_JSON), --job NAME or
  * --key-space NAME (CLI_KEY_SPACE; both give the key space) and
- * --key-spaces (CLI_PER_SPACE: count per key space). Positional
+ * --key-spaces (CLI_PER_SPACE: count per key space), --base64
+ * (CLI_BASE64: bytes shown in base64). Positional
  * arguments must number from min to max; `args` names them for messages
  * ("KEY"). Returns 0 (then *first is the index of the first positional),
  * -1 after --help (exit 0), or 2. */
-enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4 };
+enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4, CLI_BASE64 = 8 };
 
 typedef struct cli_simple {
     const char *uri;
     int json;
     const char *key_space;  /* NULL: the shared key space */
     int per_space;          /* --key-spaces */
+    int base64;             /* --base64 */
     int first;
 } cli_simple;
 
@@ -106,6 +109,9 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
 /* The same with every option given. */
 idem_store *cli_open_with(const char *cmd, const char *uri,
                           const idem_options *o);
+/* The exit status after cli_open() or cli_open_with() returned NULL:
+ * 2 when the --store URI itself was wrong (a usage error), else 1. */
+int cli_open_status(void);
 
 /* Print "idem CMD: what: detail of s" and return 1. */
 int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what);

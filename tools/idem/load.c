@@ -104,7 +104,7 @@ int idem_cmd_load(int argc, char **argv)
         return rc;
     }
     c.s = cli_open("load", cli_store_uri(uri), 0, 0, 0);
-    int rc = c.s ? load_all(&c, &rd) : 1;
+    int rc = c.s ? load_all(&c, &rd) : cli_open_status();
     int rc2 = c.s ? idem_sync(c.s) : 0;
     if (!rc && rc2)
         rc = cli_store_fail("load", c.s, rc2, "commit");

@@ -27,6 +27,8 @@ static const struct cli_cmd cli_cmds[] = {
                                 "valid record"},
     {"dump", idem_cmd_dump, "export every live record as NDJSON"},
     {"load", idem_cmd_load, "import records written by dump"},
+    {"reset", idem_cmd_reset, "drop a job's checkpoint: its next run "
+                              "starts over"},
     {"keygen", idem_cmd_keygen, "make or decode idempotency keys"},
     {"bench", idem_cmd_bench, "measure claim throughput of a store"},
 };

@@ -186,6 +186,15 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
     return cli_open_with(cmd, uri, &o);
 }
 
+/* Why the last cli_open_with() failed, as an exit status. The CLI is one
+ * thread when it opens its store. */
+static int open_status = IDEM_EXIT_FAIL;
+
+int cli_open_status(void)
+{
+    return open_status;
+}
+
 idem_store *cli_open_with(const char *cmd, const char *uri,
                           const idem_options *o)
 {
@@ -193,6 +202,10 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     int rc = idem_open(uri, o, &s);
     if (!rc)
         return s;
+    /* The options come from checked command-line values, so EINVAL is
+     * the URI: its scheme, host, port, parameters or missing parent
+     * directory. */
+    open_status = rc == IDEM_EINVAL ? IDEM_EXIT_USAGE : IDEM_EXIT_FAIL;
     const char *d = s ? idem_errdetail(s) : "out of memory";
     fprintf(stderr, "idem %s: cannot open the store %s: %s\n", cmd, uri, d);
     if (rc == IDEM_ELOCKED)
@@ -201,6 +214,9 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     else if (rc == IDEM_ENOTFOUND)
         fprintf(stderr, "idem %s: no store there yet; check --store (or "
                         "$IDEM_STORE)\n", cmd);
+    else if (rc == IDEM_EINVAL)
+        fprintf(stderr, "try `idem %s --help`; `man idem` lists the store "
+                        "URIs\n", cmd);
     else if (rc == IDEM_ECORRUPT)
         fprintf(stderr, "idem %s: `idem check --store %s` shows the "
                         "damage; `idem repair` keeps every valid record\n",
@@ -220,7 +236,8 @@ static void simple_options(unsigned flags, struct option *opts)
                {{"json", 0, 0, 'J'}, CLI_JSON},
                {{"job", 1, 0, 'K'}, CLI_KEY_SPACE},
                {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE},
-               {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE}};
+               {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE},
+               {{"base64", 0, 0, 'B'}, CLI_BASE64}};
     size_t n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if ((all[i].needs & flags) == all[i].needs)
@@ -232,7 +249,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out)
 {
-    struct option opts[7];
+    struct option opts[8];
     simple_options(flags, opts);
     *out = (cli_simple){0};
     int ch;
@@ -249,6 +266,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
             out->key_space = optarg;
         out->json |= ch == 'J';
         out->per_space |= ch == 'P';
+        out->base64 |= ch == 'B';
     }
     int n = argc - optind;
     out->first = optind;

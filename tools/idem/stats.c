@@ -110,7 +110,7 @@ int idem_cmd_stats(int argc, char **argv)
     idem_store *s = cli_open("stats", cli_store_uri(o.uri), IDEM_O_NOCREATE,
                              0, 0);
     if (!s)
-        return 1;
+        return cli_open_status();
     idem_stats st;
     rc = idem_stats_get(s, &st);
     if (rc) {

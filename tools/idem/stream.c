@@ -584,7 +584,7 @@ static int setup(loop *lp, const stream_cfg *c)
     lp->s = cli_open(c->cmd, cli_store_uri(c->uri), 0, c->ttl_ms,
                      c->lease_ms);
     if (!lp->s)
-        return 1;
+        return cli_open_status();
     idem_runner_opts ro;
     idem_runner_opts_init(&ro);
     ro.handler = c->handler ? handle_tasks : NULL;
