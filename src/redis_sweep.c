@@ -292,9 +292,11 @@ static int idem__scan_page(idem_store *s, idem__redis *r, idem__rconn *conn,
     for (size_t g = 0; g < groups; g++) {
         redisReply *rep;
         if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK) {
+            char why[96];
             rc = idem__fail(s, idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
                                                            : IDEM_ECONN,
-                            "%s: %s", s->uri, conn->c->errstr);
+                            "%s: %s", s->uri,
+                            idem__rconn_why(conn, why, sizeof why));
             break;
         }
         if (rep->type == REDIS_REPLY_ERROR)
