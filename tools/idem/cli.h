@@ -24,7 +24,9 @@ enum {
     IDEM_EXIT_PARTIAL = 3 /* run, dedup: the input was read to its end,
                            * but some messages were not done here (their
                            * key was lost to another worker, or refused
-                           * by the store): each was named on stderr */
+                           * by the store, or run gave up on them after
+                           * --max-attempts retryable failures): each
+                           * was named or counted on stderr */
 };
 
 int idem_cmd_bench(int argc, char **argv);
@@ -52,6 +54,8 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
 
 /* Print "idem CMD: MESSAGE" on stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
+/* The MESSAGE of the last cli_fail() ("" before any; up to 511 bytes). */
+const char *cli_last_error(void);
 
 /* getopt_long with our own messages: an unknown option is named with the
  * closest known one ("did you mean --key?"), a missing argument says

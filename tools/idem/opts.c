@@ -23,15 +23,22 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return 2;
 }
 
+/* The last cli_fail() message, for --stats-json. */
+static char last_error[512];
+
 int cli_fail(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "idem %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "idem %s: %s\n", cmd, last_error);
     return 1;
+}
+
+const char *cli_last_error(void)
+{
+    return last_error;
 }
 
 /* Edit distance of a and b, capped at 9: enough to rank suggestions. */
