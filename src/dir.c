@@ -79,6 +79,14 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
         pid[r > 0 ? r : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         close(fd);
+        /* flock() locks are per open file: a second handle of this very
+         * process is refused too, and its own pid would read as "another
+         * process". */
+        if (*pid && strtol(pid, NULL, 10) == (long)getpid())
+            return idem__fail(s, IDEM_ELOCKED,
+                              "%s: in use by another handle of this process "
+                              "(pid %s); close it before opening the store "
+                              "again", path, pid);
         return idem__fail(s, IDEM_ELOCKED,
                           "%s: in use by another process (pid %s); "
                           "one process may hold a local store at a time",
@@ -226,8 +234,8 @@ static int idem__replace_file(idem_store *s, int dirfd, const char *path,
     return 0;
 }
 
-static int idem__meta_create(idem_store *s, int dirfd, const char *path,
-                             unsigned char *secret)
+int idem__dir_meta_create(idem_store *s, int dirfd, const char *path,
+                          unsigned char *secret)
 {
     unsigned char m[IDEM__META_LEN] = {0};
     uint32_t version = 1;
@@ -241,16 +249,34 @@ static int idem__meta_create(idem_store *s, int dirfd, const char *path,
     return idem__replace_file(s, dirfd, path, IDEM__META, m, sizeof m);
 }
 
+/* Does the directory hold a segment? A failed listing says no: the
+ * caller's own error follows. */
+static int idem__has_segments(idem_store *s, int dirfd, const char *path)
+{
+    uint32_t *ids;
+    size_t n;
+    if (idem__dir_segments(s, dirfd, path, &ids, &n) != 0)
+        return 0;
+    free(ids);
+    return n > 0;
+}
+
 int idem__dir_secret(idem_store *s, int dirfd, const char *path,
                      int nocreate, unsigned char secret[IDEM__SECRET_LEN])
 {
     unsigned char m[IDEM__META_LEN + 1];
     int fd = openat(dirfd, IDEM__META, O_RDONLY | O_CLOEXEC);
+    /* Segments without the identity file: a store that lost a file, not
+     * a new one; check, repair, stats and every open say the same. */
+    if (fd < 0 && errno == ENOENT && idem__has_segments(s, dirfd, path))
+        return idem__fail(s, IDEM_ECORRUPT,
+                          "%s/IDEM is missing beside the store's segments; "
+                          "run `idem repair --store local:%s`", path, path);
     if (fd < 0 && errno == ENOENT && nocreate)
         return idem__fail(s, IDEM_ENOTFOUND,
                           "%s: not an idem store (no IDEM file)", path);
     if (fd < 0 && errno == ENOENT)
-        return idem__meta_create(s, dirfd, path, secret);
+        return idem__dir_meta_create(s, dirfd, path, secret);
     if (fd < 0)
         return idem__fail(s, IDEM_EIO, "%s/IDEM: %s", path, strerror(errno));
     ssize_t n = read(fd, m, sizeof m);

@@ -42,9 +42,13 @@ int idem__dir_create(int dirfd, const char *name, int flags);
 void idem__dir_warn_open(idem_store *s, int dirfd, const char *path);
 
 /* Read the secret from PATH/IDEM, creating the file if it is missing
- * (unless nocreate: then IDEM_ENOTFOUND, "not an idem store"). */
+ * (unless nocreate: then IDEM_ENOTFOUND, "not an idem store"). Missing
+ * beside segments it is damage: IDEM_ECORRUPT, whatever nocreate. */
 int idem__dir_secret(idem_store *s, int dirfd, const char *path,
                      int nocreate, unsigned char secret[IDEM__SECRET_LEN]);
+/* Write a new PATH/IDEM with a new secret (repair of a lost one). */
+int idem__dir_meta_create(idem_store *s, int dirfd, const char *path,
+                          unsigned char *secret);
 
 /* The ids of the segment files, sorted. *ids is malloc'ed (may be NULL
  * when *n is 0). */

@@ -586,19 +586,15 @@ typedef int (*idem__seg_fn)(idem__log *lg, idem__seg *g, uint32_t want_id,
 static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
 {
     unsigned char secret[IDEM__SECRET_LEN];
-    int rc = idem__dir_secret(lg->s, lg->dirfd, lg->dir, !repair, secret);
+    int rc = idem__dir_secret(lg->s, lg->dirfd, lg->dir, 1, secret);
     if (rc == 0 || (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND))
         return rc;
     r->damaged++;
     if (!r->first_damage[0])
         snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
                  lg->s->detail);
-    if (!repair)
-        return 0;
-    if (unlinkat(lg->dirfd, "IDEM", 0) != 0)
-        return idem__fail(lg->s, IDEM_EIO, "%s/IDEM: %s", lg->dir,
-                          strerror(errno));
-    return idem__dir_secret(lg->s, lg->dirfd, lg->dir, 0, secret);
+    return repair ? idem__dir_meta_create(lg->s, lg->dirfd, lg->dir, secret)
+                  : 0;
 }
 
 /* Open the store at uri for check/repair and run fn on every segment. */

@@ -77,6 +77,7 @@ typedef struct idem__rconn {
     int fail_code;            /* ... and why: not tried again in it */
     idem__inflight *in;       /* replies expected this round, in order */
     size_t nin, capin;
+    int64_t limit_ms;         /* the last time limit set, for messages */
 } idem__rconn;
 
 typedef struct idem__rnode {
@@ -276,6 +277,10 @@ int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
 void idem__rconn_close(idem__rconn *conn);
 /* Read and write time limit for the next blocking step. */
 void idem__rconn_deadline(idem__rconn *conn, int64_t ms);
+/* Why the last I/O on conn failed, for a message: "no answer within N
+ * ms" after a time-out (hiredis says "Resource temporarily
+ * unavailable"), else hiredis's reason. In buf (n bytes). */
+const char *idem__rconn_why(const idem__rconn *conn, char *buf, size_t n);
 /* Write everything buffered, without SIGPIPE. 0 or -1 (conn->c->errstr). */
 int idem__rconn_flush(idem__rconn *conn);
 /* Queue an expected reply. 0 or IDEM_ENOMEM. */

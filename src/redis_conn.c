@@ -63,6 +63,7 @@ void idem__rconn_close(idem__rconn *conn)
 
 void idem__rconn_deadline(idem__rconn *conn, int64_t ms)
 {
+    conn->limit_ms = ms < 1 ? 1 : ms;
     if (conn->c)
         redisSetTimeout(conn->c, idem__tv(ms));
 }
@@ -72,6 +73,17 @@ int idem__rconn_timed_out(const idem__rconn *conn)
     return conn->c && conn->c->err == REDIS_ERR_IO &&
            (strstr(conn->c->errstr, "temporarily unavailable") ||
             strstr(conn->c->errstr, "timed out"));
+}
+
+const char *idem__rconn_why(const idem__rconn *conn, char *buf, size_t n)
+{
+    if (idem__rconn_timed_out(conn))
+        snprintf(buf, n, "no answer within %lld ms (timeout_ms)",
+                 (long long)conn->limit_ms);
+    else
+        snprintf(buf, n, "%s", conn->c && conn->c->errstr[0]
+                                   ? conn->c->errstr : "connection lost");
+    return buf;
 }
 
 int idem__rconn_flush(idem__rconn *conn)
@@ -117,9 +129,10 @@ redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
 {
     redisReply *rep = redisCommandArgv(conn->c, argc, argv, lens);
     if (!rep) {
+        char why[96];
         *code = idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT : IDEM_ECONN;
         idem__fail(s, *code, "%s: %s: %s", s->uri, argv[0],
-                   conn->c->errstr[0] ? conn->c->errstr : "connection lost");
+                   idem__rconn_why(conn, why, sizeof why));
         idem__rconn_close(conn);
         return NULL;
     }

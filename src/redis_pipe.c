@@ -541,11 +541,10 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
         if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK || !rep) {
             int code = idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
                                                    : IDEM_ECONN;
-            char msg[sizeof b->lastmsg];
+            char msg[sizeof b->lastmsg], why[96];
             snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
                      r->nodes[a.node].host, r->nodes[a.node].port,
-                     conn->c->errstr[0] ? conn->c->errstr
-                                        : "connection lost");
+                     idem__rconn_why(conn, why, sizeof why));
             idem__requeue_conn(b, conn, code, msg);
             idem__rconn_close(conn);
             r->map_stale = r->cfg.cluster;
@@ -718,10 +717,11 @@ static void idem__exchange(idem_store *s, idem__rbatch *b,
         idem__rconn *conn = idem__conn_at(r, act->a[a]);
         idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
         if (conn->c && idem__rconn_flush(conn)) {
-            char msg[sizeof b->lastmsg];
+            char msg[sizeof b->lastmsg], why[96];
             snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
                      r->nodes[act->a[a].node].host,
-                     r->nodes[act->a[a].node].port, conn->c->errstr);
+                     r->nodes[act->a[a].node].port,
+                     idem__rconn_why(conn, why, sizeof why));
             idem__requeue_conn(b, conn, idem__rconn_timed_out(conn)
                                             ? IDEM_ETIMEOUT
                                             : IDEM_ECONN, msg);

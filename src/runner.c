@@ -87,6 +87,8 @@ struct idem_runner {
 
 void idem_runner_opts_init(idem_runner_opts *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
     o->version = IDEM__RUNNER_OPTS_VERSION;
     o->max_attempts = 3;

@@ -64,6 +64,8 @@ static int idem__fail_forked(idem_store *s)
 
 void idem_options_init(idem_options *o)
 {
+    if (!o)
+        return;
     memset(o, 0, sizeof *o);
     o->version = IDEM__OPTIONS_VERSION;
     o->ttl_ms = 24 * 3600 * 1000LL;
@@ -179,6 +181,8 @@ static int idem__pick_backend(idem_store *s, const char *uri,
 
 int idem_open(const char *uri, const idem_options *opts, idem_store **out)
 {
+    if (!out)  /* nowhere to put a handle, or the detail of an error */
+        return IDEM_EINVAL;
     idem_store *s = calloc(1, sizeof *s);
     *out = s;
     if (!s)

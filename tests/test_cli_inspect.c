@@ -106,7 +106,7 @@ Test(cli_inspect, dump_and_load_keep_every_byte)
          "\"created_ms\":1,\"expires_ms\":4000000000000}\\nnope\\n' > '%s'",
          at("bad"));
     cr_assert_eq(t_cli(dir, "load bad 2> err"), 1);
-    cr_assert(t_grep(at("err"), "bad:2: not a JSON object"));
+    cr_assert(t_grep(at("err"), "bad:2:2: not a JSON object"));
     cr_assert_eq(t_cli(dir, "get --json z > out"), 0,
                  "lines before the bad one are committed");
     cr_assert(t_grep(at("out"), "\"token\":1,\"attempts\":1,"),

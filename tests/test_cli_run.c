@@ -109,7 +109,7 @@ Test(cli_run, replay_emit_gives_duplicates_the_cached_result)
 Test(cli_run, failures_are_cached_retries_give_up)
 {
     cr_assert_eq(run("--max-attempts 2 --stats-json in > out 2> err",
-                     "fail=b retry=c flaky=d"), 0);
+                     "fail=b retry=c flaky=d"), 3, "c gave up: not done");
     char *out = t_read(at("out"), NULL);
     cr_assert(strstr(out, "{\"key\":\"b\",\"status\":\"failed\",\"result\":"
                           "{\"error\":\"no such card\"}}"), "%s", out);
@@ -118,18 +118,25 @@ Test(cli_run, failures_are_cached_retries_give_up)
     cr_assert(strstr(out, "{\"key\":\"d\",\"status\":\"done\","), "%s", out);
     free(out);
     cr_assert(t_grep(at("err"), "\"failed\":1,\"gave_up\":1"));
+    cr_assert(t_grep(at("err"), "\"exit\":3}"));
     expect_runs("a 1\nb 1\nc 1\nd 1\nc 2\nd 2\n");
-    /* b's failure is cached; c was released and runs again */
-    cr_assert_eq(run("--quiet in > out", "retry=c"), 0);
+    /* b's failure is cached (a duplicate now); c was released and runs
+     * again */
+    cr_assert_eq(run("--stats-json in > out 2> err", "retry=c"), 3);
+    cr_assert(t_grep(at("err"), "\"duplicate\":4,\"failed\":0,"),
+              "%s", t_read(at("err"), NULL));
     cr_assert(t_grep(at("log"), "c 3 "));
     cr_assert(!t_grep(at("log"), "b 2 "));
 }
 
 Test(cli_run, a_handler_that_exits_stops_the_run_and_commits_the_prefix)
 {
-    cr_assert_eq(run("--output out in 2> err", "exit=3"), 1);
+    cr_assert_eq(run("--output out --stats-json in 2> err", "exit=3"), 1);
     cr_assert(t_grep(at("err"), "the handler exited with status 3 before "
                                 "answering every message"),
+              "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "\"exit\":1,\"error\":\"the handler "
+                                "exited with status 3"),
               "%s", t_read(at("err"), NULL));
     expect("out", R("a") R("b"));
     cr_assert_eq(run("--quiet --output out in", ""), 0);

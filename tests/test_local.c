@@ -93,6 +93,43 @@ Test(local, second_process_gets_lock_error_naming_pid)
     idem_close(s);
 }
 
+Test(local, second_handle_in_this_process_is_told_so)
+{
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *t;
+    idem_options o = t_options();
+    cr_assert_eq(idem_open(t_local_uri(dir), &o, &t), IDEM_ELOCKED);
+    const char *d = idem_errdetail(t);
+    cr_assert(strstr(d, "another handle of this process"), "%s", d);
+    cr_assert(!strstr(d, "another process"), "%s", d);
+    idem_close(t);
+    idem_close(s);
+}
+
+Test(local, null_out_parameters_are_einval)
+{
+    cr_assert_eq(idem_open("mem:", NULL, NULL), IDEM_EINVAL);
+    idem_options_init(NULL);
+    idem_runner_opts_init(NULL);
+    idem_store *s = t_open("mem:");
+    idem_key k = {"a", 1, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_claim(s, NULL, NULL, &o), IDEM_EINVAL);
+    cr_assert_eq(idem_claim_many(s, NULL, 1, NULL, &o, 0), IDEM_EINVAL);
+    cr_assert_eq(idem_claim_many(s, &k, 1, NULL, NULL, 0), IDEM_EINVAL);
+    cr_assert_eq(idem_complete_many(s, NULL, 1, NULL, 0), IDEM_EINVAL);
+    cr_assert_eq(idem_get(s, "a", 1, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_checkpoint_get(s, "c", NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_stats_get(s, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_scan(s, NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_import(s, "a", 1, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_runner_new(s, NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_sweep(s, 0, NULL), 0, "expired may be NULL");
+    cr_assert_eq(idem_sync(NULL), IDEM_EINVAL);
+    idem_close(s);
+}
+
 Test(local, nocreate_and_bad_uris)
 {
     idem_options o = t_options();

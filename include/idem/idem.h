@@ -66,6 +66,20 @@
  * file, which offset, which argument). The library never exits or aborts:
  * out of memory is IDEM_ENOMEM, and the handle stays usable.
  *
+ * NULL POINTERS
+ *
+ * A NULL where a function needs a pointer is IDEM_EINVAL, never a crash:
+ * a NULL handle, a NULL out-parameter (idem_open()'s out, idem_claim()'s
+ * out, idem_get()'s out, ...), a NULL array with a count above 0. The
+ * functions that return nothing do nothing with NULL
+ * (idem_options_init(), idem_runner_opts_init(), idem_close(),
+ * idem_runner_free()). Pointers documented as "may be NULL" take NULL for
+ * a default or for "not wanted": the uri and opts of idem_open(), the
+ * opts of idem_claim(), expired of idem_sweep(), committed of
+ * idem_runner_batch(), the report of idem_check() and idem_repair(), ctx
+ * of idem_scan(). A key or value pointer may be NULL only with a length
+ * of 0 (a key of length 0 is IDEM_EKEYSIZE).
+ *
  * After an I/O error while writing (IDEM_EIO, IDEM_ENOSPC) a local store
  * refuses further writes with the same code: the in-memory state may be
  * ahead of the disk, and only a reopen, which recovers from the disk, can
@@ -226,7 +240,7 @@ typedef struct idem_options {
                                 * damage) and needs only read access */
 #define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
 
-/* Fill *opts with the defaults listed above. */
+/* Fill *opts with the defaults listed above (NULL: nothing to do). */
 IDEM_EXPORT void idem_options_init(idem_options *opts);
 
 /* Open the store that uri names (NULL: "local:./idem-data"), creating it if
@@ -237,7 +251,8 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  * explains it, e.g. "./d: in use by another process (pid 4242); ...";
  * pass it to
  * idem_close(). *out is NULL only when even that could not be allocated
- * (IDEM_ENOMEM).
+ * (IDEM_ENOMEM). out itself may not be NULL: that is IDEM_EINVAL, with no
+ * handle to say more.
  *
  * A local: store is refused with IDEM_ECORRUPT, naming the file and the
  * offset, when anything is damaged or missing that a crash cannot explain:

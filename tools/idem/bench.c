@@ -17,6 +17,8 @@
 #include "idem/idem.h"
 
 #define KEYLEN BENCH_KEYLEN
+/* Keys are numbered: far more than a run could ever claim. */
+#define BENCH_N_MAX 1000000000000ull
 
 static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
@@ -117,11 +119,13 @@ static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
     return 0;
 }
 
-/* A positive count into *out: 0 or the exit status of bad usage. */
-static int parse_size(const char *opt, const char *arg, size_t *out)
+/* A count option: cli_number() refuses what is not a whole number from
+ * 1 up (a "-5" that strtoull() would wrap to 2^64 - 5 included). */
+static int parse_size(const char *arg, const char *what, uint64_t hi,
+                      size_t *out)
 {
     uint64_t v;
-    int rc = cli_number("bench", opt, arg, 1, SIZE_MAX, &v);
+    int rc = cli_number("bench", what, arg, 1, hi, &v);
     if (!rc)
         *out = (size_t)v;
     return rc;
@@ -137,29 +141,33 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
                                             "replay", NULL};
-    static const char *const orders[] = {"random", "ordered", NULL};
+    static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
                      16};
     int ch, rc = 0, i = 0;
-    while (!rc &&
-           (ch = cli_getopt_short("bench", argc, argv, ":n:h", opts)) != -1) {
+    while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
+                                          opts)) != -1) {
         switch (ch) {
         case 's': c->uri = optarg; break;
         case 'w':
             rc = cli_choice("bench", "--workload", optarg, workloads, &i);
-            c->workload = workloads[i];
+            c->workload = rc ? c->workload : workloads[i];
             break;
         case 'k':
-            rc = cli_choice("bench", "--keys", optarg, orders, &i);
-            c->random_keys = i == 0;
+            rc = cli_choice("bench", "--keys", optarg, keys, &i);
+            c->random_keys = i;
             break;
-        case 'n': rc = parse_size("-n", optarg, &c->n); break;
-        case 'b': rc = parse_size("--batch", optarg, &c->batch); break;
-        case 'v': rc = parse_size("--value-size", optarg, &c->value_size);
+        case 'n': rc = parse_size(optarg, "-n", BENCH_N_MAX, &c->n); break;
+        case 'b':
+            rc = parse_size(optarg, "--batch", 1000000, &c->batch);
+            break;
+        case 'v':
+            rc = parse_size(optarg, "--value-size", IDEM_VALUE_MAX,
+                            &c->value_size);
             break;
         case 'r': c->reopen = 1; break;
         case 'h': fputs(bench_usage, stdout); return -1;
-        default: rc = 2;
+        default: rc = IDEM_EXIT_USAGE;
         }
     }
     if (!rc && optind < argc)
@@ -196,13 +204,13 @@ int idem_cmd_bench(int argc, char **argv)
                    malloc(c.batch * sizeof(idem_outcome)),
                    malloc(c.batch * sizeof(idem_completion)),
                    malloc(c.batch * sizeof(int)), calloc(1, c.value_size)};
-    idem_store *s;
+    idem_store *s = NULL;
     long rss0 = rss_kib();
     rc = !b.names || !b.keys || !b.outs || !b.items || !b.st || !b.value;
     if (rc)
         fputs("idem bench: out of memory\n", stderr);
-    if (!rc && (rc = idem_open(c.uri, NULL, &s) != 0))
-        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+    if (!rc && !(s = cli_open("bench", c.uri, 0, 0, 0)))
+        rc = cli_open_status();
     int replay = !strcmp(c.workload, "replay");
     size_t news = 0, seeded = 0;
     if (!rc && replay)
@@ -239,5 +247,5 @@ int idem_cmd_bench(int argc, char **argv)
     free(b.items);
     free(b.st);
     free(b.value);
-    return rc ? 1 : 0;
+    return rc == IDEM_EXIT_USAGE ? rc : rc ? 1 : 0;
 }

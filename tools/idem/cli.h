@@ -24,7 +24,9 @@ enum {
     IDEM_EXIT_PARTIAL = 3 /* run, dedup: the input was read to its end,
                            * but some messages were not done here (their
                            * key was lost to another worker, or refused
-                           * by the store): each was named on stderr */
+                           * by the store, or run gave up on them after
+                           * --max-attempts retryable failures): each
+                           * was named or counted on stderr */
 };
 
 int idem_cmd_bench(int argc, char **argv);
@@ -39,6 +41,7 @@ int idem_cmd_check(int argc, char **argv);
 int idem_cmd_repair(int argc, char **argv);
 int idem_cmd_dump(int argc, char **argv);
 int idem_cmd_load(int argc, char **argv);
+int idem_cmd_reset(int argc, char **argv);
 
 /* ------------------------------------------------------------------------
  * opts.c: option parsing with messages that say what to type instead. */
@@ -51,6 +54,8 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
 
 /* Print "idem CMD: MESSAGE" on stderr; returns 1. */
 int cli_fail(const char *cmd, const char *fmt, ...) CLI_PRINTF(2, 3);
+/* The MESSAGE of the last cli_fail() ("" before any; up to 511 bytes). */
+const char *cli_last_error(void);
 
 /* getopt_long with our own messages: an unknown option is named with the
  * closest known one ("did you mean --key?"), a missing argument says
@@ -85,17 +90,19 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
 /* The options of the small commands (get, forget, stats, ...): --store,
  * --help, and as `flags` say, --json (CLI_JSON), --job NAME or
  * --key-space NAME (CLI_KEY_SPACE; both give the key space) and
- * --key-spaces (CLI_PER_SPACE: count per key space). Positional
+ * --key-spaces (CLI_PER_SPACE: count per key space), --base64
+ * (CLI_BASE64: bytes shown in base64). Positional
  * arguments must number from min to max; `args` names them for messages
  * ("KEY"). Returns 0 (then *first is the index of the first positional),
  * -1 after --help (exit 0), or 2. */
-enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4 };
+enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4, CLI_BASE64 = 8 };
 
 typedef struct cli_simple {
     const char *uri;
     int json;
     const char *key_space;  /* NULL: the shared key space */
     int per_space;          /* --key-spaces */
+    int base64;             /* --base64 */
     int first;
 } cli_simple;
 
@@ -118,6 +125,9 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
 /* The same with every option given. */
 idem_store *cli_open_with(const char *cmd, const char *uri,
                           const idem_options *o);
+/* The exit status after cli_open() or cli_open_with() returned NULL:
+ * 2 when the --store URI itself was wrong (a usage error), else 1. */
+int cli_open_status(void);
 
 /* Print "idem CMD: what: detail of s" and return 1. */
 int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what);

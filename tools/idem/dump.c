@@ -60,7 +60,7 @@ int idem_cmd_dump(int argc, char **argv)
     idem_store *s = cli_open("dump", cli_store_uri(uri), IDEM_O_READONLY, 0,
                              0);
     if (!s)
-        return 1;
+        return cli_open_status();
     dump_ctx d = {out ? fopen(out, "w") : stdout, {0}, 0};
     int rc = d.f ? idem_scan(s, dump_one, &d) : -1;
     if (d.f && ((d.f != stdout && fclose(d.f)) || fflush(stdout)))

@@ -1,6 +1,8 @@
 /* forget.c - `idem forget KEY`: delete a key's record, so that its next
  * message runs again. For the operator who knows an effect was undone. */
 
+#include <string.h>
+
 #include "keyspace.h"
 
 static const char usage[] =
@@ -25,11 +27,11 @@ int idem_cmd_forget(int argc, char **argv)
         return rc < 0 ? 0 : rc;
     const char *key = argv[o.first];
     cli_buf k = {0};
-    rc = ks_key_arg("forget", o.key_space, key, &k);
+    rc = ks_key_arg("forget", o.key_space, key, strlen(key), &k);
     idem_store *s = rc ? NULL : cli_open("forget", cli_store_uri(o.uri),
                                          IDEM_O_NOCREATE, 0, 0);
     if (!rc && !s)
-        rc = 1;
+        rc = cli_open_status();
     else if (!rc)
         rc = idem_forget(s, k.p, k.len);
     if (!rc)

@@ -212,7 +212,7 @@ static int read_checkpoint(job *j, int *found)
     size_t len;
     *found = 0;
     int rc = idem_checkpoint_get(j->s, j->name, &blob, &len);
-    if (rc == IDEM_ENOTFOUND)
+    if (rc == IDEM_ENOTFOUND || (!rc && !len))  /* empty: reset.c */
         return 0;
     if (rc)
         return cli_store_fail(j->cmd, j->s, rc, "reading the checkpoint");

@@ -132,7 +132,7 @@ int ks_is(const key_space *ks, const char *name, size_t len)
 }
 
 int ks_key_arg(const char *cmd, const char *name, const char *key,
-               cli_buf *b)
+               size_t keylen, cli_buf *b)
 {
     key_space ks;
     char what[300];
@@ -140,10 +140,10 @@ int ks_key_arg(const char *cmd, const char *name, const char *key,
         return cli_usage_error(cmd, "a key space (--key-space, --job) is "
                                "named by 1 to %u bytes of text",
                                KS_NAME_MAX);
-    if (ks_bad_size(&ks, strlen(key), what, sizeof what))
+    if (ks_bad_size(&ks, keylen, what, sizeof what))
         return cli_usage_error(cmd, "%s", what);
     b->len = 0;
-    return ks_add(b, &ks, key, strlen(key)) ? cli_fail(cmd, "out of memory")
+    return ks_add(b, &ks, key, keylen) ? cli_fail(cmd, "out of memory")
                                             : 0;
 }
 

@@ -41,10 +41,11 @@ idem_msg ks_user_msg(const key_space *ks, const idem_msg *m);
 /* Is the key space named name[0..len) (NULL: shared) this one? */
 int ks_is(const key_space *ks, const char *name, size_t len);
 
-/* KEY as given to `idem get`/`forget` in key space `name` (NULL: the
- * shared one): its stored form into b (emptied first); 0, or an exit
- * status after saying what is wrong. */
+/* KEY (keylen bytes) as given to `idem get`/`forget` in key space `name`
+ * (NULL: the shared one): its stored form into b (emptied first); 0, or
+ * an exit status after saying what is wrong. */
 int ks_key_arg(const char *cmd, const char *name, const char *key,
+               size_t keylen,
                cli_buf *b);
 
 /* Say that KEY has no live record in key space `name` (NULL: shared);

@@ -20,7 +20,8 @@ static const char usage[] =
     "unless --replace. Keys and responses are bytes: every one comes back\n"
     "as dumped, NUL and bytes that are not UTF-8 included. A line that is\n"
     "not a record stops the load with FILE:LINE and the field at fault\n"
-    "(FILE:LINE: field \"fingerprint\": ...): an unknown or repeated\n"
+    "(FILE:LINE: field \"fingerprint\": ...), or FILE:LINE:COLUMN of bad\n"
+    "JSON, on one line: an unknown or repeated\n"
     "field, a value of the wrong type, a fingerprint that is not 32 hex\n"
     "digits, a token of 0, created_ms after expires_ms, an expiry or lease\n"
     "further from now than the longest TTL (100 years). What came before\n"
@@ -38,14 +39,17 @@ typedef struct load_ctx {
 
 static int load_line(load_ctx *c, nd_reader *rd, const nd_line *l)
 {
-    char err[256];
+    char err[256], col[32] = "";
     const void *key;
-    size_t keylen;
+    size_t keylen, at;
     idem_record r, cur;
     if (rec_from_json(l->p, l->len, &c->scratch, &key, &keylen, &r, err,
-                      sizeof err))
-        return cli_fail("load", "%s:%" PRIu64 ": %s", nd_name(rd), l->lineno,
-                        err);
+                      sizeof err, &at)) {
+        if (at)
+            snprintf(col, sizeof col, ":%zu", at);
+        return cli_fail("load", "%s:%" PRIu64 "%s: %s", nd_name(rd),
+                        l->lineno, col, err);
+    }
     if (!c->replace && idem_get(c->s, key, keylen, &cur) == 0) {
         c->kept++;
         return 0;
@@ -104,7 +108,7 @@ int idem_cmd_load(int argc, char **argv)
         return rc;
     }
     c.s = cli_open("load", cli_store_uri(uri), 0, 0, 0);
-    int rc = c.s ? load_all(&c, &rd) : 1;
+    int rc = c.s ? load_all(&c, &rd) : cli_open_status();
     int rc2 = c.s ? idem_sync(c.s) : 0;
     if (!rc && rc2)
         rc = cli_store_fail("load", c.s, rc2, "commit");

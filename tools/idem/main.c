@@ -27,6 +27,8 @@ static const struct cli_cmd cli_cmds[] = {
                                 "valid record"},
     {"dump", idem_cmd_dump, "export every live record as NDJSON"},
     {"load", idem_cmd_load, "import records written by dump"},
+    {"reset", idem_cmd_reset, "drop a job's checkpoint: its next run "
+                              "starts over"},
     {"keygen", idem_cmd_keygen, "make or decode idempotency keys"},
     {"bench", idem_cmd_bench, "measure claim throughput of a store"},
 };
@@ -44,7 +46,15 @@ static void cli_usage(FILE *f)
         fprintf(f, "  %-10s %s\n", cli_cmds[i].name, cli_cmds[i].summary);
     fprintf(f, "\n`idem <command> --help` explains one command; "
                "`man idem` explains them all.\n"
-               "exit status: 0 done, 1 failed, 2 bad command line\n");
+               "exit status, the same for every command:\n"
+               "  0    all done\n"
+               "  1    failed: a store, file or handler error, damage "
+               "found\n"
+               "  2    bad usage (a --store URI included); nothing was "
+               "done\n"
+               "  3    dedup, run: input read, but some messages not done "
+               "(named on stderr)\n"
+               "  130  dedup, run: stopped by SIGINT\n");
 }
 
 static const struct cli_cmd *cli_find(const char *name)

@@ -23,15 +23,22 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
     return 2;
 }
 
+/* The last cli_fail() message, for --stats-json. */
+static char last_error[512];
+
 int cli_fail(const char *cmd, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "idem %s: ", cmd);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
+    fprintf(stderr, "idem %s: %s\n", cmd, last_error);
     return 1;
+}
+
+const char *cli_last_error(void)
+{
+    return last_error;
 }
 
 /* Edit distance of a and b, capped at 9: enough to rank suggestions. */
@@ -283,7 +290,9 @@ int cli_number(const char *cmd, const char *opt, const char *arg,
     char *end;
     errno = 0;
     unsigned long long v = strtoull(arg, &end, 10);
-    if (errno || end == arg || *end || *arg == '-' || v < lo || v > hi)
+    /* Digits only: strtoull() skips blanks and takes a sign, and wraps
+     * " -5" round to 2^64 - 5. */
+    if (errno || *arg < '0' || *arg > '9' || *end || v < lo || v > hi)
         return cli_usage_error(cmd,
                                "%s wants a whole number from %llu to %llu, "
                                "not '%s'",
@@ -346,6 +355,15 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
     return cli_open_with(cmd, uri, &o);
 }
 
+/* Why the last cli_open_with() failed, as an exit status. The CLI is one
+ * thread when it opens its store. */
+static int open_status = IDEM_EXIT_FAIL;
+
+int cli_open_status(void)
+{
+    return open_status;
+}
+
 idem_store *cli_open_with(const char *cmd, const char *uri,
                           const idem_options *o)
 {
@@ -355,6 +373,10 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
         fprintf(stderr, "idem %s: warning: %s\n", cmd, idem_warning(s));
     if (!rc)
         return s;
+    /* The options come from checked command-line values, so EINVAL is
+     * the URI: its scheme, host, port, parameters or missing parent
+     * directory. */
+    open_status = rc == IDEM_EINVAL ? IDEM_EXIT_USAGE : IDEM_EXIT_FAIL;
     const char *d = s ? idem_errdetail(s) : "out of memory";
     uri = cli_shown_uri(uri);
     /* The detail of a handle names the store already. */
@@ -369,6 +391,9 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     else if (rc == IDEM_ENOTFOUND)
         fprintf(stderr, "idem %s: no store there yet; check --store (or "
                         "$IDEM_STORE)\n", cmd);
+    else if (rc == IDEM_EINVAL)
+        fprintf(stderr, "try `idem %s --help`; `man idem` lists the store "
+                        "URIs\n", cmd);
     else if (rc == IDEM_ECORRUPT)
         fprintf(stderr, "idem %s: `idem check --store %s` shows the "
                         "damage; `idem repair` keeps every valid record\n",
@@ -388,7 +413,8 @@ static void simple_options(unsigned flags, struct option *opts)
                {{"json", 0, 0, 'J'}, CLI_JSON},
                {{"job", 1, 0, 'K'}, CLI_KEY_SPACE},
                {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE},
-               {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE}};
+               {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE},
+               {{"base64", 0, 0, 'B'}, CLI_BASE64}};
     size_t n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if ((all[i].needs & flags) == all[i].needs)
@@ -400,7 +426,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out)
 {
-    struct option opts[7];
+    struct option opts[8];
     simple_options(flags, opts);
     *out = (cli_simple){0};
     int ch;
@@ -417,6 +443,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
             out->key_space = optarg;
         out->json |= ch == 'J';
         out->per_space |= ch == 'P';
+        out->base64 |= ch == 'B';
     }
     int n = argc - optind;
     out->first = optind;

@@ -113,6 +113,7 @@ typedef struct rec_parse {
     int flag;                  /* "released" */
     char *err;
     size_t errlen;
+    size_t col;                /* of a syntax error, from 1; 0: none */
 } rec_parse;
 
 static int field_error(rec_parse *p, int f, const char *fmt, ...)
@@ -360,10 +361,12 @@ static int check_numbers(rec_parse *p, idem_record *r)
     return 1;
 }
 
-/* YAJL's own message, on one line. */
-static void syntax_error(rec_parse *p, yajl_handle h)
+/* YAJL's own message, on one line (not verbose: that one draws the
+ * line and a caret under it), and the column it stopped at. */
+static void syntax_error(rec_parse *p, yajl_handle h, size_t at)
 {
     unsigned char *msg = yajl_get_error(h, 0, NULL, 0);
+    p->col = at + 1;
     snprintf(p->err, p->errlen, "not a JSON object: %s",
              msg ? (char *)msg : "bad JSON");
     p->err[strcspn(p->err, "\n")] = '\0';
@@ -382,10 +385,13 @@ static int parse_line(rec_parse *p, const char *line, size_t len)
         return 0;
     }
     yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
+    /* Where the parse stopped; an error of yajl_complete_parse() is at
+     * the end of the line (the object is not closed). */
+    size_t at = st == yajl_status_ok ? len : yajl_get_bytes_consumed(h);
     if (st == yajl_status_ok)
         st = yajl_complete_parse(h);
     if (st == yajl_status_error)
-        syntax_error(p, h);
+        syntax_error(p, h, at < len ? at : len);
     yajl_free(h);
     return st == yajl_status_ok;
 }
@@ -422,14 +428,16 @@ static int space_in(rec_parse *p, int kf)
 
 int rec_from_json(const char *line, size_t len, cli_buf *scratch,
                   const void **key, size_t *keylen, idem_record *r,
-                  char *err, size_t errlen)
+                  char *err, size_t errlen, size_t *col)
 {
     rec_parse p = {.scratch = scratch, .field = -1, .err = err,
                    .errlen = errlen};
     memset(r, 0, sizeof *r);
     scratch->len = 0;
-    if (!parse_line(&p, line, len) || !check_fields(&p, r, keylen) ||
-        !check_numbers(&p, r))
+    int ok = parse_line(&p, line, len) && check_fields(&p, r, keylen) &&
+             check_numbers(&p, r);
+    *col = p.col;
+    if (!ok)
         return -1;
     int kf = p.seen[F_KEY_B64] ? F_KEY_B64 : F_KEY;
     int rf = p.seen[F_RESP_B64] ? F_RESP_B64 : F_RESP;

@@ -20,11 +20,14 @@ static const char usage[] =
     "               keys). This reads every record: O(keys), as a dump\n"
     "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
 
-static void when(char *buf, size_t n, int64_t ms)
+/* A segment's start; 0 is a header that repair wrote anew, whose time
+ * was lost with the old one. Blank without segments. */
+static void when(char *buf, size_t n, int64_t ms, uint64_t segments)
 {
     time_t t = (time_t)(ms / 1000);
     struct tm tm;
-    buf[0] = '\0';
+    snprintf(buf, n, "%s", segments ? "unknown (header rewritten by repair)"
+                                    : "");
     if (ms && gmtime_r(&t, &tm))
         strftime(buf, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
@@ -110,7 +113,7 @@ int idem_cmd_stats(int argc, char **argv)
     idem_store *s = cli_open("stats", cli_store_uri(o.uri), IDEM_O_READONLY,
                              0, 0);
     if (!s)
-        return 1;
+        return cli_open_status();
     idem_stats st;
     rc = idem_stats_get(s, &st);
     if (rc) {
@@ -118,9 +121,9 @@ int idem_cmd_stats(int argc, char **argv)
         idem_close(s);
         return rc;
     }
-    char oldest[32], newest[32];
-    when(oldest, sizeof oldest, st.oldest_ms);
-    when(newest, sizeof newest, st.newest_ms);
+    char oldest[48], newest[48];
+    when(oldest, sizeof oldest, st.oldest_ms, st.segments);
+    when(newest, sizeof newest, st.newest_ms, st.segments);
     space_counts c = {0};
     if (o.per_space && (rc = idem_scan(s, count_space, &c)) != 0) {
         rc = cli_store_fail("stats", s, rc, "counting keys per key space");

@@ -78,6 +78,7 @@ typedef struct loop {
     atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
     int tty;
+    int ran;         /* the input was opened and read */
 } loop;
 
 static double now_s(void)
@@ -347,8 +348,8 @@ static void count(stream_counts *n, const idem_msg *m)
 {
     switch (m->result) {
     case IDEM_MSG_DONE: n->fresh++; break;
-    case IDEM_MSG_FAILED:
-    case IDEM_MSG_REPLAY_FAILED: n->failed++; break;
+    case IDEM_MSG_FAILED: n->failed++; break;  /* a cached failure
+                                                 * replayed is a duplicate */
     case IDEM_MSG_GAVE_UP: n->gave_up++; break;
     case IDEM_MSG_INVALID: n->invalid++; break;
     default: n->dup++;
@@ -518,7 +519,17 @@ static void progress(loop *lp, int final)
             n->fresh, n->dup, (double)n->bytes / 1e6);
 }
 
-static void summary(loop *lp)
+/* --stats-json of a run that failed (rc 1) says why. */
+static void json_error(int rc)
+{
+    cli_buf b = {0};
+    const char *e = *cli_last_error() ? cli_last_error() : "failed";
+    if (rc == IDEM_EXIT_FAIL && !buf_json_string(&b, e, strlen(e)))
+        fprintf(stderr, ",\"error\":%.*s", (int)b.len, b.p);
+    buf_free(&b);
+}
+
+static void summary(loop *lp, int rc)
 {
     const stream_counts *n = &lp->st.n;
     const stream_cfg *c = lp->st.cfg;
@@ -531,11 +542,13 @@ static void summary(loop *lp)
                 ",\"gave_up\":%" PRIu64 ",\"skipped\":%" PRIu64
                 ",\"passed\":%" PRIu64 ",\"blank\":%" PRIu64
                 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
-                "%.0f,\"resumed\":%s}\n",
+                "%.0f,\"resumed\":%s,\"exit\":%d",
                 c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
                 n->skipped + n->invalid, n->passed, n->blank, n->bytes, secs,
                 rate,
-                lp->st.job.resumed ? "true" : "false");
+                lp->st.job.resumed ? "true" : "false", rc);
+        json_error(rc);
+        fputs("}\n", stderr);
         return;
     }
     if (c->quiet)
@@ -584,7 +597,7 @@ static int setup(loop *lp, const stream_cfg *c)
     lp->s = cli_open(c->cmd, cli_store_uri(c->uri), 0, c->ttl_ms,
                      c->lease_ms);
     if (!lp->s)
-        return 1;
+        return cli_open_status();
     idem_runner_opts ro;
     idem_runner_opts_init(&ro);
     ro.handler = c->handler ? handle_tasks : NULL;
@@ -649,6 +662,7 @@ int stream_run(const stream_cfg *c)
     if (!rc) {
         lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
+        lp.ran = 1;
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
@@ -657,16 +671,18 @@ int stream_run(const stream_cfg *c)
             fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
                     "end: this line is left unread until it has one\n",
                     c->cmd, nd_name(&lp.rd), lp.rd.partial_lineno);
-        if (rc != 2)
-            summary(&lp);
-        if (!rc && lp.st.n.problems) {
+        uint64_t undone = lp.st.n.problems + lp.st.n.gave_up;
+        if (!rc && undone) {
             fprintf(stderr, "idem %s: %" PRIu64 " message%s not done here "
-                    "(see above); exit status 3\n", c->cmd,
-                    lp.st.n.problems, lp.st.n.problems == 1 ? " was" :
-                    "s were");
+                    "(see above); exit status 3\n", c->cmd, undone,
+                    undone == 1 ? " was" : "s were");
             rc = IDEM_EXIT_PARTIAL;
         }
     }
+    /* A script reading --stats-json gets its line whatever happened but
+     * bad usage: a failed run says why. */
+    if (rc != IDEM_EXIT_USAGE && (lp.ran || c->stats_json))
+        summary(&lp, rc);
     int rc2 = job_end(&lp.st.job);
     if (lp.s && idem_close(lp.s) && !rc)
         rc = cli_fail(c->cmd, "closing the store failed");

@@ -61,7 +61,7 @@ int idem_cmd_sweep(int argc, char **argv)
         o.retention_ms = keep;
     idem_store *s = cli_open_with("sweep", uri, &o);
     if (!s)
-        return 1;
+        return cli_open_status();
     idem_stats before, after;
     uint64_t expired = 0;
     rc = idem_stats_get(s, &before);
