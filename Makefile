@@ -57,7 +57,7 @@ $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
-	    -lcriterion
+	    -lcriterion -lyajl
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
