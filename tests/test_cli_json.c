@@ -248,6 +248,10 @@ Test(cli_json, line_hash_keys_long_lines)
                       dir), 0, "the keys are the lines' SHA-256 in hex");
     cr_assert_eq(t_cli(dir, "dedup --line-hash --key id in 2> err"), 2);
     cr_assert(t_grep(at("err"), "exclude each other"));
+    /* run's output lines are JSON: a long line cannot pass through */
+    cr_assert_eq(t_cli(dir, "run --line --on-missing-key pass --exec cat "
+                            "in 2> err"), 2);
+    cr_assert(t_grep(at("err"), "--line-hash instead"));
     /* run: the handler gets the hash as the key, the line as the message */
     cr_assert_eq(t_cli(dir, "run --line-hash --quiet --store local:r "
                             "--exec '\"$IDEM_PROGS/handler\" log' in2 > out"),

@@ -89,7 +89,9 @@ static const char usage[] =
     "  --store, --ttl, --job, --key-space, --shared-keys, --on-missing-key,\n"
     "  --on-bad-input, --quiet, --stats-json  as for `idem dedup` (the\n"
     "                    default key space is the --job name, else the\n"
-    "                    --output file's real path, else run)\n"
+    "                    --output file's real path, else run). With\n"
+    "                    --line, --on-missing-key pass is refused: the\n"
+    "                    output's lines are JSON\n"
     "\n"
     "Exactly once, and what the fencing token is for: a message's claim is\n"
     "committed before the handler sees it, and its result is committed\n"
@@ -228,6 +230,11 @@ int idem_cmd_run(int argc, char **argv)
                            : rc;
     }
     int rc = stream_check(&c, argc, argv, optind);
+    if (!rc && c.line_mode && c.on_missing == ON_PASS)
+        rc = cli_usage_error(c.cmd, "--on-missing-key pass with --line "
+                             "would put lines that need not be JSON into "
+                             "the output, whose lines are JSON; key long "
+                             "lines with --line-hash instead");
     if (!rc && !r.co.cmd)
         rc = cli_usage_error(c.cmd, "say which handler to run: --exec "
                              "'CMD', e.g. --exec 'python3 handler.py'");
