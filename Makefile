@@ -26,12 +26,14 @@ CLI_SRC := $(sort $(wildcard tools/idem/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 PROG_SRC := $(sort $(wildcard tests/progs/*.c))
 BENCH_SRC := $(sort $(wildcard bench/*.c))
+EXAMPLE_SRC := $(sort $(wildcard examples/*.c))
 
 LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 PROGS := $(PROG_SRC:tests/progs/%.c=$(BUILD)/progs/%)
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+EXAMPLES := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 
 # Tests see every write, fdatasync, mmap and allocation the library makes,
 # to fail the Nth one on purpose (tests/fault.c).
@@ -41,7 +43,7 @@ WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
 
 .PHONY: all test asan bench demo install clean deps check-style
 
-all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem
+all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -60,11 +62,17 @@ $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
-	    -lcriterion
+	    -lcriterion -lyajl
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libidem.a $(LIBS)
+
+# The examples see only the public headers, as a program outside would.
+$(BUILD)/examples/%: examples/%.c $(BUILD)/libidem.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c17 -g $(OPT) $(SAN) $(WARN) -Iinclude $(CFLAGS) -o $@ $< \
+	    $(BUILD)/libidem.a $(LIBS)
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)

@@ -5,7 +5,7 @@
 set -e
 PKGS="gcc make pkg-config libssl-dev libxxhash-dev libcriterion-dev
       liblmdb-dev libhiredis-dev uuid-dev redis-server redis-tools faketime
-      mawk libyajl-dev shellcheck"
+      mawk libyajl-dev shellcheck python3"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

@@ -150,6 +150,17 @@ int buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
 int buf_json_string(cli_buf *b, const void *s, size_t n);
 /* s[0..n) in base64 (RFC 4648, with padding), quoted. */
 int buf_base64(cli_buf *b, const void *s, size_t n);
+/* The member "text_name":"s as a string" when s[0..n) is valid UTF-8,
+ * else "b64_name":"s in base64". */
+int buf_bytes_member(cli_buf *b, const char *text_name,
+                     const char *b64_name, const void *s, size_t n);
+/* The member "name":s when s[0..n) is one JSON value without a line
+ * break (as YAJL checks it: RFC 8259, UTF-8 included); else the bytes as
+ * "name_text" or "name_base64" (buf_bytes_member). */
+int buf_json_member(cli_buf *b, const char *name, const void *s, size_t n);
+/* 1 if s[0..n) is one JSON value without a line break, 0 if not, -1
+ * when out of memory. */
+int json_one_line(const void *s, size_t n);
 void buf_free(cli_buf *b);
 
 /* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */

@@ -21,7 +21,16 @@
  * is the next segment). When such a value is at the path's full length it
  * is the key. Only the innermost on-path container's state matters, but
  * array indexes of outer ones must survive a nested value, so they live
- * on a small stack as deep as the path. */
+ * on a small stack as deep as the path.
+ *
+ * A key is the exact bytes its JSON string denotes. YAJL decodes an
+ * escape of half a UTF-16 surrogate pair that has no other half
+ * ("\ud800" alone) to '?', a high half followed by another escape
+ * ("\ud800\u0041") to the character the two would make were the second
+ * a low half, and a low half alone to bytes that are not UTF-8: distinct
+ * keys would become one. Such an escape denotes no character, so a key
+ * (or a member name on the key's path) holding one makes the line bad
+ * input; other strings of the line are not the key's business. */
 #include "jsonkey.h"
 
 #include <stdio.h>
@@ -45,8 +54,35 @@ struct jk {
     size_t keylen, keycap;
     char err[160];
     size_t column;
+    int bad_escape;     /* the parse stopped at such an escape */
+    const char *line;   /* the line being parsed, and its parser */
+    yajl_handle h;
     yajl_callbacks cb;
 };
+
+/* Characters (not bytes) before byte `off`, plus one. */
+static size_t column_of(const char *line, size_t off)
+{
+    size_t col = 1;
+    for (size_t i = 0; i < off; i++)
+        col += ((unsigned char)line[i] & 0xc0) != 0x80;
+    return col;
+}
+
+/* The string YAJL just handed out must denote characters (see above);
+ * `what` names it for the message. Returns 1, or 0 to stop the parse. */
+static int exact_string(jk *x, const char *what)
+{
+    size_t bad = jk_bad_escape(x->line, yajl_get_bytes_consumed(x->h) - 1);
+    if (!bad)
+        return 1;
+    snprintf(x->err, sizeof x->err, "%s '%s' holds \\%.5s, half of a "
+             "UTF-16 surrogate pair: it denotes no character", what,
+             x->path->spec, x->line + bad + 1);
+    x->column = column_of(x->line, bad);
+    x->bad_escape = 1;
+    return 0;
+}
 
 /* Is the value starting now on the path, and is it the key itself? */
 static int value_begins(jk *x, int *target)
@@ -116,7 +152,13 @@ static int on_number(void *c, const char *s, size_t n)
 
 static int on_string(void *c, const unsigned char *s, size_t n)
 {
-    return scalar(c, (const char *)s, n, NULL);
+    jk *x = c;
+    int target;
+    value_begins(x, &target);
+    if (!target)
+        return 1;
+    return exact_string(x, "the key field") &&
+           set_key(x, (const char *)s, n, NULL);
 }
 
 static int open_container(void *c, int is_array)
@@ -156,10 +198,12 @@ static int on_map_key(void *c, const unsigned char *s, size_t n)
 {
     jk *x = c;
     size_t d = x->depth;
-    if (x->on == d && d <= x->path->n)
-        x->lv[d].member_on = x->path->len[d - 1] == n &&
-                             !memcmp(x->path->seg[d - 1], s, n);
-    return 1;
+    if (x->on != d || d > x->path->n)
+        return 1;
+    x->lv[d].member_on = x->path->len[d - 1] == n &&
+                         !memcmp(x->path->seg[d - 1], s, n);
+    return !x->lv[d].member_on ||
+           exact_string(x, "a name on the key's path");
 }
 
 jk *jk_new(const jk_path *path)
@@ -185,15 +229,6 @@ void jk_free(jk *x)
     free(x);
 }
 
-/* Characters (not bytes) before byte `off`, plus one. */
-static size_t column_of(const char *line, size_t off)
-{
-    size_t col = 1;
-    for (size_t i = 0; i < off; i++)
-        col += ((unsigned char)line[i] & 0xc0) != 0x80;
-    return col;
-}
-
 /* at_end: the line ended inside a value (yajl_complete_parse failed). */
 static void parse_error(jk *x, yajl_handle h, const char *line, size_t len,
                         int at_end)
@@ -213,9 +248,10 @@ jk_result jk_extract(jk *x, const char *line, size_t len, const char **key,
                      size_t *keylen)
 {
     x->depth = x->on = 0;
-    x->found = x->not_scalar = 0;
+    x->found = x->not_scalar = x->bad_escape = 0;
     x->err[0] = '\0';
-    yajl_handle h = yajl_alloc(&x->cb, NULL, x);
+    yajl_handle h = x->h = yajl_alloc(&x->cb, NULL, x);
+    x->line = line;
     if (!h) {
         snprintf(x->err, sizeof x->err, "out of memory");
         return JK_BAD_JSON;
@@ -226,7 +262,8 @@ jk_result jk_extract(jk *x, const char *line, size_t len, const char **key,
         st = yajl_complete_parse(h);
     jk_result r = JK_OK;
     if (st == yajl_status_client_canceled) {
-        snprintf(x->err, sizeof x->err, "out of memory");
+        if (!x->bad_escape)
+            snprintf(x->err, sizeof x->err, "out of memory");
         r = JK_BAD_JSON;
     } else if (st != yajl_status_ok) {
         parse_error(x, h, line, len, at_end);
@@ -251,6 +288,54 @@ const char *jk_error(const jk *x)
 size_t jk_column(const jk *x)
 {
     return x->column;
+}
+
+/* ------------------------------------------------------------------------
+ * Escapes that denote no character */
+
+/* Where the string that closes at line[end] opens: inside a string every
+ * '"' is escaped, so it follows an odd run of backslashes; the opening
+ * quote follows none. */
+static size_t string_start(const char *line, size_t end)
+{
+    for (size_t q = end;;) {
+        q = (size_t)((const char *)memrchr(line, '"', q) - line);
+        size_t k = 0;
+        while (k < q && line[q - 1 - k] == '\\')
+            k++;
+        if (k % 2 == 0)
+            return q;
+    }
+}
+
+/* The code unit of the \uXXXX escape at p (YAJL checked its digits). */
+static unsigned unit_at(const char *p)
+{
+    char hex[5] = {p[2], p[3], p[4], p[5], 0};
+    return (unsigned)strtoul(hex, NULL, 16);
+}
+
+static int is_low(unsigned u)
+{
+    return u >= 0xdc00 && u <= 0xdfff;
+}
+
+size_t jk_bad_escape(const char *line, size_t end)
+{
+    const char *s = line + string_start(line, end) + 1, *e = line + end;
+    while ((s = memchr(s, '\\', (size_t)(e - s)))) {
+        if (s[1] != 'u') {
+            s += 2;
+            continue;
+        }
+        unsigned u = unit_at(s);
+        int high = u >= 0xd800 && u <= 0xdbff;
+        if (is_low(u) || (high && (e - s < 12 || s[6] != '\\' ||
+                                   s[7] != 'u' || !is_low(unit_at(s + 6)))))
+            return (size_t)(s - line);
+        s += high ? 12 : 6;
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -284,7 +369,7 @@ static int add_seg(jk_path *p, const char *s, size_t n, int pointer)
 
 int jk_path_parse(const char *spec, jk_path *p, char *err, size_t errlen)
 {
-    *p = (jk_path){0};
+    *p = (jk_path){.spec = spec};
     int pointer = spec[0] == '/';
     char sep = pointer ? '/' : '.';
     const char *s = spec + pointer;

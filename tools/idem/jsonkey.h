@@ -11,9 +11,11 @@ typedef struct jk_path {
     char **seg;
     size_t *len;
     size_t n;
+    const char *spec;   /* as given, for messages */
 } jk_path;
 
-/* 0, or -1 with a message in err (an empty segment, say). */
+/* 0, or -1 with a message in err (an empty segment, say). p keeps spec
+ * (for messages). */
 int jk_path_parse(const char *spec, jk_path *p, char *err, size_t errlen);
 void jk_path_free(jk_path *p);
 
@@ -37,8 +39,18 @@ jk_result jk_extract(jk *x, const char *line, size_t len, const char **key,
                      size_t *keylen);
 
 /* After JK_BAD_JSON: the parser's message and the 1-based column
- * (in characters) where it stopped; after JK_NOT_SCALAR: the type found. */
+ * (in characters) where it stopped; after JK_NOT_SCALAR: the type found.
+ * A key (or a member name on its path) holding an escape that denotes no
+ * character is JK_BAD_JSON too, at the escape's column. */
 const char *jk_error(const jk *x);
 size_t jk_column(const jk *x);
+
+/* For YAJL callers: the string whose closing quote is line[end] (YAJL's
+ * bytes consumed, minus one, in a string callback) as written, escapes
+ * undecoded. Returns the offset in line of its first \u escape that
+ * denotes no character (a UTF-16 surrogate outside a high-low pair, which
+ * YAJL would decode to '?' or to another character), or 0 if there is
+ * none (an escape is never a string's first byte: its quote is). */
+size_t jk_bad_escape(const char *line, size_t end);
 
 #endif

@@ -4,10 +4,18 @@
  * goes out as a JSON string with the escapes RFC 8259 requires; anything
  * else goes out as base64 in a field whose name says so (dump writes
  * "key_base64" for such a key), so an export never loses or changes a
- * byte and `idem load` gets back exactly what was stored. */
+ * byte and `idem load` gets back exactly what was stored.
+ *
+ * A value that should be JSON (a handler's answer, cached as a result)
+ * goes out as written only when it is one JSON value on one line: the
+ * store holds whatever its writer gave (a library program may cache "ok"
+ * or raw bytes; an answer too large to store leaves a sentence), and an
+ * output line must stay one valid JSON value. Anything else goes out as
+ * text or base64 under a name that says so, never guessed into JSON. */
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <yajl/yajl_parse.h>
 
 #include "cli.h"
 
@@ -120,6 +128,40 @@ int buf_json_string(cli_buf *b, const void *p, size_t n)
     if (!rc)
         rc = buf_add(b, s + run, n - run);
     return rc ? rc : buf_add(b, "\"", 1);
+}
+
+int buf_bytes_member(cli_buf *b, const char *text_name,
+                     const char *b64_name, const void *p, size_t n)
+{
+    int text = utf8_valid(p, n);
+    int rc = buf_fmt(b, "\"%s\":", text ? text_name : b64_name);
+    return rc ? rc : text ? buf_json_string(b, p, n) : buf_base64(b, p, n);
+}
+
+int json_one_line(const void *p, size_t n)
+{
+    if (!n || memchr(p, '\n', n))
+        return 0;  /* a line break is JSON's whitespace, NDJSON's end */
+    yajl_handle h = yajl_alloc(NULL, NULL, NULL);
+    if (!h)
+        return -1;
+    int ok = yajl_parse(h, p, n) == yajl_status_ok &&
+             yajl_complete_parse(h) == yajl_status_ok;
+    yajl_free(h);
+    return ok;
+}
+
+int buf_json_member(cli_buf *b, const char *name, const void *p, size_t n)
+{
+    int json = json_one_line(p, n);
+    if (json < 0)
+        return -1;
+    if (json)
+        return buf_fmt(b, "\"%s\":", name) || buf_add(b, p, n);
+    char text[64], bytes[64];
+    snprintf(text, sizeof text, "%s_text", name);
+    snprintf(bytes, sizeof bytes, "%s_base64", name);
+    return buf_bytes_member(b, text, bytes, p, n);
 }
 
 static const char b64[] =

@@ -26,17 +26,10 @@
 #include <time.h>
 #include <yajl/yajl_parse.h>
 
+#include "jsonkey.h"
 #include "keyspace.h"
 
 static const char *const states[] = {"pending", "done", "failed"};
-
-static int bytes_field(cli_buf *b, const char *name, const void *p,
-                       size_t n)
-{
-    int text = utf8_valid(p, n);
-    int rc = buf_fmt(b, "\"%s%s\":", name, text ? "" : "_base64");
-    return rc ? rc : text ? buf_json_string(b, p, n) : buf_base64(b, p, n);
-}
 
 int rec_to_json(cli_buf *b, const void *key, size_t keylen,
                 const idem_record *r)
@@ -44,7 +37,8 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
     const char *space;
     size_t spacelen;
     ks_split(key, keylen, &space, &spacelen, &key, &keylen);
-    int rc = buf_str(b, "{") || bytes_field(b, "key", key, keylen);
+    int rc = buf_str(b, "{") ||
+             buf_bytes_member(b, "key", "key_base64", key, keylen);
     if (space)
         rc = rc ? rc : buf_str(b, ",\"key_space\":") ||
                        buf_json_string(b, space, spacelen);
@@ -66,7 +60,8 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
     }
     if (r->len)
         rc = rc ? rc : buf_str(b, ",") ||
-                       bytes_field(b, "response", r->data, r->len);
+                       buf_bytes_member(b, "response", "response_base64",
+                                        r->data, r->len);
     return rc ? rc : buf_str(b, "}\n");
 }
 
@@ -80,7 +75,9 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
  *
  * A line is one flat object of the fields below, each at most once;
  * anything else is refused with the field's name, so that a record is
- * never imported as something other than what was dumped. */
+ * never imported as something other than what was dumped. A string
+ * holding an escape that denotes no character ("\ud800" alone, which
+ * YAJL decodes to '?') is refused too (jsonkey.h, jk_bad_escape()). */
 
 enum {
     F_KEY, F_KEY_B64, F_STATE, F_TOKEN, F_CREATED, F_EXPIRES, F_LEASE,
@@ -114,6 +111,8 @@ typedef struct rec_parse {
     char *err;
     size_t errlen;
     size_t col;                /* of a syntax error, from 1; 0: none */
+    const char *line;          /* the line being parsed, and its parser */
+    yajl_handle h;
 } rec_parse;
 
 static int field_error(rec_parse *p, int f, const char *fmt, ...)
@@ -207,6 +206,10 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
     p->off[f] = b->len;
     if (f == F_FP)
         return fp_in(p, s, n);
+    size_t bad = jk_bad_escape(p->line, yajl_get_bytes_consumed(p->h) - 1);
+    if (bad)
+        return field_error(p, f, "\\%.5s is half of a UTF-16 surrogate "
+                           "pair: it denotes no character", p->line + bad + 1);
     if (kind == K_TEXT) {
         p->len[f] = n;
         return buf_add(b, s, n) ? field_error(p, f, "out of memory") : 1;
@@ -379,11 +382,12 @@ static int parse_line(rec_parse *p, const char *line, size_t len)
     static const yajl_callbacks cb = {
         on_null, on_bool, NULL, NULL, on_number, on_string, on_start_map,
         on_key, on_end_map, on_start_array, NULL};
-    yajl_handle h = yajl_alloc(&cb, NULL, p);
+    yajl_handle h = p->h = yajl_alloc(&cb, NULL, p);
     if (!h) {
         snprintf(p->err, p->errlen, "out of memory");
         return 0;
     }
+    p->line = line;
     yajl_status st = yajl_parse(h, (const unsigned char *)line, len);
     /* Where the parse stopped; an error of yajl_complete_parse() is at
      * the end of the line (the object is not closed). */

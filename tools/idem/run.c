@@ -20,8 +20,8 @@
 #include "stream.h"
 
 static const char usage[] =
-    "usage: idem run --exec 'CMD' (--key FIELD | --line) [OPTIONS] "
-    "[INPUT...]\n"
+    "usage: idem run --exec 'CMD' (--key FIELD | --line | --line-hash)\n"
+    "                [OPTIONS] [INPUT...]\n"
     "\n"
     "Run CMD once per key, exactly once, whatever the redeliveries and\n"
     "crashes. CMD (run by sh -c) is started once and kept. For each NEW\n"
@@ -51,12 +51,17 @@ static const char usage[] =
     "per message:\n"
     "  {\"key\":\"k1\",\"status\":\"done\",\"result\":{...}}\n"
     "with status done, failed or gave_up (and \"replayed\":true for\n"
-    "duplicates under --replay emit).\n"
+    "duplicates under --replay emit). Every line is valid JSON: \"result\"\n"
+    "is the cached answer as written when it is one JSON value on one line\n"
+    "(a handler's answers are); a response stored otherwise (by a library\n"
+    "program, idem load, or the note left for an answer too large to\n"
+    "store) is \"result_text\":STRING if UTF-8, else \"result_base64\".\n"
     "\n"
     "  --exec CMD        the handler (required)\n"
     "  --key FIELD       the key: event_id, user.id or /user/id (see\n"
     "                    `idem dedup --help`); --line: the whole line, sent\n"
-    "                    as a JSON string\n"
+    "                    as a JSON string; --line-hash: the same, keyed by\n"
+    "                    the line's SHA-256 in hex (lines of any length)\n"
     "  --output FILE     crash-proof output, as for dedup: after kill -9 run\n"
     "                    the same command again; FILE ends byte-identical\n"
     "                    to an uninterrupted run's. An existing FILE that\n"
@@ -84,7 +89,9 @@ static const char usage[] =
     "  --store, --ttl, --job, --key-space, --shared-keys, --on-missing-key,\n"
     "  --on-bad-input, --quiet, --stats-json  as for `idem dedup` (the\n"
     "                    default key space is the --job name, else the\n"
-    "                    --output file's real path, else run)\n"
+    "                    --output file's real path, else run). With\n"
+    "                    --line, --on-missing-key pass is refused: the\n"
+    "                    output's lines are JSON\n"
     "\n"
     "Exactly once, and what the fencing token is for: a message's claim is\n"
     "committed before the handler sees it, and its result is committed\n"
@@ -166,16 +173,14 @@ static int emit_result(void *ctx, stream *st, const idem_msg *msgs,
     replayed |= dup;
     if (replayed && !r->replay_emit)
         return 0;
-    int text = utf8_valid(m->key, m->keylen);
-    int rc = buf_str(b, text ? "{\"key\":" : "{\"key_base64\":");
-    rc = rc ? rc : text ? buf_json_string(b, m->key, m->keylen)
-                        : buf_base64(b, m->key, m->keylen);
+    int rc = buf_str(b, "{") ||
+             buf_bytes_member(b, "key", "key_base64", m->key, m->keylen);
     rc = rc ? rc : buf_fmt(b, ",\"status\":\"%s\",", status);
     if (replayed)
         rc = rc ? rc : buf_str(b, "\"replayed\":true,");
-    rc = rc ? rc : buf_str(b, "\"result\":");
-    rc = rc ? rc : src->len ? buf_add(b, src->data, src->len)
-                            : buf_str(b, "null");
+    rc = rc ? rc : src->len ? buf_json_member(b, "result", src->data,
+                                              src->len)
+                            : buf_str(b, "\"result\":null");
     return rc ? rc : buf_str(b, "}\n");
 }
 
@@ -225,6 +230,11 @@ int idem_cmd_run(int argc, char **argv)
                            : rc;
     }
     int rc = stream_check(&c, argc, argv, optind);
+    if (!rc && c.line_mode && c.on_missing == ON_PASS)
+        rc = cli_usage_error(c.cmd, "--on-missing-key pass with --line "
+                             "would put lines that need not be JSON into "
+                             "the output, whose lines are JSON; key long "
+                             "lines with --line-hash instead");
     if (!rc && !r.co.cmd)
         rc = cli_usage_error(c.cmd, "say which handler to run: --exec "
                              "'CMD', e.g. --exec 'python3 handler.py'");

@@ -61,6 +61,7 @@ typedef struct loop {
     nd_reader rd;
     jk_path path;
     jk *jk;
+    idem_bizkey_gen *line_hash;  /* --line-hash */
     idem_store *s;
     idem_runner *runner;
     batch b[2];
@@ -101,6 +102,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 's': c->uri = arg; return 0;
     case 'k': c->key = arg; return 0;
     case 'L': c->line_mode = 1; return 0;
+    case 'H': c->line_mode = c->line_hash = 1; return 0;
     case 'o': c->output = arg; return 0;
     case 'j': c->job = arg; return 0;
     case 'K': c->key_space_name = arg; return 0;
@@ -132,8 +134,9 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
 int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
 {
     if (c->key && c->line_mode)
-        return cli_usage_error(c->cmd, "--key and --line exclude each "
-                               "other: the key is a field, or the line");
+        return cli_usage_error(c->cmd, "--key and --line (or --line-hash) "
+                               "exclude each other: the key is a field, or "
+                               "the line");
     if (!c->key && !c->line_mode)
         return cli_usage_error(c->cmd, "say where the key is: --key FIELD "
                                "(e.g. --key event_id, --key user.id, --key "
@@ -225,8 +228,15 @@ static int classify(loop *lp, batch *b, const nd_line *l)
         lp->st.n.blank++;
         return IT_DROP;
     }
+    char hash[LH_KEY_LEN];
     if (lp->st.cfg->line_mode) {
         klen -= klen && key[klen - 1] == '\r';
+        if (lp->line_hash) {
+            if (lh_key(lp->line_hash, lp->st.cfg->cmd, key, klen, hash))
+                return b->stop = 1, -1;
+            key = hash;
+            klen = LH_KEY_LEN;
+        }
     } else {
         jk_result r = jk_extract(lp->jk, l->p, l->len, &key, &klen);
         if (r == JK_BAD_JSON) {
@@ -241,8 +251,13 @@ static int classify(loop *lp, batch *b, const nd_line *l)
             return key_problem(lp, b, l, col, what, 0);
         }
     }
-    if (ks_bad_size(&lp->st.cfg->ks, klen, what, sizeof what))
+    if (ks_bad_size(&lp->st.cfg->ks, klen, what, sizeof what)) {
+        size_t n = strlen(what);
+        if (lp->st.cfg->line_mode)
+            snprintf(what + n, sizeof what - n, "; --line-hash keys each "
+                     "line by its SHA-256 instead");
         return key_problem(lp, b, l, col, what, 0);
+    }
     return ks_add(&b->keys, &lp->st.cfg->ks, key, klen) ? -2 : IT_MSG;
 }
 
@@ -588,6 +603,8 @@ static int setup(loop *lp, const stream_cfg *c)
         if (!(lp->jk = jk_new(&lp->path)))
             return cli_fail(c->cmd, "out of memory");
     }
+    if (c->line_hash && !(lp->line_hash = lh_new(c->cmd)))
+        return 1;
     for (int i = 0; i < 2; i++) {
         lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
         lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
@@ -690,6 +707,7 @@ int stream_run(const stream_cfg *c)
     nd_close(&lp.rd);
     jk_free(lp.jk);
     jk_path_free(&lp.path);
+    idem_bizkey_free(lp.line_hash);
     for (int i = 0; i < 2; i++) {
         buf_free(&lp.b[i].keys);
         buf_free(&lp.b[i].text);

@@ -5,6 +5,7 @@
 #include "job.h"
 #include "jsonkey.h"
 #include "keyspace.h"
+#include "linehash.h"
 
 enum { ON_ERROR, ON_SKIP, ON_PASS };
 
@@ -36,6 +37,7 @@ typedef struct stream_cfg {
     char job_space[KS_NAME_MAX + 1];  /* ks's name when --output names
                                        * the job */
     int line_mode;
+    int line_hash;            /* --line-hash: line_mode, keyed by SHA-256 */
     int on_missing, on_bad;   /* ON_* */
     uint64_t batch;
     int64_t ttl_ms, lease_ms;
@@ -77,7 +79,8 @@ int stream_run(const stream_cfg *cfg);
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
         {"commit-interval", 1, 0, 'C'},                                   \
         {"key-space", 1, 0, 'K'}, {"shared-keys", 0, 0, 'S'},             \
-        {"overwrite", 0, 0, 'O'}, {"help", 0, 0, 'h'}
+        {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},            \
+        {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
