@@ -82,6 +82,9 @@ static int start(coproc *c)
         dup2(in[0], 0);
         dup2(out[1], 1);
         signal(SIGPIPE, SIG_DFL);
+        sigset_t none;  /* the thread that forks blocks stop signals */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         execl("/bin/sh", "sh", "-c", c->cmd, (char *)NULL);
         _exit(127);
     }
@@ -408,15 +411,41 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
+/* A stop was asked for: write no further than the end of the envelope
+ * being written; how many envelopes the handler then has. */
+static size_t last_envelope(coproc *c, size_t woff)
+{
+    if (woff && c->wb.p[woff - 1] != '\n')
+        woff = (size_t)((char *)memchr(c->wb.p + woff, '\n',
+                                       c->wb.len - woff) - c->wb.p) + 1;
+    c->wb.len = woff;
+    size_t sent = 0;
+    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
+                                        (size_t)(p - c->wb.p))); p++)
+        sent++;
+    return sent;
+}
+
 static int exchange(coproc *c, idem_task *tasks, size_t n)
 {
-    size_t woff = 0, got = 0;
-    int64_t deadline = mono_ms() + c->lease_ms;
+    size_t woff = 0, got = 0, want = n;
+    int64_t deadline = mono_ms() + c->lease_ms, grace_end = INT64_MAX;
     int rc = parse_answers(c, tasks, n, &got);
-    while (!rc && got < n) {
+    while (!rc && got < want) {
+        if (*c->stop && grace_end == INT64_MAX) {
+            want = last_envelope(c, woff);
+            grace_end = mono_ms() + c->grace_ms;
+            c->stopped = 1;
+            continue;
+        }
         struct pollfd pf[2] = {{woff < c->wb.len ? c->to : -1, POLLOUT, 0},
                                {c->from, POLLIN, 0}};
-        int64_t left = deadline - mono_ms();
+        int64_t left = (deadline < grace_end ? deadline : grace_end) -
+                       mono_ms();
+        if (left <= 0 && c->stopped)
+            return broke(c, IDEM_ETIMEOUT, "the handler did not answer "
+                         "within --grace %lld ms; killed it",
+                         (long long)c->grace_ms);
         if (left <= 0) {
             char key[80];
             snprintf(key, sizeof key, "%.*s",
@@ -443,7 +472,7 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
             rc = tick(c, tasks, got);
         deadline += mono_ms() - t0;
     }
-    return rc;
+    return !rc && c->stopped ? IDEM_ETIMEOUT : rc;
 }
 
 int coproc_handle(void *ctx, idem_task *tasks, size_t n)
@@ -452,6 +481,9 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     c->err[0] = '\0';
     c->wb.len = 0;
     c->fixed = 0;
+    c->stopped = *c->stop != 0;
+    if (c->stopped)
+        return IDEM_ETIMEOUT;  /* nothing more is sent */
     compact(c);
     for (size_t i = 0; i < n; i++)
         if (envelope(c, &tasks[i]))
@@ -459,6 +491,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     int rc = c->pid ? 0 : start(c);
     if (!rc)
         rc = exchange(c, tasks, n);
+    c->stopped |= *c->stop != 0;  /* e.g. the handler died of the stop */
     if (rc == IDEM_EIO && c->pid) {
         char why[96];
         close(c->to);
@@ -483,7 +516,7 @@ int coproc_stop(coproc *c, const char *cmdname)
     if (!c->pid)
         return 0;
     close(c->to);
-    int64_t deadline = mono_ms() + c->lease_ms;
+    int64_t deadline = mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
     int st = 0;
     pid_t r;
     while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && mono_ms() < deadline)
@@ -499,7 +532,8 @@ int coproc_stop(coproc *c, const char *cmdname)
         return 0;
     if (r == 0)
         return cli_fail(cmdname, "the handler did not exit within the "
-                        "lease after its input ended; killed it");
+                        "%s after its input ended; killed it",
+                        *c->stop ? "grace" : "lease");
     return cli_fail(cmdname, "the handler failed after its input ended "
                     "(%s %d)", WIFEXITED(st) ? "exit status" : "signal",
                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
