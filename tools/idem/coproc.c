@@ -102,7 +102,7 @@ static int start(coproc *c)
     c->from = out[0];
     fcntl(c->to, F_SETFL, O_NONBLOCK);
     fcntl(c->from, F_SETFL, O_NONBLOCK);
-    c->rb.len = c->rpos = 0;
+    c->rb.len = c->rpos = c->scanned = 0;
     return 0;
 }
 
@@ -346,16 +346,26 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
     return 0;
 }
 
-/* Consume complete lines from rb for tasks[*got..n). */
+/* Consume complete lines from rb for tasks[*got..n). A line is searched
+ * for its end once, however it arrives, and may not grow past
+ * answer_max: a handler that writes without end (exec cat /dev/zero)
+ * costs neither memory nor time beyond that. */
 static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
 {
     while (*got < n && c->rpos < c->rb.len) {
         char *s = c->rb.p + c->rpos;
-        char *nl = memchr(s, '\n', c->rb.len - c->rpos);
+        size_t from = c->scanned > c->rpos ? c->scanned : c->rpos;
+        char *nl = memchr(c->rb.p + from, '\n', c->rb.len - from);
+        c->scanned = c->rb.len;
+        if ((nl ? (size_t)(nl - s) : c->rb.len - c->rpos) > c->answer_max)
+            return broke(c, IDEM_EPROTO, "the handler's answer is over "
+                         "%llu bytes (--answer-max); killed it",
+                         (unsigned long long)c->answer_max);
         if (!nl)
             return 0;
         size_t len = (size_t)(nl - s);
         c->rpos += len + 1;
+        c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
         int rc = take_answer(c, &tasks[*got], s, len);
         if (rc)
@@ -391,6 +401,7 @@ static void compact(coproc *c)
     if (c->rpos)
         memmove(c->rb.p, c->rb.p + c->rpos, c->rb.len - c->rpos);
     c->rb.len -= c->rpos;
+    c->scanned -= c->scanned > c->rpos ? c->rpos : c->scanned;
     c->rpos = 0;
 }
 

@@ -20,6 +20,9 @@ typedef struct coproc {
     int to, from;           /* its stdin, its stdout */
     cli_buf wb, rb;         /* envelopes out, answers in */
     size_t rpos;            /* answers consumed from rb */
+    size_t scanned;         /* rb[rpos, scanned) holds no newline: each
+                             * byte is searched once */
+    uint64_t answer_max;    /* the longest answer line read, in bytes */
     uint64_t answers;       /* lines read from it, for messages */
     idem_runner *runner;    /* ticked while the handler works */
     int store_failed;       /* a tick failed: the store, not the handler */

@@ -81,6 +81,11 @@ static const char usage[] =
     "                    (default 100ms)\n"
     "  --grace DURATION  after SIGTERM or SIGINT, how long the handler has\n"
     "                    to answer the messages it was sent (default 5s)\n"
+    "  --answer-max BYTES  the longest answer line read (default 128 MiB,\n"
+    "                    twice IDEM_VALUE_MAX); a longer one is a broken\n"
+    "                    handler (\"answer over N bytes\"). An answer over\n"
+    "                    IDEM_VALUE_MAX (64 MiB) but within it is recorded\n"
+    "                    as a permanent failure, since its effect happened\n"
     "  --restart N       when the handler crashes, hangs or writes garbage,\n"
     "                    restart it up to N times (default 0: stop)\n"
     "  --store, --ttl, --job, --key-space, --shared-keys, --on-missing-key,\n"
@@ -211,6 +216,8 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
         return rc;
     case 'R': return cli_number(c->cmd, "--restart", arg, 0, 1000000,
                                 &c->restarts);
+    case 'A': return cli_number(c->cmd, "--answer-max", arg, 2,
+                                (uint64_t)1 << 40, &r->co.answer_max);
     default: return stream_opt(c, ch, arg);
     }
 }
@@ -221,8 +228,9 @@ int idem_cmd_run(int argc, char **argv)
         STREAM_LONGOPTS,         {"exec", 1, 0, 'x'},
         {"replay", 1, 0, 'r'},
         {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
-        {"restart", 1, 0, 'R'},  {0, 0, 0, 0}};
-    run_ctx r = {0};
+        {"restart", 1, 0, 'R'},  {"answer-max", 1, 0, 'A'},
+        {0, 0, 0, 0}};
+    run_ctx r = {.co.answer_max = 2 * (uint64_t)IDEM_VALUE_MAX};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
                     .commit_interval_ms = -1, .runner_out = &r.co.runner,
                     .store_failed = store_failed,
