@@ -35,7 +35,7 @@
  * worker blocks them), and the handler is in its own process group, so
  * Ctrl-C at a terminal reaches idem and not the handler. A second signal
  * kills idem as kill -9 would, which the store and output survive by
- * design; the handler's process group goes with it (coproc.c). */
+ * design; the handler goes with it (PR_SET_PDEATHSIG, coproc.c). */
 #include "stream.h"
 
 #include <inttypes.h>
@@ -425,16 +425,21 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
                       upto ? &b->items[upto - 1].l : NULL);
 }
 
-/* Restart the handler only when it was the handler that broke, and
- * restarts are left: after a store error (which the runner met itself,
- * or the handler's tick did) the store is poisoned, and a rerun must
- * start from the last checkpoint, not go on. */
-static int restartable(const loop *lp)
+/* Did the handler end the batch (not the store)? Restart it only then,
+ * and when restarts are left: after a store error (which the runner met
+ * itself, or the handler's tick did) the store is poisoned, and a rerun
+ * must start from the last checkpoint, not go on. */
+static int handler_stopped_it(const loop *lp)
 {
     const stream_cfg *c = lp->st.cfg;
-    return c->handler && lp->st.n.restarts < c->restarts &&
-           lp->rc == lp->handler_rc && !stream_stop &&
+    return c->handler && lp->rc && lp->rc == lp->handler_rc &&
            !(c->store_failed && c->store_failed(c->hctx));
+}
+
+static int restartable(const loop *lp)
+{
+    return lp->st.n.restarts < lp->st.cfg->restarts && !stream_stop &&
+           handler_stopped_it(lp);
 }
 
 /* Commit the batch; after a handler failure, again over the messages not
@@ -531,7 +536,7 @@ static int finish_commit(loop *lp)
         while (sem_wait(&lp->done) != 0)
             ;
     batch *b = lp->committing;
-    if (lp->rc && stream_stop && lp->rc == lp->handler_rc) {
+    if (stream_stop && handler_stopped_it(lp)) {
         lp->st.n.released += b->nmsgs - lp->base;
         return 0;  /* stopped by a signal; its prefix is committed */
     }
