@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 int64_t t_clock_ms = 1700000000000LL;
@@ -109,6 +110,31 @@ int t_cli(const char *dir, const char *fmt, ...)
     va_end(ap);
     return t_sh("cd '%s' && IDEM_STORE=local:store \"$IDEM_CLI\" %s", dir,
                 args);
+}
+
+pid_t t_cli_start(const char *dir, const char *fmt, ...)
+{
+    char args[6000], cmd[7000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && IDEM_STORE=local:store exec "
+             "\"$IDEM_CLI\" %s", dir, args);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    return pid;
+}
+
+int t_wait(pid_t pid)
+{
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
 int t_grep(const char *path, const char *text)

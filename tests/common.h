@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "idem/idem.h"
 
@@ -47,6 +48,14 @@ char *t_dir_with(const char *name, const char *text);
  * IDEM_STORE=local:DIR/store; returns its exit status. */
 int t_cli(const char *dir, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+
+/* t_cli() in the background: the returned pid is idem's own (the
+ * shell execs it), so a test can signal it; see t_wait(). */
+pid_t t_cli_start(const char *dir, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Wait for pid; its exit status, or 128 + the signal that ended it. */
+int t_wait(pid_t pid);
 
 /* Does the file at path contain the text? */
 int t_grep(const char *path, const char *text);

@@ -210,6 +210,29 @@ Test(cli_run, answers_in_the_grammar_are_taken_as_written)
                   R("c") R("d"));
 }
 
+/* An answer line is read up to --answer-max bytes and no further: a
+ * handler that writes without end (exec cat /dev/zero) is stopped with
+ * a message, not buffered until memory or the lease runs out. */
+Test(cli_run, an_answer_over_answer_max_is_a_broken_handler)
+{
+    cr_assert_eq(t_cli(dir, "run --key id --store local:s0 --answer-max "
+                            "100000 --exec 'exec cat /dev/zero' --output "
+                            "out in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "answer is over 100000 bytes"), "%s",
+              t_read(at("err"), NULL));
+    static const char ans[] = "{\"ok\":true,\"pad\":\"0123456789\"}";
+    char opt[100];
+    snprintf(opt, sizeof opt, "--answer-max %zu --store local:s1 --output "
+             "out1 in", sizeof ans - 1);
+    put_answer(ans);
+    cr_assert_eq(run(opt, "reply=2:ans"), 0,
+                 "an answer of exactly --answer-max bytes is taken");
+    snprintf(opt, sizeof opt, "--answer-max %zu --store local:s2 --output "
+             "out2 in 2> err", sizeof ans - 2);
+    cr_assert_eq(run(opt, "reply=2:ans"), 1);
+    cr_assert(t_grep(at("err"), "answer is over"));
+}
+
 Test(cli_run, a_hung_handler_is_killed_after_the_lease)
 {
     cr_assert_eq(run("--lease 300ms --output out in 2> err", "hang=2"), 1);

@@ -82,6 +82,9 @@ static int start(coproc *c)
         dup2(in[0], 0);
         dup2(out[1], 1);
         signal(SIGPIPE, SIG_DFL);
+        sigset_t none;  /* the thread that forks blocks stop signals */
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
         execl("/bin/sh", "sh", "-c", c->cmd, (char *)NULL);
         _exit(127);
     }
@@ -99,7 +102,7 @@ static int start(coproc *c)
     c->from = out[0];
     fcntl(c->to, F_SETFL, O_NONBLOCK);
     fcntl(c->from, F_SETFL, O_NONBLOCK);
-    c->rb.len = c->rpos = 0;
+    c->rb.len = c->rpos = c->scanned = 0;
     return 0;
 }
 
@@ -343,16 +346,26 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
     return 0;
 }
 
-/* Consume complete lines from rb for tasks[*got..n). */
+/* Consume complete lines from rb for tasks[*got..n). A line is searched
+ * for its end once, however it arrives, and may not grow past
+ * answer_max: a handler that writes without end (exec cat /dev/zero)
+ * costs neither memory nor time beyond that. */
 static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
 {
     while (*got < n && c->rpos < c->rb.len) {
         char *s = c->rb.p + c->rpos;
-        char *nl = memchr(s, '\n', c->rb.len - c->rpos);
+        size_t from = c->scanned > c->rpos ? c->scanned : c->rpos;
+        char *nl = memchr(c->rb.p + from, '\n', c->rb.len - from);
+        c->scanned = c->rb.len;
+        if ((nl ? (size_t)(nl - s) : c->rb.len - c->rpos) > c->answer_max)
+            return broke(c, IDEM_EPROTO, "the handler's answer is over "
+                         "%llu bytes (--answer-max); killed it",
+                         (unsigned long long)c->answer_max);
         if (!nl)
             return 0;
         size_t len = (size_t)(nl - s);
         c->rpos += len + 1;
+        c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
         int rc = take_answer(c, &tasks[*got], s, len);
         if (rc)
@@ -388,6 +401,7 @@ static void compact(coproc *c)
     if (c->rpos)
         memmove(c->rb.p, c->rb.p + c->rpos, c->rb.len - c->rpos);
     c->rb.len -= c->rpos;
+    c->scanned -= c->scanned > c->rpos ? c->rpos : c->scanned;
     c->rpos = 0;
 }
 
@@ -408,15 +422,41 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
+/* A stop was asked for: write no further than the end of the envelope
+ * being written; how many envelopes the handler then has. */
+static size_t last_envelope(coproc *c, size_t woff)
+{
+    if (woff && c->wb.p[woff - 1] != '\n')
+        woff = (size_t)((char *)memchr(c->wb.p + woff, '\n',
+                                       c->wb.len - woff) - c->wb.p) + 1;
+    c->wb.len = woff;
+    size_t sent = 0;
+    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
+                                        (size_t)(p - c->wb.p))); p++)
+        sent++;
+    return sent;
+}
+
 static int exchange(coproc *c, idem_task *tasks, size_t n)
 {
-    size_t woff = 0, got = 0;
-    int64_t deadline = mono_ms() + c->lease_ms;
+    size_t woff = 0, got = 0, want = n;
+    int64_t deadline = mono_ms() + c->lease_ms, grace_end = INT64_MAX;
     int rc = parse_answers(c, tasks, n, &got);
-    while (!rc && got < n) {
+    while (!rc && got < want) {
+        if (*c->stop && grace_end == INT64_MAX) {
+            want = last_envelope(c, woff);
+            grace_end = mono_ms() + c->grace_ms;
+            c->stopped = 1;
+            continue;
+        }
         struct pollfd pf[2] = {{woff < c->wb.len ? c->to : -1, POLLOUT, 0},
                                {c->from, POLLIN, 0}};
-        int64_t left = deadline - mono_ms();
+        int64_t left = (deadline < grace_end ? deadline : grace_end) -
+                       mono_ms();
+        if (left <= 0 && c->stopped)
+            return broke(c, IDEM_ETIMEOUT, "the handler did not answer "
+                         "within --grace %lld ms; killed it",
+                         (long long)c->grace_ms);
         if (left <= 0) {
             char key[80];
             snprintf(key, sizeof key, "%.*s",
@@ -443,7 +483,7 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
             rc = tick(c, tasks, got);
         deadline += mono_ms() - t0;
     }
-    return rc;
+    return !rc && c->stopped ? IDEM_ETIMEOUT : rc;
 }
 
 int coproc_handle(void *ctx, idem_task *tasks, size_t n)
@@ -452,6 +492,9 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     c->err[0] = '\0';
     c->wb.len = 0;
     c->fixed = 0;
+    c->stopped = *c->stop != 0;
+    if (c->stopped)
+        return IDEM_ETIMEOUT;  /* nothing more is sent */
     compact(c);
     for (size_t i = 0; i < n; i++)
         if (envelope(c, &tasks[i]))
@@ -459,6 +502,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     int rc = c->pid ? 0 : start(c);
     if (!rc)
         rc = exchange(c, tasks, n);
+    c->stopped |= *c->stop != 0;  /* e.g. the handler died of the stop */
     if (rc == IDEM_EIO && c->pid) {
         char why[96];
         close(c->to);
@@ -483,7 +527,7 @@ int coproc_stop(coproc *c, const char *cmdname)
     if (!c->pid)
         return 0;
     close(c->to);
-    int64_t deadline = mono_ms() + c->lease_ms;
+    int64_t deadline = mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
     int st = 0;
     pid_t r;
     while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && mono_ms() < deadline)
@@ -499,7 +543,8 @@ int coproc_stop(coproc *c, const char *cmdname)
         return 0;
     if (r == 0)
         return cli_fail(cmdname, "the handler did not exit within the "
-                        "lease after its input ended; killed it");
+                        "%s after its input ended; killed it",
+                        *c->stop ? "grace" : "lease");
     return cli_fail(cmdname, "the handler failed after its input ended "
                     "(%s %d)", WIFEXITED(st) ? "exit status" : "signal",
                     WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));

@@ -84,6 +84,13 @@ static const char usage[] =
     "                    it is reported gave_up (default 3)\n"
     "  --backoff DURATION  wait before the first retry, doubled after each\n"
     "                    (default 100ms)\n"
+    "  --grace DURATION  after SIGTERM or SIGINT, how long the handler has\n"
+    "                    to answer the messages it was sent (default 5s)\n"
+    "  --answer-max BYTES  the longest answer line read (default 128 MiB,\n"
+    "                    twice IDEM_VALUE_MAX); a longer one is a broken\n"
+    "                    handler (\"answer over N bytes\"). An answer over\n"
+    "                    IDEM_VALUE_MAX (64 MiB) but within it is recorded\n"
+    "                    as a permanent failure, since its effect happened\n"
     "  --restart N       when the handler crashes, hangs or writes garbage,\n"
     "                    restart it up to N times (default 0: stop)\n"
     "  --store, --ttl, --job, --key-space, --shared-keys, --on-missing-key,\n"
@@ -106,12 +113,24 @@ static const char usage[] =
     "first missing one and nothing after, and stops with exit status 1\n"
     "(or restarts it, see --restart).\n"
     "\n"
+    "SIGTERM or SIGINT (Ctrl-C) stops gracefully: no more messages are\n"
+    "read or sent to the handler; it gets --grace to answer those it has\n"
+    "(then it is killed); the answered ones are committed, the claims of\n"
+    "the others are released (a rerun takes them at once), stderr says\n"
+    "how many, and idem exits 0 (SIGTERM) or 130 (SIGINT). The handler\n"
+    "runs in its own process group: Ctrl-C at a terminal reaches idem,\n"
+    "not the handler (under systemd use KillMode=mixed so that SIGTERM\n"
+    "goes to idem only). A second signal ends idem at once, as kill -9\n"
+    "would, and the handler with it: the rerun redoes what was not\n"
+    "committed.\n"
+    "\n"
     "Several workers of one job may run on one shared store (redis://),\n"
     "each with its own --output and the same --key-space NAME: a key is\n"
     "run by one of them; the others wait for it and skip it (its result\n"
     "line is in the output of the worker that ran it).\n"
     "\n"
-    "Exit status: 0 done; 1 stopped (handler, store or input error); 2 bad\n"
+    "Exit status: 0 done (or stopped by SIGTERM, see above); 1 stopped\n"
+    "(handler, store or input error); 130 stopped by SIGINT; 2 bad\n"
     "usage; 3 read to the end, but some messages were not done here: a\n"
     "claim lost to another worker after a stall longer than --lease, a key\n"
     "the store refused, an answer too large to store (each is named on\n"
@@ -142,7 +161,9 @@ static int handle(void *ctx, idem_task *tasks, size_t n)
 {
     run_ctx *r = ctx;
     int rc = coproc_handle(&r->co, tasks, n);
-    if (rc)
+    if (rc && r->co.stopped && r->co.err[0])
+        fprintf(stderr, "idem run: stopping: %s\n", r->co.err);
+    else if (rc && !r->co.stopped)
         cli_fail("run", "%s; nothing was committed for the messages from "
                  "there on", r->co.err);
     return rc;
@@ -200,6 +221,8 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
         return rc;
     case 'R': return cli_number(c->cmd, "--restart", arg, 0, 1000000,
                                 &c->restarts);
+    case 'A': return cli_number(c->cmd, "--answer-max", arg, 2,
+                                (uint64_t)1 << 40, &r->co.answer_max);
     default: return stream_opt(c, ch, arg);
     }
 }
@@ -210,8 +233,9 @@ int idem_cmd_run(int argc, char **argv)
         STREAM_LONGOPTS,         {"exec", 1, 0, 'x'},
         {"replay", 1, 0, 'r'},
         {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
-        {"restart", 1, 0, 'R'},  {0, 0, 0, 0}};
-    run_ctx r = {0};
+        {"restart", 1, 0, 'R'},  {"answer-max", 1, 0, 'A'},
+        {0, 0, 0, 0}};
+    run_ctx r = {.co.answer_max = 2 * (uint64_t)IDEM_VALUE_MAX};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
                     .commit_interval_ms = -1, .runner_out = &r.co.runner,
                     .store_failed = store_failed,
@@ -242,6 +266,8 @@ int idem_cmd_run(int argc, char **argv)
         return rc;
     r.co.line_mode = c.line_mode;
     r.co.lease_ms = c.lease_ms ? c.lease_ms : 30000;
+    r.co.stop = &stream_stop;
+    r.co.grace_ms = c.grace_ms;
     signal(SIGPIPE, SIG_IGN);
     rc = stream_run(&c);
     return rc ? rc : r.end_rc;

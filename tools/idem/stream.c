@@ -22,10 +22,24 @@
  * speed. Only the committing thread touches the store and the output, and
  * it is joined before the next batch is handed over, so the store is
  * used by one thread at a time as idem.h asks. A batch copies its lines
- * out of the reader, so the reader is free to move on. */
+ * out of the reader, so the reader is free to move on.
+ *
+ * Stopping (SIGTERM from systemd or Kubernetes, SIGINT from Ctrl-C): the
+ * first signal only sets stream_stop. The reader takes no more lines
+ * (the batch it was reading is dropped: nothing of it was claimed), the
+ * handler is sent no more envelopes and gets --grace to answer those it
+ * has (coproc.c), and the batch in the worker ends as after a handler
+ * error: the answered prefix is committed (output, store, checkpoint),
+ * the other claims are released, so the next run gives them to its
+ * handler at once. The signals are taken by the reading thread only (the
+ * worker blocks them), and the handler is in its own process group, so
+ * Ctrl-C at a terminal reaches idem and not the handler. A second signal
+ * kills idem as kill -9 would, which the store and output survive by
+ * design; the handler goes with it (PR_SET_PDEATHSIG, coproc.c). */
 #include "stream.h"
 
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <stdatomic.h>
@@ -76,11 +90,14 @@ typedef struct loop {
                       * the runner over this batch (handler restarts) */
     size_t committed;
     int handler_rc;  /* what the handler returned in the last batch */
+    int stopped;     /* a stop signal ended the run before its input */
     atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
     int tty;
     int ran;         /* the input was opened and read */
 } loop;
+
+volatile sig_atomic_t stream_stop;
 
 static double now_s(void)
 {
@@ -112,6 +129,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'O': c->overwrite = 1; return 0;
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
     case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
+    case 'G': return cli_duration(c->cmd, "--grace", arg, &c->grace_ms);
     case 'C':
         if (!strcmp(arg, "0")) {
             c->commit_interval_ms = 0;
@@ -159,6 +177,8 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
         return cli_usage_error(c->cmd, "a key space (--key-space, else "
                                "--job) is named by 1 to %u bytes of text, "
                                "no control characters", KS_NAME_MAX);
+    if (!c->grace_ms)
+        c->grace_ms = 5000;
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
     const char *uri = cli_store_uri(c->uri);
@@ -297,7 +317,23 @@ static void fix_pointers(batch *b)
     }
 }
 
-/* Read up to one batch into b; b->done when the inputs are done. */
+/* Before a read that may block (a pipe with no whole line buffered):
+ * wait until the input has bytes or a stop is asked for, since the
+ * reader's read(2) goes on after the signal. 1 if stopping. */
+static int wait_input(const nd_reader *rd)
+{
+    if (rd->fd < 0 || rd->eof || rd->cur >= rd->npaths ||
+        (rd->pos < rd->end &&
+         memchr(rd->buf + rd->pos, '\n', rd->end - rd->pos)))
+        return stream_stop != 0;
+    struct pollfd p = {rd->fd, POLLIN, 0};
+    while (!stream_stop && poll(&p, 1, 100) == 0)
+        ;
+    return stream_stop != 0;
+}
+
+/* Read up to one batch into b; b->done when the inputs are done. After a
+ * stop signal, whatever b holds is not committed. */
 static void read_batch(loop *lp, batch *b)
 {
     b->nitems = b->nmsgs = 0;
@@ -306,6 +342,8 @@ static void read_batch(loop *lp, batch *b)
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
         nd_line l;
+        if (b->nitems == 0 && wait_input(&lp->rd))
+            break;
         int rc = nd_next(&lp->rd, &l, b->nitems == 0);
         if (rc == ND_LINE) {
             if (add_item(lp, b, &l))
@@ -403,16 +441,21 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
                       upto ? &b->items[upto - 1].l : NULL);
 }
 
-/* Restart the handler only when it was the handler that broke, and
- * restarts are left: after a store error (which the runner met itself,
- * or the handler's tick did) the store is poisoned, and a rerun must
- * start from the last checkpoint, not go on. */
-static int restartable(const loop *lp)
+/* Did the handler end the batch (not the store)? Restart it only then,
+ * and when restarts are left: after a store error (which the runner met
+ * itself, or the handler's tick did) the store is poisoned, and a rerun
+ * must start from the last checkpoint, not go on. */
+static int handler_stopped_it(const loop *lp)
 {
     const stream_cfg *c = lp->st.cfg;
-    return c->handler && lp->st.n.restarts < c->restarts &&
-           lp->rc == lp->handler_rc &&
+    return c->handler && lp->rc && lp->rc == lp->handler_rc &&
            !(c->store_failed && c->store_failed(c->hctx));
+}
+
+static int restartable(const loop *lp)
+{
+    return lp->st.n.restarts < lp->st.cfg->restarts && !stream_stop &&
+           handler_stopped_it(lp);
 }
 
 /* Commit the batch; after a handler failure, again over the messages not
@@ -455,6 +498,11 @@ static void *commit_batch(void *arg)
 static void *worker(void *arg)
 {
     loop *lp = arg;
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stops, NULL);  /* the reader takes them */
     for (;;) {
         sem_wait(&lp->go);
         if (lp->quit) {
@@ -504,6 +552,10 @@ static int finish_commit(loop *lp)
         while (sem_wait(&lp->done) != 0)
             ;
     batch *b = lp->committing;
+    if (stream_stop && handler_stopped_it(lp)) {
+        lp->st.n.released += b->nmsgs - lp->base;
+        return 0;  /* stopped by a signal; its prefix is committed */
+    }
     if (lp->rc && lp->base < b->nmsgs && lp->st.cfg->handler)
         return 1;  /* the handler said why; its prefix is committed */
     if (lp->rc)
@@ -656,11 +708,47 @@ static int run_batches(loop *lp)
         if (!cur->done && !cur->stop)
             read_batch(lp, next);
         int rc = finish_commit(lp);
-        if (rc || cur->done || cur->stop)
+        lp->stopped = !rc && !cur->done && !cur->stop && stream_stop;
+        if (rc || cur->done || cur->stop || stream_stop)
             return rc ? rc : cur->stop;
         progress(lp, 0);
         cur = next;
     }
+}
+
+/* The first stop signal asks for a graceful stop; a second one ends
+ * idem at once (it is blocked while this runs, and acts on return). */
+static void on_stop_signal(int sig)
+{
+    if (!stream_stop) {
+        stream_stop = sig;
+        return;
+    }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+static void catch_stop_signals(void)
+{
+    struct sigaction sa = {.sa_handler = on_stop_signal,
+                           .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);  /* one at a time, in the order sent */
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+/* Say what a stop signal left undone; the exit status it calls for. */
+static int report_stop(const loop *lp)
+{
+    uint64_t k = lp->st.n.released;
+    fprintf(stderr, "idem %s: stopped by %s: what was done is committed; "
+            "%" PRIu64 " message%s in flight %s released unrun; the same "
+            "command goes on from there\n", lp->st.cfg->cmd,
+            stream_stop == SIGINT ? "SIGINT" : "SIGTERM", k,
+            k == 1 ? "" : "s", k == 1 ? "was" : "were");
+    return stream_stop == SIGINT ? 130 : 0;
 }
 
 int stream_run(const stream_cfg *c)
@@ -680,6 +768,7 @@ int stream_run(const stream_cfg *c)
         lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
         lp.ran = 1;
+        catch_stop_signals();
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
@@ -694,6 +783,10 @@ int stream_run(const stream_cfg *c)
                     "(see above); exit status 3\n", c->cmd, undone,
                     undone == 1 ? " was" : "s were");
             rc = IDEM_EXIT_PARTIAL;
+        }
+        if (lp.stopped) {
+            int st = report_stop(&lp);
+            rc = rc ? rc : st;
         }
     }
     /* A script reading --stats-json gets its line whatever happened but

@@ -2,6 +2,8 @@
 #ifndef IDEM_STREAM_H
 #define IDEM_STREAM_H
 
+#include <signal.h>
+
 #include "job.h"
 #include "jsonkey.h"
 #include "keyspace.h"
@@ -18,6 +20,7 @@ typedef struct stream_counts {
                          * another worker, refused by the store, an
                          * answer too large (exit status 3) */
     uint64_t bytes;
+    uint64_t released;  /* claims given back unrun at a graceful stop */
 } stream_counts;
 
 typedef struct stream stream;
@@ -42,6 +45,8 @@ typedef struct stream_cfg {
     uint64_t batch;
     int64_t ttl_ms, lease_ms;
     int64_t commit_interval_ms;  /* -1: the runner's default */
+    int64_t grace_ms;         /* after SIGTERM/SIGINT: how long the
+                               * messages in flight may take */
     int quiet, stats_json;
     int overwrite;            /* an --output no checkpoint names may be
                                * cut to 0 bytes */
@@ -67,6 +72,11 @@ struct stream {
     stream_counts n;
 };
 
+/* The first SIGTERM or SIGINT (its number), 0 before: from then on no
+ * message is taken, the ones in flight get cfg->grace_ms to finish, and
+ * what is done is committed. A second such signal ends idem at once. */
+extern volatile sig_atomic_t stream_stop;
+
 /* Run the whole job; returns the exit status. */
 int stream_run(const stream_cfg *cfg);
 
@@ -79,7 +89,8 @@ int stream_run(const stream_cfg *cfg);
         {"stats-json", 0, 0, 'J'}, {"lease", 1, 0, 'l'},                  \
         {"commit-interval", 1, 0, 'C'},                                   \
         {"key-space", 1, 0, 'K'}, {"shared-keys", 0, 0, 'S'},             \
-        {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},            \
+        {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},               \
+        {"grace", 1, 0, 'G'},                                             \
         {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
