@@ -126,7 +126,7 @@ echo "run_seconds=$run_s run_messages_per_sec=$(r "$N" "$run_s") (>= 200000)"
 # The cost of committing by time (default --commit-interval 200ms, and
 # 20ms as make demo uses) against committing only when a batch is done.
 for ci in 0 20ms; do
-    rm -rf "$tmp/rstore"
+    rm -rf "$tmp/rstore" "$tmp/run.out"
     t0=$(now)
     "$BUILD/idem" run --key event_id --store "local:$tmp/rstore" \
         --exec "$BUILD/bench/handler_ok" --output "$tmp/run.out" --quiet \
