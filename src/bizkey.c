@@ -165,6 +165,8 @@ int idem_bizkey_check_id(const char *id, char *why, size_t whysz)
 int idem_bizkey_new(const idem_bizkey_opts *opts, idem_bizkey_gen **out)
 {
     idem_bizkey_opts def;
+    if (!out)
+        return IDEM_EINVAL;
     if (!opts) {
         idem_bizkey_opts_init(&def);
         opts = &def;
@@ -252,6 +254,8 @@ int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix, const char *id,
                      size_t *outlen)
 {
     static const char hex[] = "0123456789abcdef";
+    if (!g)
+        return IDEM_EINVAL;
     g->detail[0] = '\0';
     if (g->closed)
         return idem__bk_fail(g, IDEM_EINVAL,
@@ -314,7 +318,7 @@ int idem_bizkey(const char *prefix, const char *id, const void *payload,
 
 int idem_bizkey_parse(const char *key, size_t len, idem_bizkey_parts *out)
 {
-    if (!key)
+    if (!key || !out)
         return IDEM_EINVAL;
     const char *c1 = memchr(key, ':', len);
     if (!c1)

@@ -30,6 +30,8 @@ int idem_fingerprint_sha256(const void *payload, size_t len,
     static const char empty[1];
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
+    if (!out || (len && !payload))
+        return IDEM_EINVAL;
     if (!EVP_Digest(len ? payload : empty, len, md, &mdlen, EVP_sha256(),
                     NULL) ||
         mdlen < IDEM_FP_LEN)

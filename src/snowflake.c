@@ -302,6 +302,8 @@ static int idem__open_state(idem_snowflake *g)
 int idem_snowflake_new(const idem_snowflake_opts *opts, idem_snowflake **out)
 {
     idem_snowflake_opts def;
+    if (!out)
+        return IDEM_EINVAL;
     if (!opts) {
         idem_snowflake_opts_init(&def);
         opts = &def;
@@ -431,6 +433,8 @@ static int idem__next_locked(idem_snowflake *g, uint64_t *id)
 
 int idem_snowflake_next(idem_snowflake *g, uint64_t *id)
 {
+    if (!g || !id)
+        return IDEM_EINVAL;
     pthread_mutex_lock(&g->mu);
     g->detail[0] = '\0';
     int rc = idem__next_locked(g, id);
@@ -468,7 +472,8 @@ int idem_snowflake_close(idem_snowflake *g)
 int idem_snowflake_decode(uint64_t id, int64_t epoch_ms,
                           idem_snowflake_parts *out)
 {
-    if (id >> 63 || epoch_ms < 0 || epoch_ms > INT64_MAX - IDEM__MS_LIMIT)
+    if (!out || id >> 63 || epoch_ms < 0 ||
+        epoch_ms > INT64_MAX - IDEM__MS_LIMIT)
         return IDEM_EINVAL;
     out->since_epoch_ms = (int64_t)(id >> 22);
     out->unix_ms = epoch_ms + out->since_epoch_ms;
@@ -497,7 +502,7 @@ size_t idem_snowflake_format(uint64_t id, char out[IDEM_SNOWFLAKE_STRLEN + 1])
 
 int idem_snowflake_parse(const char *text, size_t len, uint64_t *id)
 {
-    if (!text || len == 0 || len > IDEM_SNOWFLAKE_STRLEN ||
+    if (!text || !id || len == 0 || len > IDEM_SNOWFLAKE_STRLEN ||
         (len > 1 && text[0] == '0'))
         return IDEM_EINVAL;
     uint64_t v = 0;

@@ -43,6 +43,8 @@ static idem_uuid7_gen idem__uuid7_default;
 int idem_uuid4(uint8_t out[IDEM_UUID_LEN])
 {
     uint8_t u[IDEM_UUID_LEN];
+    if (!out)
+        return IDEM_EINVAL;
     int rc = idem__entropy(u, sizeof u);
     if (rc)
         return rc;
@@ -60,6 +62,8 @@ void idem_uuid7_opts_init(idem_uuid7_opts *o)
 
 int idem_uuid7_gen_new(const idem_uuid7_opts *opts, idem_uuid7_gen **out)
 {
+    if (!out)
+        return IDEM_EINVAL;
     *out = NULL;
     idem_uuid7_opts def;
     if (!opts) {
@@ -85,6 +89,8 @@ void idem_uuid7_gen_free(idem_uuid7_gen *g)
 
 int idem_uuid7_gen_next(idem_uuid7_gen *g, uint8_t out[IDEM_UUID_LEN])
 {
+    if (!out)
+        return IDEM_EINVAL;
     if (!g)
         g = &idem__uuid7_default;
     /* r[0..1]: ten bits of counter start; r[2]: two bits; r[3..9]: the
@@ -145,7 +151,7 @@ void idem_uuid_format(const uint8_t u[IDEM_UUID_LEN],
 
 int idem_uuid_parse(const char *text, size_t len, uint8_t out[IDEM_UUID_LEN])
 {
-    if (!text || len != IDEM_UUID_STRLEN)
+    if (!text || !out || len != IDEM_UUID_STRLEN)
         return IDEM_EINVAL;
     uint8_t u[IDEM_UUID_LEN];
     size_t j = 0;

@@ -84,3 +84,30 @@ Test(keys_faults, failed_sync_of_the_mark_issues_nothing, .timeout = 10)
     cr_assert_eq(idem_snowflake_close(g), 0);
     t_rmdir(dir);
 }
+
+Test(keys_faults, null_pointers_are_einval, .timeout = 10)
+{
+    uint8_t u[IDEM_UUID_LEN];
+    uint64_t id;
+    cr_assert_eq(idem_uuid4(NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_uuid7(NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_uuid7_gen_new(NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_uuid7_gen_next(NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_uuid_parse(NULL, 36, u), IDEM_EINVAL);
+    cr_assert_eq(idem_uuid_parse("01936d2b-8c41-7a3f-8e2d-5b7c9a1e3f40", 36,
+                                 NULL),
+                 IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_new(NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_next(NULL, &id), IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_decode(1, 0, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_parse("12", 2, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_snowflake_close(NULL), 0);
+    cr_assert_eq(idem_bizkey_new(NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_bizkey_make(NULL, "order", "1", "x", 1, NULL, 0, NULL),
+                 IDEM_EINVAL);
+    cr_assert_eq(idem_bizkey_parse("order:1:ab", 10, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_fingerprint_sha256("x", 1, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_fingerprint_sha256(NULL, 1, u), IDEM_EINVAL);
+    idem_uuid7_gen_free(NULL);
+    idem_bizkey_free(NULL);
+}

@@ -38,6 +38,16 @@
  * so parent and child never hand out the same random bits. (A child made
  * by a raw clone(2) system call, bypassing fork(), is not detected.)
  *
+ * NULL POINTERS
+ *
+ * As in idem.h: a NULL out-parameter, generator or text where a function
+ * returns an int is IDEM_EINVAL, never a crash (idem_uuid7_gen_next()
+ * takes a NULL generator for the process-wide one). The functions that
+ * return nothing or a length (idem_uuid_format(), idem_uuid_version(),
+ * idem_uuid7_unix_ms(), idem_snowflake_format(), idem_fingerprint(),
+ * idem_fingerprint_hex()) have no way to report one: their pointers must
+ * not be NULL. The free and close functions take NULL.
+ *
  * TEXT FORMS
  *
  *     uuid4      0b6f3a2e-6d8c-4f5e-9a1b-2c3d4e5f6a7b   36 chars, lowercase
@@ -436,8 +446,8 @@ IDEM_EXPORT void idem_fingerprint(const void *payload, size_t len,
 
 /* SHA-256 of payload[0..len) truncated to its first 16 bytes:
  * collision-resistant (2^64 work to find any pair), at SHA-256's speed.
- * Returns 0, or IDEM_EIO if OpenSSL failed (out is then unchanged).
- * Thread-safe. */
+ * Returns 0, IDEM_EINVAL for a NULL out (or payload NULL with len > 0),
+ * or IDEM_EIO if OpenSSL failed (out is then unchanged). Thread-safe. */
 IDEM_EXPORT int idem_fingerprint_sha256(const void *payload, size_t len,
                                         uint8_t out[IDEM_FP_LEN]);
 
