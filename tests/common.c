@@ -153,3 +153,21 @@ char *t_dir_with(const char *name, const char *text)
     t_write(path, text, strlen(text));
     return dir;
 }
+
+const char *t_path(const char *dir, const char *name)
+{
+    static char buf[8][4200];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+void t_expect_file(const char *path, const char *text)
+{
+    size_t n;
+    char *got = t_read(path, &n);
+    cr_assert(n == strlen(text) && !memcmp(got, text, n),
+              "%s is\n%s\nwanted\n%s", path, got, text);
+    free(got);
+}

@@ -38,6 +38,13 @@ extern int t_fail_errno;
  * fails the test if it cannot be read. */
 char *t_read(const char *path, size_t *len);
 
+/* dir/name, in one of eight buffers that take turns: valid until the
+ * eighth call after this one. */
+const char *t_path(const char *dir, const char *name);
+
+/* Assert that the file at path holds exactly text. */
+void t_expect_file(const char *path, const char *text);
+
 /* Write n bytes to path, replacing it. */
 void t_write(const char *path, const void *data, size_t n);
 

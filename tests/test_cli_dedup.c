@@ -22,11 +22,7 @@ static void teardown(void)
 
 static const char *at(const char *name)
 {
-    static char buf[4][4200];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
+    return t_path(dir, name);
 }
 
 static void put(const char *name, const char *text)
@@ -36,11 +32,7 @@ static void put(const char *name, const char *text)
 
 static void expect(const char *name, const char *text)
 {
-    size_t n;
-    char *got = t_read(at(name), &n);
-    cr_assert(n == strlen(text) && !memcmp(got, text, n),
-              "%s is\n%s\nwanted\n%s", name, got, text);
-    free(got);
+    t_expect_file(at(name), text);
 }
 
 TestSuite(cli_dedup, .init = setup, .fini = teardown);

@@ -25,11 +25,7 @@ static char *dir;
 
 static const char *at(const char *name)
 {
-    static char buf[4][4200];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
+    return t_path(dir, name);
 }
 
 static void setup(void)

@@ -22,11 +22,7 @@ static void teardown(void)
 
 static const char *at(const char *name)
 {
-    static char buf[2][4200];
-    static int i;
-    i = (i + 1) % 2;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
+    return t_path(dir, name);
 }
 
 /* Run the checker on README (a path) with the CLI's build directory;
