@@ -215,34 +215,35 @@ static int idem__set_num(idem_store *s, idem__rcfg *cfg,
     return 0;
 }
 
+/* A %-decoded string parameter into *field (its length into *len if
+ * len is not NULL), replacing what was there. */
+static int idem__set_decoded(idem_store *s, const idem__rparam *pm,
+                             const char *v, size_t vlen, char **field,
+                             size_t *len)
+{
+    int bad;
+    char *d = idem__pct_decode(v, vlen, len, &bad);
+    if (!d)
+        return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in %s",
+                                s->uri, pm->name)
+                   : idem__fail(s, IDEM_ENOMEM, "out of memory");
+    free(*field);
+    *field = d;
+    return 0;
+}
+
 static int idem__set_prefix(idem_store *s, idem__rcfg *cfg,
                             const idem__rparam *pm, const char *v,
                             size_t vlen)
 {
-    int bad;
-    char *d = idem__pct_decode(v, vlen, &cfg->prefixlen, &bad);
-    if (!d)
-        return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
-                                "prefix", s->uri)
-                   : idem__fail(s, IDEM_ENOMEM, "out of memory");
-    free(cfg->prefix);
-    cfg->prefix = d;
-    return 0;
+    return idem__set_decoded(s, pm, v, vlen, &cfg->prefix, &cfg->prefixlen);
 }
 
 static int idem__set_password_file(idem_store *s, idem__rcfg *cfg,
                                    const idem__rparam *pm, const char *v,
                                    size_t vlen)
 {
-    int bad;
-    char *d = idem__pct_decode(v, vlen, NULL, &bad);
-    if (!d)
-        return bad ? idem__fail(s, IDEM_EINVAL, "%s: bad %% escape in "
-                                "password_file", s->uri)
-                   : idem__fail(s, IDEM_ENOMEM, "out of memory");
-    free(cfg->pass_file);
-    cfg->pass_file = d;
-    return 0;
+    return idem__set_decoded(s, pm, v, vlen, &cfg->pass_file, NULL);
 }
 
 static int idem__set_layout(idem_store *s, idem__rcfg *cfg,
