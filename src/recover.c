@@ -352,6 +352,23 @@ static int idem__fit_tail(idem__log *lg, const uint32_t *ids, size_t *from,
                                         : 0;
 }
 
+/* A store opened for writing without PATH/TAIL (written by an earlier
+ * idem, or a crash came between its first segment and its tail file) gets
+ * one now, before any frame is appended; else a version-2 segment would
+ * come to hold frames with no tail file, which open refuses as damage.
+ * The newest segment was read from the page cache, which a crash of the
+ * process alone leaves unsynced: it is synced before the tail file names
+ * it durable. */
+static int idem__adopt_tail(idem__log *lg)
+{
+    idem__seg *g = &lg->segs[lg->nsegs - 1];
+    if (fdatasync(g->fd) != 0)
+        return idem__log_ioerr(lg, "fdatasync", g->id, errno);
+    int rc = idem__log_seal(lg);
+    lg->has_tail = rc == 0;
+    return rc;
+}
+
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                   idem__reserve_fn reserve, void *ctx)
 {
@@ -385,6 +402,8 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
     }
     if (!rc && lg->nsegs == 0 && !lg->readonly)
         rc = idem__log_new_segment(lg, now);
+    else if (!rc && !lg->has_tail && !lg->readonly && !lg->memory)
+        rc = idem__adopt_tail(lg);
     return rc;
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -578,5 +579,40 @@ Test(torn, deleted_tail_file_of_sound_store_is_repaired_whole, .timeout = 60)
     remove_tail_file();
     expect_refused_then_repaired("TAIL is missing", "at offset 32");
     expect_batches(BATCHES, "repaired tail file", 0);
+    t_rmdir(dir);
+}
+
+Test(torn, crash_before_the_first_tail_file_is_no_damage, .timeout = 60)
+{
+    /* A crash between creating the first segment and writing the tail
+     * file leaves a header-only segment and no tail file. The next
+     * process writes frames there: it must write the tail file first,
+     * or the process after it would find frames and no tail file. */
+    build(64u << 20, CLOSED);
+    remove_tail_file();
+    write_file(seg_path, orig, 32);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        idem_store *s;
+        idem_options o = t_options();
+        if (idem_open(t_local_uri(dir), &o, &s) != 0)
+            _exit(2);
+        idem_key k = {"after", 5, NULL};
+        idem_outcome out;
+        int rc = idem_claim(s, &k, NULL, &out) ||
+                 idem_complete(s, "after", 5, out.token, "x", 1, 0) ||
+                 idem_sync(s);
+        _exit(rc ? 3 : 0);  /* dies without closing, as a kill would */
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: %d", st);
+    idem_store *s = t_open(t_local_uri(dir));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "after", 5, &r), 0);
+    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
     t_rmdir(dir);
 }
