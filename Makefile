@@ -21,7 +21,13 @@ CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
              -fvisibility=hidden -Iinclude -Isrc $(CFLAGS)
 LIBS = -lhiredis -lxxhash -lcrypto -lpthread
 
-LIB_SRC := $(sort $(wildcard src/*.c))
+# One folder per layer (docs/architecture.md): the core at the top of
+# src/, then each subsystem in its own folder.
+CORE_SRC := $(sort $(wildcard src/*.c))
+LOCAL_SRC := $(sort $(wildcard src/local/*.c))
+REDIS_SRC := $(sort $(wildcard src/redis/*.c))
+KEYS_SRC := $(sort $(wildcard src/keys/*.c))
+LIB_SRC := $(CORE_SRC) $(LOCAL_SRC) $(REDIS_SRC) $(KEYS_SRC)
 CLI_SRC := $(sort $(wildcard tools/idem/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 PROG_SRC := $(sort $(wildcard tests/progs/*.c))

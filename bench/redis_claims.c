@@ -81,7 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "idem/idem.h"
 #include "keys36.h"
 

@@ -13,8 +13,8 @@
 #
 # Prints each violation as FILE:LINE: what, and exits 1 if there was any.
 set -u
-files=$(ls src/*.[ch] include/idem/*.h tools/idem/*.[ch] tests/*.[ch] \
-    tests/progs/*.c bench/*.[ch] examples/*.c 2>/dev/null)
+files=$(ls src/*.[ch] src/*/*.[ch] include/idem/*.h tools/idem/*.[ch] \
+    tests/*.[ch] tests/progs/*.c bench/*.[ch] examples/*.c 2>/dev/null)
 bad=0
 report() {
     [ -n "$1" ] || return 0

@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "log.h"
+#include "local/log.h"
 
 enum { NKEYS = 40, NCKPT = 3, VMAX = 200, STEPS = 2000 };
 

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "crc16.h"
-#include "redis.h"
+#include "redis/crc16.h"
+#include "redis/redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048], pfx[128];

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "redis_harness.h"
 
 static th_servers sv;

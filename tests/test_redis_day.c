@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];

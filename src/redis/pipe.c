@@ -1,4 +1,4 @@
-/* redis_pipe.c - batches of script calls, pipelined per node, retried
+/* redis/pipe.c - batches of script calls, pipelined per node, retried
  * through redirects and failures within a time budget.
  *
  * Every operation of the Redis backends is a batch of commands, each an

@@ -21,7 +21,7 @@
 #include <signal.h>
 
 #include "crc16.h"
-#include "redis_scripts.h"
+#include "scripts.h"
 #include "store.h"
 
 /* Settings from the URI. */

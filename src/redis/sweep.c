@@ -1,4 +1,4 @@
-/* redis_sweep.c - sweep, stats and dump on Redis: SCAN every master.
+/* redis/sweep.c - sweep, stats and dump on Redis: SCAN every master.
  *
  * Records carry a TTL, so Redis removes them on its own. What a sweep is
  * for: records written without a TTL (by hand, by older tools, or when

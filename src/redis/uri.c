@@ -1,4 +1,4 @@
-/* redis_uri.c - redis:// and redis-cluster:// URIs into settings.
+/* redis/uri.c - redis:// and redis-cluster:// URIs into settings.
  *
  *   redis://[[user]:password@]host[:port][/db][?param=value&...]
  *   redis-cluster://[[user]:password@]host:port[,host:port...][?...]

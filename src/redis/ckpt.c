@@ -1,4 +1,4 @@
-/* redis_ckpt.c - checkpoints on Redis, committed all or nothing with the
+/* redis/ckpt.c - checkpoints on Redis, committed all or nothing with the
  * writes of their batch.
  *
  * local: makes a checkpoint durable in the same commit as the batch's

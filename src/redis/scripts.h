@@ -1,4 +1,4 @@
-/* redis_scripts.h - the Lua scripts behind every Redis state change. */
+/* redis/scripts.h - the Lua scripts behind every Redis state change. */
 #ifndef IDEM_REDIS_SCRIPTS_H
 #define IDEM_REDIS_SCRIPTS_H
 
