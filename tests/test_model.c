@@ -10,7 +10,7 @@
  * That is what catches a record lost, resurrected or misplaced by the
  * interplay of compaction, checkpoints, expiry and recovery.
  *
- * After every step the log's own invariants (src/log.h) are checked too
+ * After every step the log's own invariants (src/local/log.h) are checked too
  * (idem__log_check), so that a step that breaks one is named at once.
  *
  * IDEM_MODEL_SEEDS sets the number of runs per backend (default 12). */

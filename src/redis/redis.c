@@ -1,17 +1,17 @@
 /* redis.c - the redis:// and redis-cluster:// store backends.
  *
  * Each operation of the store interface becomes a batch of script calls
- * (redis_pipe.c runs them) and each answer becomes an outcome exactly as
- * local: would give it: the scripts (redis_scripts.c) mirror protocol.c,
+ * (pipe.c runs them) and each answer becomes an outcome exactly as
+ * local: would give it: the scripts (scripts.c) mirror protocol.c,
  * and this file only translates. A single server and a cluster differ
- * only in routing (redis_cluster.c), so one set of operations serves both
+ * only in routing (cluster.c), so one set of operations serves both
  * schemes.
  *
  * There is nothing to flush: a write is applied when its reply arrives,
  * and with wait=N replicated as well, so sync() has nothing left to do,
  * except after a checkpoint was queued: then completes and fails are
  * checked at once and applied together with the checkpoint by sync()
- * (redis_ckpt.c). */
+ * (ckpt.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -269,7 +269,7 @@ int idem__redis_complete_run(idem_store *s, const idem_completion *items,
 }
 
 /* With a checkpoint queued, completions wait for idem_sync() (see
- * redis_ckpt.c); otherwise they are applied now. */
+ * ckpt.c); otherwise they are applied now. */
 static int idem__redis_complete_many(idem_store *s,
                                      const idem_completion *items, size_t n,
                                      int *st)

@@ -618,7 +618,7 @@
     "end\n"                                                                \
     "return {p[1], {ok, bad, first, why}}\n"
 
-/* Checkpoints (redis_ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
+/* Checkpoints (ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
  * outside the records' names and so outside every SCAN of sweep, stats,
  * dump and check, with no TTL. Fields: idem ("1": idem wrote it), blob,
  * and while a sync is under way intent (the writes queued with the

@@ -5,7 +5,7 @@
  * a PEXPIRE was lost), which it deletes once created_ts is older than
  * the retention, and records whose expiry passed under a caller's clock
  * before Redis's own. SCAN MATCH PREFIX* COUNT 1000 walks each master;
- * each page's keys go to the scripts as one batch of redis_pipe.c, a
+ * each page's keys go to the scripts as one batch of pipe.c, a
  * call per slot (a script may only touch keys of one slot in a cluster)
  * and up to IDEM__GROUP keys: so a sweep loads the scripts, follows
  * MOVED and ASK, and retries through a broken connection as claims do.
