@@ -15,10 +15,13 @@ WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
        -Wcast-align -Wwrite-strings -Wimplicit-fallthrough \
        -Wno-unused-parameter
 # Hidden by default: libidem.so exports what the headers mark IDEM_EXPORT
-# and nothing else (scripts/check-exports.sh). Tests and the CLI, which
-# call idem__ internals, link the static library.
+# and nothing else (scripts/check-exports.sh). Tests and bench programs,
+# which call idem__ internals, link the static library, and so does the
+# CLI, which is compiled without -Isrc: it sees the public headers only
+# (the layering rule of docs/architecture.md).
+INC = -Iinclude -Isrc
 CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
-             -fvisibility=hidden -Iinclude -Isrc $(CFLAGS)
+             -fvisibility=hidden $(INC) $(CFLAGS)
 LIBS = -lhiredis -lxxhash -lcrypto -lpthread
 
 # One folder per layer (docs/architecture.md): the core at the top of
@@ -50,6 +53,8 @@ WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
 .PHONY: all test asan bench demo install clean deps check-style
 
 all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem $(EXAMPLES)
+
+$(CLI_OBJ): INC = -Iinclude
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
