@@ -154,6 +154,37 @@ Test(local, nocreate_and_bad_uris)
     idem_close(s);
 }
 
+/* What a tool may do with a store comes from its backend, asked by URI
+ * before anything is opened. */
+Test(local, uri_caps_come_from_the_backend)
+{
+    unsigned local = IDEM_CAP_SEGMENTS | IDEM_CAP_CHECK;
+    cr_assert_eq(idem_uri_caps("local:./d"), local);
+    cr_assert_eq(idem_uri_caps(NULL), local);
+    cr_assert_eq(idem_uri_caps(""), local);
+    cr_assert_eq(idem_uri_caps(IDEM_DEFAULT_URI), local);
+    cr_assert_eq(idem_uri_caps("mem:"), IDEM_CAP_SEGMENTS);
+    cr_assert_eq(idem_uri_caps("redis://h:1"), IDEM_CAP_CHECK);
+    cr_assert_eq(idem_uri_caps("redis-cluster://h:1,h:2"), IDEM_CAP_CHECK);
+    cr_assert_eq(idem_uri_caps("rediss://h"), 0);
+    cr_assert_eq(idem_uri_caps("./d"), 0);
+}
+
+/* idem_check() and idem_repair() ask the backend; one without a check,
+ * or no backend at all, is told in the report. */
+Test(local, check_without_a_backend_check)
+{
+    idem_check_report r;
+    cr_assert_eq(idem_check("mem:", &r), IDEM_ENOTSUP);
+    cr_assert(strstr(r.first_damage, "check and repair work on local:"),
+              "%s", r.first_damage);
+    cr_assert_eq(idem_repair("mem:", NULL), IDEM_ENOTSUP);
+    cr_assert_eq(idem_check("nope:x", &r), IDEM_EINVAL);
+    cr_assert(strstr(r.first_damage, "unknown store URI 'nope:x'"), "%s",
+              r.first_damage);
+    cr_assert_eq(r.segments + r.records + r.damaged + r.bytes_lost, 0);
+}
+
 Test(local, checkpoint_commits_with_its_batch)
 {
     idem_store *s = t_open(t_local_uri(dir));

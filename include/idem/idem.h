@@ -243,7 +243,7 @@ typedef struct idem_options {
 /* Fill *opts with the defaults listed above (NULL: nothing to do). */
 IDEM_EXPORT void idem_options_init(idem_options *opts);
 
-/* Open the store that uri names (NULL: "local:./idem-data"), creating it if
+/* Open the store that uri names (NULL: IDEM_DEFAULT_URI), creating it if
  * needed. opts may be NULL for the defaults; it is copied.
  *
  * On success returns 0 and *out is the handle. On failure returns the error
@@ -359,6 +359,24 @@ IDEM_EXPORT const char *idem_warning(const idem_store *s);
  * snprintf() does. NULL or "" renders as the default store. Every
  * idem_errdetail() names the store this way. Thread-safe. */
 IDEM_EXPORT size_t idem_uri_display(const char *uri, char *buf, size_t size);
+
+/* The store that a NULL or "" uri names. */
+#define IDEM_DEFAULT_URI "local:./idem-data"
+
+/* What the backend that uri names can do (idem_uri_caps()). */
+#define IDEM_CAP_SEGMENTS 1u   /* it keeps its records in log segments on
+                                * this machine (local:, mem:): the
+                                * segment, disk and index figures of
+                                * idem_stats mean something, and
+                                * idem_check_report counts segments and
+                                * bytes; else (Redis) it counts keys */
+#define IDEM_CAP_CHECK 2u      /* idem_check() and idem_repair() work */
+
+/* The IDEM_CAP_* flags of the backend that uri's scheme names, 0 if none
+ * does. Reads the scheme only: nothing is opened or checked, so a tool
+ * can ask before it opens or checks a store. NULL or "" is
+ * IDEM_DEFAULT_URI. Thread-safe. */
+IDEM_EXPORT unsigned idem_uri_caps(const char *uri);
 
 /* ------------------------------------------------------------------------
  * The claim protocol */

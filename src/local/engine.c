@@ -905,9 +905,10 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .stats = idem__eng_stats, .scan = idem__eng_scan,                      \
     .import = idem__eng_import, .poison = idem__eng_poison,                \
     .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE |                   \
-            IDEM__CAP_GROUP_COMMIT
+            IDEM__CAP_GROUP_COMMIT | IDEM__CAP_SEGMENTS
 
 const struct idem__backend idem__backend_local = {
-    .scheme = "local", .open = idem__open_local, IDEM__ENGINE_OPS};
+    .scheme = "local", .open = idem__open_local,
+    .check = idem__local_check, IDEM__ENGINE_OPS};
 const struct idem__backend idem__backend_mem = {
     .scheme = "mem", .open = idem__open_mem, IDEM__ENGINE_OPS};

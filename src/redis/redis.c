@@ -722,6 +722,19 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     return idem__redis_open_as(s, rest, 1);
 }
 
+/* idem_check()/idem_repair(): through a handle of the backend's own,
+ * read-only for a check, while others use the store. */
+static int idem__redis_check_uri(idem_store *s, const char *rest,
+                                 int repair, idem_check_report *r)
+{
+    int rc = s->be->open(s, rest);
+    if (rc)
+        return rc;
+    rc = idem__redis_check(s, repair, r);
+    idem__redis_close(s);  /* a check queues nothing for close to write */
+    return rc;
+}
+
 #define IDEM__REDIS_OPS                                                    \
     .close = idem__redis_close, .claim_many = idem__redis_claim_many,      \
     .complete_many = idem__redis_complete_many, .fail = idem__redis_fail,  \
@@ -730,7 +743,7 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
     .scan = idem__redis_scan, .import = idem__redis_import,                \
-    .check = idem__redis_check, .extend_many = idem__redis_extend_many,    \
+    .check = idem__redis_check_uri, .extend_many = idem__redis_extend_many,    \
     .poison = idem__ckpt_poison, .caps = IDEM__CAP_CLAIM_DONE
 
 const struct idem__backend idem__backend_redis = {

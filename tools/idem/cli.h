@@ -110,7 +110,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out);
 
-/* The store URI: --store, else $IDEM_STORE, else local:./idem-data. */
+/* The store URI: --store, else $IDEM_STORE, else IDEM_DEFAULT_URI. */
 const char *cli_store_uri(const char *given);
 
 /* uri as messages and reports show it: its password hidden

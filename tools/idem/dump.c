@@ -16,7 +16,7 @@ static const char usage[] =
     "Checkpoints of dedup/run jobs are not records and are not dumped.\n"
     "\n"
     "  --output FILE  default standard output\n"
-    "  --store URI    default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI    default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 typedef struct dump_ctx {
     FILE *f;

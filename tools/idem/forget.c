@@ -16,7 +16,7 @@ static const char usage[] =
     "  --key-space NAME, --job NAME\n"
     "               the key of a dedup/run job, as for `idem get`; without:\n"
     "               KEY in the shared key space\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 int idem_cmd_forget(int argc, char **argv)
 {

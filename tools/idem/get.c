@@ -24,7 +24,7 @@ static const char usage[] =
     "  --base64     KEY is given in base64 (as dump's \"key_base64\": keys\n"
     "               of any bytes), and the key and response are shown in\n"
     "               base64\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 static void show_time(const char *name, int64_t ms)
 {

@@ -28,7 +28,7 @@ static const char usage[] =
     "it is committed.\n"
     "\n"
     "  --replace    overwrite live records of the same keys\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 typedef struct load_ctx {
     idem_store *s;

@@ -321,7 +321,7 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
 const char *cli_store_uri(const char *given)
 {
     const char *env = getenv("IDEM_STORE");
-    return given ? given : env && *env ? env : "local:./idem-data";
+    return given ? given : env && *env ? env : IDEM_DEFAULT_URI;
 }
 
 const char *cli_shown_uri(const char *uri)

@@ -27,7 +27,7 @@ static const char usage[] =
     "\n"
     "  --job NAME     the job's --job name (dedup's and run's both go)\n"
     "  --output FILE  a job without --job: the one that writes FILE\n"
-    "  --store URI    default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI    default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 /* What the checkpoint said, in words when it reads as job.c writes it. */
 static void say_dropped(const char *name, const char *blob, size_t len)

@@ -20,7 +20,7 @@ static const char usage[] =
     "hand, or whose PEXPIRE was lost) created longer than --retention ago;\n"
     "with layout=day, drop whole the buckets whose days are over.\n"
     "\n"
-    "  --store URI           default $IDEM_STORE, else local:./idem-data\n"
+    "  --store URI           default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n"
     "  --retention DURATION  Redis: the age past which a record without a\n"
     "                        TTL goes: 30s, 5m, 24h, 7d (default 7d)\n";
 
@@ -71,7 +71,7 @@ int idem_cmd_sweep(int argc, char **argv)
         rc = idem_stats_get(s, &after);
     if (rc)
         rc = cli_store_fail("sweep", s, rc, "sweep");
-    else if (strncmp(uri, "redis", 5) == 0)
+    else if (!(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS))
         printf("removed %" PRIu64 " records; %" PRIu64 " live\n", expired,
                after.pending + after.done + after.failed);
     else
