@@ -90,12 +90,12 @@ static int check_or_repair(const char *cmd, const char *usage, int argc,
     return report(cmd, cli_shown_uri(uri), rc, &r);
 }
 
-int idem_cmd_check(int argc, char **argv)
+int cli_cmd_check(int argc, char **argv)
 {
     return check_or_repair("check", check_usage, argc, argv, idem_check);
 }
 
-int idem_cmd_repair(int argc, char **argv)
+int cli_cmd_repair(int argc, char **argv)
 {
     return check_or_repair("repair", repair_usage, argc, argv, idem_repair);
 }

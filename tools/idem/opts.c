@@ -357,7 +357,7 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
 
 /* Why the last cli_open_with() failed, as an exit status. The CLI is one
  * thread when it opens its store. */
-static int open_status = IDEM_EXIT_FAIL;
+static int open_status = CLI_EXIT_FAIL;
 
 int cli_open_status(void)
 {
@@ -376,7 +376,7 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     /* The options come from checked command-line values, so EINVAL is
      * the URI: its scheme, host, port, parameters or missing parent
      * directory. */
-    open_status = rc == IDEM_EINVAL ? IDEM_EXIT_USAGE : IDEM_EXIT_FAIL;
+    open_status = rc == IDEM_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
     const char *d = s ? idem_errdetail(s) : "out of memory";
     uri = cli_shown_uri(uri);
     /* The detail of a handle names the store already. */

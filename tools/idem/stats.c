@@ -96,14 +96,14 @@ static void print_spaces(const space_counts *c, int json)
         if (!json)
             printf("key space      %s: %" PRIu64 " keys\n", name,
                    c->v[i].keys);
-        else if (!buf_json_string(&b, name, strlen(name)))
+        else if (!cli_buf_json_string(&b, name, strlen(name)))
             printf("%s%.*s:%" PRIu64, i ? "," : "", (int)b.len, b.p,
                    c->v[i].keys);
-        buf_free(&b);
+        cli_buf_free(&b);
     }
 }
 
-int idem_cmd_stats(int argc, char **argv)
+int cli_cmd_stats(int argc, char **argv)
 {
     cli_simple o;
     int rc = cli_simple_parse("stats", argc, argv, usage,

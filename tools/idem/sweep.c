@@ -46,7 +46,7 @@ static int parse(int argc, char **argv, const char **uri, int64_t *keep)
     return rc;
 }
 
-int idem_cmd_sweep(int argc, char **argv)
+int cli_cmd_sweep(int argc, char **argv)
 {
     const char *given = NULL;
     int64_t keep = 0;
