@@ -62,7 +62,7 @@ static int idem__fail_forked(idem_store *s)
                       s->pid, (long)getpid());
 }
 
-void idem_options_init(idem_options *o)
+void idem_opts_init(idem_opts *o)
 {
     if (!o)
         return;
@@ -133,11 +133,11 @@ static void idem__begin(idem_store *s)
     s->detail[0] = '\0';
 }
 
-static int idem__check_options(idem_store *s, const idem_options *o)
+static int idem__check_options(idem_store *s, const idem_opts *o)
 {
     if (o->version != IDEM__OPTIONS_VERSION)
         return idem__fail(s, IDEM_EINVAL,
-                          "options not initialised with idem_options_init()");
+                          "options not initialised with idem_opts_init()");
     if (o->ttl_ms <= 0 || o->lease_ms <= 0 || o->failure_ttl_ms <= 0 ||
         o->ttl_ms > IDEM_MS_MAX || o->lease_ms > IDEM_MS_MAX ||
         o->failure_ttl_ms > IDEM_MS_MAX)
@@ -203,7 +203,7 @@ unsigned idem_uri_caps(const char *uri)
 /* A handle for uri, its backend picked, not yet open; *rest is the URI
  * after the scheme. On failure *out is NULL (out of memory) or a handle
  * with no backend whose detail says why. */
-static int idem__handle_new(const char *uri, const idem_options *opts,
+static int idem__handle_new(const char *uri, const idem_opts *opts,
                             idem_store **out, const char **rest)
 {
     idem_store *s = calloc(1, sizeof *s);
@@ -218,7 +218,7 @@ static int idem__handle_new(const char *uri, const idem_options *opts,
     if (opts)
         s->opts = *opts;
     else
-        idem_options_init(&s->opts);
+        idem_opts_init(&s->opts);
     if (!uri || !*uri)
         uri = IDEM_DEFAULT_URI;
     /* Messages name the store as it may be shown: without a password. */
@@ -232,7 +232,7 @@ static int idem__handle_new(const char *uri, const idem_options *opts,
     return rc ? rc : idem__pick_backend(s, uri, rest);
 }
 
-int idem_open(const char *uri, const idem_options *opts, idem_store **out)
+int idem_open(const char *uri, const idem_opts *opts, idem_store **out)
 {
     if (!out)  /* nowhere to put a handle, or the detail of an error */
         return IDEM_EINVAL;
@@ -328,7 +328,7 @@ static int idem__complete_new(idem_store *s, const idem_key *keys, size_t n,
     int rc = c && st ? 0 : idem__fail(s, IDEM_ENOMEM, "out of memory");
     for (size_t i = 0; !rc && i < n; i++)
         if (!outs[i].status && outs[i].kind == IDEM_NEW) {
-            c[m] = (idem_completion){keys[i].key, keys[i].len,
+            c[m] = (idem_completion){keys[i].key, keys[i].keylen,
                                      outs[i].token, NULL, 0, ttl_ms};
             st[m++] = 0;
         }
@@ -354,7 +354,7 @@ int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
         return idem__fail(s, IDEM_EINVAL, "keys or outs is NULL");
     for (size_t i = 0; i < n; i++) {
         memset(&outs[i], 0, sizeof outs[i]);
-        outs[i].status = idem__check_key(s, keys[i].key, keys[i].len);
+        outs[i].status = idem__check_key(s, keys[i].key, keys[i].keylen);
     }
     a.done = (flags & IDEM_CLAIM_DONE) &&
              (s->be->caps & IDEM__CAP_CLAIM_DONE);
@@ -571,8 +571,8 @@ static int idem__check_record(idem_store *s, const idem_record *r)
     if (r->token == 0 || r->token > IDEM_TOKEN_MAX)
         return idem__fail(s, IDEM_EINVAL, "token %llu is out of range",
                           (unsigned long long)r->token);
-    if (r->state != IDEM_PENDING && r->state != IDEM_DONE &&
-        r->state != IDEM_FAILED_STATE)
+    if (r->state != IDEM_STATE_PENDING && r->state != IDEM_STATE_DONE &&
+        r->state != IDEM_STATE_FAILED)
         return idem__fail(s, IDEM_EINVAL, "state %d is not a state",
                           (int)r->state);
     return idem__check_value(s, r->data, r->len);
@@ -588,8 +588,8 @@ static int idem__check_store(const char *uri, int repair,
     idem_check_report dummy;
     idem_check_report *r = report ? report : &dummy;
     memset(r, 0, sizeof *r);
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = repair ? 0 : IDEM_O_READONLY;
     idem_store *s;
     const char *rest = NULL;

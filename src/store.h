@@ -15,7 +15,7 @@ struct idem__backend;
 struct idem_store {
     const struct idem__backend *be;
     void *impl;               /* the backend's state */
-    idem_options opts;
+    idem_opts opts;
     char *uri;                /* as shown: idem_uri_display() */
     idem__arena out;          /* memory behind data returned to callers */
     long pid;                 /* the process that opened it */

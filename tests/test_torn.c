@@ -58,7 +58,7 @@ enum { CLOSED, KILLED };
 static void build(uint64_t segment_bytes, int how)
 {
     dir = t_tmpdir();
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = segment_bytes;
     idem_store *s;
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
@@ -97,7 +97,7 @@ static void build(uint64_t segment_bytes, int how)
 static void expect_batches(int good, const char *what, size_t at)
 {
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     int rc = idem_open(t_local_uri(dir), &o, &s);
     cr_assert_eq(rc, 0, "%s at %zu: %s", what, at, idem_errdetail(s));
     for (int b = 0; b < BATCHES; b++) {
@@ -107,7 +107,7 @@ static void expect_batches(int good, const char *what, size_t at)
             idem_record r;
             rc = idem_get(s, key, strlen(key), &r);
             if (b < good)
-                cr_assert(rc == 0 && r.state == IDEM_DONE &&
+                cr_assert(rc == 0 && r.state == IDEM_STATE_DONE &&
                               r.len == strlen(key),
                           "%s at %zu: %s lost", what, at, key);
             else
@@ -180,7 +180,7 @@ Test(torn, damage_in_committed_data_is_refused, .timeout = 60)
     bad[at] ^= 1;
     write_file(seg_path, bad, orig_len);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log"), "%s",
               idem_errdetail(s));
@@ -206,7 +206,7 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     write_file(first, p, n);
     free(p);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record "
                                         "at offset 128"),
@@ -233,11 +233,11 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
             idem_record r;
             int rc = idem_get(s, key, strlen(key), &r);
             cr_assert_eq(rc, 0, "%s lost by repair", key);
-            if (r.state == IDEM_PENDING) {
+            if (r.state == IDEM_STATE_PENDING) {
                 pending++;
                 cr_assert(b == 0 && i == 0, "%s is PENDING", key);
             } else {
-                cr_assert_eq(r.state, IDEM_DONE, "%s", key);
+                cr_assert_eq(r.state, IDEM_STATE_DONE, "%s", key);
             }
         }
     }
@@ -264,7 +264,7 @@ Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
     cr_assert(strstr(rep.first_damage, "IDEM"), "%s", rep.first_damage);
     cr_assert_geq(rep.damaged, 3);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_neq(idem_open(t_local_uri(dir), &o, &s), 0);
     idem_close(s);
     cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
@@ -281,7 +281,7 @@ Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
     cr_assert_lt(st.done, BATCHES * PER);
     idem_record r;
     cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
     t_rmdir(dir);
 }
@@ -349,7 +349,7 @@ Test(torn, bad_header_is_checked_and_repaired, .timeout = 60)
     write_file(first, p, n);
     free(p);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "idem repair"), "%s",
               idem_errdetail(s));
@@ -380,7 +380,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
         bad[at] ^= 0x5a;
         write_file(seg_path, bad, orig_len);
         idem_store *s;
-        idem_options o = t_options();
+        idem_opts o = t_options();
         cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
                      "damage at %zu: %s", at, idem_errdetail(s));
         idem_close(s);
@@ -397,7 +397,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
 static void expect_refused_then_repaired(const char *file, const char *where)
 {
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
                  "open: %s", idem_errdetail(s));
     cr_assert(strstr(idem_errdetail(s), file) &&
@@ -446,7 +446,7 @@ Test(torn, garbage_in_last_group_after_clean_close, .timeout = 60)
             cr_assert_eq(idem_get(s, key, strlen(key), &r), 0, "%s", key);
         }
     cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
     t_rmdir(dir);
 }
@@ -490,7 +490,7 @@ Test(torn, newest_segment_deleted, .timeout = 60)
     idem_store *s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "batch0-key0", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(idem_close(s), 0);
     cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
     t_rmdir(dir);

@@ -150,7 +150,7 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
     for (size_t i = 0; i < n && !rc; i++) {
         if (outs[i].status)
             continue;
-        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].len);
+        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].keylen);
         if (!it) {
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
             break;
@@ -415,7 +415,7 @@ static int idem__get_reply(idem_store *s, const redisReply *rep,
     out->released = (int)v[2];
     out->created_ms = v[3];
     out->expires_ms = v[4];
-    out->lease_until = v[0] == IDEM_PENDING ? v[5] : 0;
+    out->lease_until = v[0] == IDEM_STATE_PENDING ? v[5] : 0;
     out->has_fp = fp->len == IDEM_FP_LEN;
     if (out->has_fp)
         memcpy(out->fp, fp->str, IDEM_FP_LEN);
@@ -468,7 +468,7 @@ static int idem__redis_import(idem_store *s, const void *key, size_t keylen,
         rc = idem__one_begin(s, &one, IDEM__S_IMPORT, key, keylen);
     if (rc)
         return rc;
-    int pending = rec->state == IDEM_PENDING;
+    int pending = rec->state == IDEM_STATE_PENDING;
     idem__arg(one.it, states[rec->state], 1);
     idem__argnum(one.it, 0, (long long)rec->token);
     idem__arg(one.it, pending && rec->released ? "1" : "0", 1);

@@ -91,7 +91,7 @@ static int idem__dump_one(const idem__redis *r, const redisReply *e,
     idem_record rec = {.state = (idem_state)v[0], .token = (uint64_t)v[1],
                        .attempts = (uint32_t)v[6], .released = (int)v[2],
                        .created_ms = v[3], .expires_ms = v[4],
-                       .lease_until = v[0] == IDEM_PENDING ? v[5] : 0,
+                       .lease_until = v[0] == IDEM_STATE_PENDING ? v[5] : 0,
                        .has_fp = fp->len == IDEM_FP_LEN,
                        .data = d->len ? d->str : NULL, .len = d->len};
     if (rec.has_fp)

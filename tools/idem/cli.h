@@ -119,12 +119,12 @@ const char *cli_shown_uri(const char *uri);
 
 /* Open a store, or print why not (with what to do about it) and return
  * NULL; print what idem_warning() has to say. flags as
- * idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
+ * idem_opts.flags; ttl_ms/lease_ms 0 for defaults. */
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms);
 /* The same with every option given. */
 idem_store *cli_open_with(const char *cmd, const char *uri,
-                          const idem_options *o);
+                          const idem_opts *o);
 /* The exit status after cli_open() or cli_open_with() returned NULL:
  * 2 when the --store URI itself was wrong (a usage error), else 1. */
 int cli_open_status(void);

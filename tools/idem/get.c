@@ -51,7 +51,7 @@ static int show(const char *space, const cli_buf *key, int base64,
                 const idem_record *r)
 {
     static const char *const states[] = {"pending", "done", "failed"};
-    const char *what = r->state == IDEM_DONE ? "response" : "error";
+    const char *what = r->state == IDEM_STATE_DONE ? "response" : "error";
     if (space)
         printf("key space  %s\n", space);
     if (base64 && show_base64("key", key->p, key->len))
@@ -65,7 +65,7 @@ static int show(const char *space, const cli_buf *key, int base64,
     show_time("created", r->created_ms);
     show_time("expires", r->expires_ms);
     /* A released claim holds no lease: the next claim takes it at once. */
-    if (r->state == IDEM_PENDING && !r->released)
+    if (r->state == IDEM_STATE_PENDING && !r->released)
         show_time("lease", r->lease_until);
     if (r->len && base64)
         return show_base64(what, r->data, r->len);

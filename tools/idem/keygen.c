@@ -242,7 +242,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
     if (rc) {
         int ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
                           idem_snowflake_errdetail(g));
-        idem_snowflake_close(g);
+        idem_snowflake_free(g);
         return ex;
     }
     char line[IDEM_SNOWFLAKE_STRLEN + 2];
@@ -260,7 +260,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
         if (fwrite(line, 1, n, stdout) != n)
             ex = kg_out_error();
     }
-    rc = idem_snowflake_close(g);
+    rc = idem_snowflake_free(g);
     if (rc && !ex)
         ex = cli_fail(KG, "closing the state file: %s", idem_strerror(rc));
     return ex;
@@ -309,21 +309,21 @@ static int kg_gen_bizkey(const struct kg_opts *o)
     bo.hmac_key = secret;
     bo.hmac_key_len = slen;
     idem_bizkey_gen *g;
-    int rc = idem_bizkey_new(&bo, &g);
+    int rc = idem_bizkey_gen_new(&bo, &g);
     char key[IDEM_BIZKEY_MAX + 2];
     size_t klen = 0;
     if (!rc)
-        rc = idem_bizkey_make(g, o->prefix, o->id, payload, plen, key,
-                              sizeof key, &klen);
+        rc = idem_bizkey_gen_make(g, o->prefix, o->id, payload, plen, key,
+                                  sizeof key, &klen);
     if (rc) {
         ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
-                      idem_bizkey_errdetail(g));
+                      idem_bizkey_gen_errdetail(g));
     } else {
         key[klen++] = '\n';
         if (fwrite(key, 1, klen, stdout) != klen)
             ex = kg_out_error();
     }
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g);
     if (secret)
         explicit_bzero(secret, slen);
     free(secret);

@@ -345,8 +345,8 @@ int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what)
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = flags;
     if (ttl_ms)
         o.ttl_ms = ttl_ms;
@@ -365,7 +365,7 @@ int cli_open_status(void)
 }
 
 idem_store *cli_open_with(const char *cmd, const char *uri,
-                          const idem_options *o)
+                          const idem_opts *o)
 {
     idem_store *s;
     int rc = idem_open(uri, o, &s);

@@ -48,7 +48,7 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
                                states[r->state], (unsigned long long)r->token,
                                r->attempts, (long long)r->created_ms,
                                (long long)r->expires_ms);
-    if (r->state == IDEM_PENDING)
+    if (r->state == IDEM_STATE_PENDING)
         rc = rc ? rc : cli_buf_fmt(b, ",\"lease_until_ms\":%lld%s",
                                    (long long)r->lease_until,
                                    r->released ? ",\"released\":true" : "");
@@ -339,7 +339,7 @@ static int check_numbers(rec_parse *p, idem_record *r)
         return field_error(p, F_CREATED, "%" PRIu64 " is after "
                            "\"expires_ms\" %" PRIu64, p->num[F_CREATED],
                            p->num[F_EXPIRES]);
-    int pending = r->state == IDEM_PENDING;
+    int pending = r->state == IDEM_STATE_PENDING;
     for (int f = F_LEASE; f <= F_RELEASED; f++)
         if (p->seen[f] && !pending)
             return field_error(p, f, "only a pending record has it");

@@ -800,7 +800,7 @@ int stream_run(const stream_cfg *c)
     nd_close(&lp.rd);
     jk_free(lp.jk);
     jk_path_free(&lp.path);
-    idem_bizkey_free(lp.line_hash);
+    idem_bizkey_gen_free(lp.line_hash);
     for (int i = 0; i < 2; i++) {
         cli_buf_free(&lp.b[i].keys);
         cli_buf_free(&lp.b[i].text);

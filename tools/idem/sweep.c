@@ -54,8 +54,8 @@ int cli_cmd_sweep(int argc, char **argv)
     if (rc)
         return rc < 0 ? 0 : rc;
     const char *uri = cli_store_uri(given);
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = IDEM_O_NOCREATE;
     if (keep)
         o.retention_ms = keep;
