@@ -743,8 +743,9 @@ static int idem__redis_check_uri(idem_store *s, const char *rest,
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
     .scan = idem__redis_scan, .import = idem__redis_import,                \
-    .check = idem__redis_check_uri, .extend_many = idem__redis_extend_many,    \
-    .poison = idem__ckpt_poison, .caps = IDEM__CAP_CLAIM_DONE
+    .check = idem__redis_check_uri,                                        \
+    .extend_many = idem__redis_extend_many, .poison = idem__ckpt_poison,   \
+    .caps = IDEM__CAP_CLAIM_DONE
 
 const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};
