@@ -46,10 +46,19 @@ for f in $files; do
         report "$f:1" "no opening essay line \"/* $name - ...\""
 done
 # layering FILE DIR...: each quoted include of FILE names idem/NAME.h or,
-# without a '/', a file of one of the DIRs (the exception above aside).
+# without a '/', a file of one of the DIRs (the exception above aside);
+# no <...> include names a file of the tree, which -Isrc would find.
 layering() {
     f=$1
     shift
+    grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<' "$f" |
+        while IFS= read -r line; do
+            inc=${line#*<}
+            inc=${inc%%>*}
+            if [ -f "src/$inc" ] || [ -f "tools/$inc" ]; then
+                echo "$f:${line%%:*}"
+            fi
+        done
     grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
         while IFS= read -r line; do
             inc=${line#*\"}
