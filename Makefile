@@ -15,13 +15,22 @@ WARN = -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
        -Wcast-align -Wwrite-strings -Wimplicit-fallthrough \
        -Wno-unused-parameter
 # Hidden by default: libidem.so exports what the headers mark IDEM_EXPORT
-# and nothing else (scripts/check-exports.sh). Tests and the CLI, which
-# call idem__ internals, link the static library.
+# and nothing else (scripts/check-exports.sh). Tests and bench programs,
+# which call idem__ internals, link the static library, and so does the
+# CLI, which is compiled without -Isrc: it sees the public headers only
+# (the layering rule of docs/architecture.md).
+INC = -Iinclude -Isrc
 CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
-             -fvisibility=hidden -Iinclude -Isrc $(CFLAGS)
+             -fvisibility=hidden $(INC) $(CFLAGS)
 LIBS = -lhiredis -lxxhash -lcrypto -lpthread
 
-LIB_SRC := $(sort $(wildcard src/*.c))
+# One folder per layer (docs/architecture.md): the core at the top of
+# src/, then each subsystem in its own folder.
+CORE_SRC := $(sort $(wildcard src/*.c))
+LOCAL_SRC := $(sort $(wildcard src/local/*.c))
+REDIS_SRC := $(sort $(wildcard src/redis/*.c))
+KEYS_SRC := $(sort $(wildcard src/keys/*.c))
+LIB_SRC := $(CORE_SRC) $(LOCAL_SRC) $(REDIS_SRC) $(KEYS_SRC)
 CLI_SRC := $(sort $(wildcard tools/idem/*.c))
 TEST_SRC := $(sort $(wildcard tests/*.c))
 PROG_SRC := $(sort $(wildcard tests/progs/*.c))
@@ -44,6 +53,8 @@ WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
 .PHONY: all test asan bench demo install clean deps check-style
 
 all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem $(EXAMPLES)
+
+$(CLI_OBJ): INC = -Iinclude
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

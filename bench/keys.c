@@ -159,9 +159,10 @@ static void run_bizkey(void *ctx, unsigned n)
     struct bizctx *b = ctx;
     char out[IDEM_BIZKEY_MAX + 1];
     for (unsigned i = 0; i < n; i++) {
-        if (idem_bizkey_make(b->g, "order", "A-1001", next_payload(b->ps), 200,
-                             out, sizeof out, NULL))
-            die("idem_bizkey_make");
+        if (idem_bizkey_gen_make(b->g, "order", "A-1001",
+                                 next_payload(b->ps), 200, out, sizeof out,
+                                 NULL))
+            die("idem_bizkey_gen_make");
         sink ^= (unsigned)out[20];
     }
 }
@@ -248,7 +249,7 @@ int main(int argc, char **argv)
     if (idem_snowflake_new(NULL, &sf))
         die("idem_snowflake_new");
     double sfr = rate(run_snowflake, sf);
-    idem_snowflake_close(sf);
+    idem_snowflake_free(sf);
     printf("snowflake_per_s=%.0f\nsnowflake_cap_per_s=4096000\n"
            "snowflake_vs_cap=%.3f\n",
            sfr, sfr / 4096000.0);
@@ -267,17 +268,17 @@ int main(int argc, char **argv)
     idem_bizkey_opts bo;
     idem_bizkey_opts_init(&bo);
     struct bizctx b = {&ps, NULL};
-    if (idem_bizkey_new(&bo, &b.g))
-        die("idem_bizkey_new");
+    if (idem_bizkey_gen_new(&bo, &b.g))
+        die("idem_bizkey_gen_new");
     ref = rate(run_evp_sha256, &e);
     pair("bizkey_sha256_200b", rate(run_bizkey, &b), "evp_sha256_200b", ref);
-    idem_bizkey_free(b.g);
+    idem_bizkey_gen_free(b.g);
 
     static const char secret[] = "a 32-byte secret for the bench!!";
     bo.hmac_key = secret;
     bo.hmac_key_len = sizeof secret - 1;
-    if (idem_bizkey_new(&bo, &b.g))
-        die("idem_bizkey_new (hmac)");
+    if (idem_bizkey_gen_new(&bo, &b.g))
+        die("idem_bizkey_gen_new (hmac)");
     EVP_MAC *mac = EVP_MAC_fetch(NULL, "HMAC", NULL);
     e.mac = mac ? EVP_MAC_CTX_new(mac) : NULL;
     char digest[] = "SHA256";
@@ -290,7 +291,7 @@ int main(int argc, char **argv)
         die("EVP_MAC HMAC");
     ref = rate(run_evp_hmac, &e);
     pair("bizkey_hmac_200b", rate(run_bizkey, &b), "evp_hmac_sha256_200b", ref);
-    idem_bizkey_free(b.g);
+    idem_bizkey_gen_free(b.g);
 
     ref = rate(run_evp_sha256, &e);
     pair("fingerprint_200b", rate(run_fingerprint, &ps), "evp_sha256_200b",

@@ -81,7 +81,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "idem/idem.h"
 #include "keys36.h"
 
@@ -183,8 +183,8 @@ static claim_run claim_stream(const char *uri, size_t n, void (*before)(void))
 {
     enum { BATCH = 1000 };
     idem_store *s;
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     int rc = idem_open(uri, &o, &s);
     if (rc) {
         fprintf(stderr, "redis_claims: %s: %s\n", uri, idem_errdetail(s));
@@ -548,8 +548,8 @@ static void bench_scale(const int *ports, int nports, size_t n)
         snprintf(uri, sizeof uri,
                  "redis-cluster://127.0.0.1:%d?prefix=bench-scale-%d:"
                  "&timeout_ms=30000", ports[m * (m - 1) / 2], (int)getpid());
-        idem_options o;
-        idem_options_init(&o);
+        idem_opts o;
+        idem_opts_init(&o);
         if (idem_open(uri, &o, &s[m])) {
             fprintf(stderr, "redis_claims: %s: %s\n", uri,
                     idem_errdetail(s[m]));

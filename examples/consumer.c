@@ -37,9 +37,9 @@ static int consume(idem_store *s, const char *id, const char *payload)
         if ((rc = idem_sync(s)))  /* a crash from here on: the next worker */
             return rc;            /* takes the claim over, new token */
         if (charge(id, payload, o.token))
-            return idem_fail(s, id, k.len, o.token, "stdout", 6,
+            return idem_fail(s, id, k.keylen, o.token, "stdout", 6,
                              IDEM_RETRYABLE);
-        rc = idem_complete(s, id, k.len, o.token, payload, strlen(payload),
+        rc = idem_complete(s, id, k.keylen, o.token, payload, strlen(payload),
                            0);
         return rc ? rc : idem_sync(s);  /* durable: now ack the message */
     case IDEM_REPLAY:

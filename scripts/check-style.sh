@@ -7,14 +7,21 @@
 #     state, or errors that cannot be told from a zero);
 #   - every file opens with its essay line, "/* [dir/]NAME - ...";
 #   - no tab, no trailing blank, no line over 80 columns;
+#   - the layering rule of docs/architecture.md: the core (src/*.[ch])
+#     includes its own headers; a subsystem (src/local, src/redis,
+#     src/keys) the core's and its own; tools/idem/ the public headers
+#     (idem/*.h) and its own, and bench/keys36.h, the benchmark key
+#     stream `idem bench` shares with the bench programs (one header of
+#     inline code, no library internals). So nothing in src/ includes
+#     tools/, and no subsystem reaches into another;
 #   - shellcheck(1) finds nothing in scripts/*.sh and bench/*.sh (the
 #     scripts start servers and kill processes: a word split in the
 #     wrong place kills the wrong one).
 #
 # Prints each violation as FILE:LINE: what, and exits 1 if there was any.
 set -u
-files=$(ls src/*.[ch] include/idem/*.h tools/idem/*.[ch] tests/*.[ch] \
-    tests/progs/*.c bench/*.[ch] examples/*.c 2>/dev/null)
+files=$(ls src/*.[ch] src/*/*.[ch] include/idem/*.h tools/idem/*.[ch] \
+    tests/*.[ch] tests/progs/*.c bench/*.[ch] examples/*.c 2>/dev/null)
 bad=0
 report() {
     [ -n "$1" ] || return 0
@@ -38,6 +45,45 @@ for f in $files; do
     head -n 1 "$f" | grep -qE "^/\* ([a-z]+/)*$name - " ||
         report "$f:1" "no opening essay line \"/* $name - ...\""
 done
+# layering FILE DIR...: each quoted include of FILE names idem/NAME.h or,
+# without a '/', a file of one of the DIRs (the exception above aside);
+# no <...> include names a file of the tree, which -Isrc would find.
+layering() {
+    f=$1
+    shift
+    grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*<' "$f" |
+        while IFS= read -r line; do
+            inc=${line#*<}
+            inc=${inc%%>*}
+            if [ -f "src/$inc" ] || [ -f "tools/$inc" ]; then
+                echo "$f:${line%%:*}"
+            fi
+        done
+    grep -n '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' "$f" |
+        while IFS= read -r line; do
+            inc=${line#*\"}
+            inc=${inc%%\"*}
+            case "$f:$inc" in
+            *:idem/*.h | tools/idem/bench.c:../../bench/keys36.h) continue ;;
+            esac
+            for d in "$@"; do
+                case $inc in */*) ;; *) [ -f "$d/$inc" ] && continue 2 ;; esac
+            done
+            echo "$f:${line%%:*}"
+        done
+}
+layers=
+for f in $files; do
+    case $f in
+    src/*/*) bad_inc=$(layering "$f" "${f%/*}" src) ;;
+    src/*) bad_inc=$(layering "$f" src) ;;
+    tools/idem/*) bad_inc=$(layering "$f" tools/idem) ;;
+    *) bad_inc= ;;
+    esac
+    [ -z "$bad_inc" ] || layers="$layers${layers:+
+}$bad_inc"
+done
+report "$layers" "include across the layers (docs/architecture.md)"
 if command -v shellcheck >/dev/null; then
     shellcheck scripts/*.sh bench/*.sh >&2 ||
         report "scripts/*.sh bench/*.sh" "shellcheck (above)"

@@ -26,7 +26,7 @@ static void idem__new_record(const idem__rec *cur, const uint8_t *fp,
                              uint64_t min_token, idem__rec *next)
 {
     memset(next, 0, sizeof *next);
-    next->state = IDEM_PENDING;
+    next->state = IDEM_STATE_PENDING;
     next->token = cur && cur->token >= min_token ? cur->token + 1
                                                  : min_token;
     next->attempts = cur ? cur->attempts + 1 : 1;
@@ -62,9 +62,9 @@ void idem__decide_claim(const idem__rec *cur, const uint8_t *fp, int64_t now,
         out->attempts = cur->attempts;
         return;
     }
-    if (cur && cur->state == IDEM_DONE) {
+    if (cur && cur->state == IDEM_STATE_DONE) {
         out->kind = IDEM_REPLAY;
-    } else if (cur && cur->state == IDEM_FAILED_STATE) {
+    } else if (cur && cur->state == IDEM_STATE_FAILED) {
         out->kind = IDEM_FAILED;
     } else if (cur && !cur->released && now < cur->lease) {
         out->kind = IDEM_BUSY;
@@ -83,7 +83,7 @@ void idem__decide_claim(const idem__rec *cur, const uint8_t *fp, int64_t now,
 
 int idem__may_finish(const idem__rec *cur, uint64_t token)
 {
-    if (!cur || cur->state != IDEM_PENDING || cur->released ||
+    if (!cur || cur->state != IDEM_STATE_PENDING || cur->released ||
         cur->token != token)
         return IDEM_ELOST;
     return 0;

@@ -340,7 +340,7 @@ static int idem__runner_reclaim(idem_runner *r, size_t j)
     idem_outcome *o = &r->outs[j];
     int rc = 0;
     while (!rc && !o->status && o->kind == IDEM_BUSY) {
-        rc = idem_fail(r->s, r->keys[j].key, r->keys[j].len, o->token, why,
+        rc = idem_fail(r->s, r->keys[j].key, r->keys[j].keylen, o->token, why,
                        sizeof why - 1, IDEM_RETRYABLE);
         rc = rc == IDEM_ELOST ? 0 : rc;
         if (!rc)

@@ -62,7 +62,7 @@ static int idem__fail_forked(idem_store *s)
                       s->pid, (long)getpid());
 }
 
-void idem_options_init(idem_options *o)
+void idem_opts_init(idem_opts *o)
 {
     if (!o)
         return;
@@ -133,11 +133,11 @@ static void idem__begin(idem_store *s)
     s->detail[0] = '\0';
 }
 
-static int idem__check_options(idem_store *s, const idem_options *o)
+static int idem__check_options(idem_store *s, const idem_opts *o)
 {
     if (o->version != IDEM__OPTIONS_VERSION)
         return idem__fail(s, IDEM_EINVAL,
-                          "options not initialised with idem_options_init()");
+                          "options not initialised with idem_opts_init()");
     if (o->ttl_ms <= 0 || o->lease_ms <= 0 || o->failure_ttl_ms <= 0 ||
         o->ttl_ms > IDEM_MS_MAX || o->lease_ms > IDEM_MS_MAX ||
         o->failure_ttl_ms > IDEM_MS_MAX)
@@ -157,32 +157,55 @@ static int idem__check_options(idem_store *s, const idem_options *o)
     return 0;
 }
 
+/* The backend that uri's scheme names, and *rest the URI after the ':';
+ * NULL if none does. */
+static const struct idem__backend *idem__backend_of(const char *uri,
+                                                    const char **rest)
+{
+    const char *colon = strchr(uri, ':');
+    if (!colon)
+        return NULL;
+    size_t n = (size_t)(colon - uri);
+    for (size_t i = 0; i < sizeof idem__backends / sizeof *idem__backends;
+         i++) {
+        const char *name = idem__backends[i]->scheme;
+        if (strlen(name) == n && memcmp(name, uri, n) == 0) {
+            *rest = colon + 1;
+            return idem__backends[i];
+        }
+    }
+    return NULL;
+}
+
 static int idem__pick_backend(idem_store *s, const char *uri,
                               const char **rest)
 {
-    const char *colon = strchr(uri, ':');
-    if (colon) {
-        size_t n = (size_t)(colon - uri);
-        for (size_t i = 0; i < sizeof idem__backends / sizeof *idem__backends;
-             i++) {
-            const char *name = idem__backends[i]->scheme;
-            if (strlen(name) == n && memcmp(name, uri, n) == 0) {
-                s->be = idem__backends[i];
-                *rest = colon + 1;
-                return 0;
-            }
-        }
-    }
+    s->be = idem__backend_of(uri, rest);
+    if (s->be)
+        return 0;
     return idem__fail(s, IDEM_EINVAL,
                       "unknown store URI '%s': expected local:PATH, mem:, "
                       "redis://host:port or redis-cluster://host:port",
                       s->uri);
 }
 
-int idem_open(const char *uri, const idem_options *opts, idem_store **out)
+unsigned idem_uri_caps(const char *uri)
 {
-    if (!out)  /* nowhere to put a handle, or the detail of an error */
-        return IDEM_EINVAL;
+    const char *rest;
+    const struct idem__backend *be =
+        idem__backend_of(uri && *uri ? uri : IDEM_DEFAULT_URI, &rest);
+    if (!be)
+        return 0;
+    return (be->caps & IDEM__CAP_SEGMENTS ? IDEM_CAP_SEGMENTS : 0) |
+           (be->check ? IDEM_CAP_CHECK : 0);
+}
+
+/* A handle for uri, its backend picked, not yet open; *rest is the URI
+ * after the scheme. On failure *out is NULL (out of memory) or a handle
+ * with no backend whose detail says why. */
+static int idem__handle_new(const char *uri, const idem_opts *opts,
+                            idem_store **out, const char **rest)
+{
     idem_store *s = calloc(1, sizeof *s);
     *out = s;
     if (!s)
@@ -195,9 +218,9 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out)
     if (opts)
         s->opts = *opts;
     else
-        idem_options_init(&s->opts);
+        idem_opts_init(&s->opts);
     if (!uri || !*uri)
-        uri = IDEM__DEFAULT_URI;
+        uri = IDEM_DEFAULT_URI;
     /* Messages name the store as it may be shown: without a password. */
     size_t shown = idem_uri_display(uri, NULL, 0) + 1;
     s->uri = malloc(shown);
@@ -205,14 +228,20 @@ int idem_open(const char *uri, const idem_options *opts, idem_store **out)
         idem_uri_display(uri, s->uri, shown);
     if (!s->uri)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    const char *rest = NULL;
     int rc = idem__check_options(s, &s->opts);
+    return rc ? rc : idem__pick_backend(s, uri, rest);
+}
+
+int idem_open(const char *uri, const idem_opts *opts, idem_store **out)
+{
+    if (!out)  /* nowhere to put a handle, or the detail of an error */
+        return IDEM_EINVAL;
+    const char *rest = NULL;
+    int rc = idem__handle_new(uri, opts, out, &rest);
     if (!rc)
-        rc = idem__pick_backend(s, uri, &rest);
-    if (!rc)
-        rc = s->be->open(s, rest);
-    if (rc)
-        s->be = NULL;  /* closed state: only errdetail and close work */
+        rc = (*out)->be->open(*out, rest);
+    if (rc && *out)
+        (*out)->be = NULL;  /* closed state: only errdetail and close work */
     return rc;
 }
 
@@ -299,7 +328,7 @@ static int idem__complete_new(idem_store *s, const idem_key *keys, size_t n,
     int rc = c && st ? 0 : idem__fail(s, IDEM_ENOMEM, "out of memory");
     for (size_t i = 0; !rc && i < n; i++)
         if (!outs[i].status && outs[i].kind == IDEM_NEW) {
-            c[m] = (idem_completion){keys[i].key, keys[i].len,
+            c[m] = (idem_completion){keys[i].key, keys[i].keylen,
                                      outs[i].token, NULL, 0, ttl_ms};
             st[m++] = 0;
         }
@@ -325,7 +354,7 @@ int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
         return idem__fail(s, IDEM_EINVAL, "keys or outs is NULL");
     for (size_t i = 0; i < n; i++) {
         memset(&outs[i], 0, sizeof outs[i]);
-        outs[i].status = idem__check_key(s, keys[i].key, keys[i].len);
+        outs[i].status = idem__check_key(s, keys[i].key, keys[i].keylen);
     }
     a.done = (flags & IDEM_CLAIM_DONE) &&
              (s->be->caps & IDEM__CAP_CLAIM_DONE);
@@ -542,11 +571,51 @@ static int idem__check_record(idem_store *s, const idem_record *r)
     if (r->token == 0 || r->token > IDEM_TOKEN_MAX)
         return idem__fail(s, IDEM_EINVAL, "token %llu is out of range",
                           (unsigned long long)r->token);
-    if (r->state != IDEM_PENDING && r->state != IDEM_DONE &&
-        r->state != IDEM_FAILED_STATE)
+    if (r->state != IDEM_STATE_PENDING && r->state != IDEM_STATE_DONE &&
+        r->state != IDEM_STATE_FAILED)
         return idem__fail(s, IDEM_EINVAL, "state %d is not a state",
                           (int)r->state);
     return idem__check_value(s, r->data, r->len);
+}
+
+/* idem_check() and idem_repair() hand the backend a handle that is not
+ * open: a store too damaged to open must still be checked and repaired,
+ * so opening is the backend's business (Redis opens one; local: reads
+ * its directory). */
+static int idem__check_store(const char *uri, int repair,
+                             idem_check_report *report)
+{
+    idem_check_report dummy;
+    idem_check_report *r = report ? report : &dummy;
+    memset(r, 0, sizeof *r);
+    idem_opts o;
+    idem_opts_init(&o);
+    o.flags = repair ? 0 : IDEM_O_READONLY;
+    idem_store *s;
+    const char *rest = NULL;
+    int rc = idem__handle_new(uri, &o, &s, &rest);
+    if (!rc && !s->be->check)
+        rc = idem__fail(s, IDEM_ENOTSUP, "check and repair work on local: "
+                        "and Redis stores");
+    else if (!rc)
+        rc = s->be->check(s, rest, repair, r);
+    if (rc && rc != IDEM_ECORRUPT)
+        snprintf(r->first_damage, sizeof r->first_damage, "%s",
+                 idem_errdetail(s));
+    if (s)
+        s->be = NULL;  /* nothing open for idem_close() to close */
+    idem_close(s);
+    return rc;
+}
+
+int idem_check(const char *uri, idem_check_report *report)
+{
+    return idem__check_store(uri, 0, report);
+}
+
+int idem_repair(const char *uri, idem_check_report *report)
+{
+    return idem__check_store(uri, 1, report);
 }
 
 int idem_import(idem_store *s, const void *key, size_t keylen,

@@ -12,12 +12,10 @@
 
 struct idem__backend;
 
-#define IDEM__DEFAULT_URI "local:./idem-data"
-
 struct idem_store {
     const struct idem__backend *be;
     void *impl;               /* the backend's state */
-    idem_options opts;
+    idem_opts opts;
     char *uri;                /* as shown: idem_uri_display() */
     idem__arena out;          /* memory behind data returned to callers */
     long pid;                 /* the process that opened it */
@@ -41,6 +39,8 @@ typedef struct idem__claim_args {
 #define IDEM__CAP_GROUP_COMMIT 4u /* changes become durable together, at
                                   * sync; without it each write is durable
                                   * (or lost) on its own as it is sent */
+#define IDEM__CAP_SEGMENTS 8u    /* records live in log segments on this
+                                  * machine: IDEM_CAP_SEGMENTS */
 
 /* Every function returns 0 or an IDEM_E* code and may set the detail.
  * Batch functions process the entries whose status is 0 on entry (the
@@ -72,9 +72,13 @@ struct idem__backend {
                           const void **blob, size_t *len);
     int (*sweep)(idem_store *s, size_t max_work, uint64_t *expired);
     int (*stats)(idem_store *s, idem_stats *out);
-    /* idem_check()/idem_repair() of a store that is not a directory;
-     * NULL: not supported. */
-    int (*check)(idem_store *s, int repair, idem_check_report *r);
+    /* idem_check()/idem_repair() of the store that rest (the URI after
+     * the scheme) names, into *r (zeroed). s is a handle that is not
+     * open: its uri, options (IDEM_O_READONLY for a check) and detail
+     * serve the backend, which opens what it needs and closes it before
+     * it returns. NULL: not supported (IDEM_ENOTSUP). */
+    int (*check)(idem_store *s, const char *rest, int repair,
+                 idem_check_report *r);
     /* Optional (NULL: IDEM_ENOTSUP). */
     int (*scan)(idem_store *s, idem_scan_fn fn, void *ctx);
     int (*import)(idem_store *s, const void *key, size_t keylen,

@@ -17,10 +17,10 @@ static int64_t t_clock(void *ctx)
     return t_clock_ms;
 }
 
-idem_options t_options(void)
+idem_opts t_options(void)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.clock = t_clock;
     return o;
 }
@@ -52,7 +52,7 @@ const char *t_local_uri(const char *dir)
 
 idem_store *t_open(const char *uri)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     idem_store *s;
     int rc = idem_open(uri, &o, &s);
     cr_assert_eq(rc, 0, "open %s: %s: %s", uri, idem_strerror(rc),

@@ -17,7 +17,7 @@ void t_rmdir(const char *dir);
 /* The injectable clock: tests set t_clock_ms and open stores with
  * t_options(). */
 extern int64_t t_clock_ms;
-idem_options t_options(void);
+idem_opts t_options(void);
 
 /* Open uri with t_options(); fails the test on error. */
 idem_store *t_open(const char *uri);

@@ -15,8 +15,9 @@ static idem_bizkey_gen *gen(unsigned hash_len, const void *key, size_t klen)
     o.hmac_key = key;
     o.hmac_key_len = klen;
     idem_bizkey_gen *g = NULL;
-    int rc = idem_bizkey_new(&o, &g);
-    cr_assert_eq(rc, 0, "%s: %s", idem_strerror(rc), idem_bizkey_errdetail(g));
+    int rc = idem_bizkey_gen_new(&o, &g);
+    cr_assert_eq(rc, 0, "%s: %s", idem_strerror(rc),
+                 idem_bizkey_gen_errdetail(g));
     return g;
 }
 
@@ -25,8 +26,9 @@ static const char *hash_of(idem_bizkey_gen *g, const void *payload, size_t len)
 {
     static char out[IDEM_BIZKEY_MAX + 1];
     size_t n = 0;
-    int rc = idem_bizkey_make(g, "t", "1", payload, len, out, sizeof out, &n);
-    cr_assert_eq(rc, 0, "%s", idem_bizkey_errdetail(g));
+    int rc =
+        idem_bizkey_gen_make(g, "t", "1", payload, len, out, sizeof out, &n);
+    cr_assert_eq(rc, 0, "%s", idem_bizkey_gen_errdetail(g));
     cr_assert_eq(n, strlen(out));
     cr_assert_eq(memcmp(out, "t:1:", 4), 0);
     return out + 4;
@@ -60,7 +62,7 @@ Test(bizkey, sha256_fips_180_4_vectors, .timeout = 30)
         hash_of(g, million, 1000000),
         "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
     free(million);
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g);
 }
 
 static void fill(unsigned char *p, unsigned char c, size_t n)
@@ -115,7 +117,7 @@ Test(bizkey, hmac_sha256_rfc_4231_vectors, .timeout = 30)
         for (int twice = 0; twice < 2; twice++)
             cr_assert_str_eq(hash_of(g, v[i].data, v[i].dlen), v[i].hex,
                              "RFC 4231 case %zu", i + 1);
-        idem_bizkey_free(g);
+        idem_bizkey_gen_free(g);
     }
 }
 
@@ -129,20 +131,21 @@ Test(bizkey, hash_length_bounds, .timeout = 10)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         idem_bizkey_opts_init(&o);
         o.hash_len = bad[i];
-        cr_assert_eq(idem_bizkey_new(&o, &g), IDEM_EINVAL, "len %u", bad[i]);
-        cr_assert(strstr(idem_bizkey_errdetail(g), "out of range 8..64"));
+        cr_assert_eq(idem_bizkey_gen_new(&o, &g), IDEM_EINVAL, "len %u",
+                     bad[i]);
+        cr_assert(strstr(idem_bizkey_gen_errdetail(g), "out of range 8..64"));
         char out[64];
         cr_assert_eq(
-            idem_bizkey_make(g, "a", "b", "", 0, out, sizeof out, NULL),
+            idem_bizkey_gen_make(g, "a", "b", "", 0, out, sizeof out, NULL),
             IDEM_EINVAL, "a closed handle makes nothing");
-        idem_bizkey_free(g);
+        idem_bizkey_gen_free(g);
     }
     for (unsigned n = 8; n <= 64; n++) {
         g = gen(n, NULL, 0);
         const char *h = hash_of(g, "abc", 3);
         cr_assert_eq(strlen(h), n);
         cr_assert_eq(strncmp(h, full, n), 0, "len %u: a prefix of the hash", n);
-        idem_bizkey_free(g);
+        idem_bizkey_gen_free(g);
     }
     /* The default is 16. */
     char out[IDEM_BIZKEY_MAX + 1];
@@ -155,11 +158,11 @@ Test(bizkey, hash_length_bounds, .timeout = 10)
     idem_bizkey_opts_init(&o);
     o.hmac_key = "";
     o.hmac_key_len = 0;
-    cr_assert_eq(idem_bizkey_new(&o, &g), IDEM_EINVAL);
-    idem_bizkey_free(g);
+    cr_assert_eq(idem_bizkey_gen_new(&o, &g), IDEM_EINVAL);
+    idem_bizkey_gen_free(g);
     memset(&o, 0, sizeof o);
-    cr_assert_eq(idem_bizkey_new(&o, &g), IDEM_EINVAL, "uninitialised");
-    idem_bizkey_free(g);
+    cr_assert_eq(idem_bizkey_gen_new(&o, &g), IDEM_EINVAL, "uninitialised");
+    idem_bizkey_gen_free(g);
 }
 
 static char *repeat(char c, size_t n)
@@ -185,33 +188,34 @@ Test(bizkey, invalid_prefixes_and_ids_rejected, .timeout = 10)
     idem_bizkey_gen *g = gen(16, NULL, 0);
     char out[IDEM_BIZKEY_MAX + 1], why[256];
     for (size_t i = 0; i < sizeof bad_prefix / sizeof *bad_prefix; i++) {
-        cr_assert_eq(idem_bizkey_make(g, bad_prefix[i], "id", "x", 1, out,
-                                      sizeof out, NULL),
+        cr_assert_eq(idem_bizkey_gen_make(g, bad_prefix[i], "id", "x", 1, out,
+                                          sizeof out, NULL),
                      IDEM_EINVAL, "prefix '%s' accepted", bad_prefix[i]);
-        cr_assert(strstr(idem_bizkey_errdetail(g), "prefix"), "%s",
-                  idem_bizkey_errdetail(g));
+        cr_assert(strstr(idem_bizkey_gen_errdetail(g), "prefix"), "%s",
+                  idem_bizkey_gen_errdetail(g));
         why[0] = '\0';
         cr_assert_eq(idem_bizkey_check_prefix(bad_prefix[i], why, sizeof why),
                      IDEM_EINVAL);
         cr_assert_neq(why[0], '\0');
     }
     for (size_t i = 0; i < sizeof good_prefix / sizeof *good_prefix; i++) {
-        cr_assert_eq(idem_bizkey_make(g, good_prefix[i], "id", "x", 1, out,
-                                      sizeof out, NULL),
+        cr_assert_eq(idem_bizkey_gen_make(g, good_prefix[i], "id", "x", 1, out,
+                                          sizeof out, NULL),
                      0, "prefix '%s': %s", good_prefix[i],
-                     idem_bizkey_errdetail(g));
+                     idem_bizkey_gen_errdetail(g));
         cr_assert_eq(idem_bizkey_check_prefix(good_prefix[i], NULL, 0), 0);
     }
     for (size_t i = 0; i < sizeof bad_id / sizeof *bad_id; i++) {
-        cr_assert_eq(
-            idem_bizkey_make(g, "p", bad_id[i], "x", 1, out, sizeof out, NULL),
-            IDEM_EINVAL, "id '%s' accepted", bad_id[i]);
+        cr_assert_eq(idem_bizkey_gen_make(g, "p", bad_id[i], "x", 1, out,
+                                          sizeof out, NULL),
+                     IDEM_EINVAL, "id '%s' accepted", bad_id[i]);
         cr_assert_eq(idem_bizkey_check_id(bad_id[i], NULL, 0), IDEM_EINVAL);
     }
     for (size_t i = 0; i < sizeof good_id / sizeof *good_id; i++)
-        cr_assert_eq(
-            idem_bizkey_make(g, "p", good_id[i], "x", 1, out, sizeof out, NULL),
-            0, "id '%s': %s", good_id[i], idem_bizkey_errdetail(g));
+        cr_assert_eq(idem_bizkey_gen_make(g, "p", good_id[i], "x", 1, out,
+                                          sizeof out, NULL),
+                     0, "id '%s': %s", good_id[i],
+                     idem_bizkey_gen_errdetail(g));
     /* The messages name the character. */
     cr_assert_eq(idem_bizkey_check_prefix("ord:er", why, sizeof why),
                  IDEM_EINVAL);
@@ -220,12 +224,12 @@ Test(bizkey, invalid_prefixes_and_ids_rejected, .timeout = 10)
     /* The longest key fits IDEM_BIZKEY_MAX. */
     idem_bizkey_gen *g64 = gen(64, NULL, 0);
     size_t n = 0;
-    cr_assert_eq(idem_bizkey_make(g64, p64, i256, "x", 1, out, sizeof out, &n),
-                 0);
+    cr_assert_eq(
+        idem_bizkey_gen_make(g64, p64, i256, "x", 1, out, sizeof out, &n), 0);
     cr_assert_eq(n, (size_t)IDEM_BIZKEY_MAX);
     cr_assert_leq(n, (size_t)IDEM_KEY_MAX);
-    idem_bizkey_free(g64);
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g64);
+    idem_bizkey_gen_free(g);
     free(p64);
     free(p65);
     free(i256);
@@ -239,15 +243,16 @@ Test(bizkey, output_buffer_too_small, .timeout = 10)
     memset(out, '#', sizeof out);
     size_t n = 0;
     /* "order:A-1:" + 16 = 26 chars + NUL = 27 bytes. */
-    cr_assert_eq(idem_bizkey_make(g, "order", "A-1", "x", 1, out, 26, &n),
+    cr_assert_eq(idem_bizkey_gen_make(g, "order", "A-1", "x", 1, out, 26, &n),
                  IDEM_EINVAL);
     cr_assert_eq(n, 26u, "the length needed");
     cr_assert_eq(out[0], '#', "untouched");
-    cr_assert_eq(idem_bizkey_make(g, "order", "A-1", "x", 1, out, 27, &n), 0);
+    cr_assert_eq(idem_bizkey_gen_make(g, "order", "A-1", "x", 1, out, 27, &n),
+                 0);
     cr_assert_eq(strlen(out), 26u);
-    cr_assert_eq(idem_bizkey_make(g, "order", "A-1", NULL, 1, out, 27, &n),
+    cr_assert_eq(idem_bizkey_gen_make(g, "order", "A-1", NULL, 1, out, 27, &n),
                  IDEM_EINVAL, "NULL payload with a length");
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g);
 }
 
 Test(bizkey, parse, .timeout = 10)
@@ -292,8 +297,8 @@ Test(bizkey, layout_1m, .timeout = 120)
     for (unsigned i = 0; i < 1000000; i++) {
         memcpy(payload, &i, sizeof i);
         size_t n;
-        cr_assert_eq(idem_bizkey_make(g, "order", "A-1001", payload,
-                                      sizeof payload, out, sizeof out, &n),
+        cr_assert_eq(idem_bizkey_gen_make(g, "order", "A-1001", payload,
+                                          sizeof payload, out, sizeof out, &n),
                      0);
         if (n != 29 || memcmp(out, "order:A-1001:", 13) != 0)
             cr_assert_fail("bad key %s", out);
@@ -311,11 +316,11 @@ Test(bizkey, layout_1m, .timeout = 120)
     }
     unsigned zero = 0;
     memcpy(payload, &zero, sizeof zero);
-    cr_assert_eq(idem_bizkey_make(g, "order", "A-1001", payload, sizeof payload,
-                                  out, sizeof out, NULL),
+    cr_assert_eq(idem_bizkey_gen_make(g, "order", "A-1001", payload,
+                                      sizeof payload, out, sizeof out, NULL),
                  0);
     cr_assert_str_eq(out, first, "deterministic");
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g);
 }
 
 /* A secret changes every key; the same secret gives the same keys. */
@@ -331,8 +336,8 @@ Test(bizkey, hmac_depends_on_the_secret, .timeout = 10)
     cr_assert_str_eq(ha, ha2);
     cr_assert_str_neq(ha, hb);
     cr_assert_str_neq(ha, hp);
-    idem_bizkey_free(a);
-    idem_bizkey_free(b);
-    idem_bizkey_free(a2);
-    idem_bizkey_free(plain);
+    idem_bizkey_gen_free(a);
+    idem_bizkey_gen_free(b);
+    idem_bizkey_gen_free(a2);
+    idem_bizkey_gen_free(plain);
 }

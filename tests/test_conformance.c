@@ -215,7 +215,7 @@ CONF_TEST(retryable_failure_releases)
                  0);
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(r.state, IDEM_STATE_PENDING);
     cr_assert(r.released);
     /* Released: the old holder cannot complete any more. */
     cr_assert_eq(idem_complete(s, "k", 1, a.token, "x", 1, 0), IDEM_ELOST);
@@ -230,7 +230,7 @@ CONF_TEST(retryable_failure_releases)
 
 CONF_TEST(permanent_failure_cached_for_failure_ttl)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.failure_ttl_ms = 60000;
     idem_store *s;
     cr_assert_eq(idem_open(conf_uri, &o, &s), 0, "%s", idem_errdetail(s));
@@ -299,7 +299,7 @@ CONF_TEST(get_and_forget)
     int64_t t0 = t_clock_ms;
     idem_outcome a = claim_opts(s, K("k"), 2000, 9000);
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(r.state, IDEM_STATE_PENDING);
     cr_assert_eq(r.token, a.token);
     cr_assert_eq(r.created_ms, t0);
     cr_assert_eq(r.expires_ms, t0 + 9000);
@@ -307,7 +307,7 @@ CONF_TEST(get_and_forget)
     cr_assert_eq(r.has_fp, 0);
     complete(s, "k", a.token, "resp");
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.len, 4);
     cr_assert(memcmp(r.data, "resp", 4) == 0);
     cr_assert_eq(idem_forget(s, "k", 1), 0);
@@ -410,11 +410,11 @@ CONF_TEST(key_sizes)
     idem_outcome o;
     cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
     cr_assert_eq(o.kind, IDEM_NEW);
-    k.len = IDEM_KEY_MAX + 1;
+    k.keylen = IDEM_KEY_MAX + 1;
     cr_assert_eq(idem_claim(s, &k, NULL, &o), IDEM_EKEYSIZE);
     cr_assert(strstr(idem_errdetail(s), "1025 bytes"), "%s",
               idem_errdetail(s));
-    k.len = 0;
+    k.keylen = 0;
     cr_assert_eq(idem_claim(s, &k, NULL, &o), IDEM_EKEYSIZE);
     cr_assert(strstr(idem_errdetail(s), "empty"));
     /* Binary keys: every byte counts, NULs included. */
@@ -479,7 +479,7 @@ CONF_TEST(claim_done_writes_done_at_once)
     cr_assert_eq(o[0].kind, IDEM_NEW);
     idem_record r;
     cr_assert_eq(idem_get(s, "a", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.len, 0);
     cr_assert_eq(idem_claim_many(s, k, 2, NULL, o, IDEM_CLAIM_DONE), 0);
     cr_assert_eq(o[1].kind, IDEM_REPLAY);
@@ -509,7 +509,7 @@ CONF_TEST(same_key_twice_in_one_batch)
     cr_assert_eq(o[2].len, 0);
     idem_record r;
     cr_assert_eq(idem_get(s, "d", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.expires_ms, t_clock_ms + 24 * 3600 * 1000LL);
     idem_close(s);
 }
@@ -530,7 +530,7 @@ CONF_TEST(claim_done_takes_over_an_expired_lease)
     cr_assert_eq(o.attempts, 2);
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.token, o.token);
     cr_assert_eq(r.expires_ms, t_clock_ms + 5000);
     cr_assert_eq(idem_complete(s, "k", 1, a.token, "late", 4, 0), IDEM_ELOST);
@@ -597,7 +597,7 @@ CONF_TEST(checkpoint_commits_with_its_writes)
 static void ckpt_child(int ready)
 {
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     if (idem_open(conf_uri, &o, &s))
         _exit(10);
     idem_key k[2] = {K("k1"), K("k2")};
@@ -643,9 +643,10 @@ CONF_TEST(checkpoint_dies_with_an_unsynced_batch)
     assert_ckpt(s, "src", "old");
     idem_record r;
     cr_assert_eq(idem_get(s, "k1", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(idem_get(s, "k2", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_PENDING, "k2 was completed with 'new' only");
+    cr_assert_eq(r.state, IDEM_STATE_PENDING,
+                 "k2 was completed with 'new' only");
     idem_close(s);
 }
 
@@ -689,7 +690,7 @@ static int count_rec(void *ctx, const void *key, size_t len,
     seen *sn = ctx;
     sn->n++;
     if (len == 1 && !memcmp(key, "a", 1))
-        sn->a_done = r->state == IDEM_DONE && r->len == 2 &&
+        sn->a_done = r->state == IDEM_STATE_DONE && r->len == 2 &&
                      !memcmp(r->data, "ok", 2);
     return 0;
 }
@@ -730,7 +731,7 @@ CONF_TEST(scan_visits_every_live_record_once)
 CONF_TEST(import_restores_a_record_exactly)
 {
     idem_store *s = t_open(conf_uri);
-    idem_record in = {.state = IDEM_FAILED_STATE, .token = 4,
+    idem_record in = {.state = IDEM_STATE_FAILED, .token = 4,
                       .created_ms = t_clock_ms - 1000,
                       .expires_ms = t_clock_ms + 5000, .has_fp = 1,
                       .data = "boom", .len = 4};
@@ -738,7 +739,7 @@ CONF_TEST(import_restores_a_record_exactly)
     cr_assert_eq(idem_import(s, "k", 1, &in), 0, "%s", idem_errdetail(s));
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_FAILED_STATE);
+    cr_assert_eq(r.state, IDEM_STATE_FAILED);
     cr_assert_eq(r.token, 4);
     cr_assert_eq(r.created_ms, in.created_ms);
     cr_assert_eq(r.expires_ms, in.expires_ms);
@@ -746,7 +747,7 @@ CONF_TEST(import_restores_a_record_exactly)
     cr_assert(r.len == 4 && !memcmp(r.data, "boom", 4));
     /* Replacing a live record: a PENDING one, its lease running. */
     cr_assert_eq(r.attempts, 1, "attempts 0 is taken as 1");
-    in = (idem_record){.state = IDEM_PENDING, .token = 6, .attempts = 2,
+    in = (idem_record){.state = IDEM_STATE_PENDING, .token = 6, .attempts = 2,
                        .created_ms = t_clock_ms,
                        .expires_ms = t_clock_ms + 60000,
                        .lease_until = t_clock_ms + 1000};
@@ -873,7 +874,7 @@ CONF_TEST(a_token_above_32_bits_survives_a_reopen)
     const uint64_t big = ((uint64_t)1 << 32) + 5;
     int keeps = strcmp(conf_uri, "mem:") != 0;
     idem_store *s = t_open(conf_uri);
-    idem_record in = {.state = IDEM_PENDING, .token = big, .attempts = 3,
+    idem_record in = {.state = IDEM_STATE_PENDING, .token = big, .attempts = 3,
                       .created_ms = t_clock_ms,
                       .expires_ms = t_clock_ms + 60000,
                       .lease_until = t_clock_ms + 10000};

@@ -84,12 +84,12 @@ static void expect_batch(idem_store *s, unsigned long b, int done)
         idem_record r;
         int rc = idem_get(s, key, strlen(key), &r);
         if (!done) {
-            cr_assert(rc == IDEM_ENOTFOUND || r.state == IDEM_PENDING,
+            cr_assert(rc == IDEM_ENOTFOUND || r.state == IDEM_STATE_PENDING,
                       "unsynced %s shows as %d", key, r.state);
             continue;
         }
         cr_assert_eq(rc, 0, "synced %s missing", key);
-        cr_assert_eq(r.state, IDEM_DONE, "%s", key);
+        cr_assert_eq(r.state, IDEM_STATE_DONE, "%s", key);
         cr_assert(r.len == strlen(resp) && !memcmp(r.data, resp, r.len),
                   "%s: wrong response", key);
     }

@@ -58,7 +58,7 @@ static void finish(idem_store *s, int batch)
     for (int i = 0; i < KEYS; i++) {
         idem_record r;
         cr_assert_eq(idem_get(s, names[i], strlen(names[i]), &r), 0);
-        if (r.state == IDEM_PENDING)
+        if (r.state == IDEM_STATE_PENDING)
             cr_assert_eq(idem_complete(s, names[i], strlen(names[i]),
                                        r.token, names[i], strlen(names[i]),
                                        0),
@@ -74,7 +74,7 @@ static void expect_done(idem_store *s, int batch)
         idem_record r;
         cr_assert_eq(idem_get(s, names[i], strlen(names[i]), &r), 0,
                      "%s missing", names[i]);
-        cr_assert_eq(r.state, IDEM_DONE, "%s", names[i]);
+        cr_assert_eq(r.state, IDEM_STATE_DONE, "%s", names[i]);
         cr_assert(r.len == strlen(names[i]) &&
                   !memcmp(r.data, names[i], r.len));
     }
@@ -123,7 +123,7 @@ Test(faults, every_allocation_fails_once_in_open, .timeout = 300)
     idem_close(s);
     int clean = 0;
     for (long n = 0; !clean && n < 10000; n++) {
-        idem_options o = t_options();
+        idem_opts o = t_options();
         t_fail_alloc_after = n;
         int rc = idem_open(t_local_uri(dir), &o, &s);
         clean = t_fail_alloc_after >= 0;
@@ -194,7 +194,7 @@ Test(faults, segment_creation_fails, .timeout = 120)
     /* Small segments: the failing write may be a new segment's header. */
     for (long n = 0; n < 12; n++) {
         char *dir = t_tmpdir();
-        idem_options o = t_options();
+        idem_opts o = t_options();
         o.segment_bytes = 4096;
         idem_store *s;
         cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
@@ -282,7 +282,7 @@ static int open_fds(void)
 Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
 {
     char *dir = t_tmpdir();
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = 4096;
     idem_store *s;
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
@@ -322,7 +322,7 @@ Test(faults, segment_creation_sync_fails, .timeout = 120)
     int seen_rotation_failure = 0;
     for (long n = 0; n < 12; n++) {
         char *dir = t_tmpdir();
-        idem_options o = t_options();
+        idem_opts o = t_options();
         o.segment_bytes = 4096;
         idem_store *s;
         cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
@@ -385,7 +385,7 @@ Test(faults, reads_after_a_failed_write_of_a_large_group, .timeout = 120)
         idem_record r;
         rc = idem_get(s, key[i], strlen(key[i]), &r);
         cr_assert_eq(rc, 0, "%s: %s", key[i], idem_errdetail(s));
-        cr_assert_eq(r.state, IDEM_DONE, "%s", key[i]);
+        cr_assert_eq(r.state, IDEM_STATE_DONE, "%s", key[i]);
         cr_assert_eq(r.len, BIG);
         const char *d = r.data;
         cr_assert(d[0] == 'a' + i && d[BIG - 1] == 'a' + i, "%s", key[i]);

@@ -36,7 +36,7 @@ static void expect_parent_won(void)
     idem_store *s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0, "%s", idem_errdetail(s));
-    cr_assert_eq(r.state, IDEM_DONE, "k is %d", (int)r.state);
+    cr_assert_eq(r.state, IDEM_STATE_DONE, "k is %d", (int)r.state);
     cr_assert(r.len == 6 && memcmp(r.data, "parent", 6) == 0);
     cr_assert_eq(idem_get(s, "c", 1, &r), IDEM_ENOTFOUND);
     cr_assert_eq(idem_close(s), 0);

@@ -22,7 +22,7 @@ Test(keys_faults, out_of_memory_in_constructors, .timeout = 10)
 
     idem_bizkey_gen *b = (idem_bizkey_gen *)1;
     t_fail_alloc_after = 0;
-    cr_assert_eq(idem_bizkey_new(NULL, &b), IDEM_ENOMEM);
+    cr_assert_eq(idem_bizkey_gen_new(NULL, &b), IDEM_ENOMEM);
     cr_assert_null(b);
 
     idem_snowflake *s = (idem_snowflake *)1;
@@ -44,7 +44,7 @@ Test(keys_faults, out_of_memory_in_constructors, .timeout = 10)
     cr_assert_str_eq(idem_snowflake_errdetail(s), "out of memory");
     uint64_t id;
     cr_assert_eq(idem_snowflake_next(s, &id), IDEM_EINVAL);
-    cr_assert_eq(idem_snowflake_close(s), 0);
+    cr_assert_eq(idem_snowflake_free(s), 0);
     t_fail_alloc_after = -1;
     t_rmdir(dir);
 }
@@ -74,14 +74,14 @@ Test(keys_faults, failed_sync_of_the_mark_issues_nothing, .timeout = 10)
     uint64_t first = id;
     /* A failed write at close: reported; the reserved mark stays. */
     t_fail_write_after = 0;
-    cr_assert_eq(idem_snowflake_close(g), IDEM_EIO);
+    cr_assert_eq(idem_snowflake_free(g), IDEM_EIO);
     t_fail_write_after = -1;
     now += 300; /* past the reserve: nothing to wait for */
     cr_assert_eq(idem_snowflake_new(&o, &g), 0);
     cr_assert_eq(idem_snowflake_next(g, &id), 0, "%s",
                  idem_snowflake_errdetail(g));
     cr_assert_gt(id, first);
-    cr_assert_eq(idem_snowflake_close(g), 0);
+    cr_assert_eq(idem_snowflake_free(g), 0);
     t_rmdir(dir);
 }
 

@@ -62,10 +62,10 @@ Test(local, reopen_keeps_synced_records)
     s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "a", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert(r.len == 2 && memcmp(r.data, "ra", 2) == 0);
     cr_assert_eq(idem_get(s, "p", 1, &r), 0);
-    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(r.state, IDEM_STATE_PENDING);
     cr_assert_eq(kind_of(s, "p"), IDEM_BUSY);
     idem_close(s);
 }
@@ -76,7 +76,7 @@ Test(local, second_process_gets_lock_error_naming_pid)
     pid_t pid = fork();
     if (pid == 0) {
         idem_store *t;
-        idem_options o = t_options();
+        idem_opts o = t_options();
         int rc = idem_open(t_local_uri(dir), &o, &t);
         char want[64];
         snprintf(want, sizeof want, "pid %ld", (long)getppid());
@@ -97,7 +97,7 @@ Test(local, second_handle_in_this_process_is_told_so)
 {
     idem_store *s = t_open(t_local_uri(dir));
     idem_store *t;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &t), IDEM_ELOCKED);
     const char *d = idem_errdetail(t);
     cr_assert(strstr(d, "another handle of this process"), "%s", d);
@@ -109,7 +109,7 @@ Test(local, second_handle_in_this_process_is_told_so)
 Test(local, null_out_parameters_are_einval)
 {
     cr_assert_eq(idem_open("mem:", NULL, NULL), IDEM_EINVAL);
-    idem_options_init(NULL);
+    idem_opts_init(NULL);
     idem_runner_opts_init(NULL);
     idem_store *s = t_open("mem:");
     idem_key k = {"a", 1, NULL};
@@ -132,7 +132,7 @@ Test(local, null_out_parameters_are_einval)
 
 Test(local, nocreate_and_bad_uris)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.flags = IDEM_O_NOCREATE;
     idem_store *s;
     char uri[4300];
@@ -147,11 +147,42 @@ Test(local, nocreate_and_bad_uris)
     idem_close(s);
     cr_assert_eq(idem_open("local:", NULL, &s), IDEM_EINVAL);
     idem_close(s);
-    idem_options bad;
+    idem_opts bad;
     memset(&bad, 0, sizeof bad);
     cr_assert_eq(idem_open("mem:", &bad, &s), IDEM_EINVAL);
-    cr_assert(strstr(idem_errdetail(s), "idem_options_init"));
+    cr_assert(strstr(idem_errdetail(s), "idem_opts_init"));
     idem_close(s);
+}
+
+/* What a tool may do with a store comes from its backend, asked by URI
+ * before anything is opened. */
+Test(local, uri_caps_come_from_the_backend)
+{
+    unsigned local = IDEM_CAP_SEGMENTS | IDEM_CAP_CHECK;
+    cr_assert_eq(idem_uri_caps("local:./d"), local);
+    cr_assert_eq(idem_uri_caps(NULL), local);
+    cr_assert_eq(idem_uri_caps(""), local);
+    cr_assert_eq(idem_uri_caps(IDEM_DEFAULT_URI), local);
+    cr_assert_eq(idem_uri_caps("mem:"), IDEM_CAP_SEGMENTS);
+    cr_assert_eq(idem_uri_caps("redis://h:1"), IDEM_CAP_CHECK);
+    cr_assert_eq(idem_uri_caps("redis-cluster://h:1,h:2"), IDEM_CAP_CHECK);
+    cr_assert_eq(idem_uri_caps("rediss://h"), 0);
+    cr_assert_eq(idem_uri_caps("./d"), 0);
+}
+
+/* idem_check() and idem_repair() ask the backend; one without a check,
+ * or no backend at all, is told in the report. */
+Test(local, check_without_a_backend_check)
+{
+    idem_check_report r;
+    cr_assert_eq(idem_check("mem:", &r), IDEM_ENOTSUP);
+    cr_assert(strstr(r.first_damage, "check and repair work on local:"),
+              "%s", r.first_damage);
+    cr_assert_eq(idem_repair("mem:", NULL), IDEM_ENOTSUP);
+    cr_assert_eq(idem_check("nope:x", &r), IDEM_EINVAL);
+    cr_assert(strstr(r.first_damage, "unknown store URI 'nope:x'"), "%s",
+              r.first_damage);
+    cr_assert_eq(r.segments + r.records + r.damaged + r.bytes_lost, 0);
 }
 
 Test(local, checkpoint_commits_with_its_batch)
@@ -191,7 +222,7 @@ Test(local, checkpoint_commits_with_its_batch)
 
 static idem_store *open_small_segments(void)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = 4096;
     o.segment_span_ms = 1000;
     idem_store *s;
@@ -333,7 +364,7 @@ Test(local, incremental_sweep_is_bounded)
 
 Test(local, readonly_open_changes_nothing)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.flags = IDEM_O_READONLY;
     idem_store *s;
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ENOTFOUND,
@@ -518,11 +549,11 @@ Test(local, version_1_records_still_read)
     b.len = 32;
     free(seg);
     int64_t now = t_clock_ms;
-    v1_frame(&b, CLAIM, IDEM_PENDING, 6, "done", now, now + 60000,
+    v1_frame(&b, CLAIM, IDEM_STATE_PENDING, 6, "done", now, now + 60000,
              now + 1000, "");
-    v1_frame(&b, COMPLETE, IDEM_DONE, 7, "done", now, now + 60000, 0,
+    v1_frame(&b, COMPLETE, IDEM_STATE_DONE, 7, "done", now, now + 60000, 0,
              "resp");
-    v1_frame(&b, CLAIM, IDEM_PENDING, 3, "pending", now, now + 60000,
+    v1_frame(&b, CLAIM, IDEM_STATE_PENDING, 3, "pending", now, now + 60000,
              now - 1, "");
     v1_frame(&b, COMMIT, 0, 0, "", 32, 0, 0, "");
     t_write(path, b.data, b.len);
@@ -530,7 +561,7 @@ Test(local, version_1_records_still_read)
     s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "done", 4, &r), 0, "%s", idem_errdetail(s));
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.token, 7);
     cr_assert_eq(r.attempts, 7, "a version-1 token counted the claims");
     cr_assert(r.len == 4 && !memcmp(r.data, "resp", 4));
@@ -546,7 +577,7 @@ Test(local, version_1_records_still_read)
     cr_assert_eq(idem_close(s), 0);
     s = t_open(t_local_uri(dir));
     cr_assert_eq(idem_get(s, "pending", 7, &r), 0, "%s", idem_errdetail(s));
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.token, o.token);
     cr_assert_eq(r.attempts, 4);
     cr_assert_eq(kind_of(s, "done"), IDEM_REPLAY);

@@ -10,7 +10,7 @@
  * That is what catches a record lost, resurrected or misplaced by the
  * interplay of compaction, checkpoints, expiry and recovery.
  *
- * After every step the log's own invariants (src/log.h) are checked too
+ * After every step the log's own invariants (src/local/log.h) are checked too
  * (idem__log_check), so that a step that breaks one is named at once.
  *
  * IDEM_MODEL_SEEDS sets the number of runs per backend (default 12). */
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common.h"
-#include "log.h"
+#include "local/log.h"
 
 enum { NKEYS = 40, NCKPT = 3, VMAX = 200, STEPS = 2000 };
 
@@ -53,7 +53,7 @@ static unsigned rnd(unsigned n)
 
 static idem_store *open_store(void)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = 4096;
     o.segment_span_ms = 3000;
     o.failure_ttl_ms = 4000;
@@ -71,7 +71,7 @@ static int is_live(const mrec *m)
 
 static int holds(const mrec *m, uint64_t token)
 {
-    return is_live(m) && m->state == IDEM_PENDING && !m->released &&
+    return is_live(m) && m->state == IDEM_STATE_PENDING && !m->released &&
            m->token == token;
 }
 
@@ -137,9 +137,9 @@ static void do_claim(idem_store *s, const char *key, mrec *m,
     int live = is_live(m), want;
     if (live && use_fp && m->has_fp && memcmp(m->fp, fp, IDEM_FP_LEN))
         want = IDEM_MISMATCH;
-    else if (live && m->state == IDEM_DONE)
+    else if (live && m->state == IDEM_STATE_DONE)
         want = IDEM_REPLAY;
-    else if (live && m->state == IDEM_FAILED_STATE)
+    else if (live && m->state == IDEM_STATE_FAILED)
         want = IDEM_FAILED;
     else if (live && !m->released && t_clock_ms < m->lease)
         want = IDEM_BUSY;
@@ -152,7 +152,7 @@ static void do_claim(idem_store *s, const char *key, mrec *m,
                   "%s: claim %s data", when, key);
     if (want != IDEM_NEW)
         return;
-    mrec n = {.present = 1, .state = IDEM_PENDING};
+    mrec n = {.present = 1, .state = IDEM_STATE_PENDING};
     /* Above every token the key had, whatever became of its records. */
     cr_assert_gt(o.token, m->max_token, "%s: claim %s token", when, key);
     n.token = n.max_token = o.token;
@@ -227,7 +227,7 @@ static void run(unsigned seed)
             int rc = idem_complete(s, key, strlen(key), tok, v, vl, ttl);
             cr_assert_eq(rc, ok ? 0 : IDEM_ELOST, "%s: complete", when);
             if (ok) {
-                m->state = IDEM_DONE;
+                m->state = IDEM_STATE_DONE;
                 m->lease = 0;
                 m->expires = t_clock_ms + (ttl ? ttl : 10000);
                 memcpy(m->val, v, vl);
@@ -246,7 +246,7 @@ static void run(unsigned seed)
                 if (retry) {
                     m->released = 1;
                 } else {
-                    m->state = IDEM_FAILED_STATE;
+                    m->state = IDEM_STATE_FAILED;
                     m->expires = t_clock_ms + 4000;
                 }
                 memcpy(m->val, v, vl);

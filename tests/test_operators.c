@@ -39,8 +39,8 @@ TestSuite(secrets, .init = start_server, .fini = stop_server,
 
 static int open_rc(const char *uri, idem_store **s)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     return idem_open(uri, &o, s);
 }
 
@@ -265,7 +265,7 @@ static int files_have_mode(const char *dir, unsigned want)
  * close it: every kind of file idem writes but a repair's. */
 static void fill(const char *uri, int from)
 {
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = 4096;
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
@@ -488,8 +488,8 @@ Test(readonly, readers_write_nothing)
  * TTL, small segments, sweeps that drop the oldest ones. */
 static void busy_writer(const char *uri)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.segment_bytes = 4096;
     o.ttl_ms = 30;
     idem_store *s;
@@ -526,8 +526,8 @@ Test(readonly, a_busy_writer_is_no_damage)
          i++)
         usleep(100 * 1000);
     cr_assert_lt(i, 600, "the writer dropped no segment");
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = IDEM_O_READONLY;
     for (int n = 0; n < 300; n++) {
         idem_store *s;

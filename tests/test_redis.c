@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "crc16.h"
-#include "redis.h"
+#include "redis/crc16.h"
+#include "redis/redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];
@@ -53,8 +53,8 @@ static const char *prefix_of(const char *uri, char *buf, size_t cap)
 
 static int open_rc(const char *uri, idem_store **s)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     return idem_open(uri, &o, s);
 }
 
@@ -260,7 +260,7 @@ static void odd_keys(const char *uri, int port)
         cr_assert_eq(o[i].kind, IDEM_NEW, "key %zu", i);
         char resp[32];
         int len = snprintf(resp, sizeof resp, "r%zu", i);
-        cr_assert_eq(idem_complete(s, k[i].key, k[i].len, o[i].token, resp,
+        cr_assert_eq(idem_complete(s, k[i].key, k[i].keylen, o[i].token, resp,
                                    (size_t)len, 0),
                      0, "%s", idem_errdetail(s));
     }
@@ -352,8 +352,8 @@ Test(redis, schema_and_ttl)
 Test(redis, server_time)
 {
     redisContext *c = th_connect(th_first_port(th_redis_addr()));
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     idem_store *s;
     cr_assert_eq(idem_open(single_uri(), &o, &s), 0, "%s", idem_errdetail(s));
     redisReply *r = th_cmd(c, "TIME");
@@ -480,7 +480,7 @@ static void sweep_test(const char *uri, int port, int cluster)
 {
     char pfx[128], name[256];
     prefix_of(uri, pfx, sizeof pfx);
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.retention_ms = 3600 * 1000;
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
@@ -566,7 +566,7 @@ Test(redis, sweep_after_client_kill)
         freeReplyObject(th_cmd(c, "HSET idempotency:{h%d} status 1 token 1 "
                                "created_ts %lld response x", i,
                                (long long)(t_clock_ms - 7200 * 1000LL)));
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.retention_ms = 3600 * 1000;
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
@@ -610,8 +610,8 @@ Test(redis, two_processes_same_keys)
         kids[p] = fork();
         cr_assert(kids[p] >= 0);
         if (kids[p] == 0) {
-            idem_options o;
-            idem_options_init(&o);
+            idem_opts o;
+            idem_opts_init(&o);
             idem_store *s;
             if (idem_open(uri, &o, &s))
                 _exit(2);
@@ -783,7 +783,7 @@ Test(redis, read_only_handle)
     idem_outcome o;
     cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
     idem_close(s);
-    idem_options opts = t_options();
+    idem_opts opts = t_options();
     opts.flags = IDEM_O_READONLY;
     cr_assert_eq(idem_open(uri, &opts, &s), 0, "%s", idem_errdetail(s));
     idem_record rec;
@@ -918,7 +918,7 @@ Test(redis, runner_releases_claims_when_commit_fails)
     cr_assert_eq(m[0].attempt, 2, "a new claim of the released key");
     idem_record rec;
     cr_assert_eq(idem_get(s, "a", 1, &rec), 0);
-    cr_assert_eq(rec.state, IDEM_DONE);
+    cr_assert_eq(rec.state, IDEM_STATE_DONE);
     idem_runner_free(r);
     idem_close(s);
 }
@@ -926,8 +926,8 @@ Test(redis, runner_releases_claims_when_commit_fails)
 /* A handle whose open failed gives EINVAL to a runner, not a crash. */
 Test(redis, runner_on_a_failed_handle)
 {
-    idem_options opts;
-    idem_options_init(&opts);
+    idem_opts opts;
+    idem_opts_init(&opts);
     idem_store *s;
     cr_assert_neq(idem_open("redis://127.0.0.1:1?connect_timeout_ms=200",
                             &opts, &s), 0);

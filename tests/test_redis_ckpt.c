@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "redis.h"
+#include "redis/redis.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048], pfx[128];
@@ -84,12 +84,12 @@ static void intent_applied_by_get(int cluster, const char *layout)
     assert_ckpt(s, "pos=7");
     idem_record r;
     cr_assert_eq(idem_get(s, "k1", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert(r.len == 2 && memcmp(r.data, "R1", 2) == 0);
     cr_assert_eq(idem_get(s, "k2", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_FAILED_STATE);
+    cr_assert_eq(r.state, IDEM_STATE_FAILED);
     cr_assert_eq(idem_get(s, "k3", 2, &r), 0);
-    cr_assert(r.state == IDEM_PENDING && r.released);
+    cr_assert(r.state == IDEM_STATE_PENDING && r.released);
     redisReply *e = th_cmd(c, "HEXISTS %s intent", key);
     cr_assert_eq(e->integer, 0, "the intent is dropped once applied");
     freeReplyObject(e);
@@ -99,7 +99,7 @@ static void intent_applied_by_get(int cluster, const char *layout)
                            in.len));
     assert_ckpt(s, "pos=7");
     cr_assert_eq(idem_get(s, "k1", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     /* A sync over a key holding a dead process's intent applies it
      * first: put and sync a new checkpoint with no writes. */
     freeReplyObject(th_cmd(c, "DEL %s", key));
@@ -114,7 +114,7 @@ static void intent_applied_by_get(int cluster, const char *layout)
     cr_assert_eq(idem_checkpoint_put(s, "job", "pos=9", 5), 0);
     cr_assert_eq(idem_sync(s), 0, "%s", idem_errdetail(s));
     cr_assert_eq(idem_get(s, "k4", 2, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
     s = t_open(uri_buf);
     assert_ckpt(s, "pos=9");
@@ -169,14 +169,14 @@ static void lost_at_apply(int cluster)
     assert_ckpt(s, "pos=1");
     idem_record r;
     cr_assert_eq(idem_get(s, "fine", 4, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(idem_get(s, "late", 4, &r), 0);
-    cr_assert_eq(r.state, IDEM_PENDING);
+    cr_assert_eq(r.state, IDEM_STATE_PENDING);
     cr_assert_eq(r.token, t.token);
     /* Nothing is queued any more: writes apply at once again. */
     cr_assert_eq(idem_complete(s, "late", 4, t.token, "T", 1, 0), 0);
     cr_assert_eq(idem_get(s, "late", 4, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
 }
 
@@ -280,7 +280,7 @@ Test(redis_ckpt, claim_done_cut_by_a_stopped_server, .timeout = 240)
                  idem_errdetail(s));
     for (size_t i = 0; i < answered; i++)
         cr_assert_eq(o[i].kind, IDEM_REPLAY, "%.*s was answered NEW but "
-                     "is not DONE", (int)keys[i].len,
+                     "is not DONE", (int)keys[i].keylen,
                      (const char *)keys[i].key);
     idem_close(s);
     th_stop(&sv);

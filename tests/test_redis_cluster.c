@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include "common.h"
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "redis_harness.h"
 
 static th_servers sv;
@@ -79,8 +79,8 @@ static void mkey(char *buf, size_t cap, int i)
 
 static void migration_child(const char *uri, const char *out, int reverse)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     idem_store *s;
     if (idem_open(uri, &o, &s))
         _exit(2);
@@ -927,7 +927,7 @@ Test(cluster_ops, sweep_while_slot_migrates)
     th_node_id(dst, dst_id);
     redisContext *cs = th_connect(src), *cd = th_connect(dst);
     stale_records(cs, prefix, 0, N);
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.retention_ms = 3600 * 1000;
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "common.h"
-#include "crc16.h"
+#include "redis/crc16.h"
 #include "redis_harness.h"
 
 static char uri_buf[2048];
@@ -143,7 +143,7 @@ Test(redis_day, records_move_with_their_writes)
     cr_assert_eq(idem_get(s, "a", 1, &(idem_record){0}), IDEM_ENOTFOUND);
     idem_record rec;
     cr_assert_eq(idem_get(s, "b", 1, &rec), 0);
-    cr_assert_eq(rec.state, IDEM_DONE);
+    cr_assert_eq(rec.state, IDEM_STATE_DONE);
     fake = th_cmd(c, "EXISTS %s2001-01-01:{x}", pfx);
     cr_assert_eq(fake->integer, 1);
     freeReplyObject(fake);
@@ -215,7 +215,7 @@ Test(redis_day, whole_days_dropped_on_every_master)
 Test(redis_day, ttl_beyond_days_refused)
 {
     const char *uri = day_uri(0, "days=1");
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.ttl_ms = 2 * DAY_MS;
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), IDEM_EINVAL);
@@ -252,7 +252,7 @@ Test(redis_day, layout_settings_are_kept)
     for (size_t i = 0; i < sizeof differ / sizeof *differ; i++) {
         snprintf(other, sizeof other, "redis://%s?prefix=%s%s",
                  th_redis_addr(), pfx, differ[i]);
-        idem_options o = t_options();
+        idem_opts o = t_options();
         cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL, "%s", other);
         cr_assert(strstr(idem_errdetail(s), "day shards=4 days=3"), "%s",
                   idem_errdetail(s));
@@ -271,7 +271,7 @@ Test(redis_day, layout_settings_are_kept)
     idem_close(s);
     snprintf(other, sizeof other, "redis://%s?prefix=%s&layout=day",
              th_redis_addr(), hash_pfx);
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(other, &o, &s), IDEM_EINVAL);
     cr_assert(strstr(idem_errdetail(s), "'hash'"), "%s", idem_errdetail(s));
     idem_close(s);
@@ -308,8 +308,8 @@ Test(redis_day, clock_stepped_back_over_midnight)
 Test(redis_day, server_time_names_the_bucket)
 {
     redisContext *c = th_connect(single_port());
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     idem_store *s;
     cr_assert_eq(idem_open(day_uri(0, "shards=1"), &o, &s), 0, "%s",
                  idem_errdetail(s));
@@ -347,7 +347,7 @@ Test(redis_day, uri_errors)
         char uri[512];
         snprintf(uri, sizeof uri, "redis://%s?%s", th_redis_addr(),
                  bad[i].params);
-        idem_options o = t_options();
+        idem_opts o = t_options();
         idem_store *s;
         cr_assert_eq(idem_open(uri, &o, &s), IDEM_EINVAL, "%s", uri);
         cr_assert(strstr(idem_errdetail(s), bad[i].says), "%s: %s", uri,

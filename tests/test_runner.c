@@ -104,7 +104,7 @@ Test(runner, handler_outcomes_and_retries)
     cr_assert_eq(sc.calls, 3);
     idem_record rec;
     cr_assert_eq(idem_get(s, "retry:1", 7, &rec), 0);
-    cr_assert(rec.state == IDEM_PENDING && rec.released);
+    cr_assert(rec.state == IDEM_STATE_PENDING && rec.released);
     cr_assert_eq(idem_runner_batch(r, m, 2, &done), 0);
     cr_assert_eq(m[0].result, IDEM_MSG_REPLAY);
     cr_assert_eq(m[1].result, IDEM_MSG_REPLAY_FAILED);
@@ -125,10 +125,10 @@ Test(runner, handler_error_commits_the_prefix_only)
     cr_assert_eq(sc.last_commit, 1);
     idem_record rec;
     cr_assert_eq(idem_get(s, "done:1", 6, &rec), 0);
-    cr_assert_eq(rec.state, IDEM_DONE);
+    cr_assert_eq(rec.state, IDEM_STATE_DONE);
     /* done:2 was answered but lies after the break: released, not done */
     cr_assert_eq(idem_get(s, "done:2", 6, &rec), 0);
-    cr_assert(rec.state == IDEM_PENDING && rec.released);
+    cr_assert(rec.state == IDEM_STATE_PENDING && rec.released);
     idem_msg again = msg("done:2");
     cr_assert_eq(idem_runner_batch(r, &again, 1, &done), 0);
     cr_assert_eq(again.result, IDEM_MSG_DONE);
@@ -234,7 +234,7 @@ static void expect_agree(const char *uri, idem_msg *m, size_t n)
     for (size_t i = 0; i < n; i++) {
         idem_record rec;
         int rc = idem_get(s, m[i].key, m[i].keylen, &rec);
-        int settled = rc == 0 && rec.state != IDEM_PENDING;
+        int settled = rc == 0 && rec.state != IDEM_STATE_PENDING;
         int lost = m[i].result == IDEM_MSG_INVALID;
         cr_assert(settled == (i < upto && !lost),
                   "%s: settled=%d but the checkpoint covers %zu messages",
@@ -249,7 +249,7 @@ static void expect_agree(const char *uri, idem_msg *m, size_t n)
 static int clocked_batch(int64_t ms, idem_msg *m)
 {
     char *dir = t_tmpdir();
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.ttl_ms = o.lease_ms = 1000;
     idem_store *s;
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);

@@ -93,7 +93,7 @@ Test(snowflake, decode_round_trip, .timeout = 10)
         cr_assert_eq(idem_snowflake_parse(s, n, &back), 0);
         cr_assert_eq(back, id);
     }
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 
     /* Fields built by hand decode to themselves, at the edges too. */
     const uint64_t ms[] = {0, 1, (UINT64_C(1) << 41) - 1};
@@ -161,7 +161,7 @@ Test(snowflake, cap_4096_per_ms, .timeout = 10)
     cr_assert_eq(parts(id).unix_ms, T0 + 1);
     cr_assert_eq(parts(id).seq, 0u);
     cr_assert_gt(id, prev);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 /* A step back within max_wait_ms is waited out, and the IDs go on
@@ -182,7 +182,7 @@ Test(snowflake, clock_back_is_waited_out, .timeout = 10)
     cr_assert(a < b && b < c);
     cr_assert_eq(parts(c).unix_ms, T0);
     cr_assert_eq(parts(c).seq, 2u);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 /* A step back beyond max_wait_ms is an error, not a repeat; the
@@ -206,7 +206,7 @@ Test(snowflake, clock_back_too_far_is_an_error, .timeout = 10)
     uint64_t b = next_ok(g);
     cr_assert_gt(b, a);
     cr_assert_str_eq(idem_snowflake_errdetail(g), "");
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 
     /* max_wait_ms = 0: any step back is refused at once. */
     struct fake f2 = {T0, 0, 0};
@@ -216,7 +216,7 @@ Test(snowflake, clock_back_too_far_is_an_error, .timeout = 10)
     next_ok(g);
     f2.now = T0 - 1;
     cr_assert_eq(idem_snowflake_next(g, &id), IDEM_ECLOCK);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 Test(snowflake, clock_outside_the_format, .timeout = 10)
@@ -234,7 +234,7 @@ Test(snowflake, clock_outside_the_format, .timeout = 10)
     id = next_ok(g);
     cr_assert_eq(parts(id).since_epoch_ms, (INT64_C(1) << 41) - 1);
     cr_assert_eq(id >> 63, 0u);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 Test(snowflake, options_are_checked, .timeout = 10)
@@ -249,21 +249,21 @@ Test(snowflake, options_are_checked, .timeout = 10)
     cr_assert(strstr(idem_snowflake_errdetail(g), "node 1024"));
     uint64_t id;
     cr_assert_eq(idem_snowflake_next(g, &id), IDEM_EINVAL, "closed state");
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     idem_snowflake_opts_init(&o);
     o.max_wait_ms = -1;
     cr_assert_eq(idem_snowflake_new(&o, &g), IDEM_EINVAL);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     idem_snowflake_opts_init(&o);
     o.state_file = "/tmp/never-created";
     o.reserve_ms = 2000;
     cr_assert_eq(idem_snowflake_new(&o, &g), IDEM_EINVAL);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     memset(&o, 0, sizeof o);
     cr_assert_eq(idem_snowflake_new(&o, &g), IDEM_EINVAL);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     cr_assert_eq(idem_snowflake_new(NULL, &g), 0);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 struct sf_run {
@@ -315,7 +315,7 @@ Test(snowflake, threads_share_a_generator, .timeout = 60)
         cr_assert_neq(all[i], all[i - 1], "duplicate snowflake");
     cr_assert_eq(parts(all[0]).node, 3u);
     free(all);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 /* ---- the state file ----------------------------------------------------- */
@@ -354,7 +354,7 @@ Test(snowflake, state_file_survives_restart_with_clock_back, .timeout = 30)
         last = next_ok(g);
     f.now = T0 + 50;
     last = next_ok(g);
-    cr_assert_eq(idem_snowflake_close(g), 0);
+    cr_assert_eq(idem_snowflake_free(g), 0);
 
     /* A clock 10 s behind: an error, not IDs from 10 s ago. */
     f.now = T0 - 10000;
@@ -363,7 +363,7 @@ Test(snowflake, state_file_survives_restart_with_clock_back, .timeout = 30)
     cr_assert_eq(idem_snowflake_next(g, &id), IDEM_ECLOCK);
     cr_assert(strstr(idem_snowflake_errdetail(g), "state file"), "%s",
               idem_snowflake_errdetail(g));
-    cr_assert_eq(idem_snowflake_close(g), 0);
+    cr_assert_eq(idem_snowflake_free(g), 0);
 
     /* A clock 300 ms behind: waited out, then past the last ID. */
     f.now = T0 + 50 - 300;
@@ -373,7 +373,7 @@ Test(snowflake, state_file_survives_restart_with_clock_back, .timeout = 30)
     cr_assert_gt(f.sleeps, 0u);
     cr_assert_gt(id, last);
     cr_assert_eq(parts(id).unix_ms, T0 + 51, "the last ms is used up");
-    cr_assert_eq(idem_snowflake_close(g), 0);
+    cr_assert_eq(idem_snowflake_free(g), 0);
 
     /* Without the file the same clock repeats old times: the file is
      * what prevents it. */
@@ -381,7 +381,7 @@ Test(snowflake, state_file_survives_restart_with_clock_back, .timeout = 30)
     o.state_file = NULL;
     g = open_ok(&o);
     cr_assert_lt(next_ok(g), last);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     remove_temp(path);
 }
 
@@ -429,7 +429,7 @@ Test(snowflake, state_file_after_a_crash, .timeout = 30)
     cr_assert_gt(id, child_last);
     cr_assert_gt(f.sleeps, 0u, "it waited for the reserve to pass");
     cr_assert_leq(parts(id).unix_ms, T0 + 200 + 1);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     remove_temp(path);
 }
 
@@ -442,11 +442,11 @@ Test(snowflake, state_file_is_locked, .timeout = 10)
     idem_snowflake *a = open_ok(&o), *b;
     cr_assert_eq(idem_snowflake_new(&o, &b), IDEM_ELOCKED);
     cr_assert(strstr(idem_snowflake_errdetail(b), "locked"));
-    idem_snowflake_close(b);
+    idem_snowflake_free(b);
     next_ok(a);
-    cr_assert_eq(idem_snowflake_close(a), 0);
+    cr_assert_eq(idem_snowflake_free(a), 0);
     b = open_ok(&o); /* released */
-    idem_snowflake_close(b);
+    idem_snowflake_free(b);
     remove_temp(path);
 }
 
@@ -480,7 +480,7 @@ Test(snowflake, state_file_damage, .timeout = 10)
     idem_snowflake *g;
     cr_assert_eq(idem_snowflake_new(&o, &g), IDEM_ECORRUPT);
     cr_assert(strstr(idem_snowflake_errdetail(g), "no valid slot"));
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 
     /* A good file: two slots of 64 bytes after a close. */
     unlink(path);
@@ -488,7 +488,7 @@ Test(snowflake, state_file_damage, .timeout = 10)
     next_ok(g);
     f.now = T0 + 500; /* past the reserve: a second write, second slot */
     uint64_t last = next_ok(g);
-    cr_assert_eq(idem_snowflake_close(g), 0);
+    cr_assert_eq(idem_snowflake_free(g), 0);
     char buf[256];
     cr_assert_eq(read_file(path, buf, sizeof buf), 128u);
     cr_assert_eq(memcmp(buf, "idem-snowflake-hw 1 ", 20), 0);
@@ -500,7 +500,7 @@ Test(snowflake, state_file_damage, .timeout = 10)
     f.now = T0 + 500;
     g = open_ok(&o);
     cr_assert_gt(next_ok(g), last);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 
     /* Tear both: refused. */
     cr_assert_eq(read_file(path, buf, sizeof buf), 128u);
@@ -508,7 +508,7 @@ Test(snowflake, state_file_damage, .timeout = 10)
     buf[64 + 30] ^= 1;
     write_file(path, buf, 128);
     cr_assert_eq(idem_snowflake_new(&o, &g), IDEM_ECORRUPT);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
     remove_temp(path);
 }
 
@@ -524,7 +524,7 @@ Test(snowflake, state_file_write_failure_issues_nothing, .timeout = 10)
     cr_assert_eq(idem_snowflake_next(g, &id), IDEM_EIO);
     cr_assert_eq(id, 99u);
     cr_assert(strstr(idem_snowflake_errdetail(g), "/dev/full"));
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }
 
 /* A clock that never moves, behind by less than max_wait_ms: the wait
@@ -552,5 +552,5 @@ Test(snowflake, stuck_clock_is_an_error, .timeout = 10)
     cr_assert_gt(f.sleeps, 50u);
     f.now = T0 + 1;  /* the clock moves again: so does the generator */
     cr_assert_eq(idem_snowflake_next(g, &id), 0);
-    idem_snowflake_close(g);
+    idem_snowflake_free(g);
 }

@@ -59,7 +59,7 @@ enum { CLOSED, KILLED };
 static void build(uint64_t segment_bytes, int how)
 {
     dir = t_tmpdir();
-    idem_options o = t_options();
+    idem_opts o = t_options();
     o.segment_bytes = segment_bytes;
     idem_store *s;
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
@@ -98,7 +98,7 @@ static void build(uint64_t segment_bytes, int how)
 static void expect_batches(int good, const char *what, size_t at)
 {
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     int rc = idem_open(t_local_uri(dir), &o, &s);
     cr_assert_eq(rc, 0, "%s at %zu: %s", what, at, idem_errdetail(s));
     for (int b = 0; b < BATCHES; b++) {
@@ -108,7 +108,7 @@ static void expect_batches(int good, const char *what, size_t at)
             idem_record r;
             rc = idem_get(s, key, strlen(key), &r);
             if (b < good)
-                cr_assert(rc == 0 && r.state == IDEM_DONE &&
+                cr_assert(rc == 0 && r.state == IDEM_STATE_DONE &&
                               r.len == strlen(key),
                           "%s at %zu: %s lost", what, at, key);
             else
@@ -181,7 +181,7 @@ Test(torn, damage_in_committed_data_is_refused, .timeout = 60)
     bad[at] ^= 1;
     write_file(seg_path, bad, orig_len);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log"), "%s",
               idem_errdetail(s));
@@ -207,7 +207,7 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     write_file(first, p, n);
     free(p);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record "
                                         "at offset 128"),
@@ -234,11 +234,11 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
             idem_record r;
             int rc = idem_get(s, key, strlen(key), &r);
             cr_assert_eq(rc, 0, "%s lost by repair", key);
-            if (r.state == IDEM_PENDING) {
+            if (r.state == IDEM_STATE_PENDING) {
                 pending++;
                 cr_assert(b == 0 && i == 0, "%s is PENDING", key);
             } else {
-                cr_assert_eq(r.state, IDEM_DONE, "%s", key);
+                cr_assert_eq(r.state, IDEM_STATE_DONE, "%s", key);
             }
         }
     }
@@ -265,7 +265,7 @@ Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
     cr_assert(strstr(rep.first_damage, "IDEM"), "%s", rep.first_damage);
     cr_assert_geq(rep.damaged, 3);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_neq(idem_open(t_local_uri(dir), &o, &s), 0);
     idem_close(s);
     cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
@@ -282,7 +282,7 @@ Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
     cr_assert_lt(st.done, BATCHES * PER);
     idem_record r;
     cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
     t_rmdir(dir);
 }
@@ -350,7 +350,7 @@ Test(torn, bad_header_is_checked_and_repaired, .timeout = 60)
     write_file(first, p, n);
     free(p);
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "idem repair"), "%s",
               idem_errdetail(s));
@@ -381,7 +381,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
         bad[at] ^= 0x5a;
         write_file(seg_path, bad, orig_len);
         idem_store *s;
-        idem_options o = t_options();
+        idem_opts o = t_options();
         cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
                      "damage at %zu: %s", at, idem_errdetail(s));
         idem_close(s);
@@ -398,7 +398,7 @@ Test(torn, damaged_commit_of_a_synced_group_is_refused, .timeout = 60)
 static void expect_refused_then_repaired(const char *file, const char *where)
 {
     idem_store *s;
-    idem_options o = t_options();
+    idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT,
                  "open: %s", idem_errdetail(s));
     cr_assert(strstr(idem_errdetail(s), file) &&
@@ -447,7 +447,7 @@ Test(torn, garbage_in_last_group_after_clean_close, .timeout = 60)
             cr_assert_eq(idem_get(s, key, strlen(key), &r), 0, "%s", key);
         }
     cr_assert_eq(idem_get(s, "batch9-key7", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     idem_close(s);
     t_rmdir(dir);
 }
@@ -491,7 +491,7 @@ Test(torn, newest_segment_deleted, .timeout = 60)
     idem_store *s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "batch0-key0", 11, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(idem_close(s), 0);
     cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
     t_rmdir(dir);

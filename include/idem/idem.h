@@ -72,7 +72,7 @@
  * a NULL handle, a NULL out-parameter (idem_open()'s out, idem_claim()'s
  * out, idem_get()'s out, ...), a NULL array with a count above 0. The
  * functions that return nothing do nothing with NULL
- * (idem_options_init(), idem_runner_opts_init(), idem_close(),
+ * (idem_opts_init(), idem_runner_opts_init(), idem_close(),
  * idem_runner_free()). Pointers documented as "may be NULL" take NULL for
  * a default or for "not wanted": the uri and opts of idem_open(), the
  * opts of idem_claim(), expired of idem_sweep(), committed of
@@ -209,11 +209,11 @@ typedef struct idem_store idem_store;
  * for tests, since handles with different clocks disagree on leases. */
 typedef int64_t (*idem_clock_fn)(void *ctx);
 
-/* Options for idem_open(). Always initialise with idem_options_init(), then
+/* Options for idem_open(). Always initialise with idem_opts_init(), then
  * change what you need: new fields get defaults there, so code written for
  * this version keeps working when the struct grows. */
-typedef struct idem_options {
-    unsigned version;          /* set by idem_options_init(); do not touch */
+typedef struct idem_opts {
+    unsigned version;          /* set by idem_opts_init(); do not touch */
     int64_t ttl_ms;            /* default record TTL; 24 h */
     int64_t lease_ms;          /* default claim lease; 30 s */
     int64_t failure_ttl_ms;    /* TTL of a cached permanent failure; 1 h */
@@ -228,7 +228,7 @@ typedef struct idem_options {
     int64_t retention_ms;      /* redis: idem_sweep() deletes records that
                                 * have no TTL once created this long ago;
                                 * 7 days */
-} idem_options;
+} idem_opts;
 
 #define IDEM_O_READONLY 1u     /* open an existing store without writing:
                                 * a torn tail is ignored, not cut; every
@@ -241,9 +241,9 @@ typedef struct idem_options {
 #define IDEM_O_NOCREATE 2u     /* fail with IDEM_ENOTFOUND if absent */
 
 /* Fill *opts with the defaults listed above (NULL: nothing to do). */
-IDEM_EXPORT void idem_options_init(idem_options *opts);
+IDEM_EXPORT void idem_opts_init(idem_opts *opts);
 
-/* Open the store that uri names (NULL: "local:./idem-data"), creating it if
+/* Open the store that uri names (NULL: IDEM_DEFAULT_URI), creating it if
  * needed. opts may be NULL for the defaults; it is copied.
  *
  * On success returns 0 and *out is the handle. On failure returns the error
@@ -329,7 +329,7 @@ IDEM_EXPORT void idem_options_init(idem_options *opts);
  * sweep, stats, dump and check leave alone. idem_sweep() SCANs every
  * master (max_work bounds the keys looked at per call) and deletes records
  * without a TTL older than retention_ms. docs/redis.md has the details. */
-IDEM_EXPORT int idem_open(const char *uri, const idem_options *opts,
+IDEM_EXPORT int idem_open(const char *uri, const idem_opts *opts,
                           idem_store **out);
 
 /* Sync what is pending, release the store and free the handle. Returns the
@@ -360,13 +360,31 @@ IDEM_EXPORT const char *idem_warning(const idem_store *s);
  * idem_errdetail() names the store this way. Thread-safe. */
 IDEM_EXPORT size_t idem_uri_display(const char *uri, char *buf, size_t size);
 
+/* The store that a NULL or "" uri names. */
+#define IDEM_DEFAULT_URI "local:./idem-data"
+
+/* What the backend that uri names can do (idem_uri_caps()). */
+#define IDEM_CAP_SEGMENTS 1u   /* it keeps its records in log segments on
+                                * this machine (local:, mem:): the
+                                * segment, disk and index figures of
+                                * idem_stats mean something, and
+                                * idem_check_report counts segments and
+                                * bytes; else (Redis) it counts keys */
+#define IDEM_CAP_CHECK 2u      /* idem_check() and idem_repair() work */
+
+/* The IDEM_CAP_* flags of the backend that uri's scheme names, 0 if none
+ * does. Reads the scheme only: nothing is opened or checked, so a tool
+ * can ask before it opens or checks a store. NULL or "" is
+ * IDEM_DEFAULT_URI. Thread-safe. */
+IDEM_EXPORT unsigned idem_uri_caps(const char *uri);
+
 /* ------------------------------------------------------------------------
  * The claim protocol */
 
 typedef enum idem_state {
-    IDEM_PENDING = 0,  /* claimed, work in progress */
-    IDEM_DONE = 1,     /* completed with a cached response */
-    IDEM_FAILED_STATE = 2 /* failed permanently with a cached error */
+    IDEM_STATE_PENDING = 0, /* claimed, work in progress */
+    IDEM_STATE_DONE = 1,    /* completed with a cached response */
+    IDEM_STATE_FAILED = 2   /* failed permanently with a cached error */
 } idem_state;
 
 typedef enum idem_outcome_kind {
@@ -381,7 +399,7 @@ typedef enum idem_outcome_kind {
  * for this claim. A record stored without a fingerprint matches any. */
 typedef struct idem_key {
     const void *key;
-    size_t len;
+    size_t keylen;
     const uint8_t *fp;     /* IDEM_FP_LEN bytes, or NULL */
 } idem_key;
 

@@ -239,7 +239,7 @@ IDEM_EXPORT void idem_snowflake_opts_init(idem_snowflake_opts *opts);
  * that two processes cannot share it. Its mark M (Unix ms) says that IDs
  * up to time M may have been issued: this generator issues only later
  * ones, waiting out a clock behind M as above. While running it keeps the
- * mark reserve_ms ahead of what it issues; idem_snowflake_close() writes
+ * mark reserve_ms ahead of what it issues; idem_snowflake_free() writes
  * the exact last time. A crash therefore costs the next start a wait of at
  * most reserve_ms, which must not exceed max_wait_ms. The file holds two
  * checksummed 64-byte slots written in turn (the mark is their maximum),
@@ -248,7 +248,7 @@ IDEM_EXPORT void idem_snowflake_opts_init(idem_snowflake_opts *opts);
  * Returns 0 and *out. On failure returns the error and, as idem_open()
  * does, *out is a handle in a closed state whose idem_snowflake_errdetail()
  * says what went wrong (e.g. "state file /x: locked by another process");
- * pass it to idem_snowflake_close(). *out is NULL only on IDEM_ENOMEM.
+ * pass it to idem_snowflake_free(). *out is NULL only on IDEM_ENOMEM.
  *
  * Errors: IDEM_EINVAL (node, epoch, max_wait_ms, reserve_ms, or opts not
  * initialised), IDEM_ELOCKED (the state file is in use), IDEM_ECORRUPT
@@ -277,7 +277,7 @@ IDEM_EXPORT const char *idem_snowflake_errdetail(const idem_snowflake *g);
 /* Write the exact high-water mark (if there is a state file), release the
  * file and free g. Returns 0 or IDEM_EIO (g is freed regardless; the mark
  * left in the file is then the reserved one, still safe). NULL: 0. */
-IDEM_EXPORT int idem_snowflake_close(idem_snowflake *g);
+IDEM_EXPORT int idem_snowflake_free(idem_snowflake *g);
 
 /* The fields of a snowflake ID. */
 typedef struct idem_snowflake_parts {
@@ -351,12 +351,13 @@ IDEM_EXPORT int idem_snowflake_parse(const char *text, size_t len,
 
 typedef struct idem_bizkey_gen idem_bizkey_gen;
 
-/* Options for idem_bizkey_new(). Initialise with idem_bizkey_opts_init(). */
+/* Options for idem_bizkey_gen_new(). Initialise with
+ * idem_bizkey_opts_init(). */
 typedef struct idem_bizkey_opts {
     unsigned version;       /* set by idem_bizkey_opts_init() */
     unsigned hash_len;      /* hex digits, 8..64; default 16 */
     const void *hmac_key;   /* NULL: plain SHA-256. Else the HMAC secret, */
-    size_t hmac_key_len;    /* 1.. bytes; copied by idem_bizkey_new() */
+    size_t hmac_key_len;    /* 1.. bytes; copied by idem_bizkey_gen_new() */
 } idem_bizkey_opts;
 
 IDEM_EXPORT void idem_bizkey_opts_init(idem_bizkey_opts *opts);
@@ -364,17 +365,17 @@ IDEM_EXPORT void idem_bizkey_opts_init(idem_bizkey_opts *opts);
 /* Make a bizkey generator: it keeps the OpenSSL digest (and, with a
  * secret, the keyed HMAC state) ready, so each key costs one hash of the
  * payload. Returns 0 and *out; or the error with *out a handle in a closed
- * state whose idem_bizkey_errdetail() says what went wrong (free it with
- * idem_bizkey_free()), NULL only on IDEM_ENOMEM.
+ * state whose idem_bizkey_gen_errdetail() says what went wrong (free it with
+ * idem_bizkey_gen_free()), NULL only on IDEM_ENOMEM.
  *
  * Errors: IDEM_EINVAL (hash_len outside 8..64, an empty secret, opts not
  * initialised), IDEM_ENOMEM, IDEM_EIO (OpenSSL could not provide SHA-256
  * or HMAC, e.g. a FIPS provider configuration that refuses them). */
-IDEM_EXPORT int idem_bizkey_new(const idem_bizkey_opts *opts,
-                                idem_bizkey_gen **out);
+IDEM_EXPORT int idem_bizkey_gen_new(const idem_bizkey_opts *opts,
+                                    idem_bizkey_gen **out);
 
 /* Free g and wipe its secret (NULL is a no-op). */
-IDEM_EXPORT void idem_bizkey_free(idem_bizkey_gen *g);
+IDEM_EXPORT void idem_bizkey_gen_free(idem_bizkey_gen *g);
 
 /* Write "prefix:id:hash" and a NUL into out (outsz bytes; a buffer of
  * IDEM_BIZKEY_MAX + 1 always fits) and its length, without the NUL, into
@@ -384,15 +385,15 @@ IDEM_EXPORT void idem_bizkey_free(idem_bizkey_gen *g);
  * first bad character) or an out too small (then *outlen, if given, is
  * the length needed and out is untouched); IDEM_EIO if OpenSSL failed.
  * One thread at a time per generator. */
-IDEM_EXPORT int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix,
-                                 const char *id, const void *payload,
-                                 size_t len, char *out, size_t outsz,
-                                 size_t *outlen);
+IDEM_EXPORT int idem_bizkey_gen_make(idem_bizkey_gen *g, const char *prefix,
+                                     const char *id, const void *payload,
+                                     size_t len, char *out, size_t outsz,
+                                     size_t *outlen);
 
 /* What went wrong in the last failed call on g, or "". Owned by g. */
-IDEM_EXPORT const char *idem_bizkey_errdetail(const idem_bizkey_gen *g);
+IDEM_EXPORT const char *idem_bizkey_gen_errdetail(const idem_bizkey_gen *g);
 
-/* One key without a generator: idem_bizkey_new(), _make(), _free(). Slower
+/* One key without a generator: idem_bizkey_gen_new(), _make(), _free(). Slower
  * (OpenSSL setup per call) and with no detail; for one-off use. opts may
  * be NULL for SHA-256 with 16 hex digits. Thread-safe. */
 IDEM_EXPORT int idem_bizkey(const char *prefix, const char *id,

@@ -70,8 +70,8 @@ int main(int argc, char **argv)
     char uri[4200];
     snprintf(uri, sizeof uri, "local:%s", argv[1]);
     size_t batch = strtoul(argv[2], NULL, 10);
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.segment_bytes = 256 * 1024;  /* many segments: rollover under fire */
     idem_store *s;
     int rc = idem_open(uri, &o, &s);

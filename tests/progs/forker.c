@@ -56,7 +56,7 @@ static int parent_done(void)
 {
     idem_record r;
     int rc = idem_get(store, "k", 1, &r);
-    if (rc || r.state != IDEM_DONE || r.len != 6 ||
+    if (rc || r.state != IDEM_STATE_DONE || r.len != 6 ||
         memcmp(r.data, "parent", 6) != 0) {
         fprintf(stderr, "forker: parent lost its completion: %s\n",
                 idem_errdetail(store));

@@ -167,7 +167,7 @@ static int parse(int argc, char **argv, bench_cfg *c)
             break;
         case 'r': c->reopen = 1; break;
         case 'h': fputs(bench_usage, stdout); return -1;
-        default: rc = IDEM_EXIT_USAGE;
+        default: rc = CLI_EXIT_USAGE;
         }
     }
     if (!rc && optind < argc)
@@ -193,7 +193,7 @@ static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
     return rc;
 }
 
-int idem_cmd_bench(int argc, char **argv)
+int cli_cmd_bench(int argc, char **argv)
 {
     bench_cfg c;
     int rc = parse(argc, argv, &c);
@@ -247,5 +247,5 @@ int idem_cmd_bench(int argc, char **argv)
     free(b.items);
     free(b.st);
     free(b.value);
-    return rc == IDEM_EXIT_USAGE ? rc : rc ? 1 : 0;
+    return rc == CLI_EXIT_USAGE ? rc : rc ? 1 : 0;
 }

@@ -17,7 +17,7 @@ static const char check_usage[] =
     "by hand): every claim of their key fails until they are gone.\n"
     "\n"
     "  --store URI  local:DIR or redis://... (default $IDEM_STORE, else\n"
-    "               local:./idem-data)\n";
+    "               " IDEM_DEFAULT_URI ")\n";
 
 static const char repair_usage[] =
     "usage: idem repair [--store URI]\n"
@@ -31,7 +31,7 @@ static const char repair_usage[] =
     "so that their keys can be claimed again; says how many.\n"
     "\n"
     "  --store URI  local:DIR or redis://... (default $IDEM_STORE, else\n"
-    "               local:./idem-data)\n";
+    "               " IDEM_DEFAULT_URI ")\n";
 
 /* A Redis store: keys looked at, records readable and not. */
 static int report_redis(const char *cmd, const char *uri, int rc,
@@ -58,7 +58,7 @@ static int report(const char *cmd, const char *uri, int rc,
         return strncmp(why, uri, strlen(uri)) == 0
                    ? cli_fail(cmd, "%s", why)
                    : cli_fail(cmd, "%s: %s", uri, why);
-    if (strncmp(uri, "redis", 5) == 0)
+    if (!(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS))
         return report_redis(cmd, uri, rc, r);
     printf("%s: %" PRIu64 " segments, %" PRIu64 " records", uri,
            r->segments, r->records);
@@ -90,12 +90,12 @@ static int check_or_repair(const char *cmd, const char *usage, int argc,
     return report(cmd, cli_shown_uri(uri), rc, &r);
 }
 
-int idem_cmd_check(int argc, char **argv)
+int cli_cmd_check(int argc, char **argv)
 {
     return check_or_repair("check", check_usage, argc, argv, idem_check);
 }
 
-int idem_cmd_repair(int argc, char **argv)
+int cli_cmd_repair(int argc, char **argv)
 {
     return check_or_repair("repair", repair_usage, argc, argv, idem_repair);
 }

@@ -17,11 +17,11 @@
 
 /* Exit statuses, the same for every subcommand. */
 enum {
-    IDEM_EXIT_OK = 0,   /* done */
-    IDEM_EXIT_FAIL = 1, /* the work failed: I/O, a store error, bad input
+    CLI_EXIT_OK = 0,   /* done */
+    CLI_EXIT_FAIL = 1, /* the work failed: I/O, a store error, bad input
                          * under --on-bad-input error, damage found, ... */
-    IDEM_EXIT_USAGE = 2, /* the command line was wrong; nothing was done */
-    IDEM_EXIT_PARTIAL = 3 /* run, dedup: the input was read to its end,
+    CLI_EXIT_USAGE = 2, /* the command line was wrong; nothing was done */
+    CLI_EXIT_PARTIAL = 3 /* run, dedup: the input was read to its end,
                            * but some messages were not done here (their
                            * key was lost to another worker, or refused
                            * by the store, or run gave up on them after
@@ -29,19 +29,19 @@ enum {
                            * was named or counted on stderr */
 };
 
-int idem_cmd_bench(int argc, char **argv);
-int idem_cmd_keygen(int argc, char **argv);
-int idem_cmd_dedup(int argc, char **argv);
-int idem_cmd_run(int argc, char **argv);
-int idem_cmd_get(int argc, char **argv);
-int idem_cmd_forget(int argc, char **argv);
-int idem_cmd_stats(int argc, char **argv);
-int idem_cmd_sweep(int argc, char **argv);
-int idem_cmd_check(int argc, char **argv);
-int idem_cmd_repair(int argc, char **argv);
-int idem_cmd_dump(int argc, char **argv);
-int idem_cmd_load(int argc, char **argv);
-int idem_cmd_reset(int argc, char **argv);
+int cli_cmd_bench(int argc, char **argv);
+int cli_cmd_keygen(int argc, char **argv);
+int cli_cmd_dedup(int argc, char **argv);
+int cli_cmd_run(int argc, char **argv);
+int cli_cmd_get(int argc, char **argv);
+int cli_cmd_forget(int argc, char **argv);
+int cli_cmd_stats(int argc, char **argv);
+int cli_cmd_sweep(int argc, char **argv);
+int cli_cmd_check(int argc, char **argv);
+int cli_cmd_repair(int argc, char **argv);
+int cli_cmd_dump(int argc, char **argv);
+int cli_cmd_load(int argc, char **argv);
+int cli_cmd_reset(int argc, char **argv);
 
 /* ------------------------------------------------------------------------
  * opts.c: option parsing with messages that say what to type instead. */
@@ -110,7 +110,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out);
 
-/* The store URI: --store, else $IDEM_STORE, else local:./idem-data. */
+/* The store URI: --store, else $IDEM_STORE, else IDEM_DEFAULT_URI. */
 const char *cli_store_uri(const char *given);
 
 /* uri as messages and reports show it: its password hidden
@@ -119,12 +119,12 @@ const char *cli_shown_uri(const char *uri);
 
 /* Open a store, or print why not (with what to do about it) and return
  * NULL; print what idem_warning() has to say. flags as
- * idem_options.flags; ttl_ms/lease_ms 0 for defaults. */
+ * idem_opts.flags; ttl_ms/lease_ms 0 for defaults. */
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms);
 /* The same with every option given. */
 idem_store *cli_open_with(const char *cmd, const char *uri,
-                          const idem_options *o);
+                          const idem_opts *o);
 /* The exit status after cli_open() or cli_open_with() returned NULL:
  * 2 when the --store URI itself was wrong (a usage error), else 1. */
 int cli_open_status(void);
@@ -141,33 +141,33 @@ typedef struct cli_buf {
     size_t len, cap;
 } cli_buf;
 
-int buf_add(cli_buf *b, const void *p, size_t n);
+int cli_buf_add(cli_buf *b, const void *p, size_t n);
 /* Make room for n more bytes past len. */
-int buf_reserve(cli_buf *b, size_t n);
-int buf_str(cli_buf *b, const char *s);
-int buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
+int cli_buf_reserve(cli_buf *b, size_t n);
+int cli_buf_str(cli_buf *b, const char *s);
+int cli_buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
 /* s[0..n), valid UTF-8, as a quoted JSON string. */
-int buf_json_string(cli_buf *b, const void *s, size_t n);
+int cli_buf_json_string(cli_buf *b, const void *s, size_t n);
 /* s[0..n) in base64 (RFC 4648, with padding), quoted. */
-int buf_base64(cli_buf *b, const void *s, size_t n);
+int cli_buf_base64(cli_buf *b, const void *s, size_t n);
 /* The member "text_name":"s as a string" when s[0..n) is valid UTF-8,
  * else "b64_name":"s in base64". */
-int buf_bytes_member(cli_buf *b, const char *text_name,
-                     const char *b64_name, const void *s, size_t n);
+int cli_buf_bytes_member(cli_buf *b, const char *text_name,
+                         const char *b64_name, const void *s, size_t n);
 /* The member "name":s when s[0..n) is one JSON value without a line
  * break (as YAJL checks it: RFC 8259, UTF-8 included); else the bytes as
- * "name_text" or "name_base64" (buf_bytes_member). */
-int buf_json_member(cli_buf *b, const char *name, const void *s, size_t n);
+ * "name_text" or "name_base64" (cli_buf_bytes_member). */
+int cli_buf_json_member(cli_buf *b, const char *name, const void *s, size_t n);
 /* 1 if s[0..n) is one JSON value without a line break, 0 if not, -1
  * when out of memory. */
-int json_one_line(const void *s, size_t n);
-void buf_free(cli_buf *b);
+int cli_json_one_line(const void *s, size_t n);
+void cli_buf_free(cli_buf *b);
 
 /* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
-int utf8_valid(const void *s, size_t n);
+int cli_utf8_valid(const void *s, size_t n);
 
 /* Decode base64 s[0..n) into out (room for n * 3 / 4 bytes); the decoded
  * length, or -1 if s is not base64. */
-long base64_decode(const char *s, size_t n, unsigned char *out);
+long cli_base64_decode(const char *s, size_t n, unsigned char *out);
 
 #endif

@@ -161,22 +161,22 @@ static int broke(coproc *c, int code, const char *fmt, ...)
 static int envelope(coproc *c, const idem_task *t)
 {
     cli_buf *w = &c->wb;
-    int text = utf8_valid(t->key, t->keylen);
-    int rc = buf_str(w, text ? "{\"key\":" : "{\"key_base64\":");
-    rc = rc ? rc : text ? buf_json_string(w, t->key, t->keylen)
-                        : buf_base64(w, t->key, t->keylen);
-    rc = rc ? rc : buf_fmt(w, ",\"token\":%llu,\"attempt\":%u,",
-                          (unsigned long long)t->token, t->attempt);
+    int text = cli_utf8_valid(t->key, t->keylen);
+    int rc = cli_buf_str(w, text ? "{\"key\":" : "{\"key_base64\":");
+    rc = rc ? rc : text ? cli_buf_json_string(w, t->key, t->keylen)
+                        : cli_buf_base64(w, t->key, t->keylen);
+    rc = rc ? rc : cli_buf_fmt(w, ",\"token\":%llu,\"attempt\":%u,",
+                               (unsigned long long)t->token, t->attempt);
     if (!c->line_mode)
-        rc = rc ? rc : buf_str(w, "\"message\":") ||
-                       buf_add(w, t->msg, t->msglen);
-    else if (utf8_valid(t->msg, t->msglen))
-        rc = rc ? rc : buf_str(w, "\"message\":") ||
-                       buf_json_string(w, t->msg, t->msglen);
+        rc = rc ? rc : cli_buf_str(w, "\"message\":") ||
+                       cli_buf_add(w, t->msg, t->msglen);
+    else if (cli_utf8_valid(t->msg, t->msglen))
+        rc = rc ? rc : cli_buf_str(w, "\"message\":") ||
+                       cli_buf_json_string(w, t->msg, t->msglen);
     else
-        rc = rc ? rc : buf_str(w, "\"message_base64\":") ||
-                       buf_base64(w, t->msg, t->msglen);
-    return rc ? rc : buf_str(w, "}\n");
+        rc = rc ? rc : cli_buf_str(w, "\"message_base64\":") ||
+                       cli_buf_base64(w, t->msg, t->msglen);
+    return rc ? rc : cli_buf_str(w, "}\n");
 }
 
 /* ------------------------------------------------------------------------
@@ -385,7 +385,7 @@ static int pump(coproc *c, size_t *woff, const struct pollfd *pf)
         *woff += w > 0 ? (size_t)w : 0;
     }
     if (pf[1].revents & (POLLIN | POLLERR | POLLHUP)) {
-        if (buf_reserve(&c->rb, 65536))
+        if (cli_buf_reserve(&c->rb, 65536))
             return IDEM_ENOMEM;
         ssize_t r = read(c->from, c->rb.p + c->rb.len, c->rb.cap - c->rb.len);
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
@@ -522,8 +522,8 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
 
 int coproc_stop(coproc *c, const char *cmdname)
 {
-    buf_free(&c->wb);
-    buf_free(&c->rb);
+    cli_buf_free(&c->wb);
+    cli_buf_free(&c->rb);
     if (!c->pid)
         return 0;
     close(c->to);

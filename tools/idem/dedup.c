@@ -102,10 +102,10 @@ static int emit_line(void *ctx, stream *st, const idem_msg *msgs,
     if (m && m->result != IDEM_MSG_DONE)
         return 0;
     cli_buf *b = &st->job.obuf;
-    return buf_add(b, l->p, l->len) || buf_add(b, "\n", 1);
+    return cli_buf_add(b, l->p, l->len) || cli_buf_add(b, "\n", 1);
 }
 
-int idem_cmd_dedup(int argc, char **argv)
+int cli_cmd_dedup(int argc, char **argv)
 {
     static const struct option opts[] = {STREAM_LONGOPTS, {0, 0, 0, 0}};
     stream_cfg c = {.cmd = "dedup", .batch = 65536, .emit = emit_line,

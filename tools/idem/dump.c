@@ -16,7 +16,7 @@ static const char usage[] =
     "Checkpoints of dedup/run jobs are not records and are not dumped.\n"
     "\n"
     "  --output FILE  default standard output\n"
-    "  --store URI    default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI    default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 typedef struct dump_ctx {
     FILE *f;
@@ -36,7 +36,7 @@ static int dump_one(void *ctx, const void *key, size_t keylen,
     return 0;
 }
 
-int idem_cmd_dump(int argc, char **argv)
+int cli_cmd_dump(int argc, char **argv)
 {
     static const struct option opts[] = {{"store", 1, 0, 's'},
                                          {"output", 1, 0, 'o'},
@@ -72,7 +72,7 @@ int idem_cmd_dump(int argc, char **argv)
         rc = cli_store_fail("dump", s, rc, "listing the records");
     else
         fprintf(stderr, "idem dump: %llu records\n", d.n);
-    buf_free(&d.b);
+    cli_buf_free(&d.b);
     idem_close(s);
     return rc;
 }

@@ -16,9 +16,9 @@ static const char usage[] =
     "  --key-space NAME, --job NAME\n"
     "               the key of a dedup/run job, as for `idem get`; without:\n"
     "               KEY in the shared key space\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
-int idem_cmd_forget(int argc, char **argv)
+int cli_cmd_forget(int argc, char **argv)
 {
     cli_simple o;
     int rc = cli_simple_parse("forget", argc, argv, usage, CLI_KEY_SPACE, 1,
@@ -40,7 +40,7 @@ int idem_cmd_forget(int argc, char **argv)
         rc = ks_not_found("forget", o.key_space, key);
     else if (rc < 0)
         rc = cli_store_fail("forget", s, rc, key);
-    buf_free(&k);
+    cli_buf_free(&k);
     idem_close(s);
     return rc;
 }

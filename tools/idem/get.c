@@ -24,7 +24,7 @@ static const char usage[] =
     "  --base64     KEY is given in base64 (as dump's \"key_base64\": keys\n"
     "               of any bytes), and the key and response are shown in\n"
     "               base64\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 static void show_time(const char *name, int64_t ms)
 {
@@ -40,10 +40,10 @@ static void show_time(const char *name, int64_t ms)
 static int show_base64(const char *name, const void *p, size_t n)
 {
     cli_buf b = {0};
-    int rc = buf_base64(&b, p, n);
+    int rc = cli_buf_base64(&b, p, n);
     if (!rc)
         printf("%-10s %.*s\n", name, (int)b.len - 2, b.p + 1);
-    buf_free(&b);
+    cli_buf_free(&b);
     return rc;
 }
 
@@ -51,7 +51,7 @@ static int show(const char *space, const cli_buf *key, int base64,
                 const idem_record *r)
 {
     static const char *const states[] = {"pending", "done", "failed"};
-    const char *what = r->state == IDEM_DONE ? "response" : "error";
+    const char *what = r->state == IDEM_STATE_DONE ? "response" : "error";
     if (space)
         printf("key space  %s\n", space);
     if (base64 && show_base64("key", key->p, key->len))
@@ -65,11 +65,11 @@ static int show(const char *space, const cli_buf *key, int base64,
     show_time("created", r->created_ms);
     show_time("expires", r->expires_ms);
     /* A released claim holds no lease: the next claim takes it at once. */
-    if (r->state == IDEM_PENDING && !r->released)
+    if (r->state == IDEM_STATE_PENDING && !r->released)
         show_time("lease", r->lease_until);
     if (r->len && base64)
         return show_base64(what, r->data, r->len);
-    if (r->len && utf8_valid(r->data, r->len))
+    if (r->len && cli_utf8_valid(r->data, r->len))
         printf("%-10s %.*s\n", what, (int)r->len, (const char *)r->data);
     else if (r->len)
         printf("%-10s (%zu bytes, not text; see --base64)\n", what,
@@ -82,17 +82,17 @@ static int key_arg(const char *key, int base64, cli_buf *raw)
 {
     size_t n = strlen(key);
     if (!base64)
-        return buf_add(raw, key, n) ? cli_fail("get", "out of memory") : 0;
-    if (buf_reserve(raw, n))
+        return cli_buf_add(raw, key, n) ? cli_fail("get", "out of memory") : 0;
+    if (cli_buf_reserve(raw, n))
         return cli_fail("get", "out of memory");
-    long got = base64_decode(key, n, (unsigned char *)raw->p);
+    long got = cli_base64_decode(key, n, (unsigned char *)raw->p);
     if (got < 0)
         return cli_usage_error("get", "--base64: '%s' is not base64", key);
     raw->len = (size_t)got;
     return 0;
 }
 
-int idem_cmd_get(int argc, char **argv)
+int cli_cmd_get(int argc, char **argv)
 {
     cli_simple o;
     int rc = cli_simple_parse("get", argc, argv, usage,
@@ -120,9 +120,9 @@ int idem_cmd_get(int argc, char **argv)
              fwrite(b.p, 1, b.len, stdout) != b.len;
     else if (!rc && show(o.key_space, &raw, o.base64, &r))
         rc = cli_fail("get", "out of memory");
-    buf_free(&raw);
-    buf_free(&k);
-    buf_free(&b);
+    cli_buf_free(&raw);
+    cli_buf_free(&k);
+    cli_buf_free(&b);
     idem_close(s);
     return rc;
 }

@@ -462,7 +462,7 @@ int job_commit(job *j, size_t input, const nd_line *last)
 
 int job_end(job *j)
 {
-    buf_free(&j->obuf);
+    cli_buf_free(&j->obuf);
     if (j->out_path && j->out_fd >= 0 && close(j->out_fd) != 0)
         return cli_fail(j->cmd, "closing %s: %s", j->out_path,
                         strerror(errno));

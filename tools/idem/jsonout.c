@@ -19,7 +19,7 @@
 
 #include "cli.h"
 
-int buf_reserve(cli_buf *b, size_t n)
+int cli_buf_reserve(cli_buf *b, size_t n)
 {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 256;
@@ -34,9 +34,9 @@ int buf_reserve(cli_buf *b, size_t n)
     return 0;
 }
 
-int buf_add(cli_buf *b, const void *p, size_t n)
+int cli_buf_add(cli_buf *b, const void *p, size_t n)
 {
-    if (buf_reserve(b, n))
+    if (cli_buf_reserve(b, n))
         return -1;
     if (n)
         memcpy(b->p + b->len, p, n);
@@ -44,12 +44,12 @@ int buf_add(cli_buf *b, const void *p, size_t n)
     return 0;
 }
 
-int buf_str(cli_buf *b, const char *s)
+int cli_buf_str(cli_buf *b, const char *s)
 {
-    return buf_add(b, s, strlen(s));
+    return cli_buf_add(b, s, strlen(s));
 }
 
-int buf_fmt(cli_buf *b, const char *fmt, ...)
+int cli_buf_fmt(cli_buf *b, const char *fmt, ...)
 {
     char tmp[512];
     va_list ap;
@@ -58,10 +58,10 @@ int buf_fmt(cli_buf *b, const char *fmt, ...)
     va_end(ap);
     if (n < 0 || (size_t)n >= sizeof tmp)
         return -1;
-    return buf_add(b, tmp, (size_t)n);
+    return cli_buf_add(b, tmp, (size_t)n);
 }
 
-void buf_free(cli_buf *b)
+void cli_buf_free(cli_buf *b)
 {
     free(b->p);
     *b = (cli_buf){0};
@@ -88,7 +88,7 @@ static size_t utf8_seq(const unsigned char *s, size_t n)
     return len;
 }
 
-int utf8_valid(const void *p, size_t n)
+int cli_utf8_valid(const void *p, size_t n)
 {
     const unsigned char *s = p;
     for (size_t i = 0; i < n;) {
@@ -100,17 +100,17 @@ int utf8_valid(const void *p, size_t n)
     return 1;
 }
 
-int buf_json_string(cli_buf *b, const void *p, size_t n)
+int cli_buf_json_string(cli_buf *b, const void *p, size_t n)
 {
     static const char hex[] = "0123456789abcdef";
     const unsigned char *s = p;
-    int rc = buf_add(b, "\"", 1);
+    int rc = cli_buf_add(b, "\"", 1);
     size_t run = 0;
     for (size_t i = 0; !rc && i < n; i++) {
         unsigned char c = s[i];
         if (c >= 0x20 && c != '"' && c != '\\')
             continue;
-        rc = buf_add(b, s + run, i - run);
+        rc = cli_buf_add(b, s + run, i - run);
         char esc[6] = {'\\', (char)c, 0};
         size_t k = 2;
         if (c == '\n' || c == '\t' || c == '\r') {
@@ -122,23 +122,25 @@ int buf_json_string(cli_buf *b, const void *p, size_t n)
             k = 6;
         }
         if (!rc)
-            rc = buf_add(b, esc, k);
+            rc = cli_buf_add(b, esc, k);
         run = i + 1;
     }
     if (!rc)
-        rc = buf_add(b, s + run, n - run);
-    return rc ? rc : buf_add(b, "\"", 1);
+        rc = cli_buf_add(b, s + run, n - run);
+    return rc ? rc : cli_buf_add(b, "\"", 1);
 }
 
-int buf_bytes_member(cli_buf *b, const char *text_name,
-                     const char *b64_name, const void *p, size_t n)
+int cli_buf_bytes_member(cli_buf *b, const char *text_name,
+                         const char *b64_name, const void *p, size_t n)
 {
-    int text = utf8_valid(p, n);
-    int rc = buf_fmt(b, "\"%s\":", text ? text_name : b64_name);
-    return rc ? rc : text ? buf_json_string(b, p, n) : buf_base64(b, p, n);
+    int text = cli_utf8_valid(p, n);
+    int rc = cli_buf_fmt(b, "\"%s\":", text ? text_name : b64_name);
+    if (rc)
+        return rc;
+    return text ? cli_buf_json_string(b, p, n) : cli_buf_base64(b, p, n);
 }
 
-int json_one_line(const void *p, size_t n)
+int cli_json_one_line(const void *p, size_t n)
 {
     if (!n || memchr(p, '\n', n))
         return 0;  /* a line break is JSON's whitespace, NDJSON's end */
@@ -151,26 +153,26 @@ int json_one_line(const void *p, size_t n)
     return ok;
 }
 
-int buf_json_member(cli_buf *b, const char *name, const void *p, size_t n)
+int cli_buf_json_member(cli_buf *b, const char *name, const void *p, size_t n)
 {
-    int json = json_one_line(p, n);
+    int json = cli_json_one_line(p, n);
     if (json < 0)
         return -1;
     if (json)
-        return buf_fmt(b, "\"%s\":", name) || buf_add(b, p, n);
+        return cli_buf_fmt(b, "\"%s\":", name) || cli_buf_add(b, p, n);
     char text[64], bytes[64];
     snprintf(text, sizeof text, "%s_text", name);
     snprintf(bytes, sizeof bytes, "%s_base64", name);
-    return buf_bytes_member(b, text, bytes, p, n);
+    return cli_buf_bytes_member(b, text, bytes, p, n);
 }
 
 static const char b64[] =
     "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-int buf_base64(cli_buf *b, const void *p, size_t n)
+int cli_buf_base64(cli_buf *b, const void *p, size_t n)
 {
     const unsigned char *s = p;
-    int rc = buf_add(b, "\"", 1);
+    int rc = cli_buf_add(b, "\"", 1);
     for (size_t i = 0; !rc && i < n; i += 3) {
         unsigned v = (unsigned)s[i] << 16;
         if (i + 1 < n)
@@ -180,12 +182,12 @@ int buf_base64(cli_buf *b, const void *p, size_t n)
         char q[4] = {b64[v >> 18], b64[(v >> 12) & 63],
                      i + 1 < n ? b64[(v >> 6) & 63] : '=',
                      i + 2 < n ? b64[v & 63] : '='};
-        rc = buf_add(b, q, 4);
+        rc = cli_buf_add(b, q, 4);
     }
-    return rc ? rc : buf_add(b, "\"", 1);
+    return rc ? rc : cli_buf_add(b, "\"", 1);
 }
 
-long base64_decode(const char *s, size_t n, unsigned char *out)
+long cli_base64_decode(const char *s, size_t n, unsigned char *out)
 {
     if (n % 4)
         return -1;

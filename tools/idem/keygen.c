@@ -22,7 +22,7 @@
 #include "idem/idem.h"
 
 #define KG "keygen" /* the name in messages */
-#define IDEM_PAYLOAD_MAX (256u << 20)
+#define KG_PAYLOAD_MAX (256u << 20)
 
 static const char kg_keygen_help[] =
     "usage: idem keygen KIND [options]\n"
@@ -105,12 +105,12 @@ static const char kg_keygen_help[] =
     "  idem keygen --decode 119587103542349824 --epoch 2024-01-01\n";
 
 enum kg_kind {
-    IDEM_K_NONE,
-    IDEM_K_UUID4,
-    IDEM_K_UUID7,
-    IDEM_K_SNOWFLAKE,
-    IDEM_K_BIZKEY,
-    IDEM_K_FINGERPRINT
+    KG_NONE,
+    KG_UUID4,
+    KG_UUID7,
+    KG_SNOWFLAKE,
+    KG_BIZKEY,
+    KG_FINGERPRINT
 };
 
 static const char *const kg_kind_names[] = {
@@ -151,7 +151,7 @@ static void kg_format_time(int64_t ms, char *out, size_t n)
              (int)(ms % 1000));
 }
 
-/* The whole of fd (a file or stdin), at most IDEM_PAYLOAD_MAX bytes. */
+/* The whole of fd (a file or stdin), at most KG_PAYLOAD_MAX bytes. */
 static int kg_slurp(int fd, const char *name, unsigned char **data, size_t *len)
 {
     size_t cap = 4096, n = 0;
@@ -160,10 +160,10 @@ static int kg_slurp(int fd, const char *name, unsigned char **data, size_t *len)
         return cli_fail(KG, "out of memory");
     for (;;) {
         if (n == cap) {
-            if (cap >= IDEM_PAYLOAD_MAX) {
+            if (cap >= KG_PAYLOAD_MAX) {
                 free(buf);
                 return cli_fail(KG, "%s: larger than %u MiB", name,
-                                IDEM_PAYLOAD_MAX >> 20);
+                                KG_PAYLOAD_MAX >> 20);
             }
             unsigned char *nb = realloc(buf, cap * 2);
             if (!nb) {
@@ -212,7 +212,7 @@ static int kg_gen_uuids(const struct kg_opts *o)
     char line[IDEM_UUID_STRLEN + 2];
     uint8_t u[IDEM_UUID_LEN];
     for (uint64_t i = 0; i < o->count; i++) {
-        int rc = o->kind == IDEM_K_UUID4 ? idem_uuid4(u) : idem_uuid7(u);
+        int rc = o->kind == KG_UUID4 ? idem_uuid4(u) : idem_uuid7(u);
         if (rc)
             return cli_fail(KG, "%s", idem_strerror(rc));
         idem_uuid_format(u, line);
@@ -242,7 +242,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
     if (rc) {
         int ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
                           idem_snowflake_errdetail(g));
-        idem_snowflake_close(g);
+        idem_snowflake_free(g);
         return ex;
     }
     char line[IDEM_SNOWFLAKE_STRLEN + 2];
@@ -260,7 +260,7 @@ static int kg_gen_snowflakes(const struct kg_opts *o)
         if (fwrite(line, 1, n, stdout) != n)
             ex = kg_out_error();
     }
-    rc = idem_snowflake_close(g);
+    rc = idem_snowflake_free(g);
     if (rc && !ex)
         ex = cli_fail(KG, "closing the state file: %s", idem_strerror(rc));
     return ex;
@@ -309,21 +309,21 @@ static int kg_gen_bizkey(const struct kg_opts *o)
     bo.hmac_key = secret;
     bo.hmac_key_len = slen;
     idem_bizkey_gen *g;
-    int rc = idem_bizkey_new(&bo, &g);
+    int rc = idem_bizkey_gen_new(&bo, &g);
     char key[IDEM_BIZKEY_MAX + 2];
     size_t klen = 0;
     if (!rc)
-        rc = idem_bizkey_make(g, o->prefix, o->id, payload, plen, key,
-                              sizeof key, &klen);
+        rc = idem_bizkey_gen_make(g, o->prefix, o->id, payload, plen, key,
+                                  sizeof key, &klen);
     if (rc) {
         ex = cli_fail(KG, "%s: %s", idem_strerror(rc),
-                      idem_bizkey_errdetail(g));
+                      idem_bizkey_gen_errdetail(g));
     } else {
         key[klen++] = '\n';
         if (fwrite(key, 1, klen, stdout) != klen)
             ex = kg_out_error();
     }
-    idem_bizkey_free(g);
+    idem_bizkey_gen_free(g);
     if (secret)
         explicit_bzero(secret, slen);
     free(secret);
@@ -416,14 +416,14 @@ static int kg_decode(const struct kg_opts *o)
     const char *k = o->decode;
     int rc;
     switch (o->kind) {
-    case IDEM_K_UUID4:
-    case IDEM_K_UUID7:
-        rc = kg_decode_uuid(k, o->kind == IDEM_K_UUID4 ? 4 : 7);
+    case KG_UUID4:
+    case KG_UUID7:
+        rc = kg_decode_uuid(k, o->kind == KG_UUID4 ? 4 : 7);
         break;
-    case IDEM_K_SNOWFLAKE:
+    case KG_SNOWFLAKE:
         rc = kg_decode_snowflake(k, o);
         break;
-    case IDEM_K_BIZKEY:
+    case KG_BIZKEY:
         rc = kg_decode_bizkey(k);
         break;
     default:
@@ -438,12 +438,12 @@ static int kg_decode(const struct kg_opts *o)
     if (rc < 0)
         return cli_fail(
             KG, "cannot decode '%s': %s", k,
-            o->kind == IDEM_K_SNOWFLAKE
+            o->kind == KG_SNOWFLAKE
                 ? "not a snowflake ID (1..19 decimal digits, below 2^63)"
-            : o->kind == IDEM_K_BIZKEY
+            : o->kind == KG_BIZKEY
                 ? "not a bizkey (prefix:id:hash, 8..64 lowercase hex "
                   "digits of hash)"
-            : o->kind != IDEM_K_NONE
+            : o->kind != KG_NONE
                 ? "not a UUID (8-4-4-4-12 hex digits)"
                 : "not a UUID (8-4-4-4-12 hex digits), a snowflake ID "
                   "(decimal, below 2^63) or a bizkey (prefix:id:hash)");
@@ -499,18 +499,18 @@ static int kg_check_combination(const struct kg_opts *o)
             o->payload_stdin || o->hmac_key_file || o->hash_len_set)
             return cli_usage_error(KG, "--decode takes only a key (and --epoch "
                                    "for a snowflake); drop the other options");
-        if (k == IDEM_K_FINGERPRINT)
+        if (k == KG_FINGERPRINT)
             return cli_usage_error(KG, "a fingerprint cannot be decoded: it "
                                    "is a digest; compute it again and "
                                    "compare");
         return 0;
     }
-    if (k == IDEM_K_NONE)
+    if (k == KG_NONE)
         return cli_usage_error(KG, "say which kind of key: idem keygen "
                                "uuid4, uuid7, snowflake, bizkey or "
                                "fingerprint (or --decode KEY)");
-    int snow = k == IDEM_K_SNOWFLAKE, biz = k == IDEM_K_BIZKEY;
-    int takes_payload = biz || k == IDEM_K_FINGERPRINT;
+    int snow = k == KG_SNOWFLAKE, biz = k == KG_BIZKEY;
+    int takes_payload = biz || k == KG_FINGERPRINT;
     if (o->node_set && !snow)
         return kg_not_for("node", "snowflake", k);
     if (o->epoch_set && !snow)
@@ -569,15 +569,15 @@ static int kg_positional(struct kg_opts *o, const char *a)
         o->payload_stdin = 1;
         return 0;
     }
-    enum kg_kind k = IDEM_K_NONE;
-    for (int i = 1; i <= IDEM_K_FINGERPRINT; i++)
+    enum kg_kind k = KG_NONE;
+    for (int i = 1; i <= KG_FINGERPRINT; i++)
         if (strcmp(a, kg_kind_names[i]) == 0)
             k = (enum kg_kind)i;
-    if (k == IDEM_K_NONE)
+    if (k == KG_NONE)
         return cli_usage_error(KG, "unknown key kind '%s': use uuid4, uuid7, "
                                "snowflake, bizkey or fingerprint",
                                a);
-    if (o->kind != IDEM_K_NONE)
+    if (o->kind != KG_NONE)
         return cli_usage_error(KG, "give one kind, not '%s' and '%s'",
                                kg_kind_names[o->kind], a);
     o->kind = k;
@@ -649,7 +649,7 @@ static int kg_parse(int argc, char **argv, struct kg_opts *o)
     while (!ex &&
            (c = cli_getopt_short(KG, argc, argv, ":n:h", kg_long_opts)) != -1) {
         if (c == '?')
-            return IDEM_EXIT_USAGE;
+            return CLI_EXIT_USAGE;
         if (c == 'h') {
             fputs(kg_keygen_help, stdout);
             return -1;
@@ -661,19 +661,19 @@ static int kg_parse(int argc, char **argv, struct kg_opts *o)
     return ex ? ex : kg_check_combination(o);
 }
 
-int idem_cmd_keygen(int argc, char **argv)
+int cli_cmd_keygen(int argc, char **argv)
 {
     struct kg_opts o = {.count = 1};
     int ex = kg_parse(argc, argv, &o);
     if (ex)
-        return ex < 0 ? IDEM_EXIT_OK : ex;
+        return ex < 0 ? CLI_EXIT_OK : ex;
     if (o.decode)
         ex = kg_decode(&o);
-    else if (o.kind == IDEM_K_SNOWFLAKE)
+    else if (o.kind == KG_SNOWFLAKE)
         ex = kg_gen_snowflakes(&o);
-    else if (o.kind == IDEM_K_BIZKEY)
+    else if (o.kind == KG_BIZKEY)
         ex = kg_gen_bizkey(&o);
-    else if (o.kind == IDEM_K_FINGERPRINT)
+    else if (o.kind == KG_FINGERPRINT)
         ex = kg_gen_fingerprint(&o);
     else
         ex = kg_gen_uuids(&o);

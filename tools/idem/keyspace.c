@@ -38,7 +38,7 @@ static int good_name(const char *name, size_t n)
     for (size_t i = 0; i < n; i++)
         if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
             return 0;
-    return n > 0 && n <= KS_NAME_MAX && utf8_valid(name, n);
+    return n > 0 && n <= KS_NAME_MAX && cli_utf8_valid(name, n);
 }
 
 int ks_set(key_space *ks, const char *name)
@@ -73,7 +73,7 @@ int ks_bad_size(const key_space *ks, size_t klen, char *what, size_t n)
 
 int ks_add(cli_buf *b, const key_space *ks, const void *key, size_t len)
 {
-    return buf_add(b, ks->prefix, ks->len) || buf_add(b, key, len);
+    return cli_buf_add(b, ks->prefix, ks->len) || cli_buf_add(b, key, len);
 }
 
 void ks_split(const void *stored, size_t len, const char **name,

@@ -28,11 +28,11 @@ idem_bizkey_gen *lh_new(const char *cmd)
     idem_bizkey_opts_init(&o);
     o.hash_len = LH_KEY_LEN;
     idem_bizkey_gen *g;
-    int rc = idem_bizkey_new(&o, &g);
+    int rc = idem_bizkey_gen_new(&o, &g);
     if (!rc)
         return g;
-    cli_fail(cmd, "--line-hash: %s", idem_bizkey_errdetail(g));
-    idem_bizkey_free(g);
+    cli_fail(cmd, "--line-hash: %s", idem_bizkey_gen_errdetail(g));
+    idem_bizkey_gen_free(g);
     return NULL;
 }
 
@@ -40,8 +40,8 @@ int lh_key(idem_bizkey_gen *g, const char *cmd, const char *line, size_t n,
            char key[LH_KEY_LEN])
 {
     char out[sizeof LH_PREFIX + LH_KEY_LEN];
-    if (idem_bizkey_make(g, "l", "h", line, n, out, sizeof out, NULL))
-        return cli_fail(cmd, "--line-hash: %s", idem_bizkey_errdetail(g));
+    if (idem_bizkey_gen_make(g, "l", "h", line, n, out, sizeof out, NULL))
+        return cli_fail(cmd, "--line-hash: %s", idem_bizkey_gen_errdetail(g));
     memcpy(key, out + strlen(LH_PREFIX), LH_KEY_LEN);
     return 0;
 }

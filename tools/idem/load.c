@@ -28,7 +28,7 @@ static const char usage[] =
     "it is committed.\n"
     "\n"
     "  --replace    overwrite live records of the same keys\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 typedef struct load_ctx {
     idem_store *s;
@@ -82,7 +82,7 @@ static int load_all(load_ctx *c, nd_reader *rd)
     }
 }
 
-int idem_cmd_load(int argc, char **argv)
+int cli_cmd_load(int argc, char **argv)
 {
     static const struct option opts[] = {{"store", 1, 0, 's'},
                                          {"replace", 0, 0, 'r'},
@@ -117,6 +117,6 @@ int idem_cmd_load(int argc, char **argv)
                 " kept (the store had them)\n", c.loaded, c.kept);
     idem_close(c.s);
     nd_close(&rd);
-    buf_free(&c.scratch);
+    cli_buf_free(&c.scratch);
     return rc;
 }

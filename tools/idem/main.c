@@ -15,22 +15,22 @@ struct cli_cmd {
 };
 
 static const struct cli_cmd cli_cmds[] = {
-    {"dedup", idem_cmd_dedup, "print each key's first occurrence, "
+    {"dedup", cli_cmd_dedup, "print each key's first occurrence, "
                               "exactly once"},
-    {"run", idem_cmd_run, "run a handler once per key, exactly once"},
-    {"get", idem_cmd_get, "show the record of a key"},
-    {"forget", idem_cmd_forget, "delete the record of a key"},
-    {"stats", idem_cmd_stats, "keys by state, segments, disk and memory"},
-    {"sweep", idem_cmd_sweep, "remove expired records now"},
-    {"check", idem_cmd_check, "verify every checksum (exit 1 on damage)"},
-    {"repair", idem_cmd_repair, "rewrite damaged segments, keeping every "
+    {"run", cli_cmd_run, "run a handler once per key, exactly once"},
+    {"get", cli_cmd_get, "show the record of a key"},
+    {"forget", cli_cmd_forget, "delete the record of a key"},
+    {"stats", cli_cmd_stats, "keys by state, segments, disk and memory"},
+    {"sweep", cli_cmd_sweep, "remove expired records now"},
+    {"check", cli_cmd_check, "verify every checksum (exit 1 on damage)"},
+    {"repair", cli_cmd_repair, "rewrite damaged segments, keeping every "
                                 "valid record"},
-    {"dump", idem_cmd_dump, "export every live record as NDJSON"},
-    {"load", idem_cmd_load, "import records written by dump"},
-    {"reset", idem_cmd_reset, "drop a job's checkpoint: its next run "
+    {"dump", cli_cmd_dump, "export every live record as NDJSON"},
+    {"load", cli_cmd_load, "import records written by dump"},
+    {"reset", cli_cmd_reset, "drop a job's checkpoint: its next run "
                               "starts over"},
-    {"keygen", idem_cmd_keygen, "make or decode idempotency keys"},
-    {"bench", idem_cmd_bench, "measure claim throughput of a store"},
+    {"keygen", cli_cmd_keygen, "make or decode idempotency keys"},
+    {"bench", cli_cmd_bench, "measure claim throughput of a store"},
 };
 
 #define CLI_NCMDS (sizeof cli_cmds / sizeof cli_cmds[0])
@@ -70,28 +70,28 @@ static int cli_unknown(const char *name)
     fprintf(stderr,
             "idem: unknown command '%s'; run 'idem --help' for the list\n",
             name);
-    return IDEM_EXIT_USAGE;
+    return CLI_EXIT_USAGE;
 }
 
 int main(int argc, char **argv)
 {
     if (argc < 2) {
         cli_usage(stderr);
-        return IDEM_EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     const char *name = argv[1];
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
         cli_usage(stdout);
-        return IDEM_EXIT_OK;
+        return CLI_EXIT_OK;
     }
     if (strcmp(name, "--version") == 0 || strcmp(name, "-V") == 0) {
         printf("idem %s\n", idem_version());
-        return IDEM_EXIT_OK;
+        return CLI_EXIT_OK;
     }
     if (strcmp(name, "help") == 0) {
         if (argc < 3) {
             cli_usage(stdout);
-            return IDEM_EXIT_OK;
+            return CLI_EXIT_OK;
         }
         const struct cli_cmd *c = cli_find(argv[2]);
         if (!c)
@@ -105,7 +105,7 @@ int main(int argc, char **argv)
                 "idem: '%s' is not a command; options go after the command "
                 "(idem <command> %s); run 'idem --help' for the list\n",
                 name, name);
-        return IDEM_EXIT_USAGE;
+        return CLI_EXIT_USAGE;
     }
     const struct cli_cmd *c = cli_find(name);
     if (!c)

@@ -321,7 +321,7 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
 const char *cli_store_uri(const char *given)
 {
     const char *env = getenv("IDEM_STORE");
-    return given ? given : env && *env ? env : "local:./idem-data";
+    return given ? given : env && *env ? env : IDEM_DEFAULT_URI;
 }
 
 const char *cli_shown_uri(const char *uri)
@@ -345,8 +345,8 @@ int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what)
 idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
                      int64_t ttl_ms, int64_t lease_ms)
 {
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = flags;
     if (ttl_ms)
         o.ttl_ms = ttl_ms;
@@ -357,7 +357,7 @@ idem_store *cli_open(const char *cmd, const char *uri, unsigned flags,
 
 /* Why the last cli_open_with() failed, as an exit status. The CLI is one
  * thread when it opens its store. */
-static int open_status = IDEM_EXIT_FAIL;
+static int open_status = CLI_EXIT_FAIL;
 
 int cli_open_status(void)
 {
@@ -365,7 +365,7 @@ int cli_open_status(void)
 }
 
 idem_store *cli_open_with(const char *cmd, const char *uri,
-                          const idem_options *o)
+                          const idem_opts *o)
 {
     idem_store *s;
     int rc = idem_open(uri, o, &s);
@@ -376,7 +376,7 @@ idem_store *cli_open_with(const char *cmd, const char *uri,
     /* The options come from checked command-line values, so EINVAL is
      * the URI: its scheme, host, port, parameters or missing parent
      * directory. */
-    open_status = rc == IDEM_EINVAL ? IDEM_EXIT_USAGE : IDEM_EXIT_FAIL;
+    open_status = rc == IDEM_EINVAL ? CLI_EXIT_USAGE : CLI_EXIT_FAIL;
     const char *d = s ? idem_errdetail(s) : "out of memory";
     uri = cli_shown_uri(uri);
     /* The detail of a handle names the store already. */

@@ -37,32 +37,32 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
     const char *space;
     size_t spacelen;
     ks_split(key, keylen, &space, &spacelen, &key, &keylen);
-    int rc = buf_str(b, "{") ||
-             buf_bytes_member(b, "key", "key_base64", key, keylen);
+    int rc = cli_buf_str(b, "{") ||
+             cli_buf_bytes_member(b, "key", "key_base64", key, keylen);
     if (space)
-        rc = rc ? rc : buf_str(b, ",\"key_space\":") ||
-                       buf_json_string(b, space, spacelen);
-    rc = rc ? rc : buf_fmt(b, ",\"state\":\"%s\",\"token\":%llu,"
-                          "\"attempts\":%u,"
-                          "\"created_ms\":%lld,\"expires_ms\":%lld",
-                          states[r->state], (unsigned long long)r->token,
-                          r->attempts, (long long)r->created_ms,
-                          (long long)r->expires_ms);
-    if (r->state == IDEM_PENDING)
-        rc = rc ? rc : buf_fmt(b, ",\"lease_until_ms\":%lld%s",
-                              (long long)r->lease_until,
-                              r->released ? ",\"released\":true" : "");
+        rc = rc ? rc : cli_buf_str(b, ",\"key_space\":") ||
+                       cli_buf_json_string(b, space, spacelen);
+    rc = rc ? rc : cli_buf_fmt(b, ",\"state\":\"%s\",\"token\":%llu,"
+                               "\"attempts\":%u,"
+                               "\"created_ms\":%lld,\"expires_ms\":%lld",
+                               states[r->state], (unsigned long long)r->token,
+                               r->attempts, (long long)r->created_ms,
+                               (long long)r->expires_ms);
+    if (r->state == IDEM_STATE_PENDING)
+        rc = rc ? rc : cli_buf_fmt(b, ",\"lease_until_ms\":%lld%s",
+                                   (long long)r->lease_until,
+                                   r->released ? ",\"released\":true" : "");
     if (r->has_fp) {
-        rc = rc ? rc : buf_str(b, ",\"fingerprint\":\"");
+        rc = rc ? rc : cli_buf_str(b, ",\"fingerprint\":\"");
         for (int i = 0; !rc && i < IDEM_FP_LEN; i++)
-            rc = buf_fmt(b, "%02x", r->fp[i]);
-        rc = rc ? rc : buf_str(b, "\"");
+            rc = cli_buf_fmt(b, "%02x", r->fp[i]);
+        rc = rc ? rc : cli_buf_str(b, "\"");
     }
     if (r->len)
-        rc = rc ? rc : buf_str(b, ",") ||
-                       buf_bytes_member(b, "response", "response_base64",
-                                        r->data, r->len);
-    return rc ? rc : buf_str(b, "}\n");
+        rc = rc ? rc : cli_buf_str(b, ",") ||
+                       cli_buf_bytes_member(b, "response", "response_base64",
+                                            r->data, r->len);
+    return rc ? rc : cli_buf_str(b, "}\n");
 }
 
 /* ------------------------------------------------------------------------
@@ -189,7 +189,7 @@ static int fp_in(rec_parse *p, const unsigned char *s, size_t n)
                                2 * IDEM_FP_LEN, i + 1);
     for (size_t i = 0; i < n; i += 2) {
         char b = (char)(hex_digit(s[i]) << 4 | hex_digit(s[i + 1]));
-        if (buf_add(p->scratch, &b, 1))
+        if (cli_buf_add(p->scratch, &b, 1))
             return field_error(p, F_FP, "out of memory");
     }
     return 1;
@@ -212,12 +212,12 @@ static int on_string(void *ctx, const unsigned char *s, size_t n)
                            "pair: it denotes no character", p->line + bad + 1);
     if (kind == K_TEXT) {
         p->len[f] = n;
-        return buf_add(b, s, n) ? field_error(p, f, "out of memory") : 1;
+        return cli_buf_add(b, s, n) ? field_error(p, f, "out of memory") : 1;
     }
-    if (buf_reserve(b, n))
+    if (cli_buf_reserve(b, n))
         return field_error(p, f, "out of memory");
-    long got = base64_decode((const char *)s, n,
-                             (unsigned char *)b->p + b->len);
+    long got = cli_base64_decode((const char *)s, n,
+                                 (unsigned char *)b->p + b->len);
     if (got < 0)
         return field_error(p, f, "not base64");
     p->len[f] = (size_t)got;
@@ -339,7 +339,7 @@ static int check_numbers(rec_parse *p, idem_record *r)
         return field_error(p, F_CREATED, "%" PRIu64 " is after "
                            "\"expires_ms\" %" PRIu64, p->num[F_CREATED],
                            p->num[F_EXPIRES]);
-    int pending = r->state == IDEM_PENDING;
+    int pending = r->state == IDEM_STATE_PENDING;
     for (int f = F_LEASE; f <= F_RELEASED; f++)
         if (p->seen[f] && !pending)
             return field_error(p, f, "only a pending record has it");
@@ -421,7 +421,7 @@ static int space_in(rec_parse *p, int kf)
                            IDEM_KEY_MAX - ks.len);
     cli_buf *b = p->scratch;
     size_t at = b->len;
-    if (buf_add(b, ks.prefix, ks.len) || buf_reserve(b, p->len[kf]))
+    if (cli_buf_add(b, ks.prefix, ks.len) || cli_buf_reserve(b, p->len[kf]))
         return field_error(p, F_SPACE, "out of memory");
     memcpy(b->p + b->len, b->p + p->off[kf], p->len[kf]);
     b->len += p->len[kf];

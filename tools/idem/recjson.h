@@ -12,7 +12,7 @@ int rec_to_json(cli_buf *b, const void *key, size_t keylen,
  * response kept (NUL included), and check that it is a record a store can
  * hold: known fields only, each once and of its type; times and token in
  * range. Key and data point into *scratch (freed by the caller with
- * buf_free). 0, or -1 with a one-line message in err that names the
+ * cli_buf_free). 0, or -1 with a one-line message in err that names the
  * field: `field "fingerprint": must be 32 hex digits; ...`; *col is the
  * column (from 1) of a JSON syntax error, 0 for a field's. */
 int rec_from_json(const char *line, size_t len, cli_buf *scratch,

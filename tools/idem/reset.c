@@ -27,7 +27,7 @@ static const char usage[] =
     "\n"
     "  --job NAME     the job's --job name (dedup's and run's both go)\n"
     "  --output FILE  a job without --job: the one that writes FILE\n"
-    "  --store URI    default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI    default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 /* What the checkpoint said, in words when it reads as job.c writes it. */
 static void say_dropped(const char *name, const char *blob, size_t len)
@@ -89,7 +89,7 @@ static int reset_job(idem_store *s, const char *jobname, const char *output)
     return rc;
 }
 
-int idem_cmd_reset(int argc, char **argv)
+int cli_cmd_reset(int argc, char **argv)
 {
     static const struct option opts[] = {{"store", 1, 0, 's'},
                                          {"job", 1, 0, 'j'},
@@ -100,7 +100,7 @@ int idem_cmd_reset(int argc, char **argv)
     int ch;
     while ((ch = cli_getopt("reset", argc, argv, opts)) != -1) {
         if (ch == '?')
-            return IDEM_EXIT_USAGE;
+            return CLI_EXIT_USAGE;
         if (ch == 'h')
             return fputs(usage, stdout) < 0;
         uri = ch == 's' ? optarg : uri;

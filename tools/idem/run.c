@@ -183,7 +183,7 @@ static int emit_result(void *ctx, stream *st, const idem_msg *msgs,
     run_ctx *r = ctx;
     cli_buf *b = &st->job.obuf;
     if (!m)
-        return buf_add(b, l->p, l->len) || buf_add(b, "\n", 1);
+        return cli_buf_add(b, l->p, l->len) || cli_buf_add(b, "\n", 1);
     const idem_msg *src = m->result == IDEM_MSG_DUPLICATE ? &msgs[m->first]
                                                           : m;
     int dup = src != m;
@@ -194,15 +194,15 @@ static int emit_result(void *ctx, stream *st, const idem_msg *msgs,
     replayed |= dup;
     if (replayed && !r->replay_emit)
         return 0;
-    int rc = buf_str(b, "{") ||
-             buf_bytes_member(b, "key", "key_base64", m->key, m->keylen);
-    rc = rc ? rc : buf_fmt(b, ",\"status\":\"%s\",", status);
+    int rc = cli_buf_str(b, "{") ||
+             cli_buf_bytes_member(b, "key", "key_base64", m->key, m->keylen);
+    rc = rc ? rc : cli_buf_fmt(b, ",\"status\":\"%s\",", status);
     if (replayed)
-        rc = rc ? rc : buf_str(b, "\"replayed\":true,");
-    rc = rc ? rc : src->len ? buf_json_member(b, "result", src->data,
-                                              src->len)
-                            : buf_str(b, "\"result\":null");
-    return rc ? rc : buf_str(b, "}\n");
+        rc = rc ? rc : cli_buf_str(b, "\"replayed\":true,");
+    rc = rc ? rc : src->len ? cli_buf_json_member(b, "result", src->data,
+                                                  src->len)
+                            : cli_buf_str(b, "\"result\":null");
+    return rc ? rc : cli_buf_str(b, "}\n");
 }
 
 static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
@@ -227,7 +227,7 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
     }
 }
 
-int idem_cmd_run(int argc, char **argv)
+int cli_cmd_run(int argc, char **argv)
 {
     static const struct option opts[] = {
         STREAM_LONGOPTS,         {"exec", 1, 0, 'x'},

@@ -18,7 +18,7 @@ static const char usage[] =
     "  --key-spaces also count live keys per key space (the jobs of dedup\n"
     "               and run; \"(shared)\" for --shared-keys and library\n"
     "               keys). This reads every record: O(keys), as a dump\n"
-    "  --store URI  default $IDEM_STORE, else local:./idem-data\n";
+    "  --store URI  default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n";
 
 /* A segment's start; 0 is a header that repair wrote anew, whose time
  * was lost with the old one. Blank without segments. */
@@ -40,7 +40,7 @@ static void print_text(const char *uri, const idem_stats *st,
     printf("store          %s\nkeys           %" PRIu64 " pending, %" PRIu64
            " done, %" PRIu64 " failed\n",
            uri, st->pending, st->done, st->failed);
-    if (strncmp(uri, "local:", 6) && strncmp(uri, "mem:", 4))
+    if (!(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS))
         return;
     printf("index entries  %" PRIu64 "\nsegments       %" PRIu64
            "\ndisk           %" PRIu64 " bytes\nRAM (index)    %" PRIu64
@@ -96,14 +96,14 @@ static void print_spaces(const space_counts *c, int json)
         if (!json)
             printf("key space      %s: %" PRIu64 " keys\n", name,
                    c->v[i].keys);
-        else if (!buf_json_string(&b, name, strlen(name)))
+        else if (!cli_buf_json_string(&b, name, strlen(name)))
             printf("%s%.*s:%" PRIu64, i ? "," : "", (int)b.len, b.p,
                    c->v[i].keys);
-        buf_free(&b);
+        cli_buf_free(&b);
     }
 }
 
-int idem_cmd_stats(int argc, char **argv)
+int cli_cmd_stats(int argc, char **argv)
 {
     cli_simple o;
     int rc = cli_simple_parse("stats", argc, argv, usage,

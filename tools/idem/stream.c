@@ -289,7 +289,7 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
     int kind = classify(lp, b, l);
     if (kind == -1)
         return -1;
-    if (kind < 0 || buf_add(&b->text, l->p, l->len + (size_t)l->has_nl)) {
+    if (kind < 0 || cli_buf_add(&b->text, l->p, l->len + (size_t)l->has_nl)) {
         b->stop = cli_fail(lp->st.cfg->cmd, "out of memory");
         return -1;
     }
@@ -386,7 +386,7 @@ static void problem(loop *lp, const idem_msg *m)
     uint64_t k = ++lp->st.n.problems;
     if (k > MAX_WARNINGS)
         return;
-    int text = utf8_valid(m->key, m->keylen);
+    int text = cli_utf8_valid(m->key, m->keylen);
     fprintf(stderr, "%sidem %s: key %s%.*s%s: %s (%s)\n",
             lp->tty ? "\r\033[K" : "", lp->st.cfg->cmd, text ? "'" : "",
             text ? (int)(m->keylen < 200 ? m->keylen : 200) : 0,
@@ -591,9 +591,9 @@ static void json_error(int rc)
 {
     cli_buf b = {0};
     const char *e = *cli_last_error() ? cli_last_error() : "failed";
-    if (rc == IDEM_EXIT_FAIL && !buf_json_string(&b, e, strlen(e)))
+    if (rc == CLI_EXIT_FAIL && !cli_buf_json_string(&b, e, strlen(e)))
         fprintf(stderr, ",\"error\":%.*s", (int)b.len, b.p);
-    buf_free(&b);
+    cli_buf_free(&b);
 }
 
 static void summary(loop *lp, int rc)
@@ -782,7 +782,7 @@ int stream_run(const stream_cfg *c)
             fprintf(stderr, "idem %s: %" PRIu64 " message%s not done here "
                     "(see above); exit status 3\n", c->cmd, undone,
                     undone == 1 ? " was" : "s were");
-            rc = IDEM_EXIT_PARTIAL;
+            rc = CLI_EXIT_PARTIAL;
         }
         if (lp.stopped) {
             int st = report_stop(&lp);
@@ -791,7 +791,7 @@ int stream_run(const stream_cfg *c)
     }
     /* A script reading --stats-json gets its line whatever happened but
      * bad usage: a failed run says why. */
-    if (rc != IDEM_EXIT_USAGE && (lp.ran || c->stats_json))
+    if (rc != CLI_EXIT_USAGE && (lp.ran || c->stats_json))
         summary(&lp, rc);
     int rc2 = job_end(&lp.st.job);
     if (lp.s && idem_close(lp.s) && !rc)
@@ -800,10 +800,10 @@ int stream_run(const stream_cfg *c)
     nd_close(&lp.rd);
     jk_free(lp.jk);
     jk_path_free(&lp.path);
-    idem_bizkey_free(lp.line_hash);
+    idem_bizkey_gen_free(lp.line_hash);
     for (int i = 0; i < 2; i++) {
-        buf_free(&lp.b[i].keys);
-        buf_free(&lp.b[i].text);
+        cli_buf_free(&lp.b[i].keys);
+        cli_buf_free(&lp.b[i].text);
         free(lp.b[i].items);
         free(lp.b[i].msgs);
     }

@@ -20,7 +20,7 @@ static const char usage[] =
     "hand, or whose PEXPIRE was lost) created longer than --retention ago;\n"
     "with layout=day, drop whole the buckets whose days are over.\n"
     "\n"
-    "  --store URI           default $IDEM_STORE, else local:./idem-data\n"
+    "  --store URI           default $IDEM_STORE, else " IDEM_DEFAULT_URI "\n"
     "  --retention DURATION  Redis: the age past which a record without a\n"
     "                        TTL goes: 30s, 5m, 24h, 7d (default 7d)\n";
 
@@ -46,7 +46,7 @@ static int parse(int argc, char **argv, const char **uri, int64_t *keep)
     return rc;
 }
 
-int idem_cmd_sweep(int argc, char **argv)
+int cli_cmd_sweep(int argc, char **argv)
 {
     const char *given = NULL;
     int64_t keep = 0;
@@ -54,8 +54,8 @@ int idem_cmd_sweep(int argc, char **argv)
     if (rc)
         return rc < 0 ? 0 : rc;
     const char *uri = cli_store_uri(given);
-    idem_options o;
-    idem_options_init(&o);
+    idem_opts o;
+    idem_opts_init(&o);
     o.flags = IDEM_O_NOCREATE;
     if (keep)
         o.retention_ms = keep;
@@ -71,7 +71,7 @@ int idem_cmd_sweep(int argc, char **argv)
         rc = idem_stats_get(s, &after);
     if (rc)
         rc = cli_store_fail("sweep", s, rc, "sweep");
-    else if (strncmp(uri, "redis", 5) == 0)
+    else if (!(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS))
         printf("removed %" PRIu64 " records; %" PRIu64 " live\n", expired,
                after.pending + after.done + after.failed);
     else

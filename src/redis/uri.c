@@ -1,4 +1,4 @@
-/* redis_uri.c - redis:// and redis-cluster:// URIs into settings.
+/* redis/uri.c - redis:// and redis-cluster:// URIs into settings.
  *
  *   redis://[[user]:password@]host[:port][/db][?param=value&...]
  *   redis-cluster://[[user]:password@]host:port[,host:port...][?...]
@@ -69,7 +69,7 @@ static const char *idem__authority(const char *uri, size_t *len)
 size_t idem_uri_display(const char *uri, char *buf, size_t size)
 {
     size_t len = 0;
-    uri = uri && *uri ? uri : IDEM__DEFAULT_URI;
+    uri = uri && *uri ? uri : IDEM_DEFAULT_URI;
     const char *auth = idem__authority(uri, &len);
     const char *at = auth ? idem__userinfo_end(auth, len) : NULL;
     const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;

@@ -117,7 +117,7 @@ int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
         return IDEM_ECORRUPT;
     if (p[12] != 1 && p[12] != IDEM__REC_VERSION)
         return IDEM_EVERSION;
-    if (p[13] == 0 || p[13] >= IDEM__R_MAX_ || p[14] > IDEM_FAILED_STATE)
+    if (p[13] == 0 || p[13] >= IDEM__R_MAX_ || p[14] > IDEM_STATE_FAILED)
         return IDEM_ECORRUPT;
     f->type = p[13];
     f->len = len;

@@ -1,17 +1,17 @@
 /* redis.c - the redis:// and redis-cluster:// store backends.
  *
  * Each operation of the store interface becomes a batch of script calls
- * (redis_pipe.c runs them) and each answer becomes an outcome exactly as
- * local: would give it: the scripts (redis_scripts.c) mirror protocol.c,
+ * (pipe.c runs them) and each answer becomes an outcome exactly as
+ * local: would give it: the scripts (scripts.c) mirror protocol.c,
  * and this file only translates. A single server and a cluster differ
- * only in routing (redis_cluster.c), so one set of operations serves both
+ * only in routing (cluster.c), so one set of operations serves both
  * schemes.
  *
  * There is nothing to flush: a write is applied when its reply arrives,
  * and with wait=N replicated as well, so sync() has nothing left to do,
  * except after a checkpoint was queued: then completes and fails are
  * checked at once and applied together with the checkpoint by sync()
- * (redis_ckpt.c). */
+ * (ckpt.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,7 +150,7 @@ static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
     for (size_t i = 0; i < n && !rc; i++) {
         if (outs[i].status)
             continue;
-        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].len);
+        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].keylen);
         if (!it) {
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
             break;
@@ -269,7 +269,7 @@ int idem__redis_complete_run(idem_store *s, const idem_completion *items,
 }
 
 /* With a checkpoint queued, completions wait for idem_sync() (see
- * redis_ckpt.c); otherwise they are applied now. */
+ * ckpt.c); otherwise they are applied now. */
 static int idem__redis_complete_many(idem_store *s,
                                      const idem_completion *items, size_t n,
                                      int *st)
@@ -415,7 +415,7 @@ static int idem__get_reply(idem_store *s, const redisReply *rep,
     out->released = (int)v[2];
     out->created_ms = v[3];
     out->expires_ms = v[4];
-    out->lease_until = v[0] == IDEM_PENDING ? v[5] : 0;
+    out->lease_until = v[0] == IDEM_STATE_PENDING ? v[5] : 0;
     out->has_fp = fp->len == IDEM_FP_LEN;
     if (out->has_fp)
         memcpy(out->fp, fp->str, IDEM_FP_LEN);
@@ -468,7 +468,7 @@ static int idem__redis_import(idem_store *s, const void *key, size_t keylen,
         rc = idem__one_begin(s, &one, IDEM__S_IMPORT, key, keylen);
     if (rc)
         return rc;
-    int pending = rec->state == IDEM_PENDING;
+    int pending = rec->state == IDEM_STATE_PENDING;
     idem__arg(one.it, states[rec->state], 1);
     idem__argnum(one.it, 0, (long long)rec->token);
     idem__arg(one.it, pending && rec->released ? "1" : "0", 1);
@@ -722,6 +722,19 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     return idem__redis_open_as(s, rest, 1);
 }
 
+/* idem_check()/idem_repair(): through a handle of the backend's own,
+ * read-only for a check, while others use the store. */
+static int idem__redis_check_uri(idem_store *s, const char *rest,
+                                 int repair, idem_check_report *r)
+{
+    int rc = s->be->open(s, rest);
+    if (rc)
+        return rc;
+    rc = idem__redis_check(s, repair, r);
+    idem__redis_close(s);  /* a check queues nothing for close to write */
+    return rc;
+}
+
 #define IDEM__REDIS_OPS                                                    \
     .close = idem__redis_close, .claim_many = idem__redis_claim_many,      \
     .complete_many = idem__redis_complete_many, .fail = idem__redis_fail,  \
@@ -730,8 +743,9 @@ static int idem__cluster_open(idem_store *s, const char *rest)
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
     .scan = idem__redis_scan, .import = idem__redis_import,                \
-    .check = idem__redis_check, .extend_many = idem__redis_extend_many,    \
-    .poison = idem__ckpt_poison, .caps = IDEM__CAP_CLAIM_DONE
+    .check = idem__redis_check_uri,                                        \
+    .extend_many = idem__redis_extend_many, .poison = idem__ckpt_poison,   \
+    .caps = IDEM__CAP_CLAIM_DONE
 
 const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};

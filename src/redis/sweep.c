@@ -1,11 +1,11 @@
-/* redis_sweep.c - sweep, stats and dump on Redis: SCAN every master.
+/* redis/sweep.c - sweep, stats and dump on Redis: SCAN every master.
  *
  * Records carry a TTL, so Redis removes them on its own. What a sweep is
  * for: records written without a TTL (by hand, by older tools, or when
  * a PEXPIRE was lost), which it deletes once created_ts is older than
  * the retention, and records whose expiry passed under a caller's clock
  * before Redis's own. SCAN MATCH PREFIX* COUNT 1000 walks each master;
- * each page's keys go to the scripts as one batch of redis_pipe.c, a
+ * each page's keys go to the scripts as one batch of pipe.c, a
  * call per slot (a script may only touch keys of one slot in a cluster)
  * and up to IDEM__GROUP keys: so a sweep loads the scripts, follows
  * MOVED and ASK, and retries through a broken connection as claims do.
@@ -91,7 +91,7 @@ static int idem__dump_one(const idem__redis *r, const redisReply *e,
     idem_record rec = {.state = (idem_state)v[0], .token = (uint64_t)v[1],
                        .attempts = (uint32_t)v[6], .released = (int)v[2],
                        .created_ms = v[3], .expires_ms = v[4],
-                       .lease_until = v[0] == IDEM_PENDING ? v[5] : 0,
+                       .lease_until = v[0] == IDEM_STATE_PENDING ? v[5] : 0,
                        .has_fp = fp->len == IDEM_FP_LEN,
                        .data = d->len ? d->str : NULL, .len = d->len};
     if (rec.has_fp)

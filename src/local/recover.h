@@ -27,4 +27,10 @@ typedef int (*idem__reserve_fn)(void *ctx, uint64_t records);
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                   idem__reserve_fn reserve, void *ctx);
 
+/* The local: backend's check (struct idem__backend): verify, or repair,
+ * the directory that rest names without opening the store, which may be
+ * too damaged to open. s only carries the detail. */
+int idem__local_check(idem_store *s, const char *rest, int repair,
+                      idem_check_report *r);
+
 #endif

@@ -202,7 +202,7 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     idem__engine *en = idem__eng(s);
     int64_t now = now_us / 1000;
     idem__found fo = {.h = {h[0], h[1]}};
-    int rc = idem__lookup_hashed(s, k->key, k->len, now, &fo);
+    int rc = idem__lookup_hashed(s, k->key, k->keylen, now, &fo);
     if (rc)
         return rc;
     idem__rec next;
@@ -211,14 +211,14 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     if (out->kind == IDEM_NEW)
         idem__token_seen(en, next.token);
     if (out->kind == IDEM_NEW && a->done) {
-        next.state = IDEM_DONE;
+        next.state = IDEM_STATE_DONE;
         next.lease = 0;
         next.expires = now + a->ttl_ms;  /* as a completion sets it */
-        return idem__put(s, &fo, IDEM__R_COMPLETE, &next, k->key, k->len,
+        return idem__put(s, &fo, IDEM__R_COMPLETE, &next, k->key, k->keylen,
                          NULL, 0, now);
     }
     if (out->kind == IDEM_NEW)
-        return idem__put(s, &fo, IDEM__R_CLAIM, &next, k->key, k->len, NULL,
+        return idem__put(s, &fo, IDEM__R_CLAIM, &next, k->key, k->keylen, NULL,
                          0, now);
     if (out->kind == IDEM_REPLAY || out->kind == IDEM_FAILED) {
         out->data = idem__out_keep(s, fo.f.val, fo.f.vallen);
@@ -245,7 +245,7 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
             size_t m = n - i < IDEM__WINDOW ? n - i : IDEM__WINDOW;
             for (size_t j = 0; j < m; j++) {
                 if (!outs[i + j].status)
-                    idem__hash(en, keys[i + j].key, keys[i + j].len, h[j]);
+                    idem__hash(en, keys[i + j].key, keys[i + j].keylen, h[j]);
                 else
                     h[j][0] = h[j][1] = 0;
                 idem__index_prefetch(&en->ix, h[j], 0);
@@ -278,9 +278,10 @@ static int idem__holder(idem_store *s, const void *key, size_t len,
         return idem__fail(s, IDEM_ELOST,
                           "token %llu does not hold the key (%s)",
                           (unsigned long long)token,
-                          !fo->live                        ? "no live record"
-                          : fo->f.rec.state != IDEM_PENDING ? "already finished"
-                          : fo->f.rec.released             ? "it was released"
+                          !fo->live ? "no live record"
+                          : fo->f.rec.state != IDEM_STATE_PENDING
+                              ? "already finished"
+                          : fo->f.rec.released ? "it was released"
                                                : "another worker took it over");
     return 0;
 }
@@ -293,7 +294,7 @@ static int idem__complete_one(idem_store *s, const idem_completion *c,
     if (rc)
         return rc;
     idem__rec r = fo.f.rec;
-    r.state = IDEM_DONE;
+    r.state = IDEM_STATE_DONE;
     r.lease = 0;
     r.expires = now + (c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
     return idem__put(s, &fo, IDEM__R_COMPLETE, &r, c->key, c->keylen,
@@ -333,7 +334,7 @@ static int idem__eng_fail(idem_store *s, const void *key, size_t keylen,
         r.released = 1;
         r.lease = 0;
     } else {
-        r.state = IDEM_FAILED_STATE;
+        r.state = IDEM_STATE_FAILED;
         r.lease = 0;
         r.expires = now + s->opts.failure_ttl_ms;
     }
@@ -366,7 +367,7 @@ static void idem__to_record(const idem__frame *f, idem_record *out)
     out->released = r->released;
     out->created_ms = r->created;
     out->expires_ms = r->expires;
-    out->lease_until = r->state == IDEM_PENDING ? r->lease : 0;
+    out->lease_until = r->state == IDEM_STATE_PENDING ? r->lease : 0;
     out->has_fp = r->has_fp;
     memcpy(out->fp, r->fp, IDEM_FP_LEN);
     out->data = f->vallen ? f->val : NULL;
@@ -425,15 +426,16 @@ static int idem__eng_import(idem_store *s, const void *key, size_t keylen,
         return rc;
     idem__rec r = {.state = (uint8_t)in->state,
                    .has_fp = in->has_fp != 0,
-                   .released = in->state == IDEM_PENDING && in->released,
+                   .released = in->state == IDEM_STATE_PENDING && in->released,
                    .attempts = in->attempts ? in->attempts : 1,
                    .token = in->token,
                    .created = in->created_ms,
                    .expires = in->expires_ms,
-                   .lease = in->state == IDEM_PENDING ? in->lease_until : 0};
+                   .lease = in->state == IDEM_STATE_PENDING ? in->lease_until
+                                                            : 0};
     memcpy(r.fp, in->fp, IDEM_FP_LEN);
-    uint8_t type = in->state == IDEM_DONE           ? IDEM__R_COMPLETE
-                   : in->state == IDEM_FAILED_STATE ? IDEM__R_FAIL
+    uint8_t type = in->state == IDEM_STATE_DONE           ? IDEM__R_COMPLETE
+                   : in->state == IDEM_STATE_FAILED ? IDEM__R_FAIL
                    : r.released                     ? IDEM__R_RELEASE
                                                     : IDEM__R_CLAIM;
     idem__token_seen(idem__eng(s), r.token);
@@ -677,9 +679,9 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
             idem__log_at(&en->log, e->seg, e->off, &p, &avail) ||
             idem__frame_decode(p, avail, &f, 0))
             continue;
-        out->pending += f.rec.state == IDEM_PENDING;
-        out->done += f.rec.state == IDEM_DONE;
-        out->failed += f.rec.state == IDEM_FAILED_STATE;
+        out->pending += f.rec.state == IDEM_STATE_PENDING;
+        out->done += f.rec.state == IDEM_STATE_DONE;
+        out->failed += f.rec.state == IDEM_STATE_FAILED;
     }
     const idem__log *lg = &en->log;
     out->segments = lg->nsegs;
@@ -905,9 +907,10 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .stats = idem__eng_stats, .scan = idem__eng_scan,                      \
     .import = idem__eng_import, .poison = idem__eng_poison,                \
     .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE |                   \
-            IDEM__CAP_GROUP_COMMIT
+            IDEM__CAP_GROUP_COMMIT | IDEM__CAP_SEGMENTS
 
 const struct idem__backend idem__backend_local = {
-    .scheme = "local", .open = idem__open_local, IDEM__ENGINE_OPS};
+    .scheme = "local", .open = idem__open_local,
+    .check = idem__local_check, IDEM__ENGINE_OPS};
 const struct idem__backend idem__backend_mem = {
     .scheme = "mem", .open = idem__open_mem, IDEM__ENGINE_OPS};

@@ -1,4 +1,4 @@
-/* redis_scripts.c - the claim protocol in Lua, run inside Redis.
+/* redis/scripts.c - the claim protocol in Lua, run inside Redis.
  *
  * Redis runs a script atomically: no other command sees the key between
  * the script's read and its write. That is what makes a claim on Redis
@@ -65,7 +65,7 @@
  * they are stored, so that they are the decimal strings a client sends
  * whatever the server's formatting of large numbers. Tokens are compared
  * as those strings. */
-#include "redis_scripts.h"
+#include "scripts.h"
 
 #include <openssl/sha.h>
 #include <stdio.h>
@@ -618,7 +618,7 @@
     "end\n"                                                                \
     "return {p[1], {ok, bad, first, why}}\n"
 
-/* Checkpoints (redis_ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
+/* Checkpoints (ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
  * outside the records' names and so outside every SCAN of sweep, stats,
  * dump and check, with no TTL. Fields: idem ("1": idem wrote it), blob,
  * and while a sync is under way intent (the writes queued with the

@@ -447,7 +447,7 @@ const char *idem_snowflake_errdetail(const idem_snowflake *g)
     return g ? g->detail : "out of memory";
 }
 
-int idem_snowflake_close(idem_snowflake *g)
+int idem_snowflake_free(idem_snowflake *g)
 {
     if (!g)
         return 0;

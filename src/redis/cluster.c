@@ -1,4 +1,4 @@
-/* redis_cluster.c - which node a key's command goes to.
+/* redis/cluster.c - which node a key's command goes to.
  *
  * Redis Cluster splits the keys into 16384 slots (crc16.c) and each slot
  * has one master. A client keeps a map slot -> master, taken from CLUSTER

@@ -1,4 +1,4 @@
-/* redis_ckpt.c - checkpoints on Redis, committed all or nothing with the
+/* redis/ckpt.c - checkpoints on Redis, committed all or nothing with the
  * writes of their batch.
  *
  * local: makes a checkpoint durable in the same commit as the batch's
@@ -24,7 +24,7 @@
  * crash before 3 leaves the intent in the key, and whoever reads the
  * checkpoint next (idem_checkpoint_get, any process) applies it first.
  * Applying a write twice answers like the first time (request ids: see
- * redis_scripts.c), so 2 may be repeated any number of times. A queued
+ * scripts.c), so 2 may be repeated any number of times. A queued
  * write that fails at 2 (IDEM_ELOST: its lease ran out and another worker
  * took the key between the check and the sync) is reported by sync with
  * its key; the rest is applied.

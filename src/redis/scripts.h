@@ -1,4 +1,4 @@
-/* redis_scripts.h - the Lua scripts behind every Redis state change. */
+/* redis/scripts.h - the Lua scripts behind every Redis state change. */
 #ifndef IDEM_REDIS_SCRIPTS_H
 #define IDEM_REDIS_SCRIPTS_H
 
@@ -32,7 +32,7 @@ enum {
     IDEM__WHY_TAKEN = 4      /* another token holds it */
 };
 
-/* Where records live (redis_scripts.c explains both). */
+/* Where records live (scripts.c explains both). */
 enum { IDEM__LAYOUT_HASH, IDEM__LAYOUT_DAY, IDEM__LAYOUTS };
 
 /* The text of script i for layout. */

@@ -1,14 +1,15 @@
 /* redis.h - what the Redis backend's files share.
  *
- * redis_uri.c     turns a redis:// or redis-cluster:// URI into settings
- * redis_conn.c    one connection: connect, AUTH, SELECT, load scripts,
+ * uri.c           turns a redis:// or redis-cluster:// URI into settings
+ * conn.c          one connection: connect, AUTH, SELECT, load scripts,
  *                 time limits, safe writes, reading error replies
- * redis_cluster.c the nodes and the slot map: where a key's command goes,
+ * cluster.c       the nodes and the slot map: where a key's command goes,
  *                 MOVED and ASK, refreshing the map from CLUSTER SLOTS
- * redis_pipe.c    batches of script calls: grouped, pipelined per node,
+ * pipe.c          batches of script calls: grouped, pipelined per node,
  *                 retried through redirects and failures within a budget
- * redis_sweep.c   SCAN every master: sweep and stats
- * redis_ckpt.c    checkpoints, and the writes queued to commit with them
+ * sweep.c         SCAN every master: sweep and stats
+ * ckpt.c          checkpoints, and the writes queued to commit with them
+ * scripts.c       the claim protocol in Lua, run inside Redis
  * redis.c         the backend: each operation as a batch, replies turned
  *                 into outcomes, open and close
  *
@@ -21,7 +22,7 @@
 #include <signal.h>
 
 #include "crc16.h"
-#include "redis_scripts.h"
+#include "scripts.h"
 #include "store.h"
 
 /* Settings from the URI. */
@@ -89,7 +90,7 @@ typedef struct idem__rnode {
 
 /* A checkpoint queued by idem_checkpoint_put() until idem_sync(), with
  * the writes checked meanwhile, encoded as the intent they are stored as
- * (redis_ckpt.c). name is NULL when nothing is queued. */
+ * (ckpt.c). name is NULL when nothing is queued. */
 typedef struct idem__rckpt {
     char *name;
     idem__buf blob;
@@ -111,7 +112,7 @@ typedef struct idem__redis {
     idem__rckpt ck;           /* queued checkpoint, if any */
 } idem__redis;
 
-/* ---- redis_pipe.c */
+/* ---- pipe.c */
 
 /* ARGV of one key after the shared ones; keys per multi-key call. */
 #define IDEM__RARGS 9   /* import takes the most: a whole record */
@@ -223,7 +224,7 @@ int idem__redis_fail_run(idem_store *s, const void *key, size_t keylen,
 int idem__redis_extend_many(idem_store *s, const idem_completion *items,
                             size_t n, int64_t lease_ms, int *st);
 
-/* ---- redis_ckpt.c */
+/* ---- ckpt.c */
 
 int idem__ckpt_put(idem_store *s, const char *name, const void *blob,
                    size_t len);
@@ -248,7 +249,7 @@ int idem__intent_add(idem__buf *b, char op, uint64_t token, int64_t ttl_ms,
                      const char *rid, const void *key, size_t keylen,
                      const void *val, size_t vallen);
 
-/* ---- redis_sweep.c */
+/* ---- sweep.c */
 
 int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 int idem__redis_stats(idem_store *s, idem_stats *out);
@@ -259,7 +260,7 @@ int idem__redis_check(idem_store *s, int repair, idem_check_report *out);
 /* idem_scan(): every live record, through fn. */
 int idem__redis_scan(idem_store *s, idem_scan_fn fn, void *ctx);
 
-/* ---- redis_conn.c */
+/* ---- conn.c */
 
 /* SIGPIPE blocked in this thread for the duration of a call's I/O. */
 typedef struct idem__sigstate {
@@ -294,7 +295,7 @@ redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
 /* Was the I/O error on conn a timeout? */
 int idem__rconn_timed_out(const idem__rconn *conn);
 
-/* ---- redis_cluster.c */
+/* ---- cluster.c */
 
 /* Find or add the node host:port; its index, or -1 on ENOMEM. */
 int idem__rnode_get(idem__redis *r, const char *host, size_t hostlen,

@@ -616,29 +616,6 @@ static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
                   : 0;
 }
 
-/* Open the store at uri for check/repair and run fn on every segment. */
-/* A store that is not a directory (Redis) checks itself, through a
- * handle: read-only for a check. */
-static int idem__check_handle(const char *uri, idem_check_report *r,
-                              int repair)
-{
-    idem_options o;
-    idem_options_init(&o);
-    o.flags = repair ? 0 : IDEM_O_READONLY;
-    idem_store *s;
-    int rc = idem_open(uri, &o, &s);
-    if (!rc && !s->be->check)
-        rc = idem__fail(s, IDEM_ENOTSUP, "check and repair work on local: "
-                        "and Redis stores");
-    else if (!rc)
-        rc = s->be->check(s, repair, r);
-    if (rc && rc != IDEM_ECORRUPT)
-        snprintf(r->first_damage, sizeof r->first_damage, "%s",
-                 idem_errdetail(s));
-    idem_close(s);
-    return rc;
-}
-
 /* After a repair, PATH/TAIL names the segments first.. (count of them)
  * as they now are, or goes when there are none. */
 static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
@@ -679,29 +656,22 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
     return rc;
 }
 
-static int idem__each_seg(const char *uri, idem_check_report *r,
-                          idem__seg_fn fn, int repair)
+int idem__local_check(idem_store *s, const char *rest, int repair,
+                      idem_check_report *r)
 {
-    idem_check_report dummy;
-    r = r ? r : &dummy;
-    memset(r, 0, sizeof *r);
-    idem_store s = {0};
-    idem__log lg = {.s = &s, .dirfd = -1, .segment_bytes = 1};
+    idem__seg_fn fn = repair ? idem__repair_seg : idem__check_seg;
+    idem__log lg = {.s = s, .dirfd = -1, .segment_bytes = 1};
     int lockfd = -1;
     uint32_t *ids = NULL;
     size_t from = 0, n = 0;
-    if (!uri || !*uri)
-        uri = "local:./idem-data";  /* as idem_open() reads it */
-    if (strncmp(uri, "local:", 6) != 0)
-        return idem__check_handle(uri, r, repair);
     unsigned how = IDEM__DIR_NOCREATE;
-    int rc = idem__dir_uri(&s, uri + 6, &lg.dir, &how);
+    int rc = idem__dir_uri(s, rest, &lg.dir, &how);
     if (!rc)
-        rc = idem__dir_open(&s, lg.dir, how, &lg.dirfd, &lockfd);
+        rc = idem__dir_open(s, lg.dir, how, &lg.dirfd, &lockfd);
     if (!rc)
         rc = idem__check_meta(&lg, repair, r);
     if (!rc)
-        rc = idem__dir_segments(&s, lg.dirfd, lg.dir, &ids, &n);
+        rc = idem__dir_segments(s, lg.dirfd, lg.dir, &ids, &n);
     /* What a crash leaves while a segment is created or dropped is no
      * damage: open sets it aside, and so does repair. What the tail names
      * and is gone is damage; repair writes the tail anew. */
@@ -710,13 +680,14 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
         r->damaged++;
         if (!r->first_damage[0])
             snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
-                     s.detail);
+                     s->detail);
         rc = 0;
     }
     if (!rc)
         rc = idem__visit_segs(&lg, ids, from, n, fn, repair, r);
     if (rc && !r->first_damage[0])
-        snprintf(r->first_damage, sizeof r->first_damage, "%.250s", s.detail);
+        snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
+                 s->detail);
     free(ids);
     if (lockfd >= 0)
         close(lockfd);
@@ -724,14 +695,4 @@ static int idem__each_seg(const char *uri, idem_check_report *r,
     if (!rc && !repair && r->damaged)
         rc = IDEM_ECORRUPT;
     return rc;
-}
-
-int idem_check(const char *uri, idem_check_report *report)
-{
-    return idem__each_seg(uri, report, idem__check_seg, 0);
-}
-
-int idem_repair(const char *uri, idem_check_report *report)
-{
-    return idem__each_seg(uri, report, idem__repair_seg, 1);
 }

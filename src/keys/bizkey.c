@@ -162,7 +162,7 @@ int idem_bizkey_check_id(const char *id, char *why, size_t whysz)
 
 /* ---- the generator ----------------------------------------------------- */
 
-int idem_bizkey_new(const idem_bizkey_opts *opts, idem_bizkey_gen **out)
+int idem_bizkey_gen_new(const idem_bizkey_opts *opts, idem_bizkey_gen **out)
 {
     idem_bizkey_opts def;
     if (!out)
@@ -210,7 +210,7 @@ int idem_bizkey_new(const idem_bizkey_opts *opts, idem_bizkey_gen **out)
     return 0;
 }
 
-void idem_bizkey_free(idem_bizkey_gen *g)
+void idem_bizkey_gen_free(idem_bizkey_gen *g)
 {
     if (!g)
         return;
@@ -222,7 +222,7 @@ void idem_bizkey_free(idem_bizkey_gen *g)
     free(g);
 }
 
-const char *idem_bizkey_errdetail(const idem_bizkey_gen *g)
+const char *idem_bizkey_gen_errdetail(const idem_bizkey_gen *g)
 {
     return g ? g->detail : "out of memory";
 }
@@ -249,9 +249,9 @@ static int idem__digest(idem_bizkey_gen *g, const void *payload, size_t len,
     return 0;
 }
 
-int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix, const char *id,
-                     const void *payload, size_t len, char *out, size_t outsz,
-                     size_t *outlen)
+int idem_bizkey_gen_make(idem_bizkey_gen *g, const char *prefix,
+                         const char *id, const void *payload, size_t len,
+                         char *out, size_t outsz, size_t *outlen)
 {
     static const char hex[] = "0123456789abcdef";
     if (!g)
@@ -260,7 +260,7 @@ int idem_bizkey_make(idem_bizkey_gen *g, const char *prefix, const char *id,
     if (g->closed)
         return idem__bk_fail(g, IDEM_EINVAL,
                              "generator is in a closed "
-                             "state: idem_bizkey_new() "
+                             "state: idem_bizkey_gen_new() "
                              "failed");
     if (!payload && len)
         return idem__bk_fail(g, IDEM_EINVAL, "payload is NULL");
@@ -307,10 +307,11 @@ int idem_bizkey(const char *prefix, const char *id, const void *payload,
                 size_t outsz, size_t *outlen)
 {
     idem_bizkey_gen *g;
-    int rc = idem_bizkey_new(opts, &g);
+    int rc = idem_bizkey_gen_new(opts, &g);
     if (!rc)
-        rc = idem_bizkey_make(g, prefix, id, payload, len, out, outsz, outlen);
-    idem_bizkey_free(g);
+        rc = idem_bizkey_gen_make(g, prefix, id, payload, len, out, outsz,
+                                  outlen);
+    idem_bizkey_gen_free(g);
     return rc;
 }
 

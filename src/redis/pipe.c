@@ -1,8 +1,8 @@
-/* redis_pipe.c - batches of script calls, pipelined per node, retried
+/* redis/pipe.c - batches of script calls, pipelined per node, retried
  * through redirects and failures within a time budget.
  *
  * Every operation of the Redis backends is a batch of commands, each an
- * EVALSHA of a script from redis_scripts.c, run in rounds:
+ * EVALSHA of a script from scripts.c, run in rounds:
  *
  *   1. each pending command goes to the connection of the node that owns
  *      its key's slot (a single server owns them all); a connection that
@@ -27,7 +27,7 @@
  * Retrying a command whose connection broke after it was sent may run it
  * twice. Reads are harmless; claims, completes and fails carry a request
  * id that makes the second run answer like the first (see
- * redis_scripts.c); extend is harmless to repeat. forget is not: a
+ * scripts.c); extend is harmless to repeat. forget is not: a
  * repeated forget answers IDEM_ENOTFOUND for the record it deleted.
  *
  * Claims and completes take many keys per EVALSHA (up to IDEM__GROUP of

@@ -1,4 +1,4 @@
-/* redis_conn.c - one connection to one Redis node.
+/* redis/conn.c - one connection to one Redis node.
  *
  * hiredis does the protocol; this file adds what a library needs around
  * it: every blocking step has a time limit (a dead server must turn into
