@@ -101,13 +101,14 @@ Test(keys_faults, null_pointers_are_einval, .timeout = 10)
     cr_assert_eq(idem_snowflake_next(NULL, &id), IDEM_EINVAL);
     cr_assert_eq(idem_snowflake_decode(1, 0, NULL), IDEM_EINVAL);
     cr_assert_eq(idem_snowflake_parse("12", 2, NULL), IDEM_EINVAL);
-    cr_assert_eq(idem_snowflake_close(NULL), 0);
-    cr_assert_eq(idem_bizkey_new(NULL, NULL), IDEM_EINVAL);
-    cr_assert_eq(idem_bizkey_make(NULL, "order", "1", "x", 1, NULL, 0, NULL),
+    cr_assert_eq(idem_snowflake_free(NULL), 0);
+    cr_assert_eq(idem_bizkey_gen_new(NULL, NULL), IDEM_EINVAL);
+    cr_assert_eq(idem_bizkey_gen_make(NULL, "order", "1", "x", 1, NULL, 0,
+                                      NULL),
                  IDEM_EINVAL);
     cr_assert_eq(idem_bizkey_parse("order:1:ab", 10, NULL), IDEM_EINVAL);
     cr_assert_eq(idem_fingerprint_sha256("x", 1, NULL), IDEM_EINVAL);
     cr_assert_eq(idem_fingerprint_sha256(NULL, 1, u), IDEM_EINVAL);
     idem_uuid7_gen_free(NULL);
-    idem_bizkey_free(NULL);
+    idem_bizkey_gen_free(NULL);
 }

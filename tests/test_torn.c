@@ -595,7 +595,7 @@ Test(torn, crash_before_the_first_tail_file_is_no_damage, .timeout = 60)
     cr_assert_geq(pid, 0);
     if (pid == 0) {
         idem_store *s;
-        idem_options o = t_options();
+        idem_opts o = t_options();
         if (idem_open(t_local_uri(dir), &o, &s) != 0)
             _exit(2);
         idem_key k = {"after", 5, NULL};
@@ -611,7 +611,7 @@ Test(torn, crash_before_the_first_tail_file_is_no_damage, .timeout = 60)
     idem_store *s = t_open(t_local_uri(dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "after", 5, &r), 0);
-    cr_assert_eq(r.state, IDEM_DONE);
+    cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(idem_close(s), 0);
     cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
     t_rmdir(dir);
