@@ -46,7 +46,12 @@
  * The checkpoint also names the job's key space (keyspace.c), and a run
  * that asks for another one is refused rather than finding none of the
  * job's keys; checkpoints written before key spaces (version 1) stand for
- * the shared key space, where those versions stored every key. */
+ * the shared key space, where those versions stored every key. For the
+ * same reason it names how the job keys its messages (--key, --line or
+ * --line-hash, version 3): a run keyed otherwise would find every key of
+ * the job new, and run again each message that comes again (a rerun
+ * from the start, a redelivery). Checkpoints of version 2 do not say;
+ * the next commit records the run's way. */
 #include "job.h"
 
 #include <errno.h>
@@ -61,7 +66,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-/* A checkpoint's text: seven numbers and a key space name. */
+/* A checkpoint's text: seven numbers, how keys are made and a key space
+ * name. */
 #define CHECKPOINT_MAX (256 + KS_NAME_MAX)
 
 /* Identity of the input list: device and inode of each file; 0 when one
@@ -184,9 +190,9 @@ static void default_name(job *j, const char *out_path)
 static int same_key_space(const job *j, int version, const char *tail)
 {
     const char *name = NULL;
-    if (version == 2 && !strncmp(tail, " space=", 7))
+    if (version >= 2 && !strncmp(tail, " space=", 7))
         name = tail + 7;
-    else if (version == 2 && strcmp(tail, " shared"))
+    else if (version >= 2 && strcmp(tail, " shared"))
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     if (ks_is(j->ks, name, name ? strlen(name) : 0))
@@ -204,6 +210,27 @@ static int same_key_space(const job *j, int version, const char *tail)
     return cli_fail(j->cmd, "job '%s' keeps its keys in the shared key "
                     "space; run it with --shared-keys (or name a new --job "
                     "to start afresh)", j->name);
+}
+
+/* Version 3 says after " keys=" how the job made its keys; a run that
+ * makes them otherwise is refused. *tail moves past it. 0 or 1. */
+static int same_keying(const job *j, int version, const char **tail)
+{
+    if (version < 3)
+        return 0;
+    size_t n = strncmp(*tail, " keys=", 6) ? 0 : strcspn(*tail + 6, " ");
+    if (!n)
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
+                        "use another --job", j->name);
+    const char *was = *tail + 6;
+    *tail = was + n;
+    if (n == strlen(j->keyed) && !memcmp(was, j->keyed, n))
+        return 0;
+    return cli_fail(j->cmd, "job '%s' keyed its messages with %.*s, this "
+                    "run with %s: none of its keys would be found, and "
+                    "every message that comes again would be new again. "
+                    "Run it with %.*s (or name a new --job to start afresh)",
+                    j->name, (int)n, was, j->keyed, (int)n, was);
 }
 
 static int read_checkpoint(job *j, int *found)
@@ -228,11 +255,13 @@ static int read_checkpoint(job *j, int *found)
                "/%" SCNu64 "%n",
                &version, &p->out_len, &p->inputs_id, &p->input, &p->offset,
                &p->lineno, &p->tail_hash, &p->tail_len, &end) != 8 ||
-        !end || (version != 1 && version != 2))
+        !end || version < 1 || version > 3)
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     *found = 1;
-    return same_key_space(j, version, text + end);
+    const char *tail = text + end;
+    return same_keying(j, version, &tail) ||
+           same_key_space(j, version, tail);
 }
 
 /* Chain input i, of which n bytes were read, into a done_hash. */
@@ -352,12 +381,13 @@ static int put_checkpoint(job *j)
 {
     char text[CHECKPOINT_MAX];
     int n = snprintf(text, sizeof text,
-                     "idem-job 2 out=%" PRIu64 " inputs=%" PRIx64
+                     "idem-job 3 out=%" PRIu64 " inputs=%" PRIx64
                      " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64 " %s%s",
+                     " tail=%" PRIx64 "/%" PRIu64 " keys=%s %s%s",
                      j->pos.out_len, j->pos.inputs_id, j->pos.input,
                      j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len, j->ks->name ? "space=" : "shared",
+                     j->pos.tail_len, j->keyed,
+                     j->ks->name ? "space=" : "shared",
                      j->ks->name ? j->ks->name : "");
     return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
 }
@@ -373,14 +403,15 @@ static int take_output(job *j)
 }
 
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const key_space *ks, const char *out_path, int overwrite,
-              char **inputs,
+              const key_space *ks, const char *keyed, const char *out_path,
+              int overwrite, char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno)
 {
     memset(j, 0, sizeof *j);
     j->cmd = cmd;
     j->s = s;
     j->ks = ks;
+    j->keyed = keyed;
     j->out_path = out_path && strcmp(out_path, "-") ? out_path : NULL;
     *at = 0;
     *off = *lineno = 0;
