@@ -37,6 +37,16 @@
  * rerun owns. An output that is one of the inputs is refused before
  * anything is opened: the cut would truncate what is being read.
  *
+ * One process writes an output at a time: it holds an exclusive flock()
+ * on the file from before it reads the checkpoint until it ends. A store
+ * that many processes share (Redis) does not keep a second run of the
+ * same job out, and two runs would each write at their own length and
+ * commit it to the one checkpoint, so that lines of one are overwritten
+ * by the other's, or cut by the next run back to the other's shorter
+ * length (after an instance started while the last one still stopped,
+ * say). The lock is taken before the checkpoint is read: a run that got
+ * it later would cut back to a checkpoint the other moved on from.
+ *
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
  * clean runs; the job keeps no checkpoint and reads from the start. Every
@@ -62,6 +72,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -322,6 +333,14 @@ static int open_output(job *j)
         return cli_fail(j->cmd, "cannot open --output %s: %s", j->out_path,
                         strerror(errno));
     j->out_file = S_ISREG(sb.st_mode);
+    if (j->out_file && flock(j->out_fd, LOCK_EX | LOCK_NB) != 0)
+        return errno == EWOULDBLOCK
+                   ? cli_fail(j->cmd, "--output %s is being written by "
+                              "another idem process (this job, run "
+                              "twice?); run one at a time: each would cut "
+                              "the other's lines", j->out_path)
+                   : cli_fail(j->cmd, "cannot lock --output %s: %s",
+                              j->out_path, strerror(errno));
     if (!existed && j->out_file) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", j->out_path);
@@ -422,12 +441,12 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
                              S_ISREG(sb.st_mode)))
         default_name(j, j->out_path);
     int found = 0, rc = 0;
-    if (j->name[0] && (rc = read_checkpoint(j, &found)) != 0)
+    if ((rc = open_output(j)) != 0 ||
+        (j->name[0] && (rc = read_checkpoint(j, &found)) != 0))
         return rc;
     if (!found)
         j->pos = (job_pos){0};
-    if ((rc = may_take_output(j, found, overwrite)) != 0 ||
-        (rc = open_output(j)) != 0)
+    if ((rc = may_take_output(j, found, overwrite)) != 0)
         return rc;
     if (j->out_file && (rc = cut_output(j)) != 0)
         return rc;
