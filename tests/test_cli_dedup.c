@@ -430,6 +430,52 @@ Test(cli_dedup, jobs_from_before_key_spaces_keep_their_history)
                                 "with --key-space 'new'"));
 }
 
+/* A job keyed --line stops at a line too long to be a key, and the
+ * message says that --line-hash keys every line: a rerun of the job that
+ * takes the advice would find none of its keys (they were the lines, now
+ * they are digests), and "a", committed before, would come out again. It
+ * is refused with what to type; a checkpoint of version 2, which does not
+ * say how its keys were made, is taken as it is. */
+Test(cli_dedup, a_job_keeps_the_way_it_made_its_keys)
+{
+    char line[1600];
+    memset(line, 'x', 1500);
+    snprintf(line + 1500, sizeof line - 1500, "\na\nc\n");
+    put("in", "a\nb\n");
+    FILE *f = fopen(at("in"), "a");
+    cr_assert(f);
+    fputs(line, f);
+    fclose(f);
+    cr_assert_eq(t_cli(dir, "dedup --line --output out in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "--line-hash keys each line"));
+    expect("out", "a\nb\n");
+    cr_assert_eq(t_cli(dir, "dedup --line-hash --output out in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "keyed its messages with --line, this run "
+                                "with --line-hash"), "%s",
+              t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "Run it with --line (or name a new --job"));
+    cr_assert_eq(t_cli(dir, "dedup --key id --output out in 2> err"), 1);
+    cr_assert(t_grep(at("err"), "this run with --key"));
+    expect("out", "a\nb\n");
+    cr_assert_eq(t_cli(dir, "dedup --line --on-missing-key skip --quiet "
+                            "--output out in"), 0);
+    expect("out", "a\nb\nc\n");
+    /* version 2: no word on the keys, so none is asked for */
+    static const char v2[] = "idem-job 2 out=0 inputs=0 input=0 offset=0 "
+                             "line=0 tail=0/0 space=old";
+    idem_store *s;
+    char uri[4300];
+    snprintf(uri, sizeof uri, "local:%s", at("store"));
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    cr_assert_eq(idem_checkpoint_put(s, "dedup:old", v2, strlen(v2)), 0);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job old --line-hash --quiet "
+                            "--output o2 in"), 0);
+    cr_assert_eq(t_cli(dir, "dedup --job old --line --output o2 in "
+                            "2> err"), 1);
+    cr_assert(t_grep(at("err"), "keyed its messages with --line-hash"));
+}
+
 Test(cli_dedup, an_unterminated_last_line_waits_for_its_newline)
 {
     put("in", "a1\na2");

@@ -9,10 +9,12 @@
  * one result line across the workers' outputs. Nothing here asserts on
  * timing: a worker started "1.5 s later" may start at any moment, and the
  * outcome must be the same. */
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -248,6 +250,46 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
     cr_assert(t_grep(at("out1.err"), "lost to another worker"));
     const char *const outs[] = {"out1", "out2"};
     expect_each_key(6, -1, outs, 2);
+    th_shared_stop();
+}
+
+/* The same job started twice on a Redis store (an instance started while
+ * the last one still stops, an overlapping cron run): the store lets both
+ * in, but the output is the job's and has one checkpoint. The first run
+ * waits on a pipe after committing a and b; the second would cut the
+ * output back to that, append c and commit its length; the first would
+ * then write d over c, and a rerun finds c done: its line lost for good.
+ * The second run is refused before it touches anything, and runs once the
+ * first has ended. */
+Test(workers, one_output_is_written_by_one_run_at_a_time)
+{
+    const char *store = redis_store("redis", th_redis_addr());
+    cr_assert_eq(mkfifo(at("fifo"), 0600), 0);
+    /* keeps the pipe open, no EOF, and only here: not in the runs */
+    int w = open(at("fifo"), O_RDWR | O_CLOEXEC);
+    cr_assert_geq(w, 0);
+    cr_assert_eq(write(w, "a\nb\n", 4), 4);
+    pid_t first = t_cli_start(dir, "dedup --line --store '%s' "
+                              "--commit-interval 10ms --output out < fifo "
+                              "2> first.err", store);
+    for (int waited = 0; lines_of("out") < 2 && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    cr_assert_eq(lines_of("out"), 2, "the first run committed nothing");
+    t_write(at("in"), "a\nb\nc\n", 6);
+    cr_assert_eq(t_cli(dir, "dedup --line --store '%s' --output out in "
+                            "2> second.err", store), 1);
+    cr_assert(t_grep(at("second.err"), "--output out is being written by "
+                                       "another idem process"), "%s",
+              t_read(at("second.err"), NULL));
+    cr_assert_eq(write(w, "d\n", 2), 2);
+    close(w);
+    cr_assert_eq(wait_for(first), 0, "%s", t_read(at("first.err"), NULL));
+    cr_assert_eq(t_cli(dir, "dedup --line --store '%s' --output out in "
+                            "2> second.err", store), 0);
+    char *out = t_read(at("out"), NULL);
+    cr_assert_str_eq(out, "a\nb\nd\nc\n");
+    free(out);
     th_shared_stop();
 }
 

@@ -37,6 +37,16 @@
  * rerun owns. An output that is one of the inputs is refused before
  * anything is opened: the cut would truncate what is being read.
  *
+ * One process writes an output at a time: it holds an exclusive flock()
+ * on the file from before it reads the checkpoint until it ends. A store
+ * that many processes share (Redis) does not keep a second run of the
+ * same job out, and two runs would each write at their own length and
+ * commit it to the one checkpoint, so that lines of one are overwritten
+ * by the other's, or cut by the next run back to the other's shorter
+ * length (after an instance started while the last one still stopped,
+ * say). The lock is taken before the checkpoint is read: a run that got
+ * it later would cut back to a checkpoint the other moved on from.
+ *
  * Without --output (standard output) nothing can be cut back, so the
  * guarantee there is at-least-once across crashes, exactly-once across
  * clean runs; the job keeps no checkpoint and reads from the start. Every
@@ -46,7 +56,12 @@
  * The checkpoint also names the job's key space (keyspace.c), and a run
  * that asks for another one is refused rather than finding none of the
  * job's keys; checkpoints written before key spaces (version 1) stand for
- * the shared key space, where those versions stored every key. */
+ * the shared key space, where those versions stored every key. For the
+ * same reason it names how the job keys its messages (--key, --line or
+ * --line-hash, version 3): a run keyed otherwise would find every key of
+ * the job new, and run again each message that comes again (a rerun
+ * from the start, a redelivery). Checkpoints of version 2 do not say;
+ * the next commit records the run's way. */
 #include "job.h"
 
 #include <errno.h>
@@ -57,11 +72,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
-/* A checkpoint's text: seven numbers and a key space name. */
+/* A checkpoint's text: seven numbers, how keys are made and a key space
+ * name. */
 #define CHECKPOINT_MAX (256 + KS_NAME_MAX)
 
 /* Identity of the input list: device and inode of each file; 0 when one
@@ -184,9 +201,9 @@ static void default_name(job *j, const char *out_path)
 static int same_key_space(const job *j, int version, const char *tail)
 {
     const char *name = NULL;
-    if (version == 2 && !strncmp(tail, " space=", 7))
+    if (version >= 2 && !strncmp(tail, " space=", 7))
         name = tail + 7;
-    else if (version == 2 && strcmp(tail, " shared"))
+    else if (version >= 2 && strcmp(tail, " shared"))
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     if (ks_is(j->ks, name, name ? strlen(name) : 0))
@@ -204,6 +221,27 @@ static int same_key_space(const job *j, int version, const char *tail)
     return cli_fail(j->cmd, "job '%s' keeps its keys in the shared key "
                     "space; run it with --shared-keys (or name a new --job "
                     "to start afresh)", j->name);
+}
+
+/* Version 3 says after " keys=" how the job made its keys; a run that
+ * makes them otherwise is refused. *tail moves past it. 0 or 1. */
+static int same_keying(const job *j, int version, const char **tail)
+{
+    if (version < 3)
+        return 0;
+    size_t n = strncmp(*tail, " keys=", 6) ? 0 : strcspn(*tail + 6, " ");
+    if (!n)
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
+                        "use another --job", j->name);
+    const char *was = *tail + 6;
+    *tail = was + n;
+    if (n == strlen(j->keyed) && !memcmp(was, j->keyed, n))
+        return 0;
+    return cli_fail(j->cmd, "job '%s' keyed its messages with %.*s, this "
+                    "run with %s: none of its keys would be found, and "
+                    "every message that comes again would be new again. "
+                    "Run it with %.*s (or name a new --job to start afresh)",
+                    j->name, (int)n, was, j->keyed, (int)n, was);
 }
 
 static int read_checkpoint(job *j, int *found)
@@ -228,11 +266,13 @@ static int read_checkpoint(job *j, int *found)
                "/%" SCNu64 "%n",
                &version, &p->out_len, &p->inputs_id, &p->input, &p->offset,
                &p->lineno, &p->tail_hash, &p->tail_len, &end) != 8 ||
-        !end || (version != 1 && version != 2))
+        !end || version < 1 || version > 3)
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     *found = 1;
-    return same_key_space(j, version, text + end);
+    const char *tail = text + end;
+    return same_keying(j, version, &tail) ||
+           same_key_space(j, version, tail);
 }
 
 /* Chain input i, of which n bytes were read, into a done_hash. */
@@ -293,6 +333,14 @@ static int open_output(job *j)
         return cli_fail(j->cmd, "cannot open --output %s: %s", j->out_path,
                         strerror(errno));
     j->out_file = S_ISREG(sb.st_mode);
+    if (j->out_file && flock(j->out_fd, LOCK_EX | LOCK_NB) != 0)
+        return errno == EWOULDBLOCK
+                   ? cli_fail(j->cmd, "--output %s is being written by "
+                              "another idem process (this job, run "
+                              "twice?); run one at a time: each would cut "
+                              "the other's lines", j->out_path)
+                   : cli_fail(j->cmd, "cannot lock --output %s: %s",
+                              j->out_path, strerror(errno));
     if (!existed && j->out_file) {
         char dir[PATH_MAX];
         snprintf(dir, sizeof dir, "%s", j->out_path);
@@ -352,12 +400,13 @@ static int put_checkpoint(job *j)
 {
     char text[CHECKPOINT_MAX];
     int n = snprintf(text, sizeof text,
-                     "idem-job 2 out=%" PRIu64 " inputs=%" PRIx64
+                     "idem-job 3 out=%" PRIu64 " inputs=%" PRIx64
                      " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64 " %s%s",
+                     " tail=%" PRIx64 "/%" PRIu64 " keys=%s %s%s",
                      j->pos.out_len, j->pos.inputs_id, j->pos.input,
                      j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len, j->ks->name ? "space=" : "shared",
+                     j->pos.tail_len, j->keyed,
+                     j->ks->name ? "space=" : "shared",
                      j->ks->name ? j->ks->name : "");
     return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
 }
@@ -373,14 +422,15 @@ static int take_output(job *j)
 }
 
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const key_space *ks, const char *out_path, int overwrite,
-              char **inputs,
+              const key_space *ks, const char *keyed, const char *out_path,
+              int overwrite, char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno)
 {
     memset(j, 0, sizeof *j);
     j->cmd = cmd;
     j->s = s;
     j->ks = ks;
+    j->keyed = keyed;
     j->out_path = out_path && strcmp(out_path, "-") ? out_path : NULL;
     *at = 0;
     *off = *lineno = 0;
@@ -391,12 +441,12 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
                              S_ISREG(sb.st_mode)))
         default_name(j, j->out_path);
     int found = 0, rc = 0;
-    if (j->name[0] && (rc = read_checkpoint(j, &found)) != 0)
+    if ((rc = open_output(j)) != 0 ||
+        (j->name[0] && (rc = read_checkpoint(j, &found)) != 0))
         return rc;
     if (!found)
         j->pos = (job_pos){0};
-    if ((rc = may_take_output(j, found, overwrite)) != 0 ||
-        (rc = open_output(j)) != 0)
+    if ((rc = may_take_output(j, found, overwrite)) != 0)
         return rc;
     if (j->out_file && (rc = cut_output(j)) != 0)
         return rc;

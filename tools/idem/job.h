@@ -26,6 +26,7 @@ typedef struct job {
     const char *cmd;
     idem_store *s;
     const key_space *ks;   /* where the job's keys are */
+    const char *keyed;     /* how: "--key", "--line" or "--line-hash" */
     char name[IDEM_CHECKPOINT_NAME_MAX + 1]; /* "" without checkpoints */
     const char *out_path;  /* NULL: standard output */
     int out_fd;
@@ -53,14 +54,16 @@ int job_output_name(const char *out_path, char *buf, size_t n);
 /* Open the output and find where to start: the checkpoint of job `name`
  * (NULL: derived from the output path) when it matches these inputs. A
  * job whose checkpoint keeps its keys in another key space than ks
- * (older versions: the shared one) is refused: its history is there.
+ * (older versions: the shared one), or made them otherwise than `keyed`
+ * (the option: "--key", "--line" or "--line-hash"), is refused: its
+ * history is there, under those keys.
  * The output is cut back to what the last commit recorded. An output
  * file with bytes that no checkpoint names is refused, or with
  * `overwrite` cut to 0 bytes. Fills the start position for nd_open() in
  * at, off and lineno. Returns 0 or an exit status. */
 int job_start(job *j, const char *cmd, idem_store *s, const char *name,
-              const key_space *ks, const char *out_path, int overwrite,
-              char **inputs,
+              const key_space *ks, const char *keyed, const char *out_path,
+              int overwrite, char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it

@@ -759,9 +759,11 @@ int stream_run(const stream_cfg *c)
     size_t at = 0;
     uint64_t off = 0, lineno = 0;
     if (!rc)
-        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, &c->ks, c->output,
-                       c->overwrite, c->inputs, c->ninputs, &at, &off,
-                       &lineno);
+        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, &c->ks,
+                       c->line_hash ? "--line-hash"
+                       : c->line_mode ? "--line" : "--key",
+                       c->output, c->overwrite, c->inputs, c->ninputs, &at,
+                       &off, &lineno);
     if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
         rc = cli_fail(c->cmd, "%s", lp.rd.err);
     if (!rc) {
