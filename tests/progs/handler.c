@@ -12,6 +12,8 @@
  *   retry=KEY     answer a retryable failure for KEY, every time
  *   flaky=KEY     a retryable failure for KEY on attempt 1, then ok
  *   exit=N        exit(3) instead of answering the Nth envelope (1-based)
+ *   crash=KEY     exit(3) instead of answering KEY, every time (poison)
+ *   hangon=KEY    sleep forever instead of answering KEY, every time
  *   garbage=N     answer the Nth envelope with a line that is not JSON
  *   hang=N        sleep forever instead of answering the Nth envelope
  *   wrongkey=N    answer the Nth envelope with another key
@@ -81,6 +83,8 @@ int main(int argc, char **argv)
     const char *fail = action(argc, argv, "fail");
     const char *retry = action(argc, argv, "retry");
     const char *flaky = action(argc, argv, "flaky");
+    const char *crash = action(argc, argv, "crash");
+    const char *hangon = action(argc, argv, "hangon");
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
@@ -105,9 +109,9 @@ int main(int argc, char **argv)
             struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};
             nanosleep(&ts, NULL);
         }
-        if (i == exit_at)
+        if (i == exit_at || (crash && !strcmp(key, crash)))
             exit(3);
-        if (i == hang)
+        if (i == hang || (hangon && !strcmp(key, hangon)))
             for (;;)
                 pause();
         if (i == garbage)

@@ -106,8 +106,9 @@ static int start(coproc *c)
     return 0;
 }
 
-/* Why the child ended, for messages: "exited with status 3". */
-static void reap(coproc *c, char *why, size_t n)
+/* Why the child ended, for messages: "exited with status 3". Returns
+ * its exit status, or -1 when it was killed. */
+static int reap(coproc *c, char *why, size_t n)
 {
     int st = 0;
     pid_t r = waitpid(c->pid, &st, 0);
@@ -118,6 +119,7 @@ static void reap(coproc *c, char *why, size_t n)
                  WEXITSTATUS(st) == 127 ? " (command not found?)" : "");
     else
         snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
+    return r == c->pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* End what is left of the handler's process group, once its leader has
@@ -422,6 +424,16 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
+/* The envelopes in wb[0..woff), the last maybe in part. */
+static size_t envelopes_in(const coproc *c, size_t woff)
+{
+    size_t sent = 0;
+    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
+                                        (size_t)(p - c->wb.p))); p++)
+        sent++;
+    return sent + (woff && c->wb.p[woff - 1] != '\n');
+}
+
 /* A stop was asked for: write no further than the end of the envelope
  * being written; how many envelopes the handler then has. */
 static size_t last_envelope(coproc *c, size_t woff)
@@ -430,27 +442,26 @@ static size_t last_envelope(coproc *c, size_t woff)
         woff = (size_t)((char *)memchr(c->wb.p + woff, '\n',
                                        c->wb.len - woff) - c->wb.p) + 1;
     c->wb.len = woff;
-    size_t sent = 0;
-    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
-                                        (size_t)(p - c->wb.p))); p++)
-        sent++;
-    return sent;
+    return envelopes_in(c, woff);
 }
 
-static int exchange(coproc *c, idem_task *tasks, size_t n)
+/* Write the envelopes in wb and read their answers; *woff: the bytes
+ * of wb written. */
+static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
 {
-    size_t woff = 0, got = 0, want = n;
+    size_t got = 0, want = n;
     int64_t deadline = mono_ms() + c->lease_ms, grace_end = INT64_MAX;
     int rc = parse_answers(c, tasks, n, &got);
     while (!rc && got < want) {
         if (*c->stop && grace_end == INT64_MAX) {
-            want = last_envelope(c, woff);
+            want = last_envelope(c, *woff);
             grace_end = mono_ms() + c->grace_ms;
             c->stopped = 1;
             continue;
         }
-        struct pollfd pf[2] = {{woff < c->wb.len ? c->to : -1, POLLOUT, 0},
-                               {c->from, POLLIN, 0}};
+        struct pollfd pf[2] = {
+            {*woff < c->wb.len ? c->to : -1, POLLOUT, 0},
+            {c->from, POLLIN, 0}};
         int64_t left = (deadline < grace_end ? deadline : grace_end) -
                        mono_ms();
         if (left <= 0 && c->stopped)
@@ -473,7 +484,7 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
         if (k < 0 && errno != EINTR)
             return broke(c, IDEM_EIO, "poll: %s", strerror(errno));
         size_t before = got;
-        rc = k > 0 ? pump(c, &woff, pf) : 0;
+        rc = k > 0 ? pump(c, woff, pf) : 0;
         if (!rc)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
@@ -491,7 +502,8 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     coproc *c = ctx;
     c->err[0] = '\0';
     c->wb.len = 0;
-    c->fixed = 0;
+    c->fixed = c->sent = 0;
+    c->fault = 0;
     c->stopped = *c->stop != 0;
     if (c->stopped)
         return IDEM_ETIMEOUT;  /* nothing more is sent */
@@ -500,19 +512,25 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         if (envelope(c, &tasks[i]))
             return broke(c, IDEM_ENOMEM, "out of memory");
     int rc = c->pid ? 0 : start(c);
+    size_t woff = 0;
     if (!rc)
-        rc = exchange(c, tasks, n);
+        rc = exchange(c, tasks, n, &woff);
+    c->sent = envelopes_in(c, woff);
     c->stopped |= *c->stop != 0;  /* e.g. the handler died of the stop */
+    int could_not_run = 0;
     if (rc == IDEM_EIO && c->pid) {
         char why[96];
         close(c->to);
         close(c->from);
-        reap(c, why, sizeof why);
+        int st = reap(c, why, sizeof why);
+        could_not_run = st == 126 || st == 127;
         end_group(c->pid);
         c->pid = 0;
         snprintf(c->err, sizeof c->err, "the handler %s before answering "
                  "every message", why);
     }
+    c->fault = !c->stopped && !c->store_failed && !could_not_run &&
+               (rc == IDEM_EPROTO || rc == IDEM_ETIMEOUT || rc == IDEM_EIO);
     size_t got = c->fixed;
     while (got < n && tasks[got].answer)
         got++;

@@ -27,6 +27,12 @@ typedef struct coproc {
     idem_runner *runner;    /* ticked while the handler works */
     int store_failed;       /* a tick failed: the store, not the handler */
     size_t fixed;           /* answers whose data points into rb */
+    size_t sent;            /* envelopes of the last call the handler was
+                             * given, whole or in part */
+    int fault;              /* the last call failed through the handler:
+                             * it crashed, hung or broke the grammar
+                             * (not a stop, a store error, or a command
+                             * that could not be run: status 126, 127) */
     char err[512];          /* why the last call failed */
 } coproc;
 

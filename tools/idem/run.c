@@ -144,6 +144,7 @@ typedef struct run_ctx {
     coproc co;
     int replay_emit;
     int end_rc;
+    int restart_given;  /* --restart */
 } run_ctx;
 
 static void handler_end(void *ctx)
@@ -155,6 +156,13 @@ static void handler_end(void *ctx)
 static int store_failed(void *ctx)
 {
     return ((run_ctx *)ctx)->co.store_failed;
+}
+
+static const char *fault(void *ctx, size_t *sent)
+{
+    run_ctx *r = ctx;
+    *sent = r->co.sent;
+    return r->co.fault ? r->co.err : NULL;
 }
 
 static int handle(void *ctx, idem_task *tasks, size_t n)
@@ -219,8 +227,11 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
         rc = cli_number(c->cmd, "--max-attempts", arg, 1, 1000, &v);
         c->max_attempts = (uint32_t)v;
         return rc;
-    case 'R': return cli_number(c->cmd, "--restart", arg, 0, 1000000,
-                                &c->restarts);
+    case 'R':
+        r->restart_given = 1;
+        return cli_number(c->cmd, "--restart", arg, 0, 1000000,
+                          &c->restarts);
+    case 'D': c->dead_letter = arg; return 0;
     case 'A': return cli_number(c->cmd, "--answer-max", arg, 2,
                                 (uint64_t)1 << 40, &r->co.answer_max);
     default: return stream_opt(c, ch, arg);
@@ -234,11 +245,11 @@ int idem_cmd_run(int argc, char **argv)
         {"replay", 1, 0, 'r'},
         {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
         {"restart", 1, 0, 'R'},  {"answer-max", 1, 0, 'A'},
-        {0, 0, 0, 0}};
+        {"dead-letter", 1, 0, 'D'}, {0, 0, 0, 0}};
     run_ctx r = {.co.answer_max = 2 * (uint64_t)IDEM_VALUE_MAX};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
                     .commit_interval_ms = -1, .runner_out = &r.co.runner,
-                    .store_failed = store_failed,
+                    .store_failed = store_failed, .fault = fault,
                     .handler = handle, .hctx = &r,
                     .handler_end = handler_end, .emit = emit_result,
                     .ectx = &r};
@@ -264,6 +275,8 @@ int idem_cmd_run(int argc, char **argv)
                              "'CMD', e.g. --exec 'python3 handler.py'");
     if (rc)
         return rc;
+    if (c.dead_letter && !r.restart_given)
+        c.restarts = UINT64_MAX;  /* each message's faults are bounded */
     r.co.line_mode = c.line_mode;
     r.co.lease_ms = c.lease_ms ? c.lease_ms : 30000;
     r.co.stop = &stream_stop;
