@@ -698,8 +698,8 @@ static void summary(loop *lp, int rc)
                 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
                 "%.0f,\"resumed\":%s,\"exit\":%d",
                 c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
-                n->dead_letter, n->skipped + n->invalid, n->passed, n->blank, n->bytes, secs,
-                rate,
+                n->dead_letter, n->skipped + n->invalid, n->passed, n->blank,
+                n->bytes, secs, rate,
                 lp->st.job.resumed ? "true" : "false", rc);
         json_error(rc);
         fputs("}\n", stderr);
