@@ -390,3 +390,15 @@ Test(cli_run, restarts_back_off)
                       "-lt 15", at("err"), at("err")), 0, "%s",
                  t_read(at("err"), NULL));
 }
+
+/* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without
+ * a check of the escapes the answer would pass for key "?A". */
+Test(cli_run, an_answer_key_with_a_lone_surrogate_matches_no_key)
+{
+    t_sh("printf '{\"id\":\"?A\"}\\n' > '%s'", at("q"));
+    put_answer("{\"ok\":true,\"key\":\"\\udbff\\u0041\"}");
+    cr_assert_eq(t_cli(dir, "run --key id --exec '\"$IDEM_PROGS/handler\" "
+                            "reply=1:ans' --output out q 2> err"), 1);
+    cr_assert(t_grep(at("err"), "escape that denotes no character"), "%s",
+              t_read(at("err"), NULL));
+}

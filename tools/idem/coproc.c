@@ -56,6 +56,8 @@
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
 
+#include "jsonkey.h"
+
 #define TICK_MS 50
 
 static int64_t mono_ms(void)
@@ -209,7 +211,10 @@ typedef struct answer {
     int repeated;           /* a member that appeared twice, or 0 */
     const idem_task *task;
     int key_ok;
+    int key_bad_escape;     /* "key" holds an escape of no character */
     int top_object;
+    yajl_handle h;          /* for the raw bytes of "key" */
+    const char *line;
 } answer;
 
 /* A value starts: record its kind if it is a top-level member's. */
@@ -240,8 +245,13 @@ static int a_number(void *ctx, const char *s, size_t n)
 static int a_string(void *ctx, const unsigned char *s, size_t n)
 {
     answer *a = ctx;
-    if (a->depth == 1 && a->member == M_KEY)
+    if (a->depth == 1 && a->member == M_KEY) {
+        /* YAJL decodes a lone surrogate to '?' or to another character,
+         * which could match a real key: such a key is no key. */
+        a->key_bad_escape = jk_bad_escape(
+            a->line, yajl_get_bytes_consumed(a->h) - 1) != 0;
         a->key_ok = n == a->task->keylen && !memcmp(s, a->task->key, n);
+    }
     return a_value(a, V_STRING);
 }
 
@@ -317,8 +327,9 @@ static const char *grammar_error(const answer *a, char *buf, size_t n)
 /* Judge one answer line; 0 and t->answer set, or an error. */
 static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 {
-    answer a = {.task = t, .key_ok = 1};
+    answer a = {.task = t, .key_ok = 1, .line = p};
     yajl_handle h = yajl_alloc(&answer_cb, NULL, &a);
+    a.h = h;
     int ok = h && yajl_parse(h, (const unsigned char *)p, n) ==
                       yajl_status_ok &&
              yajl_complete_parse(h) == yajl_status_ok && a.top_object;
@@ -336,6 +347,10 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
         return broke(c, IDEM_EPROTO, "the handler wrote an answer that is "
                      "neither done nor failed (%s; see `idem run --help`): "
                      "%s", why, shown);
+    if (a.key_bad_escape)
+        return broke(c, IDEM_EPROTO, "the handler's \"key\" holds an escape "
+                     "that denotes no character (half a surrogate pair): "
+                     "%s", shown);
     if (!a.key_ok)
         return broke(c, IDEM_EPROTO, "the handler answered for another key "
                      "than it was given (out of step?): %s", shown);
