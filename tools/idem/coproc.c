@@ -36,9 +36,16 @@
  * The handler runs in a process group of its own, and every kill ends the
  * whole group: sh forks the command it is given, so killing sh alone
  * would leave the real handler running effects for claims that are about
- * to be released, taken over or given to a restarted handler. The group
- * leader gets PR_SET_PDEATHSIG, so kill -9 of idem takes it down too
- * (what it started itself survives that case: see idem(1)). Time spent
+ * to be released, taken over or given to a restarted handler. When idem
+ * itself dies (kill -9), nobody is left to kill the group, so a watcher
+ * does: a small child of idem that joins the handler's group, holds the
+ * read end of a pipe whose only writer is idem, and kills its whole
+ * group (itself included) when a read returns end of file, which
+ * happens exactly when idem is gone. PR_SET_PDEATHSIG on the group
+ * leader alone would leave its children (python3 starting a subprocess,
+ * `sleep 999 &`) running under pid 1, and a subreaper would have to be
+ * idem, which dies. The watcher is idem's child, not the handler's, so a
+ * handler that waits for its own children never meets it. Time spent
  * in the runner's tick does not count against the handler's deadline:
  * its answers wait in the pipe meanwhile. */
 #include "coproc.h"
@@ -65,6 +72,54 @@ static int64_t mono_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void kill_child(coproc *c);
+
+/* In the watcher: keep nothing of idem's open but the pipe (an inherited
+ * write end of the handler's stdin would hide its end of input, an
+ * inherited stdout from a consumer), join the handler's group or leave,
+ * and kill the group once idem is gone. Async-signal-safe calls only:
+ * idem has threads. */
+static void watch(int life, pid_t pgid)
+{
+    if ((life > 0 && close_range(0, (unsigned)life - 1, 0)) ||
+        close_range((unsigned)life + 1, ~0U, 0))
+        for (int fd = 0; fd < 65536; fd++)
+            if (fd != life)
+                close(fd);
+    if (setpgid(0, pgid))
+        _exit(0);  /* the group is gone already */
+    char b;
+    while (read(life, &b, 1) < 0 && errno == EINTR)
+        ;
+    kill(0, SIGKILL);
+    _exit(0);
+}
+
+/* Start the watcher of the handler's group (see the top of this file). */
+static int start_watcher(coproc *c)
+{
+    int life[2];
+    if (pipe2(life, O_CLOEXEC))
+        return -1;
+    pid_t w = fork();
+    if (w == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        watch(life[0], c->pid);
+    }
+    close(life[0]);
+    if (w < 0) {
+        close(life[1]);
+        return -1;
+    }
+    c->watcher = w;
+    c->life = life[1];
+    return 0;
 }
 
 static int start(coproc *c)
@@ -102,6 +157,12 @@ static int start(coproc *c)
     c->pid = pid;
     c->to = in[1];
     c->from = out[0];
+    if (start_watcher(c)) {
+        snprintf(c->err, sizeof c->err, "starting the handler's watcher: "
+                 "%s", strerror(errno));
+        kill_child(c);
+        return IDEM_EIO;
+    }
     fcntl(c->to, F_SETFL, O_NONBLOCK);
     fcntl(c->from, F_SETFL, O_NONBLOCK);
     c->rb.len = c->rpos = c->scanned = 0;
@@ -125,11 +186,17 @@ static int reap(coproc *c, char *why, size_t n)
 }
 
 /* End what is left of the handler's process group, once its leader has
- * been reaped, and wait (a second at most) until none of it runs. */
-static void end_group(pid_t pgid)
+ * been reaped, and wait (a second at most) until none of it runs. The
+ * watcher, in the group, is idem's child to reap. */
+static void end_group(coproc *c)
 {
-    kill(-pgid, SIGKILL);
-    for (int i = 0; i < 100 && kill(-pgid, 0) == 0; i++)
+    kill(-c->pid, SIGKILL);
+    if (c->watcher) {
+        waitpid(c->watcher, NULL, 0);
+        close(c->life);
+        c->watcher = 0;
+    }
+    for (int i = 0; i < 100 && kill(-c->pid, 0) == 0; i++)
         poll(NULL, 0, 10);
 }
 
@@ -140,7 +207,7 @@ static void kill_child(coproc *c)
     kill(-c->pid, SIGKILL);
     char why[96];
     reap(c, why, sizeof why);
-    end_group(c->pid);
+    end_group(c);
     close(c->to);
     close(c->from);
     c->pid = 0;
@@ -539,7 +606,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         close(c->from);
         int st = reap(c, why, sizeof why);
         could_not_run = st == 126 || st == 127;
-        end_group(c->pid);
+        end_group(c);
         c->pid = 0;
         snprintf(c->err, sizeof c->err, "the handler %s before answering "
                  "every message", why);
@@ -569,7 +636,7 @@ int coproc_stop(coproc *c, const char *cmdname)
         kill(-c->pid, SIGKILL);
         waitpid(c->pid, &st, 0);
     }
-    end_group(c->pid);
+    end_group(c);
     close(c->from);
     c->pid = 0;
     if (r != 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)

@@ -17,6 +17,8 @@ typedef struct coproc {
     int64_t grace_ms;
     int stopped;            /* the last call ended because of *stop */
     pid_t pid;              /* 0: not running */
+    pid_t watcher;          /* kills the group when idem dies (coproc.c) */
+    int life;               /* the watcher's pipe: closed when idem dies */
     int to, from;           /* its stdin, its stdout */
     cli_buf wb, rb;         /* envelopes out, answers in */
     size_t rpos;            /* answers consumed from rb */
