@@ -174,6 +174,29 @@ Test(workers, two_on_one_redis_each_key_once)
     th_shared_stop();
 }
 
+/* A handler slower than --lease that extends its lease: it is not
+ * killed as hung, and a second worker started meanwhile does not take
+ * its keys over. */
+Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
+{
+    make_input(3);
+    const char *store = redis_store("redis", th_redis_addr());
+    const char *opts = "--lease 1s --batch 3 --key-space slow";
+    pid_t w1 = start_run("out1", store, opts, "extend=20s sleep=2500");
+    for (int waited = 0; lines_of("log") < 1 && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    sleep_ms(1500);  /* past the lease of the first message */
+    pid_t w2 = start_run("out2", store, opts, "");
+    int st1 = wait_for(w1), st2 = wait_for(w2);
+    cr_assert_eq(st1, 0, "worker 1 exited %d: %s", st1,
+                 t_read(at("out1.err"), NULL));
+    cr_assert_eq(st2, 0, "worker 2 exited %d", st2);
+    const char *const outs[] = {"out1", "out2"};
+    expect_each_key(3, 1, outs, 2);
+    th_shared_stop();
+}
+
 Test(workers, two_on_one_cluster_each_key_once)
 {
     two_workers(redis_store("redis-cluster", th_cluster_addr()));

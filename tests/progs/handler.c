@@ -20,6 +20,8 @@
  *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
  *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
  *                 between logging it and answering
+ *   extend=D      before that, ask for the lease to be extended by D
+ *                 ({"extend":"D"}, e.g. 10s)
  *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
  *                 as it is (answers that test the grammar) */
 #include <errno.h>
@@ -85,6 +87,7 @@ int main(int argc, char **argv)
     const char *flaky = action(argc, argv, "flaky");
     const char *crash = action(argc, argv, "crash");
     const char *hangon = action(argc, argv, "hangon");
+    const char *extend = action(argc, argv, "extend");
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
@@ -104,6 +107,10 @@ int main(int argc, char **argv)
                              token);
             if (write(log, out, (size_t)k) != k)
                 return 1;
+        }
+        if (extend) {
+            printf("{\"extend\":\"%s\"}\n", extend);
+            fflush(stdout);
         }
         if (slow_ms > 0) {
             struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};

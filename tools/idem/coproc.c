@@ -66,6 +66,7 @@
 #include "jsonkey.h"
 
 #define TICK_MS 50
+#define EXTENDED 1  /* take_answer: a line that extends, not an answer */
 
 static int64_t mono_ms(void)
 {
@@ -266,11 +267,11 @@ static int envelope(coproc *c, const idem_task *t)
  * member) is a broken handler, handled like a line that is not JSON.
  * Other members are the handler's own and are kept in the result. */
 
-enum { M_OTHER, M_OK, M_ERROR, M_RETRYABLE, M_KEY, M_COUNT };
+enum { M_OTHER, M_OK, M_ERROR, M_RETRYABLE, M_KEY, M_EXTEND, M_COUNT };
 enum { V_NONE, V_TRUE, V_FALSE, V_STRING, V_OTHER };
 
-static const char *const member_names[M_COUNT] = {"", "ok", "error",
-                                                  "retryable", "key"};
+static const char *const member_names[M_COUNT] = {
+    "", "ok", "error", "retryable", "key", "extend"};
 
 typedef struct answer {
     int depth, member;      /* member: M_*, of the top-level value next */
@@ -279,6 +280,7 @@ typedef struct answer {
     const idem_task *task;
     int key_ok;
     int key_bad_escape;     /* "key" holds an escape of no character */
+    char extend[32];        /* the value of "extend", cut short */
     int top_object;
     yajl_handle h;          /* for the raw bytes of "key" */
     const char *line;
@@ -319,6 +321,9 @@ static int a_string(void *ctx, const unsigned char *s, size_t n)
             a->line, yajl_get_bytes_consumed(a->h) - 1) != 0;
         a->key_ok = n == a->task->keylen && !memcmp(s, a->task->key, n);
     }
+    if (a->depth == 1 && a->member == M_EXTEND)
+        snprintf(a->extend, sizeof a->extend, "%.*s",
+                 (int)(n < sizeof a->extend ? n : sizeof a->extend), s);
     return a_value(a, V_STRING);
 }
 
@@ -373,6 +378,13 @@ static const char *grammar_error(const answer *a, char *buf, size_t n)
         snprintf(buf, n, "\"%s\" appears twice", member_names[a->repeated]);
         return buf;
     }
+    if (v[M_EXTEND])
+        return v[M_OK] || v[M_ERROR] || v[M_RETRYABLE]
+                   ? "\"extend\" goes alone (with \"key\" at most)"
+               : v[M_EXTEND] != V_STRING ? "\"extend\" must be a duration "
+                                           "such as \"30s\""
+               : v[M_KEY] && v[M_KEY] != V_STRING ? "\"key\" must be a string"
+                                                 : NULL;
     if (v[M_OK] && v[M_ERROR])
         return "it has both \"ok\" and \"error\"";
     if (v[M_OK] && v[M_OK] != V_TRUE)
@@ -391,7 +403,28 @@ static const char *grammar_error(const answer *a, char *buf, size_t n)
     return NULL;
 }
 
-/* Judge one answer line; 0 and t->answer set, or an error. */
+/* {"extend":"30s"}: the handler works on t's message for that long
+ * yet. Its claim is renewed for that time (at most the TTL), and the
+ * handler counts as hung only once it is over. EXTENDED: no answer. */
+static int extend(coproc *c, const idem_task *t, const char *value,
+                  const char *shown)
+{
+    int64_t ms, granted = 0;
+    if (cli_parse_duration(value, &ms))
+        return broke(c, IDEM_EPROTO, "the handler asked for an extension "
+                     "that is not a duration such as \"30s\": %s", shown);
+    int rc = idem_runner_extend(c->runner, t->index, ms, &granted);
+    if (rc) {
+        c->store_failed = 1;
+        return broke(c, rc, "the store failed while extending a lease; "
+                     "stopped the handler");
+    }
+    c->extended_until = mono_ms() + (granted > c->lease_ms ? granted
+                                                           : c->lease_ms);
+    return EXTENDED;
+}
+
+/* Judge one answer line; 0 and t->answer set, EXTENDED, or an error. */
 static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 {
     answer a = {.task = t, .key_ok = 1, .line = p};
@@ -421,6 +454,8 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
     if (!a.key_ok)
         return broke(c, IDEM_EPROTO, "the handler answered for another key "
                      "than it was given (out of step?): %s", shown);
+    if (a.value[M_EXTEND])
+        return extend(c, t, a.extend, shown);
     t->answer = a.value[M_OK]                 ? IDEM_TASK_DONE
                 : a.value[M_RETRYABLE] == V_TRUE ? IDEM_TASK_RETRY
                                                  : IDEM_TASK_FAIL;
@@ -452,9 +487,11 @@ static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
         c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
         int rc = take_answer(c, &tasks[*got], s, len);
-        if (rc)
+        if (rc < 0)
             return rc;
-        (*got)++;
+        if (rc != EXTENDED)
+            c->extended_until = 0;  /* its message is answered */
+        *got += rc != EXTENDED;
     }
     return 0;
 }
@@ -571,6 +608,9 @@ static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
             deadline = mono_ms() + c->lease_ms;
+        if (c->extended_until > deadline)
+            deadline = c->extended_until;
+        c->extended_until = 0;
         int64_t t0 = mono_ms();
         if (!rc)
             rc = tick(c, tasks, got);
@@ -586,6 +626,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     c->wb.len = 0;
     c->fixed = c->sent = 0;
     c->fault = 0;
+    c->extended_until = 0;
     c->stopped = *c->stop != 0;
     if (c->stopped)
         return IDEM_ETIMEOUT;  /* nothing more is sent */

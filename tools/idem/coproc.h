@@ -29,6 +29,7 @@ typedef struct coproc {
     idem_runner *runner;    /* ticked while the handler works */
     int store_failed;       /* a tick failed: the store, not the handler */
     size_t fixed;           /* answers whose data points into rb */
+    int64_t extended_until; /* an "extend" line asks to wait till then */
     size_t sent;            /* envelopes of the last call the handler was
                              * given, whole or in part */
     int fault;              /* the last call failed through the handler:
