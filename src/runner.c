@@ -66,6 +66,9 @@ struct idem_runner {
     int *st;
     unsigned char *held;      /* per message: see the invariants */
     uint32_t *runs;           /* per message: handler runs in this batch */
+    int64_t *until;           /* per message: its lease was extended to
+                               * this time of the store's clock (0: not),
+                               * and renewals leave it alone before */
     unsigned char *seen;      /* per task: its answer was recorded */
     idem__arena mem;          /* data handed back, per batch */
     /* The batch in progress. */
@@ -126,6 +129,7 @@ static void idem__runner_arrays_free(idem_runner *r)
     free(r->st);
     free(r->held);
     free(r->runs);
+    free(r->until);
     free(r->seen);
 }
 
@@ -157,9 +161,11 @@ static int idem__runner_reserve(idem_runner *r, size_t n)
     r->st = malloc(n * sizeof *r->st);
     r->held = malloc(n);
     r->runs = malloc(n * sizeof *r->runs);
+    r->until = malloc(n * sizeof *r->until);
     r->seen = malloc(n);
     if (!r->slots || !r->keys || !r->outs || !r->owner || !r->tasks ||
-        !r->items || !r->st || !r->held || !r->runs || !r->seen)
+        !r->items || !r->st || !r->held || !r->runs || !r->until ||
+        !r->seen)
         return idem__fail(r->s, IDEM_ENOMEM, "out of memory");
     r->cap = n;
     return 0;
@@ -248,8 +254,9 @@ static int idem__runner_release(idem_runner *r, size_t i, const char *why)
 static int idem__runner_renew(idem_runner *r)
 {
     size_t q = 0;
+    int64_t now = idem__now(r->s);
     for (size_t i = r->done; i < r->n; i++)
-        if (r->held[i]) {
+        if (r->held[i] && r->until[i] - r->lease_ms <= now) {
             const idem_msg *m = &r->msgs[i];
             r->items[q] = (idem_completion){m->key, m->keylen, m->token,
                                             NULL, 0, 0};
@@ -572,6 +579,28 @@ static int idem__runner_commit(idem_runner *r, int always)
     return rc;
 }
 
+int idem_runner_extend(idem_runner *r, size_t index, int64_t ms,
+                       int64_t *granted)
+{
+    if (!r || !r->in_handler || index >= r->n || ms <= 0)
+        return IDEM_EINVAL;
+    int64_t ttl = r->o.ttl_ms ? r->o.ttl_ms : r->s->opts.ttl_ms;
+    ms = ms < ttl ? ms : ttl;
+    if (granted)
+        *granted = ms;
+    idem_msg *m = &r->msgs[index];
+    if (!r->held[index] || ms <= r->lease_ms)
+        return 0;  /* lost meanwhile, or the renewals cover it */
+    int rc = idem_extend(r->s, m->key, m->keylen, m->token, ms);
+    if (rc == IDEM_ELOST) {
+        idem__runner_drop(r, index, rc);
+        return 0;
+    }
+    if (!rc)
+        r->until[index] = idem__now(r->s) + ms;
+    return rc;
+}
+
 int idem_runner_tick(idem_runner *r)
 {
     if (!r || !r->in_handler || r->in_commit)
@@ -643,6 +672,7 @@ static void idem__runner_start(idem_runner *r, idem_msg *msgs, size_t n)
     if (n) {
         memset(r->held, 0, n);
         memset(r->runs, 0, n * sizeof *r->runs);
+        memset(r->until, 0, n * sizeof *r->until);
     }
     r->msgs = msgs;
     r->n = n;

@@ -278,3 +278,119 @@ Test(cli_run, policies_and_a_missing_handler)
     cr_assert(t_grep(at("err"), "status 127 (command not found?)"), "%s",
               t_read(at("err"), NULL));
 }
+
+/* ------------------------------------------------------------------------
+ * Poison messages (--dead-letter) and restarts */
+
+#define DL_C(n, why) "{\"key\":\"c\",\"key_space\":\"poison\",\"attempts\":" \
+    #n ",\"error\":\"" why "\",\"message\":{\"id\":\"c\"}}\n"
+#define DEAD_C(why) "{\"key\":\"c\",\"status\":\"failed\",\"result\":" \
+    "{\"error\":\"" why "\",\"dead_letter\":true}}\n"
+#define CRASHED "the handler exited with status 3 before answering every " \
+    "message"
+
+static int run_poison(const char *opts, const char *actions)
+{
+    char o[300];
+    snprintf(o, sizeof o, "--job poison --dead-letter dl --max-attempts 2 "
+             "--output out %s in", opts);
+    return run(o, actions);
+}
+
+/* c crashes the handler every time: after --max-attempts faults charged
+ * to it (when it was the only message in flight) it is written to the
+ * dead-letter file, recorded as a permanent failure, and d still runs;
+ * exit status 3 says so. */
+Test(cli_run, a_poison_message_is_dead_lettered_and_the_stream_goes_on)
+{
+    cr_assert_eq(run_poison("--stats-json 2> err", "crash=c"), 3, "%s",
+                 t_read(at("err"), NULL));
+    expect("out", R("a") R("b") DEAD_C(CRASHED) R("d"));
+    expect("dl", DL_C(2, CRASHED));
+    cr_assert(t_grep(at("err"), "\"dead_letter\":1,"), "%s",
+              t_read(at("err"), NULL));
+    cr_assert(t_grep(at("err"), "key 'c': the handler failed on it 2 times"));
+    /* the first fault had c and d in flight: counted for neither, each
+     * ran alone after it */
+    expect_runs("a 1\nb 1\nc 1\nc 2\nc 3\nd 2\n");
+    /* a rerun replays the failure: c is not run, no second line */
+    t_sh("rm -f '%s'", at("out"));
+    cr_assert_eq(t_cli(dir, "run --key id --job again --key-space poison "
+                            "--dead-letter dl --replay emit --exec false "
+                            "--quiet in > out"), 0);
+    cr_assert(t_grep(at("out"), "\"key\":\"c\",\"status\":\"failed\","
+                                "\"replayed\":true"));
+    expect("dl", DL_C(2, CRASHED));
+}
+
+Test(cli_run, a_message_that_hangs_the_handler_is_dead_lettered)
+{
+    cr_assert_eq(run_poison("--lease 300ms --quiet 2> err", "hangon=c"), 3,
+                 "%s", t_read(at("err"), NULL));
+    cr_assert(t_grep(at("dl"), "\"key\":\"c\",\"key_space\":\"poison\","
+                               "\"attempts\":2,\"error\":\"the handler "
+                               "gave no answer for key 'c' within the "
+                               "lease"), "%s", t_read(at("dl"), NULL));
+    cr_assert(t_grep(at("out"), R("d")));
+}
+
+/* A kill -9 after the line is durable and before the store records the
+ * failure: the rerun neither loses c nor writes its line again, and
+ * does not run it again; its output is the uninterrupted run's. */
+Test(cli_run, kill9_between_the_dead_letter_line_and_the_store)
+{
+    setenv("IDEM_TEST_KILL_AT", "dead-letter", 1);
+    int st = run_poison("--quiet 2> err", "crash=c");
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + 9, "killed at the hook: %d", st);
+    expect("dl", DL_C(2, CRASHED));
+    expect("out", R("a") R("b"));
+    cr_assert_eq(run_poison("2> err", "crash=c"), 3);
+    cr_assert(t_grep(at("err"), "key 'c': already in the dead-letter file"),
+              "%s", t_read(at("err"), NULL));
+    expect("dl", DL_C(2, CRASHED));
+    expect("out", R("a") R("b") DEAD_C(CRASHED) R("d"));
+    expect_runs("a 1\nb 1\nc 1\nc 2\nc 3\nd 2\n");
+}
+
+/* A key that is not UTF-8 goes to the file in base64, with its message;
+ * every message of a handler that always crashes is set aside, each
+ * after running alone. */
+Test(cli_run, a_binary_key_is_dead_lettered_in_base64)
+{
+    t_sh("printf 'x\\377\\nok\\n' > '%s'", at("bin"));
+    cr_assert_eq(t_cli(dir, "run --line --quiet --backoff 1ms --job bin "
+                            "--dead-letter dl --max-attempts 1 --exec "
+                            "'read l; exit 3' bin > out"), 3);
+    cr_assert(t_grep(at("dl"), "{\"key_base64\":\"eP8=\",\"key_space\":"
+                               "\"bin\",\"attempts\":1,"), "%s",
+              t_read(at("dl"), NULL));
+    cr_assert(t_grep(at("dl"), "\"message_base64\":\"eP8=\"}"));
+    cr_assert(t_grep(at("dl"), "{\"key\":\"ok\","));
+}
+
+/* A handler that exits at once is restarted with growing gaps (from
+ * --backoff, doubled), not in a tight loop: within two seconds a loop
+ * would restart it hundreds of times. */
+Test(cli_run, restarts_back_off)
+{
+    cr_assert_eq(t_cli(dir, "run --key id --store local:b --restart 100000 "
+                            "--exec 'exit 3' --output out in 2> err & "
+                            "sleep 2; kill -TERM $!; wait $!"), 0);
+    cr_assert_eq(t_sh("test $(grep -c 'restarting the handler' '%s') -ge 1 "
+                      "&& test $(grep -c 'restarting the handler' '%s') "
+                      "-lt 15", at("err"), at("err")), 0, "%s",
+                 t_read(at("err"), NULL));
+}
+
+/* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without
+ * a check of the escapes the answer would pass for key "?A". */
+Test(cli_run, an_answer_key_with_a_lone_surrogate_matches_no_key)
+{
+    t_sh("printf '{\"id\":\"?A\"}\\n' > '%s'", at("q"));
+    put_answer("{\"ok\":true,\"key\":\"\\udbff\\u0041\"}");
+    cr_assert_eq(t_cli(dir, "run --key id --exec '\"$IDEM_PROGS/handler\" "
+                            "reply=1:ans' --output out q 2> err"), 1);
+    cr_assert(t_grep(at("err"), "escape that denotes no character"), "%s",
+              t_read(at("err"), NULL));
+}

@@ -9,6 +9,8 @@
  * one result line across the workers' outputs. Nothing here asserts on
  * timing: a worker started "1.5 s later" may start at any moment, and the
  * outcome must be the same. */
+#include <ctype.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -167,6 +169,29 @@ static const char *redis_store(const char *scheme, const char *addr)
 Test(workers, two_on_one_redis_each_key_once)
 {
     two_workers(redis_store("redis", th_redis_addr()));
+    th_shared_stop();
+}
+
+/* A handler slower than --lease that extends its lease: it is not
+ * killed as hung, and a second worker started meanwhile does not take
+ * its keys over. */
+Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
+{
+    make_input(3);
+    const char *store = redis_store("redis", th_redis_addr());
+    const char *opts = "--lease 1s --batch 3 --key-space slow";
+    pid_t w1 = start_run("out1", store, opts, "extend=20s sleep=2500");
+    for (int waited = 0; lines_of("log") < 1 && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    sleep_ms(1500);  /* past the lease of the first message */
+    pid_t w2 = start_run("out2", store, opts, "");
+    int st1 = wait_for(w1), st2 = wait_for(w2);
+    cr_assert_eq(st1, 0, "worker 1 exited %d: %s", st1,
+                 t_read(at("out1.err"), NULL));
+    cr_assert_eq(st2, 0, "worker 2 exited %d", st2);
+    const char *const outs[] = {"out1", "out2"};
+    expect_each_key(3, 1, outs, 2);
     th_shared_stop();
 }
 
@@ -359,6 +384,54 @@ Test(workers, a_killed_handler_leaves_no_process_behind)
     /* [m]: the pattern does not match the shell that runs pgrep */
     cr_assert_neq(t_sh("pgrep -f '%s/[m]arker' >/dev/null", dir), 0,
                   "a handler of the killed tree is still running");
+}
+
+/* How many processes have text in their argv (joined by spaces). */
+static int processes_with(const char *text)
+{
+    DIR *d = opendir("/proc");
+    cr_assert(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char path[300], argv[4096];
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
+        FILE *f = fopen(path, "rb");
+        size_t len = f ? fread(argv, 1, sizeof argv - 1, f) : 0;
+        if (f)
+            fclose(f);
+        for (size_t k = 0; k < len; k++)
+            argv[k] = argv[k] ? argv[k] : ' ';
+        argv[len] = '\0';
+        n += strstr(argv, text) != NULL;
+    }
+    closedir(d);
+    return n;
+}
+
+/* kill -9 of idem itself: what the handler started (here a shell that
+ * the handler's shell put in the background) dies too, found by the
+ * marker in its argv. */
+Test(workers, kill9_of_idem_leaves_no_process_of_the_handler_tree)
+{
+    make_input(4);
+    pid_t w = t_cli_start(dir, "run --key event_id --output out --exec "
+                          "'sh -c \"sleep 60; : %s/marker\" & exec "
+                          "\"$IDEM_PROGS/handler\" hang=1' in 2> err", dir);
+    char child[4300];
+    snprintf(child, sizeof child, "sh -c sleep 60; : %s/marker", dir);
+    for (int waited = 0; !processes_with(child) && waited < 60000;
+         waited += 10)
+        sleep_ms(10);
+    cr_assert(processes_with(child), "the handler's child never started");
+    kill(w, SIGKILL);
+    t_wait(w);
+    for (int waited = 0; processes_with(child) && waited < 10000;
+         waited += 10)
+        sleep_ms(10);
+    cr_assert(!processes_with(child), "a process of the handler's tree "
+              "outlived idem");
 }
 
 /* ------------------------------------------------------------------------

@@ -786,6 +786,16 @@ IDEM_EXPORT int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
  * 0. */
 IDEM_EXPORT int idem_runner_tick(idem_runner *r);
 
+/* Called by a handler, like idem_runner_tick(), for a long effect: the
+ * claim of task `index` (idem_task.index) is renewed for ms from now
+ * (at most the record TTL; *granted, may be NULL, receives the time
+ * given), and the renewals every third of the lease leave it alone until
+ * a lease is left of it. So a worker that dies meanwhile keeps the key
+ * from others for that long. A claim lost meanwhile is dropped as in a
+ * renewal. 0, IDEM_EINVAL outside a handler call, or a store error. */
+IDEM_EXPORT int idem_runner_extend(idem_runner *r, size_t index, int64_t ms,
+                                   int64_t *granted);
+
 IDEM_EXPORT void idem_runner_free(idem_runner *r);
 
 /* ------------------------------------------------------------------------

@@ -12,12 +12,16 @@
  *   retry=KEY     answer a retryable failure for KEY, every time
  *   flaky=KEY     a retryable failure for KEY on attempt 1, then ok
  *   exit=N        exit(3) instead of answering the Nth envelope (1-based)
+ *   crash=KEY     exit(3) instead of answering KEY, every time (poison)
+ *   hangon=KEY    sleep forever instead of answering KEY, every time
  *   garbage=N     answer the Nth envelope with a line that is not JSON
  *   hang=N        sleep forever instead of answering the Nth envelope
  *   wrongkey=N    answer the Nth envelope with another key
  *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
  *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
  *                 between logging it and answering
+ *   extend=D      before that, ask for the lease to be extended by D
+ *                 ({"extend":"D"}, e.g. 10s)
  *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
  *                 as it is (answers that test the grammar) */
 #include <errno.h>
@@ -81,6 +85,9 @@ int main(int argc, char **argv)
     const char *fail = action(argc, argv, "fail");
     const char *retry = action(argc, argv, "retry");
     const char *flaky = action(argc, argv, "flaky");
+    const char *crash = action(argc, argv, "crash");
+    const char *hangon = action(argc, argv, "hangon");
+    const char *extend = action(argc, argv, "extend");
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
@@ -101,13 +108,17 @@ int main(int argc, char **argv)
             if (write(log, out, (size_t)k) != k)
                 return 1;
         }
+        if (extend) {
+            printf("{\"extend\":\"%s\"}\n", extend);
+            fflush(stdout);
+        }
         if (slow_ms > 0) {
             struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};
             nanosleep(&ts, NULL);
         }
-        if (i == exit_at)
+        if (i == exit_at || (crash && !strcmp(key, crash)))
             exit(3);
-        if (i == hang)
+        if (i == hang || (hangon && !strcmp(key, hangon)))
             for (;;)
                 pause();
         if (i == garbage)

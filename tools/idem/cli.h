@@ -68,7 +68,9 @@ int cli_getopt(const char *cmd, int argc, char **argv,
 int cli_getopt_short(const char *cmd, int argc, char **argv,
                      const char *shorts, const struct option *opts);
 
-/* "30s", "5m", "24h", "7d", "250ms"; a bare number is seconds. > 0. */
+/* "30s", "5m", "24h", "7d", "250ms"; a bare number is seconds. > 0.
+ * cli_parse_duration says nothing and returns -1 for a bad one. */
+int cli_parse_duration(const char *arg, int64_t *ms);
 int cli_duration(const char *cmd, const char *opt, const char *arg,
                  int64_t *ms);
 

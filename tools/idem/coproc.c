@@ -36,9 +36,16 @@
  * The handler runs in a process group of its own, and every kill ends the
  * whole group: sh forks the command it is given, so killing sh alone
  * would leave the real handler running effects for claims that are about
- * to be released, taken over or given to a restarted handler. The group
- * leader gets PR_SET_PDEATHSIG, so kill -9 of idem takes it down too
- * (what it started itself survives that case: see idem(1)). Time spent
+ * to be released, taken over or given to a restarted handler. When idem
+ * itself dies (kill -9), nobody is left to kill the group, so a watcher
+ * does: a small child of idem that joins the handler's group, holds the
+ * read end of a pipe whose only writer is idem, and kills its whole
+ * group (itself included) when a read returns end of file, which
+ * happens exactly when idem is gone. PR_SET_PDEATHSIG on the group
+ * leader alone would leave its children (python3 starting a subprocess,
+ * `sleep 999 &`) running under pid 1, and a subreaper would have to be
+ * idem, which dies. The watcher is idem's child, not the handler's, so a
+ * handler that waits for its own children never meets it. Time spent
  * in the runner's tick does not count against the handler's deadline:
  * its answers wait in the pipe meanwhile. */
 #include "coproc.h"
@@ -56,13 +63,64 @@
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
 
+#include "jsonkey.h"
+
 #define TICK_MS 50
+#define EXTENDED 1  /* take_answer: a line that extends, not an answer */
 
 static int64_t mono_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void kill_child(coproc *c);
+
+/* In the watcher: keep nothing of idem's open but the pipe (an inherited
+ * write end of the handler's stdin would hide its end of input, an
+ * inherited stdout from a consumer), join the handler's group or leave,
+ * and kill the group once idem is gone. Async-signal-safe calls only:
+ * idem has threads. */
+static void watch(int life, pid_t pgid)
+{
+    if ((life > 0 && close_range(0, (unsigned)life - 1, 0)) ||
+        close_range((unsigned)life + 1, ~0U, 0))
+        for (int fd = 0; fd < 65536; fd++)
+            if (fd != life)
+                close(fd);
+    if (setpgid(0, pgid))
+        _exit(0);  /* the group is gone already */
+    char b;
+    while (read(life, &b, 1) < 0 && errno == EINTR)
+        ;
+    kill(0, SIGKILL);
+    _exit(0);
+}
+
+/* Start the watcher of the handler's group (see the top of this file). */
+static int start_watcher(coproc *c)
+{
+    int life[2];
+    if (pipe2(life, O_CLOEXEC))
+        return -1;
+    pid_t w = fork();
+    if (w == 0) {
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        watch(life[0], c->pid);
+    }
+    close(life[0]);
+    if (w < 0) {
+        close(life[1]);
+        return -1;
+    }
+    c->watcher = w;
+    c->life = life[1];
+    return 0;
 }
 
 static int start(coproc *c)
@@ -100,14 +158,21 @@ static int start(coproc *c)
     c->pid = pid;
     c->to = in[1];
     c->from = out[0];
+    if (start_watcher(c)) {
+        snprintf(c->err, sizeof c->err, "starting the handler's watcher: "
+                 "%s", strerror(errno));
+        kill_child(c);
+        return IDEM_EIO;
+    }
     fcntl(c->to, F_SETFL, O_NONBLOCK);
     fcntl(c->from, F_SETFL, O_NONBLOCK);
     c->rb.len = c->rpos = c->scanned = 0;
     return 0;
 }
 
-/* Why the child ended, for messages: "exited with status 3". */
-static void reap(coproc *c, char *why, size_t n)
+/* Why the child ended, for messages: "exited with status 3". Returns
+ * its exit status, or -1 when it was killed. */
+static int reap(coproc *c, char *why, size_t n)
 {
     int st = 0;
     pid_t r = waitpid(c->pid, &st, 0);
@@ -118,14 +183,21 @@ static void reap(coproc *c, char *why, size_t n)
                  WEXITSTATUS(st) == 127 ? " (command not found?)" : "");
     else
         snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
+    return r == c->pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* End what is left of the handler's process group, once its leader has
- * been reaped, and wait (a second at most) until none of it runs. */
-static void end_group(pid_t pgid)
+ * been reaped, and wait (a second at most) until none of it runs. The
+ * watcher, in the group, is idem's child to reap. */
+static void end_group(coproc *c)
 {
-    kill(-pgid, SIGKILL);
-    for (int i = 0; i < 100 && kill(-pgid, 0) == 0; i++)
+    kill(-c->pid, SIGKILL);
+    if (c->watcher) {
+        waitpid(c->watcher, NULL, 0);
+        close(c->life);
+        c->watcher = 0;
+    }
+    for (int i = 0; i < 100 && kill(-c->pid, 0) == 0; i++)
         poll(NULL, 0, 10);
 }
 
@@ -136,7 +208,7 @@ static void kill_child(coproc *c)
     kill(-c->pid, SIGKILL);
     char why[96];
     reap(c, why, sizeof why);
-    end_group(c->pid);
+    end_group(c);
     close(c->to);
     close(c->from);
     c->pid = 0;
@@ -195,11 +267,11 @@ static int envelope(coproc *c, const idem_task *t)
  * member) is a broken handler, handled like a line that is not JSON.
  * Other members are the handler's own and are kept in the result. */
 
-enum { M_OTHER, M_OK, M_ERROR, M_RETRYABLE, M_KEY, M_COUNT };
+enum { M_OTHER, M_OK, M_ERROR, M_RETRYABLE, M_KEY, M_EXTEND, M_COUNT };
 enum { V_NONE, V_TRUE, V_FALSE, V_STRING, V_OTHER };
 
-static const char *const member_names[M_COUNT] = {"", "ok", "error",
-                                                  "retryable", "key"};
+static const char *const member_names[M_COUNT] = {
+    "", "ok", "error", "retryable", "key", "extend"};
 
 typedef struct answer {
     int depth, member;      /* member: M_*, of the top-level value next */
@@ -207,7 +279,11 @@ typedef struct answer {
     int repeated;           /* a member that appeared twice, or 0 */
     const idem_task *task;
     int key_ok;
+    int key_bad_escape;     /* "key" holds an escape of no character */
+    char extend[32];        /* the value of "extend", cut short */
     int top_object;
+    yajl_handle h;          /* for the raw bytes of "key" */
+    const char *line;
 } answer;
 
 /* A value starts: record its kind if it is a top-level member's. */
@@ -238,8 +314,16 @@ static int a_number(void *ctx, const char *s, size_t n)
 static int a_string(void *ctx, const unsigned char *s, size_t n)
 {
     answer *a = ctx;
-    if (a->depth == 1 && a->member == M_KEY)
+    if (a->depth == 1 && a->member == M_KEY) {
+        /* YAJL decodes a lone surrogate to '?' or to another character,
+         * which could match a real key: such a key is no key. */
+        a->key_bad_escape = jk_bad_escape(
+            a->line, yajl_get_bytes_consumed(a->h) - 1) != 0;
         a->key_ok = n == a->task->keylen && !memcmp(s, a->task->key, n);
+    }
+    if (a->depth == 1 && a->member == M_EXTEND)
+        snprintf(a->extend, sizeof a->extend, "%.*s",
+                 (int)(n < sizeof a->extend ? n : sizeof a->extend), s);
     return a_value(a, V_STRING);
 }
 
@@ -294,6 +378,13 @@ static const char *grammar_error(const answer *a, char *buf, size_t n)
         snprintf(buf, n, "\"%s\" appears twice", member_names[a->repeated]);
         return buf;
     }
+    if (v[M_EXTEND])
+        return v[M_OK] || v[M_ERROR] || v[M_RETRYABLE]
+                   ? "\"extend\" goes alone (with \"key\" at most)"
+               : v[M_EXTEND] != V_STRING ? "\"extend\" must be a duration "
+                                           "such as \"30s\""
+               : v[M_KEY] && v[M_KEY] != V_STRING ? "\"key\" must be a string"
+                                                 : NULL;
     if (v[M_OK] && v[M_ERROR])
         return "it has both \"ok\" and \"error\"";
     if (v[M_OK] && v[M_OK] != V_TRUE)
@@ -312,11 +403,33 @@ static const char *grammar_error(const answer *a, char *buf, size_t n)
     return NULL;
 }
 
-/* Judge one answer line; 0 and t->answer set, or an error. */
+/* {"extend":"30s"}: the handler works on t's message for that long
+ * yet. Its claim is renewed for that time (at most the TTL), and the
+ * handler counts as hung only once it is over. EXTENDED: no answer. */
+static int extend(coproc *c, const idem_task *t, const char *value,
+                  const char *shown)
+{
+    int64_t ms, granted = 0;
+    if (cli_parse_duration(value, &ms))
+        return broke(c, IDEM_EPROTO, "the handler asked for an extension "
+                     "that is not a duration such as \"30s\": %s", shown);
+    int rc = idem_runner_extend(c->runner, t->index, ms, &granted);
+    if (rc) {
+        c->store_failed = 1;
+        return broke(c, rc, "the store failed while extending a lease; "
+                     "stopped the handler");
+    }
+    c->extended_until = mono_ms() + (granted > c->lease_ms ? granted
+                                                           : c->lease_ms);
+    return EXTENDED;
+}
+
+/* Judge one answer line; 0 and t->answer set, EXTENDED, or an error. */
 static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 {
-    answer a = {.task = t, .key_ok = 1};
+    answer a = {.task = t, .key_ok = 1, .line = p};
     yajl_handle h = yajl_alloc(&answer_cb, NULL, &a);
+    a.h = h;
     int ok = h && yajl_parse(h, (const unsigned char *)p, n) ==
                       yajl_status_ok &&
              yajl_complete_parse(h) == yajl_status_ok && a.top_object;
@@ -334,9 +447,15 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
         return broke(c, IDEM_EPROTO, "the handler wrote an answer that is "
                      "neither done nor failed (%s; see `idem run --help`): "
                      "%s", why, shown);
+    if (a.key_bad_escape)
+        return broke(c, IDEM_EPROTO, "the handler's \"key\" holds an escape "
+                     "that denotes no character (half a surrogate pair): "
+                     "%s", shown);
     if (!a.key_ok)
         return broke(c, IDEM_EPROTO, "the handler answered for another key "
                      "than it was given (out of step?): %s", shown);
+    if (a.value[M_EXTEND])
+        return extend(c, t, a.extend, shown);
     t->answer = a.value[M_OK]                 ? IDEM_TASK_DONE
                 : a.value[M_RETRYABLE] == V_TRUE ? IDEM_TASK_RETRY
                                                  : IDEM_TASK_FAIL;
@@ -368,9 +487,11 @@ static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
         c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
         int rc = take_answer(c, &tasks[*got], s, len);
-        if (rc)
+        if (rc < 0)
             return rc;
-        (*got)++;
+        if (rc != EXTENDED)
+            c->extended_until = 0;  /* its message is answered */
+        *got += rc != EXTENDED;
     }
     return 0;
 }
@@ -422,6 +543,16 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
+/* The envelopes in wb[0..woff), the last maybe in part. */
+static size_t envelopes_in(const coproc *c, size_t woff)
+{
+    size_t sent = 0;
+    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
+                                        (size_t)(p - c->wb.p))); p++)
+        sent++;
+    return sent + (woff && c->wb.p[woff - 1] != '\n');
+}
+
 /* A stop was asked for: write no further than the end of the envelope
  * being written; how many envelopes the handler then has. */
 static size_t last_envelope(coproc *c, size_t woff)
@@ -430,27 +561,26 @@ static size_t last_envelope(coproc *c, size_t woff)
         woff = (size_t)((char *)memchr(c->wb.p + woff, '\n',
                                        c->wb.len - woff) - c->wb.p) + 1;
     c->wb.len = woff;
-    size_t sent = 0;
-    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
-                                        (size_t)(p - c->wb.p))); p++)
-        sent++;
-    return sent;
+    return envelopes_in(c, woff);
 }
 
-static int exchange(coproc *c, idem_task *tasks, size_t n)
+/* Write the envelopes in wb and read their answers; *woff: the bytes
+ * of wb written. */
+static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
 {
-    size_t woff = 0, got = 0, want = n;
+    size_t got = 0, want = n;
     int64_t deadline = mono_ms() + c->lease_ms, grace_end = INT64_MAX;
     int rc = parse_answers(c, tasks, n, &got);
     while (!rc && got < want) {
         if (*c->stop && grace_end == INT64_MAX) {
-            want = last_envelope(c, woff);
+            want = last_envelope(c, *woff);
             grace_end = mono_ms() + c->grace_ms;
             c->stopped = 1;
             continue;
         }
-        struct pollfd pf[2] = {{woff < c->wb.len ? c->to : -1, POLLOUT, 0},
-                               {c->from, POLLIN, 0}};
+        struct pollfd pf[2] = {
+            {*woff < c->wb.len ? c->to : -1, POLLOUT, 0},
+            {c->from, POLLIN, 0}};
         int64_t left = (deadline < grace_end ? deadline : grace_end) -
                        mono_ms();
         if (left <= 0 && c->stopped)
@@ -473,11 +603,14 @@ static int exchange(coproc *c, idem_task *tasks, size_t n)
         if (k < 0 && errno != EINTR)
             return broke(c, IDEM_EIO, "poll: %s", strerror(errno));
         size_t before = got;
-        rc = k > 0 ? pump(c, &woff, pf) : 0;
+        rc = k > 0 ? pump(c, woff, pf) : 0;
         if (!rc)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
             deadline = mono_ms() + c->lease_ms;
+        if (c->extended_until > deadline)
+            deadline = c->extended_until;
+        c->extended_until = 0;
         int64_t t0 = mono_ms();
         if (!rc)
             rc = tick(c, tasks, got);
@@ -491,7 +624,9 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     coproc *c = ctx;
     c->err[0] = '\0';
     c->wb.len = 0;
-    c->fixed = 0;
+    c->fixed = c->sent = 0;
+    c->fault = 0;
+    c->extended_until = 0;
     c->stopped = *c->stop != 0;
     if (c->stopped)
         return IDEM_ETIMEOUT;  /* nothing more is sent */
@@ -500,19 +635,25 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         if (envelope(c, &tasks[i]))
             return broke(c, IDEM_ENOMEM, "out of memory");
     int rc = c->pid ? 0 : start(c);
+    size_t woff = 0;
     if (!rc)
-        rc = exchange(c, tasks, n);
+        rc = exchange(c, tasks, n, &woff);
+    c->sent = envelopes_in(c, woff);
     c->stopped |= *c->stop != 0;  /* e.g. the handler died of the stop */
+    int could_not_run = 0;
     if (rc == IDEM_EIO && c->pid) {
         char why[96];
         close(c->to);
         close(c->from);
-        reap(c, why, sizeof why);
-        end_group(c->pid);
+        int st = reap(c, why, sizeof why);
+        could_not_run = st == 126 || st == 127;
+        end_group(c);
         c->pid = 0;
         snprintf(c->err, sizeof c->err, "the handler %s before answering "
                  "every message", why);
     }
+    c->fault = !c->stopped && !c->store_failed && !could_not_run &&
+               (rc == IDEM_EPROTO || rc == IDEM_ETIMEOUT || rc == IDEM_EIO);
     size_t got = c->fixed;
     while (got < n && tasks[got].answer)
         got++;
@@ -536,7 +677,7 @@ int coproc_stop(coproc *c, const char *cmdname)
         kill(-c->pid, SIGKILL);
         waitpid(c->pid, &st, 0);
     }
-    end_group(c->pid);
+    end_group(c);
     close(c->from);
     c->pid = 0;
     if (r != 0 && WIFEXITED(st) && WEXITSTATUS(st) == 0)

@@ -17,6 +17,8 @@ typedef struct coproc {
     int64_t grace_ms;
     int stopped;            /* the last call ended because of *stop */
     pid_t pid;              /* 0: not running */
+    pid_t watcher;          /* kills the group when idem dies (coproc.c) */
+    int life;               /* the watcher's pipe: closed when idem dies */
     int to, from;           /* its stdin, its stdout */
     cli_buf wb, rb;         /* envelopes out, answers in */
     size_t rpos;            /* answers consumed from rb */
@@ -27,6 +29,13 @@ typedef struct coproc {
     idem_runner *runner;    /* ticked while the handler works */
     int store_failed;       /* a tick failed: the store, not the handler */
     size_t fixed;           /* answers whose data points into rb */
+    int64_t extended_until; /* an "extend" line asks to wait till then */
+    size_t sent;            /* envelopes of the last call the handler was
+                             * given, whole or in part */
+    int fault;              /* the last call failed through the handler:
+                             * it crashed, hung or broke the grammar
+                             * (not a stop, a store error, or a command
+                             * that could not be run: status 126, 127) */
     char err[512];          /* why the last call failed */
 } coproc;
 

@@ -116,8 +116,7 @@ int cli_getopt_short(const char *cmd, int argc, char **argv,
     return '?';
 }
 
-int cli_duration(const char *cmd, const char *opt, const char *arg,
-                 int64_t *ms)
+int cli_parse_duration(const char *arg, int64_t *ms)
 {
     static const struct {
         const char *unit;
@@ -134,6 +133,14 @@ int cli_duration(const char *cmd, const char *opt, const char *arg,
             if (*ms > 0)
                 return 0;
         }
+    return -1;
+}
+
+int cli_duration(const char *cmd, const char *opt, const char *arg,
+                 int64_t *ms)
+{
+    if (!cli_parse_duration(arg, ms))
+        return 0;
     return cli_usage_error(cmd,
                            "%s wants a positive duration such as 250ms, "
                            "30s, 5m, 24h or 7d (up to 100 years), not '%s'",

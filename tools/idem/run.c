@@ -30,6 +30,8 @@ static const char usage[] =
     "  {\"key\":\"k1\",\"token\":1764680000000000,\"attempt\":1,\n"
     "   \"message\":{...the input line...}}\n"
     "\n"
+    "(\"key_base64\" for a key that is not UTF-8; with --line \"message\" is\n"
+    "the line as a string, \"message_base64\" if it is not UTF-8)\n"
     "and writes one line on stdout, in order, each flushed:\n"
     "\n"
     "  {\"ok\":true,...}                     done: the line is the result, "
@@ -46,6 +48,12 @@ static const char usage[] =
     "never a guess: \"ok\":false without an error, ok beside error,\n"
     "\"error\":null or a non-string error, a non-boolean ok or retryable,\n"
     "retryable without error, a repeated member, neither ok nor error.\n"
+    "\n"
+    "A long effect: before its answer the handler may write\n"
+    "  {\"extend\":\"30s\"}                   (\"key\" may name the message)\n"
+    "for the message it works on (the first not answered): it may take\n"
+    "that long from now before it counts as hung, and its claim is\n"
+    "renewed for that long (at most the TTL), even if idem dies.\n"
     "\n"
     "Duplicates are not sent: they get the cached result. Output, one line\n"
     "per message:\n"
@@ -92,7 +100,19 @@ static const char usage[] =
     "                    IDEM_VALUE_MAX (64 MiB) but within it is recorded\n"
     "                    as a permanent failure, since its effect happened\n"
     "  --restart N       when the handler crashes, hangs or writes garbage,\n"
-    "                    restart it up to N times (default 0: stop)\n"
+    "                    restart it up to N times (default 0: stop; with\n"
+    "                    --dead-letter no limit). Restarts wait --backoff,\n"
+    "                    doubled for each one without an answer between\n"
+    "                    (up to 10s)\n"
+    "  --dead-letter FILE  after --max-attempts faults (crash, hang,\n"
+    "                    garbage) on one message, append it to FILE as a\n"
+    "                    JSON line {\"key\",\"key_space\",\"attempts\",\n"
+    "                    \"error\",\"message\"} (made durable first), record\n"
+    "                    it as a permanent failure and go on. A fault counts\n"
+    "                    for a message only when it was the one message in\n"
+    "                    flight: after a fault with several, each runs alone.\n"
+    "                    A key already in FILE is not run and gets no second\n"
+    "                    line (see idem(1))\n"
     "  --store, --ttl, --job, --key-space, --shared-keys, --on-missing-key,\n"
     "  --on-bad-input, --quiet, --stats-json  as for `idem dedup` (the\n"
     "                    default key space is the --job name, else the\n"
@@ -121,8 +141,9 @@ static const char usage[] =
     "runs in its own process group: Ctrl-C at a terminal reaches idem,\n"
     "not the handler (under systemd use KillMode=mixed so that SIGTERM\n"
     "goes to idem only). A second signal ends idem at once, as kill -9\n"
-    "would, and the handler with it: the rerun redoes what was not\n"
-    "committed.\n"
+    "would, and the handler with it (with all it started: a watcher in its\n"
+    "process group kills the group when idem dies): the rerun redoes what\n"
+    "was not committed.\n"
     "\n"
     "Several workers of one job may run on one shared store (redis://),\n"
     "each with its own --output and the same --key-space NAME: a key is\n"
@@ -133,8 +154,8 @@ static const char usage[] =
     "(handler, store or input error); 130 stopped by SIGINT; 2 bad\n"
     "usage; 3 read to the end, but some messages were not done here: a\n"
     "claim lost to another worker after a stall longer than --lease, a key\n"
-    "the store refused, an answer too large to store (each is named on\n"
-    "stderr).\n"
+    "the store refused, an answer too large to store, a message given up\n"
+    "on or dead-lettered (each is named on stderr).\n"
     "\n"
     "Example:\n"
     "  idem run --key order_id --output results.ndjson \\\n"
@@ -144,6 +165,7 @@ typedef struct run_ctx {
     coproc co;
     int replay_emit;
     int end_rc;
+    int restart_given;  /* --restart */
 } run_ctx;
 
 static void handler_end(void *ctx)
@@ -155,6 +177,13 @@ static void handler_end(void *ctx)
 static int store_failed(void *ctx)
 {
     return ((run_ctx *)ctx)->co.store_failed;
+}
+
+static const char *fault(void *ctx, size_t *sent)
+{
+    run_ctx *r = ctx;
+    *sent = r->co.sent;
+    return r->co.fault ? r->co.err : NULL;
 }
 
 static int handle(void *ctx, idem_task *tasks, size_t n)
@@ -219,8 +248,11 @@ static int run_opt(stream_cfg *c, run_ctx *r, int ch, const char *arg)
         rc = cli_number(c->cmd, "--max-attempts", arg, 1, 1000, &v);
         c->max_attempts = (uint32_t)v;
         return rc;
-    case 'R': return cli_number(c->cmd, "--restart", arg, 0, 1000000,
-                                &c->restarts);
+    case 'R':
+        r->restart_given = 1;
+        return cli_number(c->cmd, "--restart", arg, 0, 1000000,
+                          &c->restarts);
+    case 'D': c->dead_letter = arg; return 0;
     case 'A': return cli_number(c->cmd, "--answer-max", arg, 2,
                                 (uint64_t)1 << 40, &r->co.answer_max);
     default: return stream_opt(c, ch, arg);
@@ -234,11 +266,11 @@ int cli_cmd_run(int argc, char **argv)
         {"replay", 1, 0, 'r'},
         {"max-attempts", 1, 0, 'a'}, {"backoff", 1, 0, 'g'},
         {"restart", 1, 0, 'R'},  {"answer-max", 1, 0, 'A'},
-        {0, 0, 0, 0}};
+        {"dead-letter", 1, 0, 'D'}, {0, 0, 0, 0}};
     run_ctx r = {.co.answer_max = 2 * (uint64_t)IDEM_VALUE_MAX};
     stream_cfg c = {.cmd = "run", .batch = 16384, .backoff_ms = 100,
                     .commit_interval_ms = -1, .runner_out = &r.co.runner,
-                    .store_failed = store_failed,
+                    .store_failed = store_failed, .fault = fault,
                     .handler = handle, .hctx = &r,
                     .handler_end = handler_end, .emit = emit_result,
                     .ectx = &r};
@@ -264,6 +296,8 @@ int cli_cmd_run(int argc, char **argv)
                              "'CMD', e.g. --exec 'python3 handler.py'");
     if (rc)
         return rc;
+    if (c.dead_letter && !r.restart_given)
+        c.restarts = UINT64_MAX;  /* each message's faults are bounded */
     r.co.line_mode = c.line_mode;
     r.co.lease_ms = c.lease_ms ? c.lease_ms : 30000;
     r.co.stop = &stream_stop;

@@ -48,7 +48,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "deadletter.h"
+
 #define MAX_WARNINGS 10
+#define RESTART_WAIT_MAX_MS 10000
 
 enum { IT_MSG, IT_PASS, IT_DROP };
 
@@ -90,6 +93,26 @@ typedef struct loop {
                       * the runner over this batch (handler restarts) */
     size_t committed;
     int handler_rc;  /* what the handler returned in the last batch */
+    /* Poison messages (--dead-letter): per message of the batch being
+     * committed, the handler faults charged to it and the last one's
+     * error; messages before alone_end run one at a time, so that a
+     * fault is charged to the one message that caused it. */
+    dead_letters dl;
+    uint32_t *faults;
+    char **fault_err;
+    int any_fault;   /* faults and fault_err hold something */
+    size_t alone_end;
+    size_t suspects, suspects_end;  /* the last fault: the messages sent
+                                     * and unanswered, [suspects,
+                                     * suspects_end) */
+    int fault;       /* the last failure was a fault of the handler */
+    char fault_why[512];  /* its error */
+    cli_buf dl_result;
+    /* Restarts back off: each waits twice the one before, from --backoff
+     * up to RESTART_WAIT_MAX_MS, and the first after an answer waits
+     * --backoff again. */
+    int64_t restart_wait_ms;
+    uint64_t answered;  /* answers of the handler since the last restart */
     int stopped;     /* a stop signal ended the run before its input */
     atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
@@ -452,26 +475,88 @@ static int handler_stopped_it(const loop *lp)
            !(c->store_failed && c->store_failed(c->hctx));
 }
 
+/* With --dead-letter only a fault of the handler restarts it: a command
+ * that cannot be run would otherwise be restarted without end. */
 static int restartable(const loop *lp)
 {
     return lp->st.n.restarts < lp->st.cfg->restarts && !stream_stop &&
-           handler_stopped_it(lp);
+           handler_stopped_it(lp) && (!lp->dl.path || lp->fault);
+}
+
+static void forget_faults(loop *lp)
+{
+    if (!lp->any_fault)
+        return;
+    for (size_t i = 0; i < lp->st.cfg->batch; i++) {
+        free(lp->fault_err[i]);
+        lp->fault_err[i] = NULL;
+    }
+    memset(lp->faults, 0, lp->st.cfg->batch * sizeof *lp->faults);
+    lp->any_fault = 0;
+}
+
+/* After a handler fault with --dead-letter: charge it to the message
+ * that was the only one sent and unanswered, and run every message that
+ * was (the suspects) alone from now on, so that each later fault is
+ * charged to the message that caused it. */
+static void note_fault(loop *lp)
+{
+    if (!lp->dl.path || !lp->fault || lp->suspects_end <= lp->suspects)
+        return;
+    if (lp->suspects_end - lp->suspects == 1) {
+        size_t i = lp->suspects;
+        lp->faults[i]++;
+        free(lp->fault_err[i]);
+        lp->fault_err[i] = strdup(lp->fault_why);
+        lp->any_fault = 1;
+    }
+    if (lp->alone_end < lp->suspects_end)
+        lp->alone_end = lp->suspects_end;
+}
+
+/* Wait before a restart, so that a handler that dies at once does not
+ * spin: --backoff after an answer, else twice the last wait (bounded).
+ * A stop signal ends the wait. */
+static void back_off(loop *lp)
+{
+    int64_t first = lp->st.cfg->backoff_ms > 0 ? lp->st.cfg->backoff_ms : 1;
+    int64_t w = lp->answered || !lp->restart_wait_ms
+                    ? first : 2 * lp->restart_wait_ms;
+    lp->restart_wait_ms = w < RESTART_WAIT_MAX_MS ? w : RESTART_WAIT_MAX_MS;
+    lp->answered = 0;
+    for (int64_t left = lp->restart_wait_ms; left > 0 && !stream_stop;
+         left -= 50)
+        poll(NULL, 0, left < 50 ? (int)left : 50);
+}
+
+static void say_restart(const loop *lp)
+{
+    const stream_cfg *c = lp->st.cfg;
+    if (c->quiet)
+        return;
+    fprintf(stderr, "idem %s: restarting the handler (%" PRIu64, c->cmd,
+            lp->st.n.restarts);
+    if (c->restarts != UINT64_MAX)
+        fprintf(stderr, " of %" PRIu64, c->restarts);
+    fputs(")\n", stderr);
 }
 
 /* Commit the batch; after a handler failure, again over the messages not
  * committed (their claims were released: they get new tokens), as long
- * as restarts are left. */
+ * as restarts are left. Suspects of a fault (note_fault) are committed
+ * one message at a time. */
 static void *commit_batch(void *arg)
 {
     loop *lp = arg;
     batch *b = lp->committing;
-    lp->base = 0;
+    lp->base = lp->alone_end = 0;
     b->emitted = 0;
+    forget_faults(lp);
     for (;;) {
         idem_msg *msgs = b->msgs + lp->base;
-        lp->handler_rc = 0;
-        lp->rc = idem_runner_batch(lp->runner, msgs, b->nmsgs - lp->base,
-                                   &lp->committed);
+        size_t n = lp->base < lp->alone_end ? 1 : b->nmsgs - lp->base;
+        lp->handler_rc = lp->fault = 0;
+        lp->rc = idem_runner_batch(lp->runner, msgs, n, &lp->committed);
         /* Problems met after a message's line was committed. */
         for (size_t i = 0; i < lp->committed; i++)
             if (msgs[i].status && msgs[i].result != IDEM_MSG_INVALID) {
@@ -479,6 +564,8 @@ static void *commit_batch(void *arg)
                 problem(lp, &user);
             }
         lp->base += lp->committed;
+        if (!lp->rc && lp->base < b->nmsgs)
+            continue;  /* a suspect committed alone: on to the next */
         /* Expire a little between batches: bounded work. The batch is
          * committed whatever the sweep says; a later one tries again. */
         if (!lp->rc && idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL) &&
@@ -487,11 +574,10 @@ static void *commit_batch(void *arg)
                     "going on\n", lp->st.cfg->cmd, idem_errdetail(lp->s));
         if (!lp->rc || lp->base == b->nmsgs || !restartable(lp))
             return NULL;
+        note_fault(lp);
+        back_off(lp);
         lp->st.n.restarts++;
-        if (!lp->st.cfg->quiet)
-            fprintf(stderr, "idem %s: restarting the handler (%" PRIu64
-                " of %" PRIu64 ")\n", lp->st.cfg->cmd, lp->st.n.restarts,
-                lp->st.cfg->restarts);
+        say_restart(lp);
     }
 }
 
@@ -606,13 +692,14 @@ static void summary(loop *lp, int rc)
         fprintf(stderr,
                 "{\"command\":\"%s\",\"read\":%" PRIu64 ",\"new\":%" PRIu64
                 ",\"duplicate\":%" PRIu64 ",\"failed\":%" PRIu64
-                ",\"gave_up\":%" PRIu64 ",\"skipped\":%" PRIu64
+                ",\"gave_up\":%" PRIu64 ",\"dead_letter\":%" PRIu64
+                ",\"skipped\":%" PRIu64
                 ",\"passed\":%" PRIu64 ",\"blank\":%" PRIu64
                 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
                 "%.0f,\"resumed\":%s,\"exit\":%d",
                 c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
-                n->skipped + n->invalid, n->passed, n->blank, n->bytes, secs,
-                rate,
+                n->dead_letter, n->skipped + n->invalid, n->passed, n->blank,
+                n->bytes, secs, rate,
                 lp->st.job.resumed ? "true" : "false", rc);
         json_error(rc);
         fputs("}\n", stderr);
@@ -625,6 +712,8 @@ static void summary(loop *lp, int rc)
     if (c->handler)
         fprintf(stderr, ", %" PRIu64 " failed, %" PRIu64 " gave up",
                 n->failed, n->gave_up);
+    if (c->dead_letter)
+        fprintf(stderr, ", %" PRIu64 " dead-lettered", n->dead_letter);
     fprintf(stderr, ", %" PRIu64 " skipped", n->skipped + n->invalid);
     if (n->passed)
         fprintf(stderr, ", %" PRIu64 " passed through", n->passed);
@@ -634,13 +723,110 @@ static void summary(loop *lp, int rc)
 /* ------------------------------------------------------------------------
  * The run */
 
-/* The runner has one context for both callbacks: ours. */
+/* Run the handler over tasks[0..n); after a failure, keep what a restart
+ * needs: was it a fault, and which messages were in flight. */
+static int run_handler(loop *lp, idem_task *tasks, size_t n)
+{
+    const stream_cfg *c = lp->st.cfg;
+    lp->handler_rc = ks_handle(&c->ks, c->handler, c->hctx, tasks, n);
+    size_t got = 0, sent = 0;
+    while (got < n && tasks[got].answer)
+        got++;
+    lp->answered += got;
+    if (!lp->handler_rc)
+        return 0;
+    const char *why = c->fault ? c->fault(c->hctx, &sent) : NULL;
+    lp->fault = why != NULL;
+    snprintf(lp->fault_why, sizeof lp->fault_why, "%s", why ? why : "");
+    sent = sent < n ? sent : n;
+    lp->suspects = lp->suspects_end = 0;
+    if (why && got < sent) {
+        lp->suspects = lp->base + tasks[got].index;
+        lp->suspects_end = lp->base + tasks[sent - 1].index + 1;
+    }
+    return lp->handler_rc;
+}
+
+static uint32_t max_faults(const stream_cfg *c)
+{
+    return c->max_attempts ? c->max_attempts : 3;
+}
+
+/* Is t's message poison: faults up to --max-attempts, or already in the
+ * dead-letter file (a run killed after writing its line)? */
+static int is_poison(const loop *lp, const idem_task *t)
+{
+    const key_space *ks = &lp->st.cfg->ks;
+    size_t len;
+    return lp->dl.path &&
+           (lp->faults[lp->base + t->index] >= max_faults(lp->st.cfg) ||
+            dl_find(&lp->dl, (const char *)t->key + ks->len,
+                    t->keylen - ks->len, &len));
+}
+
+static void say_set_aside(const loop *lp, const char *key, size_t keylen,
+                          int known, uint32_t faults)
+{
+    int text = cli_utf8_valid(key, keylen);
+    fprintf(stderr, "%sidem %s: key %s%.*s%s: ", lp->tty ? "\r\033[K" : "",
+            lp->st.cfg->cmd, text ? "'" : "",
+            text ? (int)(keylen < 200 ? keylen : 200) : 0, key,
+            text ? "'" : "(binary)");
+    if (known)
+        fprintf(stderr, "already in the dead-letter file %s; recorded as "
+                "failed\n", lp->dl.path);
+    else
+        fprintf(stderr, "the handler failed on it %u times; written to "
+                "the dead-letter file %s and recorded as failed\n", faults,
+                lp->dl.path);
+}
+
+/* Set t's message aside: its line in the dead-letter file (made durable
+ * first, unless the file has it), and as its answer a permanent failure
+ * that says so, recorded by a tick at once (dl_result is reused). */
+static int set_aside(loop *lp, idem_task *t)
+{
+    const stream_cfg *c = lp->st.cfg;
+    size_t i = lp->base + t->index, len;
+    const char *key = (const char *)t->key + c->ks.len;
+    size_t keylen = t->keylen - c->ks.len;
+    const char *err = dl_find(&lp->dl, key, keylen, &len);
+    int known = err != NULL;
+    if (!known && dl_add(&lp->dl, c->cmd, key, keylen, t->msg, t->msglen,
+                         lp->faults[i], lp->fault_err[i] ? lp->fault_err[i]
+                                                         : "out of memory"))
+        return IDEM_EIO;
+    err = known ? err : dl_find(&lp->dl, key, keylen, &len);
+    cli_buf *b = &lp->dl_result;
+    b->len = 0;
+    if (cli_buf_str(b, "{\"error\":") || cli_buf_json_string(b, err, len) ||
+        cli_buf_str(b, ",\"dead_letter\":true}"))
+        return IDEM_ENOMEM;
+    t->answer = IDEM_TASK_FAIL;
+    t->data = b->p;
+    t->len = b->len;
+    lp->st.n.dead_letter++;
+    say_set_aside(lp, key, keylen, known, lp->faults[i]);
+    return idem_runner_tick(lp->runner);
+}
+
+/* The runner has one context for both callbacks: ours. Poison messages
+ * are answered here; the handler gets the runs of messages between
+ * them. */
 static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
     loop *lp = ctx;
-    const stream_cfg *c = lp->st.cfg;
-    lp->handler_rc = ks_handle(&c->ks, c->handler, c->hctx, tasks, n);
-    return lp->handler_rc;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n;) {
+        size_t j = i;
+        while (j < n && !is_poison(lp, &tasks[j]))
+            j++;
+        rc = j > i ? run_handler(lp, tasks + i, j - i) : 0;
+        if (!rc && j < n)
+            rc = set_aside(lp, &tasks[j++]);
+        i = j;
+    }
+    return rc;
 }
 
 static int setup(loop *lp, const stream_cfg *c)
@@ -657,6 +843,14 @@ static int setup(loop *lp, const stream_cfg *c)
     }
     if (c->line_hash && !(lp->line_hash = lh_new(c->cmd)))
         return 1;
+    lp->dl.path = c->dead_letter;
+    lp->dl.line_mode = c->line_mode;
+    if (dl_open(&lp->dl, c->cmd, &c->ks))
+        return 1;
+    if (c->dead_letter &&
+        (!(lp->faults = calloc(c->batch, sizeof *lp->faults)) ||
+         !(lp->fault_err = calloc(c->batch, sizeof *lp->fault_err))))
+        return cli_fail(c->cmd, "out of memory");
     for (int i = 0; i < 2; i++) {
         lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
         lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
@@ -755,6 +949,7 @@ int stream_run(const stream_cfg *c)
 {
     loop lp = {0};
     lp.rd.fd = -1;
+    lp.dl.fd = -1;
     int rc = setup(&lp, c);
     size_t at = 0;
     uint64_t off = 0, lineno = 0;
@@ -779,7 +974,8 @@ int stream_run(const stream_cfg *c)
             fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
                     "end: this line is left unread until it has one\n",
                     c->cmd, nd_name(&lp.rd), lp.rd.partial_lineno);
-        uint64_t undone = lp.st.n.problems + lp.st.n.gave_up;
+        uint64_t undone = lp.st.n.problems + lp.st.n.gave_up +
+                          lp.st.n.dead_letter;
         if (!rc && undone) {
             fprintf(stderr, "idem %s: %" PRIu64 " message%s not done here "
                     "(see above); exit status 3\n", c->cmd, undone,
@@ -803,6 +999,11 @@ int stream_run(const stream_cfg *c)
     jk_free(lp.jk);
     jk_path_free(&lp.path);
     idem_bizkey_gen_free(lp.line_hash);
+    forget_faults(&lp);
+    free(lp.faults);
+    free(lp.fault_err);
+    dl_close(&lp.dl);
+    cli_buf_free(&lp.dl_result);
     for (int i = 0; i < 2; i++) {
         cli_buf_free(&lp.b[i].keys);
         cli_buf_free(&lp.b[i].text);

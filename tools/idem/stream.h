@@ -21,6 +21,7 @@ typedef struct stream_counts {
                          * answer too large (exit status 3) */
     uint64_t bytes;
     uint64_t released;  /* claims given back unrun at a graceful stop */
+    uint64_t dead_letter;  /* poison messages set aside (exit status 3) */
 } stream_counts;
 
 typedef struct stream stream;
@@ -59,6 +60,12 @@ typedef struct stream_cfg {
     uint32_t max_attempts;
     int64_t backoff_ms;
     uint64_t restarts;        /* handler failures to restart after */
+    const char *dead_letter;  /* --dead-letter FILE, or NULL */
+    /* May be NULL: after the handler failed, was it a fault of the
+     * handler (crashed, hung, broke the grammar) that a message may have
+     * caused? Its error then, and in *sent how many of the call's tasks
+     * it was given; else NULL. */
+    const char *(*fault)(void *hctx, size_t *sent);
     idem_runner **runner_out; /* if set, receives the runner (to tick) */
     int (*store_failed)(void *hctx);  /* may be NULL: did the handler
                                        * stop because the store failed? */
