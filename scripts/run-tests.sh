@@ -12,7 +12,9 @@
 BUILD=${1:-build}
 out=$(mktemp)
 root=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis-XXXXXX")
+tests=
 cleanup() {
+    [ -z "$tests" ] || kill "$tests" 2>/dev/null
     sh scripts/redis-test.sh stop "$root"
     rm -rf "$out" "$root"
 }
@@ -35,8 +37,16 @@ case "${IDEM_TEST_FILTER:-*}" in
     export IDEM_TEST_CLUSTER
     ;;
 esac
+# The output goes to a file, not a pipe: a process a test left behind
+# (a handler that outlived a killed test) would hold a pipe open and hang
+# the run; tail follows the file only while the tests run. Every test has
+# a timeout: its own, its suite's, or the default given here.
 "$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-2}" \
-    ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} 2>&1 | tee "$out"
+    --timeout "${IDEM_TEST_TIMEOUT:-600}" \
+    ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} >"$out" 2>&1 &
+tests=$!
+tail -n +1 -f --pid="$tests" "$out"
+wait "$tests" || true
 syn=$(grep 'Synthesis:' "$out" | tail -n 1)
 if [ -z "$syn" ]; then
     echo "0 passed, 1 failed"
