@@ -77,6 +77,8 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "connect/rstream.h"
+
 /* A checkpoint's text: seven numbers, how keys are made and a key space
  * name. */
 #define CHECKPOINT_MAX (256 + KS_NAME_MAX)
@@ -175,6 +177,12 @@ int job_output_name(const char *out_path, char *buf, size_t n)
         const char *d = realpath(dirname(dir), real) ? real : ".";
         snprintf(full, sizeof full, "%s/%s", d, basename(base));
     }
+    job_text_name(full, buf, n);
+    return 1;
+}
+
+void job_text_name(const char *full, char *buf, size_t n)
+{
     size_t len = strlen(full);
     for (size_t i = 0; i < len; i++)
         if ((unsigned char)full[i] < 0x20)
@@ -184,7 +192,6 @@ int job_output_name(const char *out_path, char *buf, size_t n)
     else
         snprintf(buf, n, "#%016" PRIx64,
                  (uint64_t)XXH3_64bits(full, strlen(full)));
-    return 1;
 }
 
 static void default_name(job *j, const char *out_path)
@@ -244,6 +251,22 @@ static int same_keying(const job *j, int version, const char **tail)
                     j->name, (int)n, was, j->keyed, (int)n, was);
 }
 
+/* Version 4 says after " to=" where a stream sink was at the commit
+ * ("-" for a file). *tail moves past it. 0 or 1. */
+static int sink_position(job *j, const char **tail)
+{
+    size_t n = strncmp(*tail, " to=", 4) ? 0 : strcspn(*tail + 4, " ");
+    if (!n || n >= sizeof j->sink_pos ||
+        (j->sink && !strncmp(*tail + 4, "-", n)) ||
+        (!j->sink && strncmp(*tail + 4, "-", n)))
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote for "
+                        "this %s; use another --job", j->name,
+                        j->sink ? "stream" : "file");
+    snprintf(j->sink_pos, sizeof j->sink_pos, "%.*s", (int)n, *tail + 4);
+    *tail += 4 + n;
+    return 0;
+}
+
 static int read_checkpoint(job *j, int *found)
 {
     const void *blob;
@@ -266,11 +289,13 @@ static int read_checkpoint(job *j, int *found)
                "/%" SCNu64 "%n",
                &version, &p->out_len, &p->inputs_id, &p->input, &p->offset,
                &p->lineno, &p->tail_hash, &p->tail_len, &end) != 8 ||
-        !end || version < 1 || version > 3)
+        !end || version < 1 || version > 4)
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     *found = 1;
     const char *tail = text + end;
+    if (version >= 4 && sink_position(j, &tail))
+        return 1;
     return same_keying(j, version, &tail) ||
            same_key_space(j, version, tail);
 }
@@ -400,12 +425,12 @@ static int put_checkpoint(job *j)
 {
     char text[CHECKPOINT_MAX];
     int n = snprintf(text, sizeof text,
-                     "idem-job 3 out=%" PRIu64 " inputs=%" PRIx64
+                     "idem-job 4 out=%" PRIu64 " inputs=%" PRIx64
                      " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64 " keys=%s %s%s",
+                     " tail=%" PRIx64 "/%" PRIu64 " to=%s keys=%s %s%s",
                      j->pos.out_len, j->pos.inputs_id, j->pos.input,
                      j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len, j->keyed,
+                     j->pos.tail_len, j->sink ? j->sink_pos : "-", j->keyed,
                      j->ks->name ? "space=" : "shared",
                      j->ks->name ? j->ks->name : "");
     return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
@@ -466,6 +491,32 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
     return 0;
 }
 
+int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
+                   const key_space *ks, const char *keyed,
+                   struct rs_sink *sink)
+{
+    memset(j, 0, sizeof *j);
+    j->cmd = cmd;
+    j->s = s;
+    j->ks = ks;
+    j->keyed = keyed;
+    j->sink = sink;
+    j->out_fd = -1;
+    size_t k = strlen(cmd) + 1;
+    snprintf(j->name, sizeof j->name, "%s:", cmd);
+    job_text_name(name, j->name + k, sizeof j->name - k);
+    int found = 0, rc = read_checkpoint(j, &found);
+    if (rc)
+        return rc;
+    if (found) {
+        j->resumed = 1;
+        return rs_sink_read_back(sink, j->sink_pos) ? 1 : 0;
+    }
+    if (rs_sink_last(sink, j->sink_pos))
+        return 1;
+    return take_output(j);
+}
+
 static int write_all(int fd, const char *p, size_t n)
 {
     while (n) {
@@ -480,7 +531,42 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-int job_commit(job *j, size_t input, const nd_line *last)
+int job_mark(job *j, size_t from, const void *key, size_t keylen)
+{
+    if (!j->sink || j->obuf.len == from)
+        return 0;
+    if (j->nrecs == j->caprecs) {
+        size_t cap = j->caprecs ? 2 * j->caprecs : 1024;
+        job_rec *r = realloc(j->recs, cap * sizeof *r);
+        if (!r)
+            return -1;
+        j->recs = r;
+        j->caprecs = cap;
+    }
+    j->recs[j->nrecs++] = (job_rec){from, j->obuf.len - from, j->rkeys.len,
+                                    keylen};
+    return cli_buf_add(&j->rkeys, key, keylen) ? -1 : 0;
+}
+
+/* The batch's entries into the stream, flushed; its position kept. */
+static int write_sink(job *j)
+{
+    int rc = 0;
+    for (size_t i = 0; !rc && i < j->nrecs; i++) {
+        const job_rec *r = &j->recs[i];
+        rc = rs_sink_put(j->sink, j->obuf.p + r->off, r->len,
+                         j->rkeys.p + r->koff, r->klen);
+    }
+    rc = rc ? rc : rs_sink_flush(j->sink);
+    j->nrecs = 0;
+    j->rkeys.len = 0;
+    if (rc)
+        return IDEM_EIO;
+    snprintf(j->sink_pos, sizeof j->sink_pos, "%s", rs_sink_pos(j->sink));
+    return 0;
+}
+
+static int write_file(job *j)
 {
     if (write_all(j->out_fd, j->obuf.p, j->obuf.len) != 0 ||
         (j->out_file && fdatasync(j->out_fd) != 0)) {
@@ -490,9 +576,17 @@ int job_commit(job *j, size_t input, const nd_line *last)
         return IDEM_EIO;
     }
     j->out_len += j->obuf.len;
-    j->obuf.len = 0;
     j->pos.out_len = j->out_len;
-    if (last) {
+    return 0;
+}
+
+int job_commit(job *j, size_t input, const nd_line *last)
+{
+    int rc = j->sink ? write_sink(j) : write_file(j);
+    if (rc)
+        return rc;
+    j->obuf.len = 0;
+    if (last && !j->sink) {
         /* Inputs left behind were read to their end: the last line
          * committed of the one we were in ended it; any in between had
          * nothing committed, so nothing to read. */
@@ -513,6 +607,10 @@ int job_commit(job *j, size_t input, const nd_line *last)
 int job_end(job *j)
 {
     cli_buf_free(&j->obuf);
+    cli_buf_free(&j->rkeys);
+    free(j->recs);
+    rs_sink_close(j->sink);
+    j->sink = NULL;
     if (j->out_path && j->out_fd >= 0 && close(j->out_fd) != 0)
         return cli_fail(j->cmd, "closing %s: %s", j->out_path,
                         strerror(errno));

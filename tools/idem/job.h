@@ -22,6 +22,14 @@ typedef struct job_pos {
                           * of each (0 while input is 0) */
 } job_pos;
 
+struct rs_sink;
+
+/* One entry of a stream sink: a line of obuf and the key it is for. */
+typedef struct job_rec {
+    size_t off, len;       /* in obuf */
+    size_t koff, klen;     /* in rkeys */
+} job_rec;
+
 typedef struct job {
     const char *cmd;
     idem_store *s;
@@ -35,6 +43,11 @@ typedef struct job {
     cli_buf obuf;          /* the output of the batch being committed */
     job_pos pos;           /* where the committed state ends */
     int resumed;
+    struct rs_sink *sink;  /* --to a stream: entries, not a file */
+    char sink_pos[32];     /* the sink's position at the last commit */
+    job_rec *recs;         /* the batch's entries (sink only) */
+    size_t nrecs, caprecs;
+    cli_buf rkeys;
 } job;
 
 /* Refuse an output (out_path; NULL or "-": standard output) that is the
@@ -51,6 +64,10 @@ int job_check_output(const char *cmd, const char *out_path, char **inputs,
  * out_path is standard output or not a regular file (no job). */
 int job_output_name(const char *out_path, char *buf, size_t n);
 
+/* full as a checkpoint or key space name: itself when it is text
+ * shorter than n bytes, else "#" and a hash of it. Into buf. */
+void job_text_name(const char *full, char *buf, size_t n);
+
 /* Open the output and find where to start: the checkpoint of job `name`
  * (NULL: derived from the output path) when it matches these inputs. A
  * job whose checkpoint keeps its keys in another key space than ks
@@ -65,6 +82,17 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
               const key_space *ks, const char *keyed, const char *out_path,
               int overwrite, char **inputs,
               size_t ninputs, size_t *at, uint64_t *off, uint64_t *lineno);
+
+/* As job_start() for a stream sink (which takes ownership of it): the
+ * checkpoint names the sink's position, and the entries after it are
+ * read back (rstream.h). Returns 0 or an exit status. */
+int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
+                   const key_space *ks, const char *keyed,
+                   struct rs_sink *sink);
+
+/* The output appended to obuf since `from` is the entry of key (a stream
+ * sink needs it to write idem-key); nothing for a file. 0 or -1. */
+int job_mark(job *j, size_t from, const void *key, size_t keylen);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it
  * durable, then put the checkpoint that says the input is consumed up to

@@ -48,6 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "connect/rstream.h"
 #include "deadletter.h"
 
 #define MAX_WARNINGS 10
@@ -76,6 +77,7 @@ typedef struct batch {
 typedef struct loop {
     stream st;
     nd_reader rd;
+    rs_source *rs;   /* --from a stream: read from it, not from rd */
     jk_path path;
     jk *jk;
     idem_bizkey_gen *line_hash;  /* --line-hash */
@@ -108,6 +110,8 @@ typedef struct loop {
     int fault;       /* the last failure was a fault of the handler */
     char fault_why[512];  /* its error */
     cli_buf dl_result;
+    char **kept;     /* answers found in the sink, valid for the batch */
+    size_t nkept, capkept;
     /* Restarts back off: each waits twice the one before, from --backoff
      * up to RESTART_WAIT_MAX_MS, and the first after an answer waits
      * --backoff again. */
@@ -153,6 +157,10 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 't': return cli_duration(c->cmd, "--ttl", arg, &c->ttl_ms);
     case 'l': return cli_duration(c->cmd, "--lease", arg, &c->lease_ms);
     case 'G': return cli_duration(c->cmd, "--grace", arg, &c->grace_ms);
+    case 'F': c->from = arg; return 0;
+    case 'T': c->to = arg; return 0;
+    case 'I': return cli_duration(c->cmd, "--idle-exit", arg,
+                                  &c->idle_exit_ms);
     case 'C':
         if (!strcmp(arg, "0")) {
             c->commit_interval_ms = 0;
@@ -172,8 +180,58 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     }
 }
 
+/* --from and --to: a stream URI, or a file that stands for an input
+ * and --output. 0 or 2. */
+static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
+{
+    c->inputs = argv + optind_;
+    c->ninputs = (size_t)(argc - optind_);
+    if (c->from && c->ninputs)
+        return cli_usage_error(c->cmd, "--from and input files exclude each "
+                               "other: give the input one way");
+    if (c->from && !rs_is_uri(c->from)) {
+        c->inputs = (char **)&c->from;
+        c->ninputs = 1;
+    }
+    if (c->to && c->output)
+        return cli_usage_error(c->cmd, "--to and --output exclude each "
+                               "other: give the output one way");
+    if (c->to && !rs_is_uri(c->to)) {
+        c->output = c->to;
+        c->to = NULL;
+    }
+    if (c->idle_exit_ms && !rs_is_uri(c->from))
+        return cli_usage_error(c->cmd, "--idle-exit is for a stream source "
+                               "(--from redis-stream://...): files end by "
+                               "themselves");
+    if (c->from && !rs_is_uri(c->from))
+        c->from = NULL;
+    return 0;
+}
+
+/* The key space a job names by default: its --job, else its stream
+ * sink (every worker writing to one stream shares it), else its
+ * --output file, else the command. */
+static const char *own_space(stream_cfg *c)
+{
+    if (c->job)
+        return c->job;
+    if (c->to) {
+        char shown[KS_NAME_MAX * 2];
+        idem_uri_display(c->to, shown, sizeof shown);
+        job_text_name(shown, c->sink_space, sizeof c->sink_space);
+        return c->sink_space;
+    }
+    return job_output_name(c->output, c->job_space, sizeof c->job_space)
+               ? c->job_space
+               : c->cmd;
+}
+
 int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
 {
+    int rc = check_ends(c, argc, argv, optind_);
+    if (rc)
+        return rc;
     if (c->key && c->line_mode)
         return cli_usage_error(c->cmd, "--key and --line (or --line-hash) "
                                "exclude each other: the key is a field, or "
@@ -188,13 +246,7 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
     if (c->shared_keys && c->key_space_name)
         return cli_usage_error(c->cmd, "--key-space and --shared-keys "
                                "exclude each other");
-    /* A job's keys are its own: its --job name, else the name of the
-     * job its --output file makes, else the command's. */
-    const char *own = c->job ? c->job
-                      : job_output_name(c->output, c->job_space,
-                                        sizeof c->job_space)
-                          ? c->job_space
-                          : c->cmd;
+    const char *own = own_space(c);
     if (ks_set(&c->ks, c->shared_keys ? NULL : c->key_space_name
                        ? c->key_space_name : own))
         return cli_usage_error(c->cmd, "a key space (--key-space, else "
@@ -202,8 +254,8 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
                                "no control characters", KS_NAME_MAX);
     if (!c->grace_ms)
         c->grace_ms = 5000;
-    c->inputs = argv + optind_;
-    c->ninputs = (size_t)(argc - optind_);
+    if (c->to)
+        return 0;
     const char *uri = cli_store_uri(c->uri);
     return job_check_output(c->cmd, c->output, c->inputs, c->ninputs,
                             strncmp(uri, "local:", 6) ? NULL : uri + 6);
@@ -211,6 +263,36 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
 
 /* ------------------------------------------------------------------------
  * Reading a batch */
+
+/* The source: files (nd_reader) or a stream (rs_source). */
+
+static int src_next(loop *lp, nd_line *l, int wait)
+{
+    return lp->rs ? rs_source_next(lp->rs, l, wait)
+                  : nd_next(&lp->rd, l, wait);
+}
+
+static void src_release(loop *lp)
+{
+    if (lp->rs)
+        rs_source_release(lp->rs);
+    else
+        nd_release(&lp->rd);
+}
+
+static const char *src_err(const loop *lp)
+{
+    return lp->rs ? rs_source_err(lp->rs) : lp->rd.err;
+}
+
+/* Where l is, for messages: FILE:LINE, or the stream entry. */
+static void src_where(const loop *lp, const nd_line *l, char *buf, size_t n)
+{
+    if (lp->rs)
+        rs_source_where(lp->rs, l, buf, n);
+    else
+        snprintf(buf, n, "%s:%" PRIu64, nd_name(&lp->rd), l->lineno);
+}
 
 static int is_blank(const nd_line *l)
 {
@@ -220,14 +302,16 @@ static int is_blank(const nd_line *l)
     return 1;
 }
 
-static void warn_line(loop *lp, const char *file, const nd_line *l,
-                      size_t col, const char *what, const char *policy)
+static void warn_line(loop *lp, const nd_line *l, size_t col,
+                      const char *what, const char *policy)
 {
     unsigned shown = atomic_fetch_add(&lp->warnings, 1) + 1;
     if (lp->st.cfg->quiet || shown > MAX_WARNINGS)
         return;
-    fprintf(stderr, "%s%s:%" PRIu64 ":%zu: %s (%s)\n",
-            lp->tty ? "\r\033[K" : "", file, l->lineno, col, what, policy);
+    char where[700];
+    src_where(lp, l, where, sizeof where);
+    fprintf(stderr, "%s%s:%zu: %s (%s)\n", lp->tty ? "\r\033[K" : "",
+            where, col, what, policy);
     if (shown == MAX_WARNINGS)
         fprintf(stderr, "idem %s: further such lines are counted, not "
                         "shown\n", lp->st.cfg->cmd);
@@ -242,9 +326,10 @@ static int key_problem(loop *lp, batch *b, const nd_line *l, size_t col,
     int policy = bad_json ? c->on_bad : c->on_missing;
     const char *opt = bad_json ? "--on-bad-input" : "--on-missing-key";
     if (policy == ON_ERROR) {
-        fprintf(stderr, "%s%s:%" PRIu64 ":%zu: %s\n",
-                lp->tty ? "\r\033[K" : "", nd_name(&lp->rd), l->lineno, col,
-                what);
+        char where[700];
+        src_where(lp, l, where, sizeof where);
+        fprintf(stderr, "%s%s:%zu: %s\n", lp->tty ? "\r\033[K" : "",
+                where, col, what);
         fprintf(stderr, "idem %s: stopped there (%s error); everything "
                         "before it is committed. Fix the line and run the "
                         "same command again, or choose %s skip%s\n",
@@ -255,7 +340,7 @@ static int key_problem(loop *lp, batch *b, const nd_line *l, size_t col,
     char pol[64];
     snprintf(pol, sizeof pol, "%s %s", opt, policy == ON_SKIP ? "skip"
                                                               : "pass");
-    warn_line(lp, nd_name(&lp->rd), l, col, what, pol);
+    warn_line(lp, l, col, what, pol);
     lp->st.n.skipped += policy == ON_SKIP;
     lp->st.n.passed += policy == ON_PASS;
     return policy == ON_SKIP ? IT_DROP : IT_PASS;
@@ -343,8 +428,11 @@ static void fix_pointers(batch *b)
 /* Before a read that may block (a pipe with no whole line buffered):
  * wait until the input has bytes or a stop is asked for, since the
  * reader's read(2) goes on after the signal. 1 if stopping. */
-static int wait_input(const nd_reader *rd)
+static int wait_input(const loop *lp)
 {
+    const nd_reader *rd = &lp->rd;
+    if (lp->rs)
+        return stream_stop != 0;  /* its reads block in short slices */
     if (rd->fd < 0 || rd->eof || rd->cur >= rd->npaths ||
         (rd->pos < rd->end &&
          memchr(rd->buf + rd->pos, '\n', rd->end - rd->pos)))
@@ -365,26 +453,26 @@ static void read_batch(loop *lp, batch *b)
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
         nd_line l;
-        if (b->nitems == 0 && wait_input(&lp->rd))
+        if (b->nitems == 0 && wait_input(lp))
             break;
-        int rc = nd_next(&lp->rd, &l, b->nitems == 0);
+        int rc = src_next(lp, &l, b->nitems == 0);
         if (rc == ND_LINE) {
             if (add_item(lp, b, &l))
                 break;
             continue;
         }
-        nd_release(&lp->rd);
+        src_release(lp);
         if (rc == ND_NEXT && b->nitems == 0) {
             b->input = lp->rd.cur;
             continue;
         }
         if (rc == ND_ERR)
-            b->stop = cli_fail(lp->st.cfg->cmd, "%s", lp->rd.err);
+            b->stop = cli_fail(lp->st.cfg->cmd, "%s", src_err(lp));
         b->done = rc == ND_END;
         if (rc != ND_FULL || b->nitems)
             break;
     }
-    nd_release(&lp->rd);
+    src_release(lp);
     fix_pointers(b);
 }
 
@@ -432,6 +520,42 @@ static void count(stream_counts *n, const idem_msg *m)
     }
 }
 
+/* Does the stream sink hold m's output already (written by a run that
+ * died before committing it)? Only an outcome of this run is looked
+ * for; a claim that was not the key's first looks at the sink's recent
+ * entries too (another worker's). 1, 0, or -1 (an error). */
+static int in_sink(loop *lp, const idem_msg *m)
+{
+    const char *st, *res;
+    size_t rlen;
+    if (!lp->st.job.sink || (m->result != IDEM_MSG_DONE &&
+                             m->result != IDEM_MSG_FAILED &&
+                             m->result != IDEM_MSG_GAVE_UP))
+        return 0;
+    return rs_sink_has(lp->st.job.sink, m->key, m->keylen, m->attempt > 1,
+                       &st, &res, &rlen);
+}
+
+/* Append item l's output (m: its outcome, NULL for a line passed
+ * through) unless the sink has it. 0 or an IDEM_E* code. */
+static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
+                     const nd_line *l)
+{
+    job *j = &lp->st.job;
+    int found = m ? in_sink(lp, m) : 0;
+    if (found < 0)
+        return IDEM_EIO;
+    if (found) {
+        lp->st.n.read_back++;
+        return 0;
+    }
+    size_t from = j->obuf.len;
+    if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, l) ||
+        job_mark(j, from, m ? m->key : "", m ? m->keylen : 0))
+        return IDEM_ENOMEM;
+    return 0;
+}
+
 /* The runner's commit step: output of every line before the first
  * message not committed, then the checkpoint. msgs is b->msgs + base. */
 static int commit(void *ctx, const idem_msg *msgs, size_t p)
@@ -455,9 +579,9 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
             problem(lp, m);
         if (m)
             count(&lp->st.n, m);
-        if (it->kind != IT_DROP &&
-            lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l))
-            return IDEM_ENOMEM;
+        int rc = it->kind == IT_DROP ? 0 : emit_item(lp, msgs, m, &it->l);
+        if (rc)
+            return rc;
     }
     b->emitted = upto;
     return job_commit(&lp->st.job, b->input,
@@ -545,9 +669,8 @@ static void say_restart(const loop *lp)
  * committed (their claims were released: they get new tokens), as long
  * as restarts are left. Suspects of a fault (note_fault) are committed
  * one message at a time. */
-static void *commit_batch(void *arg)
+static void commit_runs(loop *lp)
 {
-    loop *lp = arg;
     batch *b = lp->committing;
     lp->base = lp->alone_end = 0;
     b->emitted = 0;
@@ -573,12 +696,46 @@ static void *commit_batch(void *arg)
             fprintf(stderr, "idem %s: a sweep between batches failed (%s); "
                     "going on\n", lp->st.cfg->cmd, idem_errdetail(lp->s));
         if (!lp->rc || lp->base == b->nmsgs || !restartable(lp))
-            return NULL;
+            return;
         note_fault(lp);
         back_off(lp);
         lp->st.n.restarts++;
         say_restart(lp);
     }
+}
+
+/* A stream source's entries of the committed prefix are acknowledged:
+ * only now may the stream forget them. Lines before the first message
+ * not committed are committed (passed, dropped or done). */
+static void ack_committed(loop *lp)
+{
+    batch *b = lp->committing;
+    size_t upto = 0;
+    while (upto < b->emitted && !(b->items[upto].kind == IT_MSG &&
+                                  b->items[upto].msg >= lp->base))
+        upto++;
+    for (size_t i = 0; i < upto; i++)
+        if (rs_source_ack(lp->rs, &b->items[i].l))
+            return;
+    rs_source_ack_flush(lp->rs);
+}
+
+/* Answers the sink gave (from_sink) live until the batch is done. */
+static void forget_kept(loop *lp)
+{
+    for (size_t i = 0; i < lp->nkept; i++)
+        free(lp->kept[i]);
+    lp->nkept = 0;
+}
+
+static void *commit_batch(void *arg)
+{
+    loop *lp = arg;
+    forget_kept(lp);
+    commit_runs(lp);
+    if (lp->rs)
+        ack_committed(lp);
+    return NULL;
 }
 
 static void *worker(void *arg)
@@ -810,21 +967,74 @@ static int set_aside(loop *lp, idem_task *t)
     return idem_runner_tick(lp->runner);
 }
 
-/* The runner has one context for both callbacks: ours. Poison messages
- * are answered here; the handler gets the runs of messages between
- * them. */
+/* A copy of p[0..n) that lives until the batch is done; NULL on ENOMEM. */
+static char *keep(loop *lp, const char *p, size_t n)
+{
+    if (lp->nkept == lp->capkept) {
+        size_t cap = lp->capkept ? 2 * lp->capkept : 64;
+        char **v = realloc(lp->kept, cap * sizeof *v);
+        if (!v)
+            return NULL;
+        lp->kept = v;
+        lp->capkept = cap;
+    }
+    char *c = malloc(n + 1);
+    if (c) {
+        memcpy(c, p, n);
+        c[n] = 0;
+        lp->kept[lp->nkept++] = c;
+    }
+    return c;
+}
+
+/* A task whose key the stream sink holds with an outcome (a run that
+ * died after writing it, before committing): answered with it, not run
+ * again. 1 answered, 0 not, -1 an error. */
+static int from_sink(loop *lp, idem_task *t)
+{
+    const key_space *ks = &lp->st.cfg->ks;
+    const char *st, *res;
+    size_t rlen;
+    int rc = rs_sink_has(lp->st.job.sink, (const char *)t->key + ks->len,
+                         t->keylen - ks->len, t->attempt > 1, &st, &res,
+                         &rlen);
+    if (rc <= 0 || !st)
+        return rc < 0 ? -1 : 0;
+    const char *copy = keep(lp, res ? res : "", rlen);
+    if (!copy)
+        return -1;
+    t->answer = !strcmp(st, "done") ? IDEM_TASK_DONE : IDEM_TASK_FAIL;
+    t->data = copy;
+    t->len = rlen;
+    return 1;
+}
+
+/* Is t settled without the handler: 1 by the sink, 2 as poison, 0 not,
+ * -1 an error. */
+static int settled(loop *lp, idem_task *t)
+{
+    int rc = lp->st.job.sink ? from_sink(lp, t) : 0;
+    return rc ? rc : is_poison(lp, t) ? 2 : 0;
+}
+
+/* The runner has one context for both callbacks: ours. Messages the
+ * sink has and poison messages are answered here; the handler gets the
+ * runs of messages between them. */
 static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
     loop *lp = ctx;
     int rc = 0;
     for (size_t i = 0; !rc && i < n;) {
         size_t j = i;
-        while (j < n && !is_poison(lp, &tasks[j]))
+        int kind = 0;
+        while (j < n && !(kind = settled(lp, &tasks[j])))
             j++;
         rc = j > i ? run_handler(lp, tasks + i, j - i) : 0;
-        if (!rc && j < n)
-            rc = set_aside(lp, &tasks[j++]);
-        i = j;
+        if (!rc && kind < 0)
+            rc = IDEM_EIO;
+        if (!rc && kind == 2)
+            rc = set_aside(lp, &tasks[j]);
+        i = j + 1;
     }
     return rc;
 }
@@ -885,6 +1095,12 @@ static void announce_resume(const loop *lp)
     const job *j = &lp->st.job;
     if (!j->resumed || lp->st.cfg->quiet)
         return;
+    if (j->sink) {
+        fprintf(stderr, "idem %s: resuming job '%s'; what its last run "
+                "wrote to the stream after entry %s is read back, not "
+                "written again\n", lp->st.cfg->cmd, j->name, j->sink_pos);
+        return;
+    }
     fprintf(stderr, "idem %s: resuming job '%s' after line %" PRIu64
             " of %s; output kept at its committed %" PRIu64 " bytes\n",
             lp->st.cfg->cmd, j->name, j->pos.lineno, nd_name(&lp->rd),
@@ -945,22 +1161,71 @@ static int report_stop(const loop *lp)
     return stream_stop == SIGINT ? 130 : 0;
 }
 
+/* A stream sink, and the job's checkpoint in it. A stream source's
+ * consumer is part of the job's name: two consumers of one group are
+ * two jobs, each with its own position in the sink. */
+static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
+{
+    const stream_cfg *c = lp->st.cfg;
+    int rc;
+    rs_sink *k = rs_sink_open(c->cmd, c->to, lease_ms, &rc);
+    if (!k)
+        return rc;
+    char name[1200];
+    snprintf(name, sizeof name, "%s%s%s", c->job ? c->job : rs_sink_name(k),
+             lp->rs ? "#" : "", lp->rs ? rs_source_consumer(lp->rs) : "");
+    return job_start_sink(&lp->st.job, c->cmd, lp->s, name, &c->ks, keyed,
+                          k);
+}
+
+/* The source and the output, streams or files, and where to start. */
+static int open_ends(loop *lp)
+{
+    const stream_cfg *c = lp->st.cfg;
+    const char *keyed = c->line_hash   ? "--line-hash"
+                        : c->line_mode ? "--line"
+                                       : "--key";
+    int64_t lease = c->lease_ms ? c->lease_ms : 30000;
+    int rc = 0;
+    if (c->from && !(lp->rs = rs_source_open(c->cmd, c->from, c->batch,
+                                             lease, c->idle_exit_ms,
+                                             &stream_stop, &rc)))
+        return rc;
+    if (c->to)
+        return start_sink(lp, keyed, lease);
+    size_t at = 0;
+    uint64_t off = 0, lineno = 0;
+    rc = job_start(&lp->st.job, c->cmd, lp->s, c->job, &c->ks, keyed,
+                   c->output, c->overwrite, c->inputs, c->ninputs, &at, &off,
+                   &lineno);
+    if (!rc && !lp->rs &&
+        nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
+        rc = cli_fail(c->cmd, "%s", lp->rd.err);
+    return rc;
+}
+
+/* Entries a stream lost (trimmed while pending) are said, not hidden. */
+static void report_trimmed(loop *lp)
+{
+    uint64_t n = lp->rs ? rs_source_trimmed(lp->rs) : 0;
+    lp->st.n.trimmed += n;
+    lp->st.n.skipped += n;
+    if (n)
+        fprintf(stderr, "idem %s: %" PRIu64 " entr%s of %s had been deleted "
+                "from the stream (trimmed) before %s could be processed; "
+                "acknowledged and skipped\n", lp->st.cfg->cmd, n,
+                n == 1 ? "y" : "ies", "the source",
+                n == 1 ? "it" : "they");
+}
+
 int stream_run(const stream_cfg *c)
 {
     loop lp = {0};
     lp.rd.fd = -1;
     lp.dl.fd = -1;
     int rc = setup(&lp, c);
-    size_t at = 0;
-    uint64_t off = 0, lineno = 0;
     if (!rc)
-        rc = job_start(&lp.st.job, c->cmd, lp.s, c->job, &c->ks,
-                       c->line_hash ? "--line-hash"
-                       : c->line_mode ? "--line" : "--key",
-                       c->output, c->overwrite, c->inputs, c->ninputs, &at,
-                       &off, &lineno);
-    if (!rc && nd_open(&lp.rd, c->inputs, c->ninputs, at, off, lineno))
-        rc = cli_fail(c->cmd, "%s", lp.rd.err);
+        rc = open_ends(&lp);
     if (!rc) {
         lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
@@ -970,6 +1235,7 @@ int stream_run(const stream_cfg *c)
         rc = run_batches(&lp);
         stop_worker(&lp);
         progress(&lp, 1);
+        report_trimmed(&lp);
         if (!rc && lp.rd.partial_len && !c->quiet)
             fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
                     "end: this line is left unread until it has one\n",
@@ -996,6 +1262,9 @@ int stream_run(const stream_cfg *c)
         rc = cli_fail(c->cmd, "closing the store failed");
     idem_runner_free(lp.runner);
     nd_close(&lp.rd);
+    rs_source_close(lp.rs);
+    forget_kept(&lp);
+    free(lp.kept);
     jk_free(lp.jk);
     jk_path_free(&lp.path);
     idem_bizkey_gen_free(lp.line_hash);

@@ -22,6 +22,9 @@ typedef struct stream_counts {
     uint64_t bytes;
     uint64_t released;  /* claims given back unrun at a graceful stop */
     uint64_t dead_letter;  /* poison messages set aside (exit status 3) */
+    uint64_t read_back;    /* found in a stream sink after a crash: not
+                            * written again */
+    uint64_t trimmed;      /* stream entries gone before they were read */
 } stream_counts;
 
 typedef struct stream stream;
@@ -35,6 +38,11 @@ typedef int (*stream_emit_fn)(void *ctx, stream *st, const idem_msg *msgs,
 typedef struct stream_cfg {
     const char *cmd;
     const char *uri, *key, *output, *job;
+    const char *from, *to;       /* --from / --to URIs (a file: as an
+                                  * input / --output) */
+    int64_t idle_exit_ms;        /* --idle-exit; 0: a stream runs on */
+    char sink_space[KS_NAME_MAX + 1];  /* the key space a stream sink
+                                        * names */
     const char *key_space_name;  /* --key-space */
     int shared_keys;             /* --shared-keys */
     key_space ks;                /* where the keys are stored */
@@ -97,7 +105,8 @@ int stream_run(const stream_cfg *cfg);
         {"commit-interval", 1, 0, 'C'},                                   \
         {"key-space", 1, 0, 'K'}, {"shared-keys", 0, 0, 'S'},             \
         {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},               \
-        {"grace", 1, 0, 'G'},                                             \
+        {"grace", 1, 0, 'G'}, {"from", 1, 0, 'F'}, {"to", 1, 0, 'T'},     \
+        {"idle-exit", 1, 0, 'I'},                                         \
         {"help", 0, 0, 'h'}
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one

@@ -1,0 +1,386 @@
+/* rconn.c - the redis-stream:// URI and a connection to its server.
+ *
+ *   redis-stream://[USER:PASSWORD@]HOST[:PORT][/DB]/STREAM?PARAMS
+ *
+ * The store's redis:// URI has its own parser in the library; this one
+ * names a stream and a consumer group, and the two share only the
+ * password rules (in the URI, in password_file=, or in the environment
+ * variable IDEM_REDIS_PASSWORD) and idem_uri_display() for messages, so
+ * that the same password is hidden the same way. docs/streams.md lists
+ * the parameters.
+ *
+ * A connection is made on first use and again after it broke. Reads are
+ * sent again on a fresh connection once; a write is not, since it may
+ * have been applied: the caller fails the batch, and the next run reads
+ * the sink back (rsink.c). */
+#include "rconn.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../cli.h"
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
+}
+
+/* Percent-decode p[0..n) into a new string; NULL on a bad escape or
+ * ENOMEM (*bad tells which). */
+static char *decode(const char *p, size_t n, size_t *outlen, int *bad)
+{
+    char *out = malloc(n + 1);
+    size_t j = 0;
+    *bad = 0;
+    for (size_t i = 0; out && i < n; i++) {
+        if (p[i] != '%') {
+            out[j++] = p[i];
+            continue;
+        }
+        if (i + 2 >= n || hexval(p[i + 1]) < 0 || hexval(p[i + 2]) < 0) {
+            free(out);
+            *bad = 1;
+            return NULL;
+        }
+        out[j++] = (char)(hexval(p[i + 1]) * 16 + hexval(p[i + 2]));
+        i += 2;
+    }
+    if (out)
+        out[j] = 0;
+    if (outlen)
+        *outlen = j;
+    return out;
+}
+
+static int bad(const rs_uri *u, const char *cmd, const char *what)
+{
+    return cli_usage_error(cmd, "%s: %s (redis-stream://[USER:PASSWORD@]"
+                           "HOST[:PORT][/DB]/STREAM?group=G...)",
+                           u->display, what);
+}
+
+/* [USER:PASSWORD@]HOST[:PORT] */
+static int parse_authority(rs_uri *u, const char *cmd, const char *a,
+                           size_t n)
+{
+    const char *at = NULL;
+    for (const char *p = a; p < a + n; p++)
+        at = *p == '@' ? p : at;
+    int badesc = 0;
+    if (at) {
+        const char *colon = memchr(a, ':', (size_t)(at - a));
+        size_t ul = colon ? (size_t)(colon - a) : 0;
+        if (ul && !(u->user = decode(a, ul, NULL, &badesc)))
+            return bad(u, cmd, badesc ? "bad %-escape in the user"
+                                      : "out of memory");
+        const char *pw = colon ? colon + 1 : a;
+        if (at > pw && !(u->pass = decode(pw, (size_t)(at - pw), NULL,
+                                          &badesc)))
+            return bad(u, cmd, badesc ? "bad %-escape in the password"
+                                      : "out of memory");
+        n -= (size_t)(at + 1 - a);
+        a = at + 1;
+    }
+    const char *colon = memchr(a, ':', n);
+    size_t hl = colon ? (size_t)(colon - a) : n;
+    uint64_t port = 6379;
+    if (colon) {
+        char num[16];
+        snprintf(num, sizeof num, "%.*s", (int)(n - hl - 1), colon + 1);
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(num, &end, 10);
+        if (!*num || *end || errno || v == 0 || v > 65535 ||
+            n - hl - 1 >= sizeof num)
+            return bad(u, cmd, "the port is not a number from 1 to 65535");
+        port = v;
+    }
+    if (!hl)
+        return bad(u, cmd, "no host");
+    u->host = strndup(a, hl);
+    u->port = (int)port;
+    return u->host ? 0 : bad(u, cmd, "out of memory");
+}
+
+/* [/DB]/STREAM */
+static int parse_path(rs_uri *u, const char *cmd, const char *p, size_t n)
+{
+    size_t digits = strspn(p, "0123456789");
+    if (digits && digits < n && p[digits] == '/') {
+        if (digits > 4)
+            return bad(u, cmd, "the database number is too large");
+        u->db = (int)strtol(p, NULL, 10);
+        p += digits + 1;
+        n -= digits + 1;
+    }
+    int badesc;
+    if (!n)
+        return bad(u, cmd, "no stream name after the host");
+    if (!(u->stream = decode(p, n, &u->streamlen, &badesc)))
+        return bad(u, cmd, badesc ? "bad %-escape in the stream name"
+                                  : "out of memory");
+    return 0;
+}
+
+static int take(char **dst, const char *v, size_t n)
+{
+    int badesc;
+    free(*dst);
+    *dst = decode(v, n, NULL, &badesc);
+    return *dst ? 0 : -1;
+}
+
+static int number(const rs_uri *u, const char *cmd, const char *name,
+                  const char *v, size_t n, uint64_t hi, uint64_t *out)
+{
+    char num[24], *end;
+    snprintf(num, sizeof num, "%.*s", (int)n, v);
+    errno = 0;
+    unsigned long long x = strtoull(num, &end, 10);
+    if (!n || n >= sizeof num || *end || errno || x > hi || *num == '-') {
+        char what[128];
+        snprintf(what, sizeof what, "%s wants a number from 0 to %llu",
+                 name, (unsigned long long)hi);
+        return bad(u, cmd, what);
+    }
+    *out = x;
+    return 0;
+}
+
+static int read_password_file(rs_uri *u, const char *cmd, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    char buf[1024];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    if (!f)
+        return cli_usage_error(cmd, "%s: password_file %s: %s", u->display,
+                               path, strerror(errno));
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+        n--;
+    free(u->pass);
+    u->pass = strndup(buf, n);
+    return u->pass ? 0 : bad(u, cmd, "out of memory");
+}
+
+/* One NAME=VALUE of the query. */
+static int parse_param(rs_uri *u, const char *cmd, int sink, const char *p,
+                       size_t n, char **pwfile)
+{
+    const char *eq = memchr(p, '=', n);
+    size_t nl = eq ? (size_t)(eq - p) : n;
+    const char *v = eq ? eq + 1 : p + n;
+    size_t vl = n - nl - (eq != NULL);
+    uint64_t x;
+    char name[32];
+    snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), p);
+    int rc = -2;
+    if (!strcmp(name, "group") && !sink)
+        rc = take(&u->group, v, vl);
+    else if (!strcmp(name, "consumer") && !sink)
+        rc = take(&u->consumer, v, vl);
+    else if (!strcmp(name, "start") && !sink)
+        rc = take(&u->start, v, vl);
+    else if (!strcmp(name, "password_file"))
+        rc = take(pwfile, v, vl);
+    else if (!strcmp(name, "maxlen") && sink)
+        return number(u, cmd, name, v + (vl && *v == '~'),
+                      vl - (vl && *v == '~'), UINT64_MAX / 2, &u->maxlen);
+    else if (!strcmp(name, "wait") && sink)
+        return number(u, cmd, name, v, vl, 100, &u->wait);
+    else if (!strcmp(name, "timeout_ms") || !strcmp(name, "readback_ms")) {
+        int64_t *dst = *name == 't' ? &u->timeout_ms : &u->readback_ms;
+        if (number(u, cmd, name, v, vl, 86400000, &x))
+            return 2;
+        if (!x)
+            return bad(u, cmd, "timeout_ms and readback_ms are at least 1");
+        *dst = (int64_t)x;
+        return 0;
+    }
+    if (rc == -1)
+        return bad(u, cmd, "bad %-escape in a parameter, or out of memory");
+    if (rc == 0)
+        return 0;
+    char what[160];
+    snprintf(what, sizeof what, "unknown parameter '%.*s' for a stream %s",
+             (int)(nl < 60 ? nl : 60), p, sink ? "sink (--to)"
+                                               : "source (--from)");
+    return bad(u, cmd, what);
+}
+
+static int parse_query(rs_uri *u, const char *cmd, int sink, const char *q)
+{
+    char *pwfile = NULL;
+    int rc = 0;
+    while (!rc && q && *q) {
+        size_t n = strcspn(q, "&");
+        if (n)
+            rc = parse_param(u, cmd, sink, q, n, &pwfile);
+        q += n + (q[n] == '&');
+    }
+    if (!rc && pwfile && u->pass)
+        rc = bad(u, cmd, "a password in the URI and a password_file: give "
+                 "one");
+    if (!rc && pwfile)
+        rc = read_password_file(u, cmd, pwfile);
+    free(pwfile);
+    const char *env = getenv("IDEM_REDIS_PASSWORD");
+    if (!rc && !u->pass && env && *env && !(u->pass = strdup(env)))
+        rc = bad(u, cmd, "out of memory");
+    return rc;
+}
+
+static int defaults(rs_uri *u, const char *cmd, int sink)
+{
+    if (!sink && !u->group)
+        return bad(u, cmd, "a source names its consumer group: ?group=NAME");
+    if (!sink && !u->consumer) {
+        char host[256];
+        if (gethostname(host, sizeof host) != 0)
+            snprintf(host, sizeof host, "idem");
+        host[sizeof host - 1] = 0;
+        if (!(u->consumer = strdup(host)))
+            return bad(u, cmd, "out of memory");
+    }
+    if (!sink && !u->start && !(u->start = strdup("0")))
+        return bad(u, cmd, "out of memory");
+    if (!sink && strcmp(u->start, "0") && strcmp(u->start, "$") &&
+        rs_id_parse(u->start, strlen(u->start), &(uint64_t){0},
+                    &(uint64_t){0}))
+        return bad(u, cmd, "start is 0 (the whole stream), $ (new entries "
+                   "only) or an entry ID");
+    if (!u->timeout_ms)
+        u->timeout_ms = 5000;
+    return 0;
+}
+
+int rs_uri_parse(const char *cmd, const char *uri, int sink, rs_uri *u)
+{
+    memset(u, 0, sizeof *u);
+    idem_uri_display(uri, u->display, sizeof u->display);
+    if (strncmp(uri, "redis-stream://", 15))
+        return bad(u, cmd, "not a redis-stream:// URI");
+    const char *a = uri + 15, *q = strchr(a, '?');
+    size_t upto = q ? (size_t)(q - a) : strlen(a);
+    const char *slash = memchr(a, '/', upto);
+    if (!slash)
+        return bad(u, cmd, "no stream name after the host");
+    int rc = parse_authority(u, cmd, a, (size_t)(slash - a));
+    rc = rc ? rc : parse_path(u, cmd, slash + 1,
+                              upto - (size_t)(slash + 1 - a));
+    rc = rc ? rc : parse_query(u, cmd, sink, q ? q + 1 : NULL);
+    return rc ? rc : defaults(u, cmd, sink);
+}
+
+void rs_uri_free(rs_uri *u)
+{
+    free(u->host);
+    free(u->user);
+    free(u->pass);
+    free(u->stream);
+    free(u->group);
+    free(u->consumer);
+    free(u->start);
+    memset(u, 0, sizeof *u);
+}
+
+int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq)
+{
+    char buf[48], *end;
+    if (!n || n >= sizeof buf)
+        return -1;
+    memcpy(buf, s, n);
+    buf[n] = 0;
+    if (!strchr("0123456789", buf[0]))
+        return -1;
+    errno = 0;
+    *ms = strtoull(buf, &end, 10);
+    *seq = 0;
+    if (*end == '-' && strchr("0123456789", end[1]) && end[1])
+        *seq = strtoull(end + 1, &end, 10);
+    return *end || errno ? -1 : 0;
+}
+
+void rs_conn_close(rs_conn *c)
+{
+    if (c->c)
+        redisFree(c->c);
+    c->c = NULL;
+}
+
+static void set_limit(rs_conn *c, int64_t ms)
+{
+    struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
+    redisSetTimeout(c->c, tv);
+}
+
+/* A setup command on a fresh connection: its failure is the
+ * connection's. */
+static int setup_call(rs_conn *c, int argc, const char **argv)
+{
+    redisReply *r = redisCommandArgv(c->c, argc, argv, NULL);
+    int ok = r && r->type != REDIS_REPLY_ERROR;
+    snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s", c->u->display, argv[0],
+             r ? r->str : c->c->errstr);
+    if (r)
+        freeReplyObject(r);
+    return ok ? 0 : -1;
+}
+
+static int connect_now(rs_conn *c)
+{
+    const rs_uri *u = c->u;
+    struct timeval tv = {(time_t)(u->timeout_ms / 1000),
+                         (suseconds_t)(u->timeout_ms % 1000) * 1000};
+    c->c = redisConnectWithTimeout(u->host, u->port, tv);
+    if (!c->c || c->c->err) {
+        snprintf(c->err, sizeof c->err, "%.400s: cannot connect: %.400s",
+                 u->display, c->c ? c->c->errstr : "out of memory");
+        rs_conn_close(c);
+        return -1;
+    }
+    set_limit(c, u->timeout_ms);
+    char db[16];
+    snprintf(db, sizeof db, "%d", u->db);
+    const char *auth[3] = {"AUTH", u->user ? u->user : u->pass, u->pass};
+    const char *sel[2] = {"SELECT", db};
+    if ((u->pass && setup_call(c, u->user ? 3 : 2, auth)) ||
+        (u->db && setup_call(c, 2, sel))) {
+        rs_conn_close(c);
+        return -1;
+    }
+    return 0;
+}
+
+int rs_conn_ready(rs_conn *c)
+{
+    if (!c->c && connect_now(c))
+        return -1;
+    set_limit(c, c->u->timeout_ms);
+    return 0;
+}
+
+redisReply *rs_call(rs_conn *c, int argc, const char **argv,
+                    const size_t *lens, int64_t extra_ms, int retry)
+{
+    for (int tries = 0; tries < 1 + (retry != 0); tries++) {
+        if (!c->c && connect_now(c))
+            return NULL;
+        set_limit(c, c->u->timeout_ms + extra_ms);
+        redisReply *r = redisCommandArgv(c->c, argc, argv, lens);
+        if (r)
+            return r;
+        snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s", c->u->display,
+                 argv[0], c->c->err == REDIS_ERR_IO && errno == EAGAIN
+                              ? "no answer in time" : c->c->errstr);
+        rs_conn_close(c);
+    }
+    return NULL;
+}

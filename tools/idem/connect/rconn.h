@@ -1,0 +1,51 @@
+/* rconn.h - a redis-stream:// URI, and one connection to its server. */
+#ifndef IDEM_RCONN_H
+#define IDEM_RCONN_H
+
+#include <hiredis/hiredis.h>
+#include <stdint.h>
+
+typedef struct rs_uri {
+    char *host;
+    int port;
+    char *user, *pass;      /* NULL: no AUTH */
+    int db;
+    char *stream;           /* percent-decoded */
+    size_t streamlen;
+    char *group, *consumer; /* source */
+    char *start;            /* source: where a new group starts */
+    uint64_t maxlen;        /* sink: XADD MAXLEN ~ N; 0: none */
+    uint64_t wait;          /* sink: WAIT for this many replicas */
+    int64_t timeout_ms;     /* one call (a blocking read adds its block) */
+    int64_t readback_ms;    /* sink: how far back a takeover looks; 0:
+                             * twice the lease and 10 s */
+    char display[512];      /* the URI for messages, password hidden */
+} rs_uri;
+
+/* Parse uri; `sink` selects which parameters apply. 0, or 2 after saying
+ * why (a usage error of cmd). */
+int rs_uri_parse(const char *cmd, const char *uri, int sink, rs_uri *u);
+void rs_uri_free(rs_uri *u);
+
+typedef struct rs_conn {
+    const rs_uri *u;
+    redisContext *c;        /* NULL until connected */
+    char err[1024];         /* why the last call failed */
+} rs_conn;
+
+/* One command; connects first if need be (AUTH, SELECT). extra_ms is
+ * added to the time limit (a BLOCK). retry: after a lost connection,
+ * connect again and send it once more (reads only: a write might have
+ * been applied). Returns the reply (an error reply too; the caller
+ * frees) or NULL with c->err set. */
+redisReply *rs_call(rs_conn *c, int argc, const char **argv,
+                    const size_t *lens, int64_t extra_ms, int retry);
+void rs_conn_close(rs_conn *c);
+/* Connect if need be, with the URI's time limit set for what follows
+ * (a pipeline). 0 or -1 with c->err set. */
+int rs_conn_ready(rs_conn *c);
+
+/* Parse an entry ID "MS-SEQ". 0 or -1. */
+int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq);
+
+#endif

@@ -1,0 +1,466 @@
+/* rsource.c - a Redis Stream consumer group as the input of dedup and run.
+ *
+ * Reading goes in three kinds of rounds, all XREADGROUP or XAUTOCLAIM of
+ * up to a batch of entries:
+ *
+ *   1. this consumer's own pending list, from ID 0 on: the entries a
+ *      killed run of it read and did not acknowledge. Their keys are
+ *      committed (then they come out as duplicates and are acknowledged)
+ *      or not (then they are done now);
+ *   2. every lease/2, XAUTOCLAIM of entries pending longer than the lease
+ *      in any consumer's list: a consumer that died does not keep its
+ *      entries. A live one that is only slow loses nothing by it: the
+ *      keys are claimed in the store, so the taker waits for them and
+ *      finds them done;
+ *   3. new entries (">"), blocking at most 250 ms at a time so that a
+ *      stop signal or --idle-exit is seen.
+ *
+ * An entry is acknowledged only after the commit that covers it, by the
+ * committing thread on a connection of its own (rs_source_ack): a crash
+ * before that leaves it pending, and round 1 or 2 hands it out again.
+ * An entry that the stream no longer holds (trimmed by MAXLEN or XDEL
+ * while pending) comes back without fields: it cannot be processed, so
+ * it is acknowledged, counted and reported, never waited for.
+ *
+ * An entry becomes the JSON object of its fields in order, every value a
+ * string: {"event_id":"e1","amount":"12"}. Names and values must be
+ * UTF-8 (JSON has no other strings); an entry that is not is bad input
+ * (--on-bad-input) like a bad JSON line. */
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rconn.h"
+#include "rstream.h"
+
+#define BLOCK_SLICE_MS 250
+
+/* One reply's entries, as JSON lines in text. */
+typedef struct chunk {
+    cli_buf text;
+    nd_line *lines;
+    size_t n;
+} chunk;
+
+struct rs_source {
+    const char *cmd;
+    rs_uri u;
+    rs_conn rd, ack;          /* the reader's; the committer's */
+    uint64_t batch;
+    int64_t lease_ms, idle_exit_ms;
+    volatile const sig_atomic_t *stop;
+    int own_done;             /* round 1 is over */
+    char own_cursor[48];
+    char claim_cursor[48];
+    int64_t next_claim_ms;
+    int64_t last_new_ms;      /* for --idle-exit */
+    chunk *chunks;            /* held until release; the last is read */
+    size_t nchunks, handed;   /* lines of the last chunk handed out */
+    const char **ackv;        /* XACK arguments: stream, group, IDs */
+    size_t *ackl;
+    size_t nack, capack;
+    cli_buf ackids;
+    uint64_t trimmed;
+    char err[1500];
+};
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+int rs_is_uri(const char *uri)
+{
+    return uri && !strncmp(uri, "redis-stream://", 15);
+}
+
+static int failed(rs_source *s, const char *what, const redisReply *r)
+{
+    if (r)
+        snprintf(s->err, sizeof s->err, "%.400s: %.100s: %.600s",
+                 s->u.display, what, r->str);
+    else
+        snprintf(s->err, sizeof s->err, "%.1200s (%.100s)", s->rd.err, what);
+    return ND_ERR;
+}
+
+/* XGROUP CREATE ... MKSTREAM; an existing group is fine. */
+static int make_group(rs_source *s)
+{
+    const char *argv[] = {"XGROUP", "CREATE", s->u.stream, s->u.group,
+                          s->u.start, "MKSTREAM"};
+    size_t lens[] = {6, 6, s->u.streamlen, strlen(s->u.group),
+                     strlen(s->u.start), 8};
+    redisReply *r = rs_call(&s->rd, 6, argv, lens, 0, 1);
+    int bad = !r || (r->type == REDIS_REPLY_ERROR &&
+                     strncmp(r->str, "BUSYGROUP", 9));
+    if (bad)
+        failed(s, "creating the consumer group", r);
+    if (r)
+        freeReplyObject(r);
+    return bad ? -1 : 0;
+}
+
+rs_source *rs_source_open(const char *cmd, const char *uri, uint64_t batch,
+                          int64_t lease_ms, int64_t idle_exit_ms,
+                          volatile const sig_atomic_t *stop, int *status)
+{
+    rs_source *s = calloc(1, sizeof *s);
+    if (!s) {
+        *status = cli_fail(cmd, "out of memory");
+        return NULL;
+    }
+    s->cmd = cmd;
+    if ((*status = rs_uri_parse(cmd, uri, 0, &s->u)) != 0) {
+        rs_source_close(s);
+        return NULL;
+    }
+    s->rd.u = s->ack.u = &s->u;
+    s->batch = batch;
+    s->lease_ms = lease_ms;
+    s->idle_exit_ms = idle_exit_ms;
+    s->stop = stop;
+    snprintf(s->own_cursor, sizeof s->own_cursor, "0");
+    snprintf(s->claim_cursor, sizeof s->claim_cursor, "0-0");
+    s->last_new_ms = now_ms();
+    if (make_group(s)) {
+        *status = cli_fail(cmd, "%s", s->err);
+        rs_source_close(s);
+        return NULL;
+    }
+    return s;
+}
+
+static void drop_chunks(rs_source *s)
+{
+    for (size_t i = 0; i < s->nchunks; i++) {
+        cli_buf_free(&s->chunks[i].text);
+        free(s->chunks[i].lines);
+    }
+    free(s->chunks);
+    s->chunks = NULL;
+    s->nchunks = s->handed = 0;
+}
+
+void rs_source_close(rs_source *s)
+{
+    if (!s)
+        return;
+    drop_chunks(s);
+    rs_conn_close(&s->rd);
+    rs_conn_close(&s->ack);
+    rs_uri_free(&s->u);
+    free(s->ackv);
+    free(s->ackl);
+    cli_buf_free(&s->ackids);
+    free(s);
+}
+
+void rs_source_release(rs_source *s)
+{
+    if (s->nchunks && s->handed < s->chunks[s->nchunks - 1].n) {
+        /* Keep the last chunk's lines not yet handed out. */
+        chunk last = s->chunks[--s->nchunks];
+        drop_chunks(s);
+        s->chunks = malloc(sizeof *s->chunks);
+        if (s->chunks)
+            s->chunks[s->nchunks++] = last;
+        return;
+    }
+    drop_chunks(s);
+}
+
+const char *rs_source_consumer(const rs_source *s)
+{
+    return s->u.consumer;
+}
+
+const char *rs_source_err(const rs_source *s)
+{
+    return s->err;
+}
+
+void rs_source_where(const rs_source *s, const nd_line *l, char *buf,
+                     size_t n)
+{
+    snprintf(buf, n, "%s entry %" PRIu64 "-%" PRIu64, s->u.display, l->end,
+             l->lineno);
+}
+
+uint64_t rs_source_trimmed(rs_source *s)
+{
+    uint64_t n = s->trimmed;
+    s->trimmed = 0;
+    return n;
+}
+
+/* Queue an ID (text) for XACK: ackv holds "XACK", the stream, the group,
+ * then the IDs, as offsets into ackids until sent. 0 or -1. */
+static int queue_ack(rs_source *s, const char *id, size_t n)
+{
+    if (s->nack + 4 > s->capack) {
+        size_t cap = s->capack ? 2 * s->capack : 1024;
+        const char **v = realloc(s->ackv, cap * sizeof *v);
+        if (v)
+            s->ackv = v;
+        size_t *l = v ? realloc(s->ackl, cap * sizeof *l) : NULL;
+        if (!l)
+            return -1;
+        s->ackl = l;
+        s->capack = cap;
+    }
+    if (!s->nack)
+        s->ackids.len = 0;
+    size_t off = s->ackids.len;
+    if (cli_buf_add(&s->ackids, id, n))
+        return -1;
+    s->ackv[s->nack + 3] = (const char *)(uintptr_t)off;
+    s->ackl[s->nack + 3] = n;
+    s->nack++;
+    return 0;
+}
+
+int rs_source_ack(rs_source *s, const nd_line *l)
+{
+    char id[48];
+    int n = snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64, l->end,
+                     l->lineno);
+    if (queue_ack(s, id, (size_t)n))
+        return cli_fail(s->cmd, "out of memory"), -1;
+    return 0;
+}
+
+/* XACK what is queued, on conn; 0 or -1 with s->err set. */
+static int send_acks(rs_source *s, rs_conn *conn)
+{
+    if (!s->nack)
+        return 0;
+    s->ackv[0] = "XACK", s->ackl[0] = 4;
+    s->ackv[1] = s->u.stream, s->ackl[1] = s->u.streamlen;
+    s->ackv[2] = s->u.group, s->ackl[2] = strlen(s->u.group);
+    for (size_t i = 0; i < s->nack; i++)
+        s->ackv[i + 3] = s->ackids.p + (uintptr_t)s->ackv[i + 3];
+    redisReply *r = rs_call(conn, (int)(s->nack + 3), s->ackv, s->ackl, 0,
+                            1);
+    int bad = !r || r->type == REDIS_REPLY_ERROR;
+    if (bad)
+        snprintf(s->err, sizeof s->err, "%.400s: XACK: %.1000s",
+                 s->u.display, r ? r->str : conn->err);
+    if (r)
+        freeReplyObject(r);
+    s->nack = 0;
+    return bad ? -1 : 0;
+}
+
+int rs_source_ack_flush(rs_source *s)
+{
+    if (send_acks(s, &s->ack) == 0)
+        return 0;
+    fprintf(stderr, "idem %s: %s; the entries stay pending and come again "
+            "as duplicates\n", s->cmd, s->err);
+    return -1;
+}
+
+/* An entry gone from the stream is acknowledged by the reader at once:
+ * nothing will ever bring its fields back. */
+static int ack_trimmed(rs_source *s, const redisReply *id)
+{
+    const char *argv[] = {"XACK", s->u.stream, s->u.group, id->str};
+    size_t lens[] = {4, s->u.streamlen, strlen(s->u.group), id->len};
+    redisReply *r = rs_call(&s->rd, 4, argv, lens, 0, 1);
+    int bad = !r || r->type == REDIS_REPLY_ERROR;
+    if (r)
+        freeReplyObject(r);
+    return bad ? -1 : 0;
+}
+
+/* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
+ * entry (no fields) is acknowledged at once instead. 0 or -1. */
+static int add_entry(rs_source *s, chunk *c, const redisReply *e)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+        e->element[0]->type != REDIS_REPLY_STRING)
+        return -1;
+    const redisReply *id = e->element[0], *f = e->element[1];
+    uint64_t ms, seq;
+    if (rs_id_parse(id->str, id->len, &ms, &seq))
+        return -1;
+    if (f->type != REDIS_REPLY_ARRAY) {
+        s->trimmed++;
+        return ack_trimmed(s, id);
+    }
+    size_t off = c->text.len;
+    int rc = cli_buf_add(&c->text, "{", 1);
+    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        rc = (i && cli_buf_add(&c->text, ",", 1)) ||
+             cli_buf_json_string(&c->text, k->str, k->len) ||
+             cli_buf_add(&c->text, ":", 1) ||
+             cli_buf_json_string(&c->text, v->str, v->len);
+    }
+    if (rc || cli_buf_add(&c->text, "}", 1))
+        return -1;
+    c->lines[c->n++] = (nd_line){.p = (const char *)(uintptr_t)off,
+                                 .len = c->text.len - off, .lineno = seq,
+                                 .end = ms};
+    return 0;
+}
+
+/* The entries array of one reply into a new chunk. Returns how many
+ * lines it holds, or -1. */
+static long take_entries(rs_source *s, const redisReply *arr)
+{
+    chunk c = {0};
+    if (arr->type != REDIS_REPLY_ARRAY)
+        return -1;
+    if (!(c.lines = malloc((arr->elements + 1) * sizeof *c.lines)))
+        return -1;
+    for (size_t i = 0; i < arr->elements; i++)
+        if (add_entry(s, &c, arr->element[i])) {
+            cli_buf_free(&c.text);
+            free(c.lines);
+            return -1;
+        }
+    for (size_t i = 0; i < c.n; i++)
+        c.lines[i].p = c.text.p + (uintptr_t)c.lines[i].p;
+    if (!c.n) {
+        free(c.lines);
+        cli_buf_free(&c.text);
+        return 0;
+    }
+    chunk *v = realloc(s->chunks, (s->nchunks + 1) * sizeof *v);
+    if (!v) {
+        free(c.lines);
+        cli_buf_free(&c.text);
+        return -1;
+    }
+    s->chunks = v;
+    s->chunks[s->nchunks++] = c;
+    s->handed = 0;
+    return (long)c.n;
+}
+
+/* XREADGROUP ... STREAMS stream `from`; block_ms < 0: no BLOCK. The
+ * entries read, 0 when none, or ND_ERR. */
+static long read_group(rs_source *s, const char *from, int64_t block_ms)
+{
+    char count[24], block[24];
+    snprintf(count, sizeof count, "%" PRIu64, s->batch);
+    snprintf(block, sizeof block, "%" PRId64, block_ms);
+    const char *argv[11] = {"XREADGROUP", "GROUP", s->u.group,
+                            s->u.consumer, "COUNT", count};
+    size_t lens[11] = {10, 5, strlen(s->u.group), strlen(s->u.consumer), 5,
+                       strlen(count)};
+    int n = 6;
+    if (block_ms >= 0) {
+        argv[n] = "BLOCK", lens[n++] = 5;
+        argv[n] = block, lens[n++] = strlen(block);
+    }
+    argv[n] = "STREAMS", lens[n++] = 7;
+    argv[n] = s->u.stream, lens[n++] = s->u.streamlen;
+    argv[n] = from, lens[n++] = strlen(from);
+    redisReply *r = rs_call(&s->rd, n, argv, lens,
+                            block_ms > 0 ? block_ms : 0, 1);
+    long got = 0;
+    if (!r || r->type == REDIS_REPLY_ERROR)
+        got = failed(s, "XREADGROUP", r);
+    else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
+             r->element[0]->elements == 2) {
+        const redisReply *entries = r->element[0]->element[1];
+        if (entries->elements && !strcmp(from, s->own_cursor)) {
+            const redisReply *last = entries->element[entries->elements - 1];
+            snprintf(s->own_cursor, sizeof s->own_cursor, "%.*s",
+                     (int)last->element[0]->len, last->element[0]->str);
+        }
+        got = take_entries(s, entries);
+        if (got < 0)
+            got = failed(s, "reading entries (out of memory, or a reply "
+                         "that is not a stream's)", NULL);
+    }
+    if (r)
+        freeReplyObject(r);
+    return got;
+}
+
+/* XAUTOCLAIM of entries idle longer than the lease. */
+static long claim_idle(rs_source *s)
+{
+    char idle[24], count[24];
+    snprintf(idle, sizeof idle, "%" PRId64, s->lease_ms);
+    snprintf(count, sizeof count, "%" PRIu64, s->batch);
+    const char *argv[] = {"XAUTOCLAIM", s->u.stream, s->u.group,
+                          s->u.consumer, idle, s->claim_cursor, "COUNT",
+                          count};
+    size_t lens[] = {10, s->u.streamlen, strlen(s->u.group),
+                     strlen(s->u.consumer), strlen(idle),
+                     strlen(s->claim_cursor), 5, strlen(count)};
+    redisReply *r = rs_call(&s->rd, 8, argv, lens, 0, 1);
+    long got = 0;
+    if (!r || r->type == REDIS_REPLY_ERROR || r->type != REDIS_REPLY_ARRAY ||
+        r->elements < 2)
+        got = failed(s, "XAUTOCLAIM", r && r->type == REDIS_REPLY_ERROR
+                                           ? r : NULL);
+    else {
+        snprintf(s->claim_cursor, sizeof s->claim_cursor, "%.*s",
+                 (int)r->element[0]->len, r->element[0]->str);
+        if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_ARRAY)
+            s->trimmed += r->element[2]->elements;
+        got = take_entries(s, r->element[1]);
+        if (got < 0)
+            got = failed(s, "reading claimed entries", NULL);
+    }
+    if (!strcmp(s->claim_cursor, "0-0"))
+        s->next_claim_ms = now_ms() + s->lease_ms / 2;
+    if (r)
+        freeReplyObject(r);
+    return got;
+}
+
+/* One round: own pending first, then idle ones now and then, then new
+ * ones (blocking when wait). Entries read, 0, or ND_ERR. */
+static long fetch(rs_source *s, int wait)
+{
+    if (!s->own_done) {
+        long got = read_group(s, s->own_cursor, -1);
+        if (got)
+            return got;
+        s->own_done = 1;
+    }
+    if (now_ms() >= s->next_claim_ms) {
+        long got = claim_idle(s);
+        if (got)
+            return got;
+    }
+    long got = read_group(s, ">", wait ? BLOCK_SLICE_MS : -1);
+    if (got > 0)
+        s->last_new_ms = now_ms();
+    return got;
+}
+
+int rs_source_next(rs_source *s, nd_line *l, int wait)
+{
+    for (;;) {
+        chunk *c = s->nchunks ? &s->chunks[s->nchunks - 1] : NULL;
+        if (c && s->handed < c->n) {
+            *l = c->lines[s->handed++];
+            return ND_LINE;
+        }
+        if (*s->stop)
+            return ND_IDLE;  /* the caller sees the stop */
+        long got = fetch(s, wait);
+        if (got < 0)
+            return ND_ERR;
+        if (got)
+            continue;
+        if (s->idle_exit_ms && now_ms() - s->last_new_ms >= s->idle_exit_ms)
+            return ND_END;
+        if (!wait)
+            return ND_IDLE;
+    }
+}
