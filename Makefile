@@ -54,7 +54,7 @@ WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
 
 all: $(BUILD)/libidem.a $(BUILD)/libidem.so $(BUILD)/idem $(EXAMPLES)
 
-$(CLI_OBJ): INC = -Iinclude
+$(CLI_OBJ): INC = -Iinclude -Itools/idem -Itools/idem/connect
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

@@ -21,6 +21,7 @@
 # Prints each violation as FILE:LINE: what, and exits 1 if there was any.
 set -u
 files=$(ls src/*.[ch] src/*/*.[ch] include/idem/*.h tools/idem/*.[ch] \
+    tools/idem/*/*.[ch] \
     tests/*.[ch] tests/progs/*.c bench/*.[ch] examples/*.c 2>/dev/null)
 bad=0
 report() {
@@ -77,7 +78,8 @@ for f in $files; do
     case $f in
     src/*/*) bad_inc=$(layering "$f" "${f%/*}" src) ;;
     src/*) bad_inc=$(layering "$f" src) ;;
-    tools/idem/*) bad_inc=$(layering "$f" tools/idem) ;;
+    tools/idem/*/*) bad_inc=$(layering "$f" "${f%/*}" tools/idem) ;;
+    tools/idem/*) bad_inc=$(layering "$f" tools/idem tools/idem/connect) ;;
     *) bad_inc= ;;
     esac
     [ -z "$bad_inc" ] || layers="$layers${layers:+

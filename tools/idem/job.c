@@ -77,7 +77,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "connect/rstream.h"
+#include "rstream.h"
 
 /* A checkpoint's text: seven numbers, how keys are made and a key space
  * name. */

@@ -48,7 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "connect/rstream.h"
+#include "rstream.h"
 #include "deadletter.h"
 
 #define MAX_WARNINGS 10

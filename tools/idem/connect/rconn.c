@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../cli.h"
+#include "cli.h"
 
 static int hexval(char c)
 {
@@ -327,8 +327,8 @@ static int setup_call(rs_conn *c, int argc, const char **argv)
 {
     redisReply *r = redisCommandArgv(c->c, argc, argv, NULL);
     int ok = r && r->type != REDIS_REPLY_ERROR;
-    snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s", c->u->display, argv[0],
-             r ? r->str : c->c->errstr);
+    snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s",
+             c->u->display, argv[0], r ? r->str : c->c->errstr);
     if (r)
         freeReplyObject(r);
     return ok ? 0 : -1;

@@ -30,7 +30,7 @@
 #include <time.h>
 #include <yajl/yajl_parse.h>
 
-#include "../keymap.h"
+#include "keymap.h"
 #include "rconn.h"
 #include "rstream.h"
 

@@ -19,8 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../cli.h"
-#include "../ndjson.h"
+#include "cli.h"
+#include "ndjson.h"
 
 /* Is uri one of ours ("redis-stream://...")? */
 int rs_is_uri(const char *uri);
