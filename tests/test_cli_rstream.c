@@ -41,6 +41,33 @@ static void teardown(void)
 
 TestSuite(rstream, .init = setup, .fini = teardown, .timeout = 300);
 
+/* On the shared cluster: both streams in one slot (a hash tag). The
+ * URIs name another node than the slot's owner, which redirects them
+ * (MOVED). rc is a connection to the owner. */
+static void setup_cluster(void)
+{
+    dir = t_tmpdir();
+    const char *all = th_cluster_addr();
+    const char *p = th_prefix();
+    snprintf(in, sizeof in, "{%s}in", p);
+    snprintf(out, sizeof out, "{%s}out", p);
+    redisContext *first = th_connect(th_first_port(all));
+    redisReply *r = th_cmd(first, "CLUSTER KEYSLOT %s", in);
+    int owner = th_slot_owner(th_first_port(all), (unsigned)r->integer);
+    freeReplyObject(r);
+    redisFree(first);
+    rc = th_connect(owner);
+    for (const char *a = all; a; a = strchr(a, ',') ? strchr(a, ',') + 1
+                                                    : NULL)
+        if (th_first_port(a) != owner) {
+            snprintf(addr, sizeof addr, "127.0.0.1:%d", th_first_port(a));
+            break;
+        }
+}
+
+TestSuite(rstream_cluster, .init = setup_cluster, .fini = teardown,
+          .timeout = 300);
+
 #define MAXN 5000
 static int note_of[MAXN];  /* key k's first entry: its note */
 
@@ -385,4 +412,12 @@ Test(rstream, bad_uris_and_combinations_say_what_is_wrong)
                        "2>err"), 1);
     cr_assert(t_grep(t_path(dir, "err"), "127.0.0.1:1"));
     cr_assert(!t_grep(t_path(dir, "err"), "secret"));
+}
+
+Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
+{
+    char store[1024];
+    snprintf(store, sizeof store, "'redis-cluster://%s?prefix=%s'",
+             th_cluster_addr(), th_prefix());
+    dedup_kill9(store, kills(10));
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -339,11 +340,15 @@ static int connect_now(rs_conn *c)
     const rs_uri *u = c->u;
     struct timeval tv = {(time_t)(u->timeout_ms / 1000),
                          (suseconds_t)(u->timeout_ms % 1000) * 1000};
-    c->c = redisConnectWithTimeout(u->host, u->port, tv);
+    const char *host = c->host[0] ? c->host : u->host;
+    int port = c->host[0] ? c->port : u->port;
+    c->c = redisConnectWithTimeout(host, port, tv);
     if (!c->c || c->c->err) {
-        snprintf(c->err, sizeof c->err, "%.400s: cannot connect: %.400s",
-                 u->display, c->c ? c->c->errstr : "out of memory");
+        snprintf(c->err, sizeof c->err, "%.400s: cannot connect to "
+                 "%.256s:%d: %.300s", u->display, host, port,
+                 c->c ? c->c->errstr : "out of memory");
         rs_conn_close(c);
+        c->host[0] = 0;  /* a redirect's node is gone: back to the URI's */
         return -1;
     }
     set_limit(c, u->timeout_ms);
@@ -367,20 +372,57 @@ int rs_conn_ready(rs_conn *c)
     return 0;
 }
 
+/* A cluster's "MOVED SLOT HOST:PORT": remember the node. 1 if it was. */
+static int moved(rs_conn *c, const redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ERROR || strncmp(r->str, "MOVED ", 6))
+        return 0;
+    const char *addr = strchr(r->str + 6, ' ');
+    const char *colon = addr ? strrchr(addr, ':') : NULL;
+    if (!colon || colon - addr - 1 >= (long)sizeof c->host)
+        return 0;
+    snprintf(c->host, sizeof c->host, "%.*s", (int)(colon - addr - 1),
+             addr + 1);
+    c->port = (int)strtol(colon + 1, NULL, 10);
+    rs_conn_close(c);
+    return 1;
+}
+
+/* ASK and TRYAGAIN: a slot in migration, settled soon. */
+static int migrating(const redisReply *r)
+{
+    return r->type == REDIS_REPLY_ERROR &&
+           (!strncmp(r->str, "ASK ", 4) || !strncmp(r->str, "TRYAGAIN", 8));
+}
+
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry)
 {
-    for (int tries = 0; tries < 1 + (retry != 0); tries++) {
+    int lost = 0;
+    for (int hops = 0; hops < 50; hops++) {
         if (!c->c && connect_now(c))
             return NULL;
         set_limit(c, c->u->timeout_ms + extra_ms);
         redisReply *r = redisCommandArgv(c->c, argc, argv, lens);
-        if (r)
+        if (!r) {
+            snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s",
+                     c->u->display, argv[0],
+                     c->c->err == REDIS_ERR_IO && errno == EAGAIN
+                         ? "no answer in time" : c->c->errstr);
+            rs_conn_close(c);
+            if (!retry || lost++)
+                return NULL;
+            continue;
+        }
+        if (!moved(c, r) && !(migrating(r) && hops < 49))
             return r;
-        snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s", c->u->display,
-                 argv[0], c->c->err == REDIS_ERR_IO && errno == EAGAIN
-                              ? "no answer in time" : c->c->errstr);
-        rs_conn_close(c);
+        freeReplyObject(r);
+        if (!c->c)
+            continue;  /* MOVED: to the node named */
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
     }
+    snprintf(c->err, sizeof c->err, "%.400s: %.100s: redirected 50 times",
+             c->u->display, argv[0]);
     return NULL;
 }

@@ -30,13 +30,18 @@ void rs_uri_free(rs_uri *u);
 typedef struct rs_conn {
     const rs_uri *u;
     redisContext *c;        /* NULL until connected */
+    char host[256];         /* the node a cluster redirected us to; "" */
+    int port;
     char err[1024];         /* why the last call failed */
 } rs_conn;
 
 /* One command; connects first if need be (AUTH, SELECT). extra_ms is
  * added to the time limit (a BLOCK). retry: after a lost connection,
  * connect again and send it once more (reads only: a write might have
- * been applied). Returns the reply (an error reply too; the caller
+ * been applied). On a Redis Cluster, a MOVED reply sends it to the node
+ * named (which later calls keep using), a connection that fails after a
+ * redirect goes back to the URI's node, and ASK or TRYAGAIN (a slot
+ * being migrated) tries again shortly, within the time limit. Returns the reply (an error reply too; the caller
  * frees) or NULL with c->err set. */
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry);
