@@ -827,6 +827,9 @@ static void progress(loop *lp, int final)
             "%" PRIu64 " new, %" PRIu64 " duplicate, %.1f MB",
             lp->st.cfg->cmd, n->read, secs > 0 ? (double)n->read / secs : 0,
             n->fresh, n->dup, (double)n->bytes / 1e6);
+    long long lag = lp->rs ? rs_source_lag(lp->rs) : -1;
+    if (lag >= 0)
+        fprintf(stderr, ", lag %lld", lag);
 }
 
 /* --stats-json of a run that failed (rc 1) says why. */
@@ -852,11 +855,12 @@ static void summary(loop *lp, int rc)
                 ",\"gave_up\":%" PRIu64 ",\"dead_letter\":%" PRIu64
                 ",\"skipped\":%" PRIu64
                 ",\"passed\":%" PRIu64 ",\"blank\":%" PRIu64
+                ",\"read_back\":%" PRIu64
                 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f,\"lines_per_sec\":"
                 "%.0f,\"resumed\":%s,\"exit\":%d",
                 c->cmd, n->read, n->fresh, n->dup, n->failed, n->gave_up,
                 n->dead_letter, n->skipped + n->invalid, n->passed, n->blank,
-                n->bytes, secs, rate,
+                n->read_back, n->bytes, secs, rate,
                 lp->st.job.resumed ? "true" : "false", rc);
         json_error(rc);
         fputs("}\n", stderr);
@@ -874,6 +878,9 @@ static void summary(loop *lp, int rc)
     fprintf(stderr, ", %" PRIu64 " skipped", n->skipped + n->invalid);
     if (n->passed)
         fprintf(stderr, ", %" PRIu64 " passed through", n->passed);
+    if (n->read_back)
+        fprintf(stderr, ", %" PRIu64 " found already written (read back)",
+                n->read_back);
     fprintf(stderr, " in %.2f s (%.0f lines/s)\n", secs, rate);
 }
 

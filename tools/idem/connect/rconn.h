@@ -41,8 +41,9 @@ typedef struct rs_conn {
  * been applied). On a Redis Cluster, a MOVED reply sends it to the node
  * named (which later calls keep using), a connection that fails after a
  * redirect goes back to the URI's node, and ASK or TRYAGAIN (a slot
- * being migrated) tries again shortly, within the time limit. Returns the reply (an error reply too; the caller
- * frees) or NULL with c->err set. */
+ * being migrated) tries again shortly (50 times at most). Returns the
+ * reply (an error reply too; the caller frees) or NULL with c->err
+ * set. */
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry);
 void rs_conn_close(rs_conn *c);

@@ -464,3 +464,30 @@ int rs_source_next(rs_source *s, nd_line *l, int wait)
             return ND_IDLE;
     }
 }
+
+long long rs_source_lag(rs_source *s)
+{
+    const char *argv[] = {"XINFO", "GROUPS", s->u.stream};
+    size_t lens[] = {5, 6, s->u.streamlen};
+    redisReply *r = rs_call(&s->rd, 3, argv, lens, 0, 1);
+    long long lag = -1;
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY && i < r->elements;
+         i++) {
+        const redisReply *g = r->element[i];
+        int ours = 0;
+        for (size_t j = 0; g->type == REDIS_REPLY_ARRAY && j + 1 < g->elements;
+             j += 2) {
+            const redisReply *k = g->element[j], *v = g->element[j + 1];
+            if (k->type != REDIS_REPLY_STRING)
+                continue;
+            if (!strcmp(k->str, "name") && v->type == REDIS_REPLY_STRING)
+                ours = !strcmp(v->str, s->u.group);
+            if (ours && !strcmp(k->str, "lag") &&
+                v->type == REDIS_REPLY_INTEGER)
+                lag = v->integer;
+        }
+    }
+    if (r)
+        freeReplyObject(r);
+    return lag;
+}

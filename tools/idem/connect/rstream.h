@@ -63,6 +63,10 @@ int rs_source_ack_flush(rs_source *s);
  * them (trimmed): they are acknowledged and counted, never waited for. */
 uint64_t rs_source_trimmed(rs_source *s);
 
+/* Entries of the stream not yet delivered to the group (XINFO GROUPS
+ * "lag"), or -1 when the server does not say. For the progress line. */
+long long rs_source_lag(rs_source *s);
+
 /* ---- sink */
 
 rs_sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
