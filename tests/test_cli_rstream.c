@@ -397,6 +397,7 @@ Test(rstream, bad_uris_and_combinations_say_what_is_wrong)
         {"--from in --to out in", "--from and input files"},
         {"--idle-exit 1s in", "--idle-exit is for a stream source"},
         {"--to out --output out2 in", "--to and --output"},
+        {"--key @id in", "--key @id (the entry's ID) is for a stream"},
     };
     t_write(t_path(dir, "in"), "{}\n", 3);
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -420,4 +421,24 @@ Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
     snprintf(store, sizeof store, "'redis-cluster://%s?prefix=%s'",
              th_cluster_addr(), th_prefix());
     dedup_kill9(store, kills(10));
+}
+
+/* --key @id: the entry's ID is the key, so a stream read again (a new
+ * group, a replay) adds nothing. */
+Test(rstream, the_entry_id_as_the_key)
+{
+    fill(50);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli(dir, "dedup --key @id --from %s --to %s "
+                           "--idle-exit 200ms 2>err",
+                           src(i ? "group=again" : "group=g"), dst()), 0,
+                     "%s", t_read(t_path(dir, "err"), NULL));
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    redisReply *q = th_cmd(rc, "XRANGE %s - +", in);
+    cr_assert_eq(r->elements, 50);
+    for (size_t i = 0; i < 50; i++)
+        cr_assert_str_eq(r->element[i]->element[1]->element[7]->str,
+                         q->element[i]->element[0]->str);
+    freeReplyObject(r);
+    freeReplyObject(q);
 }

@@ -78,6 +78,7 @@ typedef struct loop {
     stream st;
     nd_reader rd;
     rs_source *rs;   /* --from a stream: read from it, not from rd */
+    int key_is_id;   /* --key @id: a stream entry's ID is its key */
     jk_path path;
     jk *jk;
     idem_bizkey_gen *line_hash;  /* --line-hash */
@@ -206,6 +207,11 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
                                "themselves");
     if (c->from && !rs_is_uri(c->from))
         c->from = NULL;
+    if (c->key && !strcmp(c->key, "@id") && !c->from)
+        return cli_usage_error(c->cmd, "--key @id (the entry's ID) is for "
+                               "a stream source (--from redis-stream://"
+                               "...); to key a field named @id, write "
+                               "--key /@id");
     return 0;
 }
 
@@ -356,8 +362,12 @@ static int classify(loop *lp, batch *b, const nd_line *l)
         lp->st.n.blank++;
         return IT_DROP;
     }
-    char hash[LH_KEY_LEN];
-    if (lp->st.cfg->line_mode) {
+    char hash[LH_KEY_LEN], id[48];
+    if (lp->key_is_id) {  /* --key @id: the entry's ID, MS-SEQ */
+        klen = (size_t)snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64,
+                                l->end, l->lineno);
+        key = id;
+    } else if (lp->st.cfg->line_mode) {
         klen -= klen && key[klen - 1] == '\r';
         if (lp->line_hash) {
             if (lh_key(lp->line_hash, lp->st.cfg->cmd, key, klen, hash))
@@ -1052,7 +1062,8 @@ static int setup(loop *lp, const stream_cfg *c)
     lp->st.cfg = c;
     lp->tty = isatty(2);
     lp->t0 = lp->last_progress = now_s();
-    if (!c->line_mode) {
+    lp->key_is_id = c->key && !strcmp(c->key, "@id");
+    if (!c->line_mode && !lp->key_is_id) {
         if (jk_path_parse(c->key, &lp->path, err, sizeof err))
             return cli_usage_error(c->cmd, "--key %s: %s", c->key, err);
         if (!(lp->jk = jk_new(&lp->path)))

@@ -109,6 +109,26 @@ int stream_run(const stream_cfg *cfg);
         {"idle-exit", 1, 0, 'I'},                                         \
         {"help", 0, 0, 'h'}
 
+/* The help of the options that name a stream, for both commands. */
+#define STREAM_ENDS_HELP \
+    "  --from URI        read a stream instead of files (a path here is an\n" \
+    "                    INPUT): redis-stream://[USER:PASSWORD@]HOST[:PORT]\n" \
+    "                    [/DB]/STREAM?group=G[&consumer=C][&start=0|$]: a\n" \
+    "                    consumer group, made if missing; C defaults to\n" \
+    "                    the host name (give each worker its own). Each\n" \
+    "                    entry is a JSON object of its fields; it is acked\n" \
+    "                    once committed, and a dead consumer's entries are\n" \
+    "                    taken over after --lease\n" \
+    "  --to URI          write a stream instead of --output:\n" \
+    "                    redis-stream://.../STREAM[?maxlen=~N]: an entry\n" \
+    "                    per output line, its members as fields, plus\n" \
+    "                    idem-key.\n" \
+    "                    Exactly once across kill -9: what a dead run wrote\n" \
+    "                    and did not commit is read back, not written again\n" \
+    "                    (docs/streams.md)\n" \
+    "  --idle-exit DURATION  a stream source runs until SIGTERM or SIGINT;\n" \
+    "                    with this, also until nothing new came for DURATION\n"
+
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
 int stream_opt(stream_cfg *c, int ch, const char *arg);
