@@ -442,3 +442,30 @@ Test(rstream, the_entry_id_as_the_key)
     freeReplyObject(r);
     freeReplyObject(q);
 }
+
+/* SIGTERM stops a stream run gracefully (exit 0: what was done is
+ * committed and acknowledged), and the next run goes on from there. */
+Test(rstream, sigterm_stops_gracefully_and_the_next_run_goes_on)
+{
+    int nkeys = fill(300);
+    pid_t p = t_cli_start(dir, "run --key event_id --from %s --to %s "
+                          "--batch 20 --commit-interval 10ms --exec "
+                          "'\"$IDEM_PROGS/handler\" sleep=5' 2>err",
+                          src("group=g"), dst());
+    usleep(700 * 1000);
+    kill(p, SIGTERM);
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_path(dir, "err"), NULL));
+    cr_assert(t_grep(t_path(dir, "err"), "stopped by SIGTERM"));
+    redisReply *r = th_cmd(rc, "XLEN %s", out);
+    long long done = r->integer;
+    freeReplyObject(r);
+    cr_assert(done > 0 && done < nkeys, "%lld of %d done at the stop",
+              done, nkeys);
+    cr_assert_eq(t_cli(dir, "run --key event_id --from %s --to %s "
+                       "--idle-exit 300ms --exec '\"$IDEM_PROGS/handler\"' "
+                       "2>err", src("group=g"), dst()), 0);
+    r = th_cmd(rc, "XLEN %s", out);
+    cr_assert_eq(r->integer, nkeys);
+    freeReplyObject(r);
+    expect_nothing_pending("g");
+}

@@ -61,7 +61,15 @@
  * --line-hash, version 3): a run keyed otherwise would find every key of
  * the job new, and run again each message that comes again (a rerun
  * from the start, a redelivery). Checkpoints of version 2 do not say;
- * the next commit records the run's way. */
+ * the next commit records the run's way.
+ *
+ * A stream output (--to, version 4: " to=ID") cannot be cut back, so the
+ * invariant there is about what follows the position instead: whenever
+ * the store holds a checkpoint naming entry ID, every entry of the
+ * stream after ID that this job wrote is of a batch that may not have
+ * committed. The next run reads those entries back (connect/rsink.c)
+ * and does not write their keys again. The position only moves forward
+ * with commits, as out_len does for a file. */
 #include "job.h"
 
 #include <errno.h>
