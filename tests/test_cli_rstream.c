@@ -469,3 +469,27 @@ Test(rstream, sigterm_stops_gracefully_and_the_next_run_goes_on)
     freeReplyObject(r);
     expect_nothing_pending("g");
 }
+
+/* An input that carries an idem-key of its own (an upstream idem keyed
+ * by another field): the output's idem-key is this job's key, in place,
+ * so that read-back finds this job's keys. */
+Test(rstream, an_upstream_idem_key_is_replaced_in_place)
+{
+    freeReplyObject(th_cmd(rc, "XADD %s * idem-key up1 user u7 n 1", in));
+    freeReplyObject(th_cmd(rc, "XADD %s * idem-key up2 user u7 n 2", in));
+    freeReplyObject(th_cmd(rc, "XADD %s * idem-key u8 user u8 n 3", in));
+    cr_assert_eq(t_cli(dir, "dedup --key user --from %s --to %s "
+                       "--idle-exit 200ms 2>err", src("group=g"), dst()),
+                 0);
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    cr_assert_eq(r->elements, 2);
+    const char *want[2][6] = {{"idem-key", "u7", "user", "u7", "n", "1"},
+                              {"idem-key", "u8", "user", "u8", "n", "3"}};
+    for (size_t i = 0; i < 2; i++) {
+        redisReply *f = r->element[i]->element[1];
+        cr_assert_eq(f->elements, 6);
+        for (size_t j = 0; j < 6; j++)
+            cr_assert_str_eq(f->element[j]->str, want[i][j]);
+    }
+    freeReplyObject(r);
+}

@@ -2,8 +2,8 @@
  *
  * Each output line becomes one entry (XADD), pipelined per commit: the
  * line's top-level members are its fields in order (string values
- * decoded, any other value as its JSON text), and the message's key is
- * the field idem-key unless the line has one. A line that is not a JSON
+ * decoded, any other value as its JSON text), and the field idem-key
+ * holds the message's key (set_key). A line that is not a JSON
  * object (--line) is one field, data.
  *
  * Exactly once without a transaction across the stream and the store:
@@ -52,6 +52,7 @@ struct rs_sink {
     cli_buf buf;
     size_t *off, *len, nf, capf;
     int has_key;
+    size_t key_field;    /* its index in off/len */
     int depth;
     size_t vstart;
     const char *text;
@@ -299,7 +300,10 @@ static int on_key(void *ctx, const unsigned char *p, size_t n)
     rs_sink *k = ctx;
     if (k->depth != 1)
         return 1;
-    k->has_key |= n == 8 && !memcmp(p, "idem-key", 8);
+    if (n == 8 && !memcmp(p, "idem-key", 8)) {
+        k->has_key = 1;
+        k->key_field = k->nf + 1;  /* its value comes next */
+    }
     return push(k, p, n);
 }
 
@@ -347,13 +351,30 @@ static int to_fields(rs_sink *k, const char *text, size_t len)
     return push(k, "data", 4) && push(k, text, len) ? 0 : -1;
 }
 
+/* The entry's idem-key is this job's key: added, or, when the line
+ * carries another one (the output of an idem upstream keyed otherwise),
+ * replaced, since read-back looks for this job's keys. 0 or -1. */
+static int set_key(rs_sink *k, const void *key, size_t keylen)
+{
+    if (!k->has_key)
+        return push(k, "idem-key", 8) && push(k, key, keylen) ? 0 : -1;
+    size_t i = k->key_field;
+    if (k->len[i] == keylen && !memcmp(k->buf.p + k->off[i], key, keylen))
+        return 0;
+    size_t off = k->buf.len;
+    if (cli_buf_add(&k->buf, key, keylen))
+        return -1;
+    k->off[i] = off;
+    k->len[i] = keylen;
+    return 0;
+}
+
 int rs_sink_put(rs_sink *k, const char *text, size_t len, const void *key,
                 size_t keylen)
 {
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
         len--;
-    if (to_fields(k, text, len) ||
-        (!k->has_key && (!push(k, "idem-key", 8) || !push(k, key, keylen))))
+    if (to_fields(k, text, len) || set_key(k, key, keylen))
         return cli_fail(k->cmd, "out of memory"), -1;
     char maxlen[24];
     snprintf(maxlen, sizeof maxlen, "%" PRIu64, k->u.maxlen);
