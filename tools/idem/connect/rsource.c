@@ -424,7 +424,7 @@ static long claim_idle(rs_source *s)
 
 /* One round: own pending first, then idle ones now and then, then new
  * ones (blocking when wait). Entries read, 0, or ND_ERR. */
-static long fetch(rs_source *s, int wait)
+static long fetch_round(rs_source *s, int wait)
 {
     if (!s->own_done) {
         long got = read_group(s, s->own_cursor, -1);
@@ -437,7 +437,13 @@ static long fetch(rs_source *s, int wait)
         if (got)
             return got;
     }
-    long got = read_group(s, ">", wait ? BLOCK_SLICE_MS : -1);
+    return read_group(s, ">", wait ? BLOCK_SLICE_MS : -1);
+}
+
+/* A round, and the clock of --idle-exit: anything read restarts it. */
+static long fetch(rs_source *s, int wait)
+{
+    long got = fetch_round(s, wait);
     if (got > 0)
         s->last_new_ms = now_ms();
     return got;
