@@ -66,7 +66,34 @@ static int bad(const rs_uri *u, const char *cmd, const char *what)
                            u->display, what);
 }
 
-/* [USER:PASSWORD@]HOST[:PORT] */
+/* HOST[:PORT], added to the list. */
+static int parse_host(rs_uri *u, const char *cmd, const char *a, size_t n)
+{
+    const char *colon = memchr(a, ':', n);
+    size_t hl = colon ? (size_t)(colon - a) : n;
+    unsigned long port = u->sentinel ? 26379 : 6379;
+    if (colon) {
+        char num[16], *end;
+        snprintf(num, sizeof num, "%.*s", (int)(n - hl - 1), colon + 1);
+        errno = 0;
+        port = strtoul(num, &end, 10);
+        if (!*num || *end || errno || port == 0 || port > 65535 ||
+            n - hl - 1 >= sizeof num)
+            return bad(u, cmd, "a port is not a number from 1 to 65535");
+    }
+    if (!hl)
+        return bad(u, cmd, "a host is empty");
+    if (u->nhosts == RS_MAX_HOSTS)
+        return bad(u, cmd, "more than 16 hosts");
+    char *h = strndup(a, hl);
+    if (!h)
+        return bad(u, cmd, "out of memory");
+    u->hosts[u->nhosts] = h;
+    u->ports[u->nhosts++] = (int)port;
+    return 0;
+}
+
+/* [USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...] */
 static int parse_authority(rs_uri *u, const char *cmd, const char *a,
                            size_t n)
 {
@@ -88,25 +115,16 @@ static int parse_authority(rs_uri *u, const char *cmd, const char *a,
         n -= (size_t)(at + 1 - a);
         a = at + 1;
     }
-    const char *colon = memchr(a, ':', n);
-    size_t hl = colon ? (size_t)(colon - a) : n;
-    uint64_t port = 6379;
-    if (colon) {
-        char num[16];
-        snprintf(num, sizeof num, "%.*s", (int)(n - hl - 1), colon + 1);
-        char *end;
-        errno = 0;
-        unsigned long v = strtoul(num, &end, 10);
-        if (!*num || *end || errno || v == 0 || v > 65535 ||
-            n - hl - 1 >= sizeof num)
-            return bad(u, cmd, "the port is not a number from 1 to 65535");
-        port = v;
+    while (n) {
+        size_t one = strcspn(a, ",");
+        one = one < n ? one : n;
+        int rc = parse_host(u, cmd, a, one);
+        if (rc)
+            return rc;
+        a += one + (one < n);
+        n -= one + (one < n);
     }
-    if (!hl)
-        return bad(u, cmd, "no host");
-    u->host = strndup(a, hl);
-    u->port = (int)port;
-    return u->host ? 0 : bad(u, cmd, "out of memory");
+    return u->nhosts ? 0 : bad(u, cmd, "no host");
 }
 
 /* [/DB]/STREAM */
@@ -191,6 +209,8 @@ static int parse_param(rs_uri *u, const char *cmd, int sink, const char *p,
         rc = take(&u->start, v, vl);
     else if (!strcmp(name, "password_file"))
         rc = take(pwfile, v, vl);
+    else if (!strcmp(name, "sentinel"))
+        rc = take(&u->sentinel, v, vl);
     else if (!strcmp(name, "maxlen") && sink)
         return number(u, cmd, name, v + (vl && *v == '~'),
                       vl - (vl && *v == '~'), UINT64_MAX / 2, &u->maxlen);
@@ -218,24 +238,29 @@ static int parse_param(rs_uri *u, const char *cmd, int sink, const char *p,
 
 static int parse_query(rs_uri *u, const char *cmd, int sink, const char *q)
 {
-    char *pwfile = NULL;
     int rc = 0;
     while (!rc && q && *q) {
         size_t n = strcspn(q, "&");
         if (n)
-            rc = parse_param(u, cmd, sink, q, n, &pwfile);
+            rc = parse_param(u, cmd, sink, q, n, &u->pwfile);
         q += n + (q[n] == '&');
     }
-    if (!rc && pwfile && u->pass)
-        rc = bad(u, cmd, "a password in the URI and a password_file: give "
-                 "one");
-    if (!rc && pwfile)
-        rc = read_password_file(u, cmd, pwfile);
-    free(pwfile);
-    const char *env = getenv("IDEM_REDIS_PASSWORD");
-    if (!rc && !u->pass && env && *env && !(u->pass = strdup(env)))
-        rc = bad(u, cmd, "out of memory");
     return rc;
+}
+
+/* The password: in the URI, from password_file=, or from the
+ * environment, as for redis:// stores. */
+static int password(rs_uri *u, const char *cmd)
+{
+    if (u->pwfile && u->pass)
+        return bad(u, cmd, "a password in the URI and a password_file: "
+                   "give one");
+    if (u->pwfile)
+        return read_password_file(u, cmd, u->pwfile);
+    const char *env = getenv("IDEM_REDIS_PASSWORD");
+    if (!u->pass && env && *env && !(u->pass = strdup(env)))
+        return bad(u, cmd, "out of memory");
+    return 0;
 }
 
 static int defaults(rs_uri *u, const char *cmd, int sink)
@@ -273,16 +298,20 @@ int rs_uri_parse(const char *cmd, const char *uri, int sink, rs_uri *u)
     const char *slash = memchr(a, '/', upto);
     if (!slash)
         return bad(u, cmd, "no stream name after the host");
-    int rc = parse_authority(u, cmd, a, (size_t)(slash - a));
+    int rc = parse_query(u, cmd, sink, q ? q + 1 : NULL);
+    rc = rc ? rc : parse_authority(u, cmd, a, (size_t)(slash - a));
     rc = rc ? rc : parse_path(u, cmd, slash + 1,
                               upto - (size_t)(slash + 1 - a));
-    rc = rc ? rc : parse_query(u, cmd, sink, q ? q + 1 : NULL);
+    rc = rc ? rc : password(u, cmd);
     return rc ? rc : defaults(u, cmd, sink);
 }
 
 void rs_uri_free(rs_uri *u)
 {
-    free(u->host);
+    for (size_t i = 0; i < u->nhosts; i++)
+        free(u->hosts[i]);
+    free(u->sentinel);
+    free(u->pwfile);
     free(u->user);
     free(u->pass);
     free(u->stream);
@@ -335,20 +364,18 @@ static int setup_call(rs_conn *c, int argc, const char **argv)
     return ok ? 0 : -1;
 }
 
-static int connect_now(rs_conn *c)
+/* Connect to host:port, AUTH and SELECT. 0 or -1 with c->err set. */
+static int open_node(rs_conn *c, const char *host, int port)
 {
     const rs_uri *u = c->u;
     struct timeval tv = {(time_t)(u->timeout_ms / 1000),
                          (suseconds_t)(u->timeout_ms % 1000) * 1000};
-    const char *host = c->host[0] ? c->host : u->host;
-    int port = c->host[0] ? c->port : u->port;
     c->c = redisConnectWithTimeout(host, port, tv);
     if (!c->c || c->c->err) {
         snprintf(c->err, sizeof c->err, "%.400s: cannot connect to "
                  "%.256s:%d: %.300s", u->display, host, port,
                  c->c ? c->c->errstr : "out of memory");
         rs_conn_close(c);
-        c->host[0] = 0;  /* a redirect's node is gone: back to the URI's */
         return -1;
     }
     set_limit(c, u->timeout_ms);
@@ -362,6 +389,81 @@ static int connect_now(rs_conn *c)
         return -1;
     }
     return 0;
+}
+
+/* The master's address, from the first sentinel that knows it. */
+static int ask_sentinels(rs_conn *c, char host[256], int *port)
+{
+    const rs_uri *u = c->u;
+    struct timeval tv = {(time_t)(u->timeout_ms / 1000),
+                         (suseconds_t)(u->timeout_ms % 1000) * 1000};
+    const char *argv[] = {"SENTINEL", "get-master-addr-by-name",
+                          u->sentinel};
+    snprintf(c->err, sizeof c->err, "%.400s: no sentinel answered",
+             u->display);
+    for (size_t i = 0; i < u->nhosts; i++) {
+        redisContext *sc = redisConnectWithTimeout(u->hosts[i], u->ports[i],
+                                                   tv);
+        redisReply *r = sc && !sc->err
+                            ? redisCommandArgv(sc, 3, argv, NULL) : NULL;
+        int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2;
+        if (ok) {
+            snprintf(host, 256, "%s", r->element[0]->str);
+            *port = (int)strtol(r->element[1]->str, NULL, 10);
+        } else if (r) {
+            snprintf(c->err, sizeof c->err, "%.400s: sentinel %.256s:%d "
+                     "does not know master '%.100s'", u->display,
+                     u->hosts[i], u->ports[i], u->sentinel);
+        }
+        if (r)
+            freeReplyObject(r);
+        if (sc)
+            redisFree(sc);
+        if (ok)
+            return 0;
+    }
+    return -1;
+}
+
+/* Is the node a master (ROLE)? A sentinel's answer may be stale. */
+static int is_master(rs_conn *c)
+{
+    const char *argv[] = {"ROLE"};
+    redisReply *r = redisCommandArgv(c->c, 1, argv, NULL);
+    int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             !strcmp(r->element[0]->str, "master");
+    if (r)
+        freeReplyObject(r);
+    if (!ok)
+        snprintf(c->err, sizeof c->err, "%.400s: the node the sentinels "
+                 "name for '%.100s' is not a master (yet)", c->u->display,
+                 c->u->sentinel);
+    return ok;
+}
+
+/* Connect: to the node a redirect named, else the master the sentinels
+ * name, else the URI's hosts in turn. 0 or -1 with c->err set. */
+static int connect_now(rs_conn *c)
+{
+    const rs_uri *u = c->u;
+    if (c->host[0] && !open_node(c, c->host, c->port))
+        return 0;
+    c->host[0] = 0;  /* a redirect's node is gone: back to the URI's */
+    if (u->sentinel) {
+        char host[256];
+        int port;
+        if (ask_sentinels(c, host, &port) || open_node(c, host, port))
+            return -1;
+        if (is_master(c))
+            return 0;
+        rs_conn_close(c);
+        return -1;
+    }
+    for (size_t i = 0; i < u->nhosts; i++)
+        if (!open_node(c, u->hosts[i], u->ports[i]))
+            return 0;
+    return -1;
 }
 
 int rs_conn_ready(rs_conn *c)
@@ -388,20 +490,46 @@ static int moved(rs_conn *c, const redisReply *r)
     return 1;
 }
 
-/* ASK and TRYAGAIN: a slot in migration, settled soon. */
-static int migrating(const redisReply *r)
+/* Replies after which the same command succeeds soon: a slot in
+ * migration (ASK, TRYAGAIN), a failover (READONLY from a demoted master,
+ * MASTERDOWN, CLUSTERDOWN), a restart (LOADING). The command was not
+ * applied, so sending it again is safe, a write too. */
+static int transient(const redisReply *r)
 {
-    return r->type == REDIS_REPLY_ERROR &&
-           (!strncmp(r->str, "ASK ", 4) || !strncmp(r->str, "TRYAGAIN", 8));
+    static const char *const codes[] = {"ASK ", "TRYAGAIN", "READONLY",
+                                        "MASTERDOWN", "CLUSTERDOWN",
+                                        "LOADING", NULL};
+    for (int i = 0; r->type == REDIS_REPLY_ERROR && codes[i]; i++)
+        if (!strncmp(r->str, codes[i], strlen(codes[i])))
+            return 1;
+    return 0;
+}
+
+static int64_t mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void pause_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry)
 {
+    int64_t until = mono_ms() + c->u->timeout_ms;
     int lost = 0;
-    for (int hops = 0; hops < 50; hops++) {
-        if (!c->c && connect_now(c))
-            return NULL;
+    for (;;) {
+        if (!c->c && connect_now(c)) {
+            if (mono_ms() >= until)
+                return NULL;  /* nothing was sent: safe to go on trying */
+            pause_ms(200);
+            continue;
+        }
         set_limit(c, c->u->timeout_ms + extra_ms);
         redisReply *r = redisCommandArgv(c->c, argc, argv, lens);
         if (!r) {
@@ -414,15 +542,13 @@ redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                 return NULL;
             continue;
         }
-        if (!moved(c, r) && !(migrating(r) && hops < 49))
-            return r;
+        int redirect = moved(c, r), again = !redirect && transient(r);
+        if ((!redirect && !again) || mono_ms() >= until)
+            return r;  /* an answer, or the error of the last try */
         freeReplyObject(r);
-        if (!c->c)
-            continue;  /* MOVED: to the node named */
-        struct timespec ts = {0, 100 * 1000 * 1000};
-        nanosleep(&ts, NULL);
+        if (again) {
+            rs_conn_close(c);  /* a failover may have moved the master */
+            pause_ms(100);
+        }
     }
-    snprintf(c->err, sizeof c->err, "%.400s: %.100s: redirected 50 times",
-             c->u->display, argv[0]);
-    return NULL;
 }

@@ -5,10 +5,15 @@
 #include <hiredis/hiredis.h>
 #include <stdint.h>
 
+#define RS_MAX_HOSTS 16
+
 typedef struct rs_uri {
-    char *host;
-    int port;
+    char *hosts[RS_MAX_HOSTS];  /* tried in turn; with sentinel, these */
+    int ports[RS_MAX_HOSTS];    /* are the sentinels */
+    size_t nhosts;
+    char *sentinel;         /* sentinel=MASTER: ask them for its address */
     char *user, *pass;      /* NULL: no AUTH */
+    char *pwfile;           /* password_file= */
     int db;
     char *stream;           /* percent-decoded */
     size_t streamlen;
