@@ -85,7 +85,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#include "rstream.h"
+#include "connect.h"
 
 /* A checkpoint's text: seven numbers, how keys are made and a key space
  * name. */
@@ -500,15 +500,14 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
 }
 
 int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
-                   const key_space *ks, const char *keyed,
-                   struct rs_sink *sink)
+                   const key_space *ks, const char *keyed, sink *out)
 {
     memset(j, 0, sizeof *j);
     j->cmd = cmd;
     j->s = s;
     j->ks = ks;
     j->keyed = keyed;
-    j->sink = sink;
+    j->sink = out;
     j->out_fd = -1;
     size_t k = strlen(cmd) + 1;
     snprintf(j->name, sizeof j->name, "%s:", cmd);
@@ -518,10 +517,11 @@ int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
         return rc;
     if (found) {
         j->resumed = 1;
-        return rs_sink_read_back(sink, j->sink_pos) ? 1 : 0;
+        return out->ops->read_back(out, j->sink_pos) ? 1 : 0;
     }
-    if (rs_sink_last(sink, j->sink_pos))
+    if (out->ops->start(out))
         return 1;
+    snprintf(j->sink_pos, sizeof j->sink_pos, "%s", out->ops->pos(out));
     return take_output(j);
 }
 
@@ -562,17 +562,18 @@ static int write_sink(job *j)
     int rc = 0;
     for (size_t i = 0; !rc && i < j->nrecs; i++) {
         const job_rec *r = &j->recs[i];
-        rc = rs_sink_put(j->sink, j->obuf.p + r->off, r->len,
-                         j->rkeys.p + r->koff, r->klen);
+        rc = j->sink->ops->put(j->sink, j->obuf.p + r->off, r->len,
+                               j->rkeys.p + r->koff, r->klen);
     }
-    rc = rc ? rc : rs_sink_flush(j->sink);
+    rc = rc ? rc : j->sink->ops->flush(j->sink);
     if (!rc && j->nrecs)
         cli_kill_point("sink-written");  /* before the commit */
     j->nrecs = 0;
     j->rkeys.len = 0;
     if (rc)
         return IDEM_EIO;
-    snprintf(j->sink_pos, sizeof j->sink_pos, "%s", rs_sink_pos(j->sink));
+    snprintf(j->sink_pos, sizeof j->sink_pos, "%s",
+             j->sink->ops->pos(j->sink));
     return 0;
 }
 
@@ -619,7 +620,8 @@ int job_end(job *j)
     cli_buf_free(&j->obuf);
     cli_buf_free(&j->rkeys);
     free(j->recs);
-    rs_sink_close(j->sink);
+    if (j->sink)
+        j->sink->ops->close(j->sink);
     j->sink = NULL;
     if (j->out_path && j->out_fd >= 0 && close(j->out_fd) != 0)
         return cli_fail(j->cmd, "closing %s: %s", j->out_path,

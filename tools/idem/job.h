@@ -22,7 +22,7 @@ typedef struct job_pos {
                           * of each (0 while input is 0) */
 } job_pos;
 
-struct rs_sink;
+struct sink;
 
 /* One entry of a stream sink: a line of obuf and the key it is for. */
 typedef struct job_rec {
@@ -43,7 +43,7 @@ typedef struct job {
     cli_buf obuf;          /* the output of the batch being committed */
     job_pos pos;           /* where the committed state ends */
     int resumed;
-    struct rs_sink *sink;  /* --to a stream: entries, not a file */
+    struct sink *sink;     /* --to a stream: entries, not a file */
     char sink_pos[32];     /* the sink's position at the last commit */
     job_rec *recs;         /* the batch's entries (sink only) */
     size_t nrecs, caprecs;
@@ -85,10 +85,10 @@ int job_start(job *j, const char *cmd, idem_store *s, const char *name,
 
 /* As job_start() for a stream sink (which takes ownership of it): the
  * checkpoint names the sink's position, and the entries after it are
- * read back (rstream.h). Returns 0 or an exit status. */
+ * read back (connect.h). Returns 0 or an exit status. */
 int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
                    const key_space *ks, const char *keyed,
-                   struct rs_sink *sink);
+                   struct sink *out);
 
 /* The output appended to obuf since `from` is the entry of key (a stream
  * sink needs it to write idem-key); nothing for a file. 0 or -1. */

@@ -48,7 +48,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rstream.h"
+#include "connect.h"
 #include "deadletter.h"
 
 #define MAX_WARNINGS 10
@@ -77,7 +77,7 @@ typedef struct batch {
 typedef struct loop {
     stream st;
     nd_reader rd;
-    rs_source *rs;   /* --from a stream: read from it, not from rd */
+    source *src;     /* files (rd) or a stream (--from) */
     int key_is_id;   /* --key @id: a stream entry's ID is its key */
     jk_path path;
     jk *jk;
@@ -190,22 +190,22 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
     if (c->from && c->ninputs)
         return cli_usage_error(c->cmd, "--from and input files exclude each "
                                "other: give the input one way");
-    if (c->from && !rs_is_uri(c->from)) {
+    if (c->from && !connect_is_uri(c->from)) {
         c->inputs = (char **)&c->from;
         c->ninputs = 1;
     }
     if (c->to && c->output)
         return cli_usage_error(c->cmd, "--to and --output exclude each "
                                "other: give the output one way");
-    if (c->to && !rs_is_uri(c->to)) {
+    if (c->to && !connect_is_uri(c->to)) {
         c->output = c->to;
         c->to = NULL;
     }
-    if (c->idle_exit_ms && !rs_is_uri(c->from))
+    if (c->idle_exit_ms && !connect_is_uri(c->from))
         return cli_usage_error(c->cmd, "--idle-exit is for a stream source "
                                "(--from redis-stream://...): files end by "
                                "themselves");
-    if (c->from && !rs_is_uri(c->from))
+    if (c->from && !connect_is_uri(c->from))
         c->from = NULL;
     if (c->key && !strcmp(c->key, "@id") && !c->from)
         return cli_usage_error(c->cmd, "--key @id (the entry's ID) is for "
@@ -270,34 +270,10 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
 /* ------------------------------------------------------------------------
  * Reading a batch */
 
-/* The source: files (nd_reader) or a stream (rs_source). */
-
-static int src_next(loop *lp, nd_line *l, int wait)
-{
-    return lp->rs ? rs_source_next(lp->rs, l, wait)
-                  : nd_next(&lp->rd, l, wait);
-}
-
-static void src_release(loop *lp)
-{
-    if (lp->rs)
-        rs_source_release(lp->rs);
-    else
-        nd_release(&lp->rd);
-}
-
-static const char *src_err(const loop *lp)
-{
-    return lp->rs ? rs_source_err(lp->rs) : lp->rd.err;
-}
-
 /* Where l is, for messages: FILE:LINE, or the stream entry. */
 static void src_where(const loop *lp, const nd_line *l, char *buf, size_t n)
 {
-    if (lp->rs)
-        rs_source_where(lp->rs, l, buf, n);
-    else
-        snprintf(buf, n, "%s:%" PRIu64, nd_name(&lp->rd), l->lineno);
+    lp->src->ops->where(lp->src, l, buf, n);
 }
 
 static int is_blank(const nd_line *l)
@@ -435,54 +411,37 @@ static void fix_pointers(batch *b)
     }
 }
 
-/* Before a read that may block (a pipe with no whole line buffered):
- * wait until the input has bytes or a stop is asked for, since the
- * reader's read(2) goes on after the signal. 1 if stopping. */
-static int wait_input(const loop *lp)
-{
-    const nd_reader *rd = &lp->rd;
-    if (lp->rs)
-        return stream_stop != 0;  /* its reads block in short slices */
-    if (rd->fd < 0 || rd->eof || rd->cur >= rd->npaths ||
-        (rd->pos < rd->end &&
-         memchr(rd->buf + rd->pos, '\n', rd->end - rd->pos)))
-        return stream_stop != 0;
-    struct pollfd p = {rd->fd, POLLIN, 0};
-    while (!stream_stop && poll(&p, 1, 100) == 0)
-        ;
-    return stream_stop != 0;
-}
-
 /* Read up to one batch into b; b->done when the inputs are done. After a
  * stop signal, whatever b holds is not committed. */
 static void read_batch(loop *lp, batch *b)
 {
+    source *src = lp->src;
     b->nitems = b->nmsgs = 0;
     b->keys.len = b->text.len = 0;
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
         nd_line l;
-        if (b->nitems == 0 && wait_input(lp))
+        if (b->nitems == 0 && src->ops->wait(src))
             break;
-        int rc = src_next(lp, &l, b->nitems == 0);
+        int rc = src->ops->next(src, &l, b->nitems == 0);
         if (rc == ND_LINE) {
             if (add_item(lp, b, &l))
                 break;
             continue;
         }
-        src_release(lp);
+        src->ops->release(src);
         if (rc == ND_NEXT && b->nitems == 0) {
             b->input = lp->rd.cur;
             continue;
         }
         if (rc == ND_ERR)
-            b->stop = cli_fail(lp->st.cfg->cmd, "%s", src_err(lp));
+            b->stop = cli_fail(lp->st.cfg->cmd, "%s", src->ops->err(src));
         b->done = rc == ND_END;
         if (rc != ND_FULL || b->nitems)
             break;
     }
-    src_release(lp);
+    src->ops->release(src);
     fix_pointers(b);
 }
 
@@ -542,8 +501,9 @@ static int in_sink(loop *lp, const idem_msg *m)
                              m->result != IDEM_MSG_FAILED &&
                              m->result != IDEM_MSG_GAVE_UP))
         return 0;
-    return rs_sink_has(lp->st.job.sink, m->key, m->keylen, m->attempt > 1,
-                       &st, &res, &rlen);
+    sink *k = lp->st.job.sink;
+    return k->ops->has(k, m->key, m->keylen, m->attempt > 1, &st, &res,
+                       &rlen);
 }
 
 /* Append item l's output (m: its outcome, NULL for a line passed
@@ -725,9 +685,9 @@ static void ack_committed(loop *lp)
                                   b->items[upto].msg >= lp->base))
         upto++;
     for (size_t i = 0; i < upto; i++)
-        if (rs_source_ack(lp->rs, &b->items[i].l))
+        if (lp->src->ops->ack(lp->src, &b->items[i].l))
             return;
-    rs_source_ack_flush(lp->rs);
+    lp->src->ops->ack_flush(lp->src);
 }
 
 /* Answers the sink gave (from_sink) live until the batch is done. */
@@ -743,7 +703,7 @@ static void *commit_batch(void *arg)
     loop *lp = arg;
     forget_kept(lp);
     commit_runs(lp);
-    if (lp->rs)
+    if (lp->src->ops->ack)
         ack_committed(lp);
     return NULL;
 }
@@ -837,7 +797,7 @@ static void progress(loop *lp, int final)
             "%" PRIu64 " new, %" PRIu64 " duplicate, %.1f MB",
             lp->st.cfg->cmd, n->read, secs > 0 ? (double)n->read / secs : 0,
             n->fresh, n->dup, (double)n->bytes / 1e6);
-    long long lag = lp->rs ? rs_source_lag(lp->rs) : -1;
+    long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
     if (lag >= 0)
         fprintf(stderr, ", lag %lld", lag);
 }
@@ -1012,7 +972,8 @@ static int from_sink(loop *lp, idem_task *t)
     const key_space *ks = &lp->st.cfg->ks;
     const char *st, *res;
     size_t rlen;
-    int rc = rs_sink_has(lp->st.job.sink, (const char *)t->key + ks->len,
+    sink *k = lp->st.job.sink;
+    int rc = k->ops->has(k, (const char *)t->key + ks->len,
                          t->keylen - ks->len, t->attempt > 1, &st, &res,
                          &rlen);
     if (rc <= 0 || !st)
@@ -1186,12 +1147,15 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
 {
     const stream_cfg *c = lp->st.cfg;
     int rc;
-    rs_sink *k = rs_sink_open(c->cmd, c->to, lease_ms, &rc);
+    sink *k = sink_open(c->cmd, c->to, lease_ms, &rc);
     if (!k)
         return rc;
+    const char *worker = lp->src && lp->src->ops->worker
+                             ? lp->src->ops->worker(lp->src) : NULL;
     char name[1200];
-    snprintf(name, sizeof name, "%s%s%s", c->job ? c->job : rs_sink_name(k),
-             lp->rs ? "#" : "", lp->rs ? rs_source_consumer(lp->rs) : "");
+    snprintf(name, sizeof name, "%s%s%s", c->job ? c->job
+                                                 : k->ops->name(k),
+             worker ? "#" : "", worker ? worker : "");
     return job_start_sink(&lp->st.job, c->cmd, lp->s, name, &c->ks, keyed,
                           k);
 }
@@ -1204,10 +1168,9 @@ static int open_ends(loop *lp)
                         : c->line_mode ? "--line"
                                        : "--key";
     int64_t lease = c->lease_ms ? c->lease_ms : 30000;
+    source_opts o = {c->batch, lease, c->idle_exit_ms, &stream_stop};
     int rc = 0;
-    if (c->from && !(lp->rs = rs_source_open(c->cmd, c->from, c->batch,
-                                             lease, c->idle_exit_ms,
-                                             &stream_stop, &rc)))
+    if (c->from && !(lp->src = source_open(c->cmd, c->from, &o, &rc)))
         return rc;
     if (c->to)
         return start_sink(lp, keyed, lease);
@@ -1216,16 +1179,19 @@ static int open_ends(loop *lp)
     rc = job_start(&lp->st.job, c->cmd, lp->s, c->job, &c->ks, keyed,
                    c->output, c->overwrite, c->inputs, c->ninputs, &at, &off,
                    &lineno);
-    if (!rc && !lp->rs &&
-        nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
-        rc = cli_fail(c->cmd, "%s", lp->rd.err);
-    return rc;
+    if (rc || lp->src)
+        return rc;
+    if (nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
+        return cli_fail(c->cmd, "%s", lp->rd.err);
+    if (!(lp->src = source_files(&lp->rd, &o)))
+        return cli_fail(c->cmd, "out of memory");
+    return 0;
 }
 
 /* Entries a stream lost (trimmed while pending) are said, not hidden. */
 static void report_trimmed(loop *lp)
 {
-    uint64_t n = lp->rs ? rs_source_trimmed(lp->rs) : 0;
+    uint64_t n = lp->src->ops->lost ? lp->src->ops->lost(lp->src) : 0;
     lp->st.n.trimmed += n;
     lp->st.n.skipped += n;
     if (n)
@@ -1280,7 +1246,8 @@ int stream_run(const stream_cfg *c)
         rc = cli_fail(c->cmd, "closing the store failed");
     idem_runner_free(lp.runner);
     nd_close(&lp.rd);
-    rs_source_close(lp.rs);
+    if (lp.src)
+        lp.src->ops->close(lp.src);
     forget_kept(&lp);
     free(lp.kept);
     jk_free(lp.jk);

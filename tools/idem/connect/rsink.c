@@ -30,6 +30,7 @@
 #include <time.h>
 #include <yajl/yajl_parse.h>
 
+#include "cli.h"
 #include "keymap.h"
 #include "rconn.h"
 #include "rstream.h"
@@ -37,7 +38,8 @@
 #define PAGE "1000"  /* entries per XRANGE while reading back */
 #define PAGE_N 1000
 
-struct rs_sink {
+typedef struct rs_sink {
+    sink base;
     const char *cmd;
     rs_uri u;
     rs_conn c;
@@ -57,7 +59,10 @@ struct rs_sink {
     size_t vstart;
     const char *text;
     yajl_handle y;
-};
+} rs_sink;
+
+static void rs_close(sink *base);
+static const sink_ops rs_sink_ops;
 
 static int64_t mono_ms(void)
 {
@@ -73,30 +78,30 @@ static int fail(rs_sink *k, const char *what, const redisReply *r)
     return -1;
 }
 
-rs_sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
-                      int *status)
+sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
+                   int *status)
 {
     rs_sink *k = calloc(1, sizeof *k);
     if (!k) {
         *status = cli_fail(cmd, "out of memory");
         return NULL;
     }
+    k->base.ops = &rs_sink_ops;
     k->cmd = cmd;
     if ((*status = rs_uri_parse(cmd, uri, 1, &k->u)) != 0) {
-        rs_sink_close(k);
+        rs_close(&k->base);
         return NULL;
     }
     k->c.u = &k->u;
     k->window_ms = k->u.readback_ms ? k->u.readback_ms
                                     : 2 * lease_ms + 10000;
     snprintf(k->pos, sizeof k->pos, "0-0");
-    return k;
+    return &k->base;
 }
 
-void rs_sink_close(rs_sink *k)
+static void rs_close(sink *base)
 {
-    if (!k)
-        return;
+    rs_sink *k = (rs_sink *)base;
     rs_conn_close(&k->c);
     rs_uri_free(&k->u);
     km_free(&k->back);
@@ -109,18 +114,20 @@ void rs_sink_close(rs_sink *k)
     free(k);
 }
 
-const char *rs_sink_pos(const rs_sink *k)
+static const char *rs_pos(const sink *base)
 {
-    return k->pos;
+    return ((const rs_sink *)base)->pos;
 }
 
-const char *rs_sink_name(const rs_sink *k)
+static const char *rs_name(const sink *base)
 {
-    return k->u.display;
+    return ((const rs_sink *)base)->u.display;
 }
 
-int rs_sink_last(rs_sink *k, char pos[32])
+/* A new job starts at the stream's last entry ("0-0" if empty). */
+static int rs_start(sink *base)
 {
+    rs_sink *k = (rs_sink *)base;
     const char *argv[] = {"XREVRANGE", k->u.stream, "+", "-", "COUNT", "1"};
     size_t lens[] = {9, k->u.streamlen, 1, 1, 5, 1};
     redisReply *r = rs_call(&k->c, 6, argv, lens, 0, 1);
@@ -130,12 +137,12 @@ int rs_sink_last(rs_sink *k, char pos[32])
             freeReplyObject(r);
         return -1;
     }
-    snprintf(pos, 32, "0-0");
+    snprintf(k->pos, sizeof k->pos, "0-0");
     if (r->elements)
-        snprintf(pos, 32, "%.*s", (int)r->element[0]->element[0]->len,
+        snprintf(k->pos, sizeof k->pos, "%.*s",
+                 (int)r->element[0]->element[0]->len,
                  r->element[0]->element[0]->str);
     freeReplyObject(r);
-    snprintf(k->pos, sizeof k->pos, "%s", pos);
     return 0;
 }
 
@@ -198,8 +205,9 @@ static int scan_after(rs_sink *k, const char *from, keymap *m)
     }
 }
 
-int rs_sink_read_back(rs_sink *k, const char *pos)
+static int rs_read_back(sink *base, const char *pos)
 {
+    rs_sink *k = (rs_sink *)base;
     snprintf(k->pos, sizeof k->pos, "%s", pos);
     return scan_after(k, pos, &k->back);
 }
@@ -228,9 +236,10 @@ static int read_recent(rs_sink *k)
     return scan_after(k, from, &k->recent);
 }
 
-int rs_sink_has(rs_sink *k, const void *key, size_t keylen, int recent,
-                const char **status, const char **result, size_t *rlen)
+static int rs_has(sink *base, const void *key, size_t keylen, int recent,
+                  const char **status, const char **result, size_t *rlen)
 {
+    rs_sink *k = (rs_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);
     if (!e && recent) {
         if (read_recent(k))
@@ -369,9 +378,10 @@ static int set_key(rs_sink *k, const void *key, size_t keylen)
     return 0;
 }
 
-int rs_sink_put(rs_sink *k, const char *text, size_t len, const void *key,
-                size_t keylen)
+static int rs_put(sink *base, const char *text, size_t len, const void *key,
+                  size_t keylen)
 {
+    rs_sink *k = (rs_sink *)base;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
         len--;
     if (to_fields(k, text, len) || set_key(k, key, keylen))
@@ -438,8 +448,9 @@ static int wait_replicas(rs_sink *k)
     return ok ? 0 : -1;
 }
 
-int rs_sink_flush(rs_sink *k)
+static int rs_flush(sink *base)
 {
+    rs_sink *k = (rs_sink *)base;
     for (; k->queued; k->queued--) {
         void *rv = NULL;
         if (redisGetReply(k->c.c, &rv) != REDIS_OK)
@@ -459,3 +470,8 @@ int rs_sink_flush(rs_sink *k)
         snprintf(k->pos, sizeof k->pos, "%s", k->last);
     return 0;
 }
+
+static const sink_ops rs_sink_ops = {
+    .start = rs_start, .read_back = rs_read_back, .has = rs_has,
+    .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
+    .close = rs_close};

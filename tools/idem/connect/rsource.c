@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli.h"
 #include "rconn.h"
 #include "rstream.h"
 
@@ -46,7 +47,8 @@ typedef struct chunk {
     size_t n;
 } chunk;
 
-struct rs_source {
+typedef struct rs_source {
+    source base;
     const char *cmd;
     rs_uri u;
     rs_conn rd, ack;          /* the reader's; the committer's */
@@ -66,7 +68,10 @@ struct rs_source {
     cli_buf ackids;
     uint64_t trimmed;
     char err[1500];
-};
+} rs_source;
+
+static void rs_close(source *base);
+static const source_ops rs_source_ops;
 
 static int64_t now_ms(void)
 {
@@ -107,9 +112,8 @@ static int make_group(rs_source *s)
     return bad ? -1 : 0;
 }
 
-rs_source *rs_source_open(const char *cmd, const char *uri, uint64_t batch,
-                          int64_t lease_ms, int64_t idle_exit_ms,
-                          volatile const sig_atomic_t *stop, int *status)
+source *rs_source_open(const char *cmd, const char *uri,
+                       const source_opts *o, int *status)
 {
     rs_source *s = calloc(1, sizeof *s);
     if (!s) {
@@ -117,24 +121,25 @@ rs_source *rs_source_open(const char *cmd, const char *uri, uint64_t batch,
         return NULL;
     }
     s->cmd = cmd;
+    s->base.ops = &rs_source_ops;
     if ((*status = rs_uri_parse(cmd, uri, 0, &s->u)) != 0) {
-        rs_source_close(s);
+        rs_close(&s->base);
         return NULL;
     }
     s->rd.u = s->ack.u = &s->u;
-    s->batch = batch;
-    s->lease_ms = lease_ms;
-    s->idle_exit_ms = idle_exit_ms;
-    s->stop = stop;
+    s->batch = o->batch;
+    s->lease_ms = o->lease_ms;
+    s->idle_exit_ms = o->idle_exit_ms;
+    s->stop = o->stop;
     snprintf(s->own_cursor, sizeof s->own_cursor, "0");
     snprintf(s->claim_cursor, sizeof s->claim_cursor, "0-0");
     s->last_new_ms = now_ms();
     if (make_group(s)) {
         *status = cli_fail(cmd, "%s", s->err);
-        rs_source_close(s);
+        rs_close(&s->base);
         return NULL;
     }
-    return s;
+    return &s->base;
 }
 
 static void drop_chunks(rs_source *s)
@@ -148,10 +153,9 @@ static void drop_chunks(rs_source *s)
     s->nchunks = s->handed = 0;
 }
 
-void rs_source_close(rs_source *s)
+static void rs_close(source *base)
 {
-    if (!s)
-        return;
+    rs_source *s = (rs_source *)base;
     drop_chunks(s);
     rs_conn_close(&s->rd);
     rs_conn_close(&s->ack);
@@ -162,8 +166,9 @@ void rs_source_close(rs_source *s)
     free(s);
 }
 
-void rs_source_release(rs_source *s)
+static void rs_release(source *base)
 {
+    rs_source *s = (rs_source *)base;
     if (s->nchunks && s->handed < s->chunks[s->nchunks - 1].n) {
         /* Keep the last chunk's lines not yet handed out. */
         chunk last = s->chunks[--s->nchunks];
@@ -176,25 +181,27 @@ void rs_source_release(rs_source *s)
     drop_chunks(s);
 }
 
-const char *rs_source_consumer(const rs_source *s)
+static const char *rs_worker(const source *base)
 {
-    return s->u.consumer;
+    return ((const rs_source *)base)->u.consumer;
 }
 
-const char *rs_source_err(const rs_source *s)
+static const char *rs_err(const source *base)
 {
-    return s->err;
+    return ((const rs_source *)base)->err;
 }
 
-void rs_source_where(const rs_source *s, const nd_line *l, char *buf,
+static void rs_where(const source *base, const nd_line *l, char *buf,
                      size_t n)
 {
+    const rs_source *s = (const rs_source *)base;
     snprintf(buf, n, "%s entry %" PRIu64 "-%" PRIu64, s->u.display, l->end,
              l->lineno);
 }
 
-uint64_t rs_source_trimmed(rs_source *s)
+static uint64_t rs_lost(source *base)
 {
+    rs_source *s = (rs_source *)base;
     uint64_t n = s->trimmed;
     s->trimmed = 0;
     return n;
@@ -226,8 +233,9 @@ static int queue_ack(rs_source *s, const char *id, size_t n)
     return 0;
 }
 
-int rs_source_ack(rs_source *s, const nd_line *l)
+static int rs_ack(source *base, const nd_line *l)
 {
+    rs_source *s = (rs_source *)base;
     char id[48];
     int n = snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64, l->end,
                      l->lineno);
@@ -258,8 +266,9 @@ static int send_acks(rs_source *s, rs_conn *conn)
     return bad ? -1 : 0;
 }
 
-int rs_source_ack_flush(rs_source *s)
+static int rs_ack_flush(source *base)
 {
+    rs_source *s = (rs_source *)base;
     if (send_acks(s, &s->ack) == 0)
         return 0;
     fprintf(stderr, "idem %s: %s; the entries stay pending and come again "
@@ -449,8 +458,9 @@ static long fetch(rs_source *s, int wait)
     return got;
 }
 
-int rs_source_next(rs_source *s, nd_line *l, int wait)
+static int rs_next(source *base, nd_line *l, int wait)
 {
+    rs_source *s = (rs_source *)base;
     for (;;) {
         chunk *c = s->nchunks ? &s->chunks[s->nchunks - 1] : NULL;
         if (c && s->handed < c->n) {
@@ -471,8 +481,9 @@ int rs_source_next(rs_source *s, nd_line *l, int wait)
     }
 }
 
-long long rs_source_lag(rs_source *s)
+static long long rs_lag(source *base)
 {
+    rs_source *s = (rs_source *)base;
     const char *argv[] = {"XINFO", "GROUPS", s->u.stream};
     size_t lens[] = {5, 6, s->u.streamlen};
     redisReply *r = rs_call(&s->rd, 3, argv, lens, 0, 1);
@@ -497,3 +508,15 @@ long long rs_source_lag(rs_source *s)
         freeReplyObject(r);
     return lag;
 }
+
+/* Its reads block in short slices and look at the stop themselves. */
+static int rs_wait(source *base)
+{
+    return *((rs_source *)base)->stop != 0;
+}
+
+static const source_ops rs_source_ops = {
+    .next = rs_next, .release = rs_release, .wait = rs_wait,
+    .err = rs_err, .where = rs_where, .ack = rs_ack,
+    .ack_flush = rs_ack_flush, .lag = rs_lag, .lost = rs_lost,
+    .worker = rs_worker, .close = rs_close};

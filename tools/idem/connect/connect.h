@@ -1,0 +1,107 @@
+/* connect.h - where dedup and run read and write: one small interface.
+ *
+ * A source hands out messages as lines, each with a position (l->end and
+ * l->lineno, the source's own meaning: a file's offset and line number,
+ * a stream entry's ID), and is told after each commit which lines the
+ * commit covers (ack), so that a broker may forget them. A sink takes
+ * the output lines of a batch with their keys (put), writes them
+ * durably (flush), and says where it stands (pos), which the job's
+ * checkpoint keeps; after a crash it reads back what follows that
+ * position (read_back) and answers whether a key is already there (has).
+ *
+ * Files are the default source (ndjson.c behind source_files) and output
+ * (job.c, which cuts a file back rather than reading it back: a file can
+ * be cut, a stream cannot). Each broker adds one source and one sink
+ * behind these tables: Redis Streams in rsource.c and rsink.c. */
+#ifndef IDEM_CONNECT_H
+#define IDEM_CONNECT_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ndjson.h"
+
+typedef struct source source;
+typedef struct sink sink;
+
+typedef struct source_ops {
+    /* The next line, as nd_next(): ND_LINE, ND_IDLE (wait 0 and nothing
+     * ready, or a stop asked for), ND_NEXT, ND_FULL, ND_END, ND_ERR. */
+    int (*next)(source *s, nd_line *l, int wait);
+    /* The lines handed out may be dropped. */
+    void (*release)(source *s);
+    /* Before a read that may block: wait for input or a stop; 1 if
+     * stopping. */
+    int (*wait)(source *s);
+    const char *(*err)(const source *s);
+    /* Where l is, for messages: "FILE:LINE", "STREAM entry ID". */
+    void (*where)(const source *s, const nd_line *l, char *buf, size_t n);
+    /* l is committed (queued), then all queued (flush): called from the
+     * committing thread. NULL when there is nothing to acknowledge. */
+    int (*ack)(source *s, const nd_line *l);
+    int (*ack_flush)(source *s);
+    /* Messages not yet delivered, or -1 (NULL: never known). */
+    long long (*lag)(source *s);
+    /* Messages gone before they could be read, since the last call
+     * (NULL: none can be). */
+    uint64_t (*lost)(source *s);
+    /* The worker's name when many share the source (a consumer), which
+     * names its job; NULL when there is one reader. */
+    const char *(*worker)(const source *s);
+    void (*close)(source *s);
+} source_ops;
+
+struct source {
+    const source_ops *ops;
+};
+
+typedef struct sink_ops {
+    /* Where a new job starts: the current end. 0 or -1. */
+    int (*start)(sink *k);
+    /* Remember the keys written after pos (a checkpoint's). 0 or -1. */
+    int (*read_back)(sink *k, const char *pos);
+    /* Is key there already (read back; with `recent`, also among the
+     * last entries, another worker's)? Its status and result when it
+     * has them. 1, 0, or -1. */
+    int (*has)(sink *k, const void *key, size_t keylen, int recent,
+               const char **status, const char **result, size_t *rlen);
+    /* One output line of key, queued; then the queue written. 0 or -1
+     * after saying why. */
+    int (*put)(sink *k, const char *text, size_t len, const void *key,
+               size_t keylen);
+    int (*flush)(sink *k);
+    /* The position after the last flush (text without spaces). */
+    const char *(*pos)(const sink *k);
+    /* The sink for messages and job names (no password). */
+    const char *(*name)(const sink *k);
+    void (*close)(sink *k);
+} sink_ops;
+
+struct sink {
+    const sink_ops *ops;
+};
+
+/* What a source needs to know of the run. */
+typedef struct source_opts {
+    uint64_t batch;
+    int64_t lease_ms;
+    int64_t idle_exit_ms;              /* 0: a stream runs on */
+    volatile const sig_atomic_t *stop; /* set by a stop signal */
+} source_opts;
+
+/* Does uri name a stream (a source for --from, a sink for --to), rather
+ * than a file? */
+int connect_is_uri(const char *uri);
+
+/* Open the stream uri names. NULL after saying why (*status: 1, or 2 for
+ * a bad URI). */
+source *source_open(const char *cmd, const char *uri,
+                    const source_opts *o, int *status);
+sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
+                int *status);
+
+/* Files as a source: rd, opened by the caller, stays the caller's. */
+source *source_files(nd_reader *rd, const source_opts *o);
+
+#endif
