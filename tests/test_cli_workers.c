@@ -60,16 +60,18 @@ static void sleep_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
-/* `idem run` in the background, its stderr in NAME.err, its output in
- * NAME; the handler logs every envelope to the shared file "log". */
-static pid_t start_run(const char *name, const char *store, const char *opts,
-                       const char *actions)
+/* `idem run` over the file `input` in the background, its stderr in
+ * NAME.err, its output in NAME; the handler logs every envelope to the
+ * shared file "log". */
+static pid_t start_run_on(const char *input, const char *name,
+                          const char *store, const char *opts,
+                          const char *actions)
 {
     char cmd[6000];
     snprintf(cmd, sizeof cmd,
              "exec \"$IDEM_CLI\" run --key event_id --store '%s' --output "
-             "'%s' %s --exec '\"$IDEM_PROGS/handler\" log %s' in 2> '%s.err'",
-             store, name, opts, actions, name);
+             "'%s' %s --exec '\"$IDEM_PROGS/handler\" log %s' '%s' "
+             "2> '%s.err'", store, name, opts, actions, input, name);
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
@@ -79,6 +81,13 @@ static pid_t start_run(const char *name, const char *store, const char *opts,
         _exit(127);
     }
     return pid;
+}
+
+/* The same over the file "in". */
+static pid_t start_run(const char *name, const char *store, const char *opts,
+                       const char *actions)
+{
+    return start_run_on("in", name, store, opts, actions);
 }
 
 /* The exit status of pid, or 128 + the signal that ended it. */
@@ -317,6 +326,61 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
     char *out = t_read(at("out"), NULL);
     cr_assert_str_eq(out, "a\nb\nd\nc\n");
     free(out);
+    th_shared_stop();
+}
+
+/* Wait (a minute at most) until the file NAME has k lines. */
+static void wait_lines(const char *name, int k)
+{
+    for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
+        sleep_ms(10);
+    cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
+}
+
+/* pid's exit status once it ends within a minute, else -1. */
+static int exit_within_a_minute(pid_t pid)
+{
+    for (int waited = 0; waited < 60000; waited += 10) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid)
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        sleep_ms(10);
+    }
+    return -1;
+}
+
+/* Worker A holds k0..k2 (its handler extends their leases by ten minutes
+ * and works until the test lets it end); worker B, on the same store and
+ * key space, runs b0 and then waits for k0. A SIGTERM to B ends that
+ * wait, though A's leases have minutes to run: B exits 0, with b0
+ * committed and A's keys left alone, and A, let go, does every key once. */
+Test(workers, sigterm_ends_a_wait_for_another_workers_key)
+{
+    make_input(3);
+    t_write(at("inb"), "{\"event_id\":\"b0\"}\n", 18);
+    cr_assert_eq(t_sh("cat '%s' >> '%s'", at("in"), at("inb")), 0);
+    const char *store = redis_store("redis", th_redis_addr());
+    char actions[4400];
+    snprintf(actions, sizeof actions, "extend=10m waitfor=%s/go", dir);
+    pid_t a = start_run("outa", store, "--key-space both", actions);
+    wait_lines("log", 1);  /* A has claimed its whole batch */
+    pid_t b = start_run_on("inb", "outb", store, "--key-space both", "");
+    wait_lines("outb", 1);  /* b0 is committed: B is at k0 */
+    kill(b, SIGTERM);
+    int st = exit_within_a_minute(b);
+    t_write(at("go"), "", 0);
+    if (st < 0) {
+        kill(b, SIGKILL);
+        wait_for(b);
+    }
+    cr_assert_eq(st, 0, "B exited %d (-1: still waiting a minute after "
+                 "SIGTERM): %s", st, t_read(at("outb.err"), NULL));
+    cr_assert(t_grep(at("outb.err"), "stopped by SIGTERM"), "%s",
+              t_read(at("outb.err"), NULL));
+    cr_assert_eq(wait_for(a), 0, "%s", t_read(at("outa.err"), NULL));
+    const char *const outs[] = {"outa", "outb"};
+    expect_each_key(3, 1, outs, 2);
+    cr_assert_eq(lines_of("outb"), 1, "B wrote a line of A's keys");
     th_shared_stop();
 }
 
