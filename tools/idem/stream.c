@@ -207,8 +207,9 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
     c->inputs = argv + optind_;
     c->ninputs = (size_t)(argc - optind_);
     const char *uri = cli_store_uri(c->uri);
-    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs,
-                            strncmp(uri, "local:", 6) ? NULL : uri + 6);
+    return job_check_files(c->cmd, c->output, c->dead_letter, c->inputs,
+                           c->ninputs,
+                           strncmp(uri, "local:", 6) ? NULL : uri + 6);
 }
 
 /* ------------------------------------------------------------------------
