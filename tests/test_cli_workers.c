@@ -9,8 +9,6 @@
  * one result line across the workers' outputs. Nothing here asserts on
  * timing: a worker started "1.5 s later" may start at any moment, and the
  * outcome must be the same. */
-#include <ctype.h>
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -447,33 +445,10 @@ Test(workers, a_killed_handler_leaves_no_process_behind)
     int st = wait_for(w);
     cr_assert_eq(st, 1, "the handler hangs again after its restart: %d", st);
     cr_assert(t_grep(at("out.err"), "within the lease"));
-    /* [m]: the pattern does not match the shell that runs pgrep */
-    cr_assert_neq(t_sh("pgrep -f '%s/[m]arker' >/dev/null", dir), 0,
-                  "a handler of the killed tree is still running");
-}
-
-/* How many processes have text in their argv (joined by spaces). */
-static int processes_with(const char *text)
-{
-    DIR *d = opendir("/proc");
-    cr_assert(d);
-    int n = 0;
-    for (struct dirent *e; (e = readdir(d)) != NULL;) {
-        char path[300], argv[4096];
-        if (!isdigit((unsigned char)e->d_name[0]))
-            continue;
-        snprintf(path, sizeof path, "/proc/%s/cmdline", e->d_name);
-        FILE *f = fopen(path, "rb");
-        size_t len = f ? fread(argv, 1, sizeof argv - 1, f) : 0;
-        if (f)
-            fclose(f);
-        for (size_t k = 0; k < len; k++)
-            argv[k] = argv[k] ? argv[k] : ' ';
-        argv[len] = '\0';
-        n += strstr(argv, text) != NULL;
-    }
-    closedir(d);
-    return n;
+    char marker[4300];
+    snprintf(marker, sizeof marker, "%s/marker", dir);
+    cr_assert(t_no_process_with(marker),
+              "a handler of the killed tree is still running");
 }
 
 /* kill -9 of idem itself: what the handler started (here a shell that
@@ -487,16 +462,13 @@ Test(workers, kill9_of_idem_leaves_no_process_of_the_handler_tree)
                           "\"$IDEM_PROGS/handler\" hang=1' in 2> err", dir);
     char child[4300];
     snprintf(child, sizeof child, "sh -c sleep 60; : %s/marker", dir);
-    for (int waited = 0; !processes_with(child) && waited < 60000;
+    for (int waited = 0; !t_processes_with(child) && waited < 60000;
          waited += 10)
         sleep_ms(10);
-    cr_assert(processes_with(child), "the handler's child never started");
+    cr_assert(t_processes_with(child), "the handler's child never started");
     kill(w, SIGKILL);
     t_wait(w);
-    for (int waited = 0; processes_with(child) && waited < 10000;
-         waited += 10)
-        sleep_ms(10);
-    cr_assert(!processes_with(child), "a process of the handler's tree "
+    cr_assert(t_no_process_with(child), "a process of the handler's tree "
               "outlived idem");
 }
 
