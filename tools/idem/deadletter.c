@@ -243,7 +243,7 @@ static int valid_text(cli_buf *b, const char *err)
 }
 
 /* The test suite's hook for a kill -9 between the line and the store:
- * IDEM_TEST_KILL_AT=dead-letter. */
+ * IDEM_TEST_KILL_AT=dead-letter (docs/testing.md: for the tests only). */
 static void test_kill_point(void)
 {
     const char *at = getenv("IDEM_TEST_KILL_AT");
