@@ -16,6 +16,12 @@
  *   every commit_interval) -> commit the prefix -> wait for the busy key
  *   or a retry's backoff -> again
  *
+ * The waits are the one place where the runner itself may spend long
+ * (a busy key's lease can have minutes to run), so they are where it
+ * asks the caller's stop hook: a stop ends the batch as a handler error
+ * does (the held claims are released, the store stays usable), since
+ * nothing went wrong with the store.
+ *
  * A commit is: check that every claim about to complete is still ours
  * (renewing it) where other workers may exist, commit() (the caller's
  * sink and checkpoint), complete/fail the prefix, sync. Completions come
@@ -48,8 +54,11 @@
 
 #include "store.h"
 
-#define IDEM__RUNNER_OPTS_VERSION 2u
+#include <stddef.h>
+
+#define IDEM__RUNNER_OPTS_VERSION 3u
 #define IDEM__BUSY_POLL_MS 200
+#define IDEM__STOP_POLL_MS 50   /* the stop hook is asked this often */
 
 struct idem_runner {
     idem_store *s;
@@ -99,12 +108,21 @@ void idem_runner_opts_init(idem_runner_opts *o)
     o->commit_interval_ms = 200;
 }
 
+/* The bytes of options of version v: a program built against the header
+ * before the stop hook (version 2) passes a struct that ends before it. */
+static size_t idem__runner_opts_size(unsigned v)
+{
+    return v == IDEM__RUNNER_OPTS_VERSION ? sizeof(idem_runner_opts)
+           : v == 2u ? offsetof(idem_runner_opts, stop)
+                     : 0;
+}
+
 int idem_runner_new(idem_store *s, const idem_runner_opts *o,
                     idem_runner **out)
 {
     if (out)
         *out = NULL;
-    if (!s || !o || !out || o->version != IDEM__RUNNER_OPTS_VERSION ||
+    if (!s || !o || !out || !idem__runner_opts_size(o->version) ||
         o->max_attempts == 0 || o->lease_ms < 0 || o->ttl_ms < 0 ||
         o->backoff_ms < 0 || o->commit_interval_ms < 0)
         return IDEM_EINVAL;
@@ -112,7 +130,7 @@ int idem_runner_new(idem_store *s, const idem_runner_opts *o,
     if (!r)
         return IDEM_ENOMEM;
     r->s = s;
-    r->o = *o;
+    memcpy(&r->o, o, idem__runner_opts_size(o->version));
     r->lease_ms = o->lease_ms ? o->lease_ms : s->opts.lease_ms;
     *out = r;
     return 0;
@@ -620,15 +638,26 @@ int idem_runner_tick(idem_runner *r)
 /* ------------------------------------------------------------------------
  * Waiting between rounds */
 
-/* Sleep ms, keeping the held claims alive. */
+/* Has the caller asked for a stop? */
+static int idem__runner_stopped(const idem_runner *r)
+{
+    return r->o.stop && r->o.stop(r->o.ctx);
+}
+
+/* Sleep ms, keeping the held claims alive; IDEM_ESTOPPED as soon as a
+ * stop is asked for. */
 static int idem__runner_nap(idem_runner *r, int64_t ms)
 {
     int64_t end = idem__runner_now() + ms;
     int rc = 0;
     for (int64_t now; !rc && (now = idem__runner_now()) < end;) {
+        if (idem__runner_stopped(r))
+            return IDEM_ESTOPPED;
         int64_t step = end - now;
         if (r->next_renew - now < step)
             step = r->next_renew - now;
+        if (r->o.stop && step > IDEM__STOP_POLL_MS)
+            step = IDEM__STOP_POLL_MS;
         idem__sleep_ms(step > 0 ? step : 0);
         rc = idem__runner_keepalive(r);
     }
@@ -637,11 +666,12 @@ static int idem__runner_nap(idem_runner *r, int64_t ms)
 
 /* Before the next round: back off after retries; then, if a key is held
  * by another worker, wait a moment and ask again: the holder may finish
- * long before its lease runs out. */
+ * long before its lease runs out. IDEM_ESTOPPED when a stop is asked
+ * for, before or during the wait. */
 static int idem__runner_wait(idem_runner *r)
 {
-    int rc = 0;
-    if (r->retries) {
+    int rc = idem__runner_stopped(r) ? IDEM_ESTOPPED : 0;
+    if (!rc && r->retries) {
         rc = idem__runner_nap(r, r->backoff_ms);
         r->backoff_ms *= 2;
         r->retries = 0;
@@ -686,7 +716,6 @@ static void idem__runner_start(idem_runner *r, idem_msg *msgs, size_t n)
     idem__runner_distinct(r, msgs, n);
 }
 
-/* The batch stops short: give back every claim not committed. */
 /* The batch stops short: give back every claim not committed. The first
  * error that is not one key's own (a server gone) ends the releases:
  * each would wait out the store's timeout, and the leases of the rest
@@ -718,7 +747,8 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
     if (rc)
         return rc;
     idem__runner_start(r, msgs, n);
-    int herr = 0;
+    int herr = 0;  /* the handler's error, or IDEM_ESTOPPED: the batch
+                    * ends short, and the store is fine */
     for (;;) {
         rc = idem__runner_claim(r);
         if (!rc && r->o.handler)
@@ -728,7 +758,11 @@ int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
         if (rc || herr || r->done == n)
             break;
         rc = idem__runner_wait(r);
-        if (rc)
+        if (rc == IDEM_ESTOPPED) {
+            herr = rc;
+            rc = 0;
+        }
+        if (rc || herr)
             break;
     }
     /* After a store error, poison first: what the batch buffered (on

@@ -1,12 +1,15 @@
 /* tests/common.c - shared test helpers. */
 #include "common.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 int64_t t_clock_ms = 1700000000000LL;
@@ -170,4 +173,44 @@ void t_expect_file(const char *path, const char *text)
     cr_assert(n == strlen(text) && !memcmp(got, text, n),
               "%s is\n%s\nwanted\n%s", path, got, text);
     free(got);
+}
+
+/* The argv of process pid (a /proc entry's name), its arguments joined
+ * by spaces; "" when it is gone or a zombie. */
+static void argv_of(const char *pid, char *buf, size_t n)
+{
+    char path[300];
+    snprintf(path, sizeof path, "/proc/%s/cmdline", pid);
+    FILE *f = fopen(path, "rb");
+    size_t len = f ? fread(buf, 1, n - 1, f) : 0;
+    if (f)
+        fclose(f);
+    for (size_t k = 0; k < len; k++)
+        buf[k] = buf[k] ? buf[k] : ' ';
+    buf[len] = '\0';
+}
+
+int t_processes_with(const char *text)
+{
+    DIR *d = opendir("/proc");
+    cr_assert(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;) {
+        char argv[8192];
+        if (!isdigit((unsigned char)e->d_name[0]))
+            continue;
+        argv_of(e->d_name, argv, sizeof argv);
+        n += strstr(argv, text) != NULL;
+    }
+    closedir(d);
+    return n;
+}
+
+int t_no_process_with(const char *text)
+{
+    struct timespec tick = {0, 10 * 1000000};
+    for (int waited = 0; t_processes_with(text) && waited < 10000;
+         waited += 10)
+        nanosleep(&tick, NULL);
+    return !t_processes_with(text);
 }

@@ -67,6 +67,14 @@ int t_wait(pid_t pid);
 /* Does the file at path contain the text? */
 int t_grep(const char *path, const char *text);
 
+/* How many processes have text in their argv (its arguments joined by
+ * spaces), read from /proc: what a test started, or left behind. */
+int t_processes_with(const char *text);
+
+/* Wait, ten seconds at most, until no process has text in its argv (as
+ * t_processes_with); 1 if none has. */
+int t_no_process_with(const char *text);
+
 /* Run a shell command; returns its exit status. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -394,3 +394,36 @@ Test(cli_run, an_answer_key_with_a_lone_surrogate_matches_no_key)
     cr_assert(t_grep(at("err"), "escape that denotes no character"), "%s",
               t_read(at("err"), NULL));
 }
+
+/* --dead-letter is checked as --output is, before anything is touched:
+ * the same file as the output (by name or through a link, before either
+ * exists or after), one of the inputs, or a file among a local store's
+ * own is refused with exit status 2, and saying why. */
+Test(cli_run, a_dead_letter_file_that_would_destroy_another_is_refused)
+{
+    static const struct {
+        const char *opts, *said;
+    } cases[] = {
+        {"--output out --dead-letter out", "is the same file as"},
+        {"--output out --dead-letter ./out", "is the same file as"},
+        {"--output out --dead-letter sub/../out",
+         "is the same file as"},
+        {"--output old --dead-letter link", "is the same file as"},
+        {"--dead-letter old >> old", "is the same file as"},
+        {"--dead-letter in", "is also an input"},
+        {"--dead-letter store/TAIL.tmp", "inside the store's directory"},
+    };
+    cr_assert_eq(t_sh("cd '%s' && mkdir sub store && echo kept > old && "
+                      "ln -s old link", dir), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cr_assert_eq(t_cli(dir, "run --key id --exec false %s in 2> err",
+                           cases[i].opts), 2, "%s: %s", cases[i].opts,
+                     t_read(at("err"), NULL));
+        cr_assert(t_grep(at("err"), cases[i].said), "%s: %s",
+                  cases[i].opts, t_read(at("err"), NULL));
+    }
+    cr_assert_eq(t_sh("cd '%s' && test ! -e out && test ! -e "
+                      "store/TAIL.tmp && test \"$(cat old)\" = kept && "
+                      "test -z \"$(ls store)\"", dir), 0,
+                 "a refused run touched a file");
+}

@@ -25,7 +25,7 @@ Test(errors, every_code_in_the_table_has_its_text)
     } while (0);
     IDEM_ERRNO_MAP(CHECK_TEXT)
 #undef CHECK_TEXT
-    cr_assert_eq(n, 19, "codes in IDEM_ERRNO_MAP: %zu", n);
+    cr_assert_eq(n, 20, "codes in IDEM_ERRNO_MAP: %zu", n);
 }
 
 Test(errors, values_never_change)
@@ -39,7 +39,7 @@ Test(errors, values_never_change)
         {IDEM_EKEYSIZE, -9},    {IDEM_EVALSIZE, -10},   {IDEM_EVERSION, -11},
         {IDEM_ECOLLISION, -12}, {IDEM_ECONN, -13},      {IDEM_ETIMEOUT, -14},
         {IDEM_EPROTO, -15},     {IDEM_EAUTH, -16},      {IDEM_ENOTSUP, -17},
-        {IDEM_ECLOCK, -32},
+        {IDEM_ESTOPPED, -18},   {IDEM_ECLOCK, -32},
     };
     for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++)
         cr_assert_eq(pinned[i].code, pinned[i].abi, "entry %zu", i);
@@ -47,7 +47,7 @@ Test(errors, values_never_change)
 
 Test(errors, a_value_outside_the_table_is_unknown)
 {
-    static const int outside[] = {1, -18, -31, -33, INT_MIN, INT_MAX};
+    static const int outside[] = {1, -19, -31, -33, INT_MIN, INT_MAX};
     for (size_t i = 0; i < sizeof outside / sizeof outside[0]; i++)
         cr_assert_str_eq(idem_strerror(outside[i]), UNKNOWN, "%d",
                          outside[i]);

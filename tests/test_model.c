@@ -13,7 +13,7 @@
  * After every step the log's own invariants (src/local/log.h) are checked too
  * (idem__log_check), so that a step that breaks one is named at once.
  *
- * IDEM_MODEL_SEEDS sets the number of runs per backend (default 12). */
+ * IDEM_MODEL_SEEDS sets the number of runs per backend (default 8). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -184,6 +184,36 @@ Test(secrets, password_from_the_environment)
     free(dir);
 }
 
+/* The handler of `idem run`, and all it starts, get idem's environment
+ * without the store's password, whether it came in $IDEM_REDIS_PASSWORD
+ * or in a $IDEM_STORE URI. The handler writes its environment to a file
+ * before it answers. */
+Test(secrets, the_handler_does_not_inherit_the_password)
+{
+    static const char *const how[] = {
+        "IDEM_REDIS_PASSWORD=" PW " IDEM_STORE=redis://",
+        "IDEM_STORE=redis://:" PW "@"};
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    for (int i = 0; i < 2; i++) {
+        char env[600];
+        snprintf(env, sizeof env, "%s%s", how[i], addr);
+        cr_assert_eq(t_sh("cd '%s' && IDEM_KEPT=yes %s \"$IDEM_CLI\" run "
+                          "--key id --key-space k%d --exec 'env > env%d; "
+                          "exec \"$IDEM_PROGS/handler\"' in > out 2>&1",
+                          dir, env, i, i), 0, "%s",
+                     t_read(t_path(dir, "out"), NULL));
+        const char *got = t_path(dir, i ? "env1" : "env0");
+        cr_assert(t_grep(got, "IDEM_KEPT=yes"), "%s", t_read(got, NULL));
+        cr_assert(!t_grep(got, "IDEM_REDIS_PASSWORD"), "%s",
+                  t_read(got, NULL));
+        expect_file_hidden(got);
+    }
+    cr_assert(t_grep(t_path(dir, "env0"), "IDEM_STORE=redis://"),
+              "a URI without a password is passed on");
+    t_rmdir(dir);
+    free(dir);
+}
+
 Test(secrets, password_from_a_file)
 {
     char *dir = t_tmpdir();

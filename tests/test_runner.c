@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "common.h"
+#include "redis_harness.h"
 
 static idem_msg msg(const char *key)
 {
@@ -22,6 +23,8 @@ typedef struct script {
     size_t last_commit;
     int commit_rc;
     idem_store *s;  /* for commit steps that put a checkpoint */
+    int asked, stop_at;  /* the stop hook: asked so far; says stop when
+                          * asked the stop_at-th time (0: never) */
 } script;
 
 static int scripted(void *ctx, idem_task *t, size_t n)
@@ -52,6 +55,12 @@ static int on_commit(void *ctx, const idem_msg *m, size_t n)
     return sc->commit_rc;
 }
 
+static int stop_hook(void *ctx)
+{
+    script *sc = ctx;
+    return sc->stop_at && ++sc->asked >= sc->stop_at;
+}
+
 static idem_runner *runner(idem_store *s, script *sc, int with_handler)
 {
     idem_runner_opts o;
@@ -60,6 +69,7 @@ static idem_runner *runner(idem_store *s, script *sc, int with_handler)
     o.commit = on_commit;
     o.ctx = sc;
     o.backoff_ms = 1;
+    o.stop = stop_hook;
     idem_runner *r;
     cr_assert_eq(idem_runner_new(s, &o, &r), 0);
     return r;
@@ -135,6 +145,119 @@ Test(runner, handler_error_commits_the_prefix_only)
     cr_assert_eq(again.attempt, 2, "a new token for the second run");
     idem_runner_free(r);
     idem_close(s);
+}
+
+/* A stop asked for during the backoff before a retry (ten minutes here)
+ * ends the batch at once: what was settled before the retry is
+ * committed, the claims held behind it are given back, and the store
+ * goes on. */
+Test(runner, a_stop_ends_the_wait_before_a_retry, .timeout = 120)
+{
+    idem_store *s = t_open("mem:");
+    script sc = {.stop_at = 3};
+    idem_runner_opts o;
+    idem_runner_opts_init(&o);
+    o.handler = scripted;
+    o.commit = on_commit;
+    o.stop = stop_hook;
+    o.ctx = &sc;
+    o.backoff_ms = 600000;
+    idem_runner *r;
+    cr_assert_eq(idem_runner_new(s, &o, &r), 0);
+    idem_msg m[3] = {msg("done:1"), msg("retry:1"), msg("done:2")};
+    size_t done;
+    cr_assert_eq(idem_runner_batch(r, m, 3, &done), IDEM_ESTOPPED);
+    cr_assert_eq(sc.asked, 3, "the hook is asked while the runner waits");
+    cr_assert_eq(done, 1);
+    cr_assert_eq(sc.last_commit, 1);
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "done:1", 6, &rec), 0);
+    cr_assert_eq(rec.state, IDEM_STATE_DONE);
+    for (int i = 1; i < 3; i++) {
+        cr_assert_eq(idem_get(s, m[i].key, m[i].keylen, &rec), 0);
+        cr_assert(rec.state == IDEM_STATE_PENDING && rec.released,
+                  "%s is not given back", (const char *)m[i].key);
+    }
+    sc.stop_at = 0;
+    idem_msg again = msg("done:2");
+    cr_assert_eq(idem_runner_batch(r, &again, 1, &done), 0);
+    cr_assert_eq(again.result, IDEM_MSG_DONE);
+    idem_runner_free(r);
+    idem_close(s);
+}
+
+/* Options of version 2, from a program built before the stop hook: taken,
+ * and the bytes past them (where the hook is now) are not read. */
+Test(runner, options_of_version_2_are_still_taken)
+{
+    idem_store *s = t_open("mem:");
+    idem_runner_opts o;
+    idem_runner_opts_init(&o);
+    o.version = 2;
+    memset(&o.stop, 0xa5, sizeof o.stop);  /* not a function */
+    o.handler = scripted;
+    o.ctx = &(script){0};
+    o.backoff_ms = 1;
+    idem_runner *r;
+    cr_assert_eq(idem_runner_new(s, &o, &r), 0);
+    idem_msg m = msg("flaky:1");  /* a retry: the runner waits */
+    cr_assert_eq(idem_runner_batch(r, &m, 1, NULL), 0);
+    cr_assert_eq(m.result, IDEM_MSG_DONE);
+    idem_runner_free(r);
+    o.version = 1;
+    cr_assert_eq(idem_runner_new(s, &o, &r), IDEM_EINVAL);
+    idem_close(s);
+}
+
+/* A store on the real clock, as a second worker would have it. */
+static idem_store *open_real(const char *uri)
+{
+    idem_opts o;
+    idem_opts_init(&o);
+    idem_store *s;
+    int rc = idem_open(uri, &o, &s);
+    cr_assert_eq(rc, 0, "%s: %s", uri, idem_errdetail(s));
+    return s;
+}
+
+/* Another worker (a second handle) holds k for ten minutes; the runner
+ * waiting for it stops when the hook says so: a, before k, is committed,
+ * b, behind it, was given back, and the other worker's claim is untouched
+ * (it completes k with its token). */
+Test(runner, a_stop_ends_the_wait_for_a_key_another_worker_holds,
+     .timeout = 120)
+{
+    char uri[512];
+    snprintf(uri, sizeof uri, "redis://%s?prefix=%s", th_redis_addr(),
+             th_prefix());
+    idem_store *other = open_real(uri), *s = open_real(uri);
+    idem_outcome held;
+    idem_claim_opts co = {600000, 0};
+    cr_assert_eq(idem_claim(other, &(idem_key){"done:k", 6, NULL}, &co,
+                            &held), 0);
+    cr_assert_eq(held.kind, IDEM_NEW);
+    script sc = {.stop_at = 5};
+    idem_runner *r = runner(s, &sc, 1);
+    idem_msg m[3] = {msg("done:a"), msg("done:k"), msg("done:b")};
+    size_t done;
+    cr_assert_eq(idem_runner_batch(r, m, 3, &done), IDEM_ESTOPPED);
+    cr_assert_eq(sc.asked, 5, "the hook is asked while the runner waits");
+    cr_assert_eq(done, 1);
+    cr_assert_eq(m[0].result, IDEM_MSG_DONE);
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "done:b", 6, &rec), 0);
+    cr_assert(rec.state == IDEM_STATE_PENDING && rec.released);
+    cr_assert_eq(idem_complete(other, "done:k", 6, held.token, "theirs", 6,
+                               0), 0, "%s", idem_errdetail(other));
+    cr_assert_eq(idem_sync(other), 0);
+    sc.stop_at = 0;
+    cr_assert_eq(idem_runner_batch(r, m, 3, &done), 0);
+    cr_assert_eq(m[1].result, IDEM_MSG_REPLAY);
+    cr_assert_eq(m[2].result, IDEM_MSG_DONE);
+    idem_runner_free(r);
+    idem_close(s);
+    idem_close(other);
+    th_shared_stop();
 }
 
 Test(runner, takes_over_a_dead_processes_claim_on_an_exclusive_store)

@@ -158,6 +158,8 @@ extern "C" {
     XX(EAUTH, -16, "authentication failed")                                \
     /* the backend does not offer this operation */                        \
     XX(ENOTSUP, -17, "operation not supported by this store")              \
+    /* the caller asked the runner to stop (idem_runner_opts.stop) */      \
+    XX(ESTOPPED, -18, "stopped on request")                                \
     /* the clock is outside what a key generator can use (idem/keys.h) */  \
     XX(ECLOCK, -32, "the clock is outside what the generator can use")
 
@@ -619,7 +621,8 @@ IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
  *     retryable failures: released, claimed again after a backoff (a
  *         greater token), run again, up to max_attempts; a key another
  *         worker holds is asked for again every 200 ms until it is
- *         settled or its lease runs out (then it is taken over)
+ *         settled or its lease runs out (then it is taken over), or
+ *         until the caller's stop hook asks for a stop
  *
  * "The prefix" is the messages before the first one not settled. Their
  * outcomes are committed with the caller's checkpoint in one commit (on
@@ -661,7 +664,18 @@ IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
  * After an error of the store or of commit(), idem_runner_batch() gives
  * back the claims it can and poisons the handle: every later write and
  * sync fails, so that nothing the batch buffered can be committed without
- * its checkpoint. Close the store and open it again to go on. */
+ * its checkpoint. Close the store and open it again to go on.
+ *
+ * A stop (SIGTERM, say) need not wait for another worker's key, whose
+ * lease may have a long time to run: the stop hook (idem_runner_opts.stop)
+ * is asked at least every 50 ms while the runner waits, for a key another
+ * worker holds or before a retry. When it says stop, the wait ends at
+ * once, the claims still held (not run, or run and not yet answered) are
+ * given back so that any worker takes them at once, what was settled
+ * before stays committed, and idem_runner_batch() returns IDEM_ESTOPPED.
+ * The store is not poisoned: the next batch may go on. A handler at work
+ * is not interrupted by the hook; it has its own way to stop (return an
+ * error, answering what it can first). */
 
 typedef struct idem_runner idem_runner;
 
@@ -746,11 +760,18 @@ typedef struct idem_msg {
  * are released and the store is poisoned). */
 typedef int (*idem_commit_fn)(void *ctx, const idem_msg *msgs, size_t n);
 
+/* Asked, with the runner's ctx, while the runner waits (see "A stop"
+ * above): nonzero to end the batch with IDEM_ESTOPPED. Called from the
+ * thread that runs idem_runner_batch(); it must not call the runner or
+ * the store. A flag set by a signal handler is the usual answer (read
+ * it as a sig_atomic_t, or an atomic when another thread sets it). */
+typedef int (*idem_stop_fn)(void *ctx);
+
 typedef struct idem_runner_opts {
     unsigned version;       /* set by idem_runner_opts_init() */
     idem_handler_fn handler;/* NULL: deduplicate only */
     idem_commit_fn commit;  /* may be NULL */
-    void *ctx;              /* passed to handler and commit */
+    void *ctx;              /* passed to handler, commit and stop */
     int64_t lease_ms;       /* claim lease; 0: the store default */
     int64_t ttl_ms;         /* record TTL; 0: the store default */
     uint32_t max_attempts;  /* runs of a key per batch before GAVE_UP; 3 */
@@ -760,6 +781,8 @@ typedef struct idem_runner_opts {
                              * answered prefix this often (at the handler's
                              * idem_runner_tick()); 200. 0: only at the
                              * end of each round */
+    idem_stop_fn stop;      /* may be NULL: waits end only when their
+                             * reason does */
 } idem_runner_opts;
 
 IDEM_EXPORT void idem_runner_opts_init(idem_runner_opts *o);
@@ -771,8 +794,9 @@ IDEM_EXPORT int idem_runner_new(idem_store *s, const idem_runner_opts *o,
 
 /* Process msgs[0..n) as described above. *committed (may be NULL) is
  * the number of messages whose outcome was committed: n on success.
- * Returns 0, the handler's or commit()'s error, or a store error (then
- * see idem_errdetail() of the store). */
+ * Returns 0, the handler's or commit()'s error, IDEM_ESTOPPED (the stop
+ * hook asked for it), or a store error (then see idem_errdetail() of the
+ * store). */
 IDEM_EXPORT int idem_runner_batch(idem_runner *r, idem_msg *msgs, size_t n,
                                   size_t *committed);
 

@@ -20,6 +20,8 @@
  *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
  *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
  *                 between logging it and answering
+ *   waitfor=FILE  before that, wait until FILE exists (an effect that
+ *                 lasts until the test lets it end)
  *   extend=D      before that, ask for the lease to be extended by D
  *                 ({"extend":"D"}, e.g. 10s)
  *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
@@ -77,6 +79,13 @@ static void reply_line(const char *arg, char *out, size_t n)
     fclose(f);
 }
 
+static void wait_for_file(const char *path)
+{
+    struct timespec ts = {0, 10 * 1000000};
+    while (access(path, F_OK) != 0)
+        nanosleep(&ts, NULL);
+}
+
 int main(int argc, char **argv)
 {
     int log = -1;
@@ -88,6 +97,7 @@ int main(int argc, char **argv)
     const char *crash = action(argc, argv, "crash");
     const char *hangon = action(argc, argv, "hangon");
     const char *extend = action(argc, argv, "extend");
+    const char *waitfor = action(argc, argv, "waitfor");
     long exit_at = nth(argc, argv, "exit"), garbage = nth(argc, argv,
                                                           "garbage");
     long hang = nth(argc, argv, "hang"), wrong = nth(argc, argv, "wrongkey");
@@ -112,6 +122,8 @@ int main(int argc, char **argv)
             printf("{\"extend\":\"%s\"}\n", extend);
             fflush(stdout);
         }
+        if (waitfor)
+            wait_for_file(waitfor);
         if (slow_ms > 0) {
             struct timespec ts = {slow_ms / 1000, slow_ms % 1000 * 1000000};
             nanosleep(&ts, NULL);

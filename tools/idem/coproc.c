@@ -47,7 +47,8 @@
  * idem, which dies. The watcher is idem's child, not the handler's, so a
  * handler that waits for its own children never meets it. Time spent
  * in the runner's tick does not count against the handler's deadline:
- * its answers wait in the pipe meanwhile. */
+ * its answers wait in the pipe meanwhile. The handler's environment is
+ * idem's without the store's password (handlerenv.c). */
 #include "coproc.h"
 
 #include <errno.h>
@@ -63,6 +64,7 @@
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
 
+#include "handlerenv.h"
 #include "jsonkey.h"
 
 #define TICK_MS 50
@@ -126,8 +128,16 @@ static int start_watcher(coproc *c)
 static int start(coproc *c)
 {
     int in[2], out[2];
+    char sh[] = "sh", dash_c[] = "-c";
+    char *argv[] = {sh, dash_c, (char *)c->cmd, NULL};
+    char **env = handler_env_new();  /* before fork: see handlerenv.c */
+    if (!env) {
+        snprintf(c->err, sizeof c->err, "out of memory");
+        return IDEM_ENOMEM;
+    }
     if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
         snprintf(c->err, sizeof c->err, "pipe: %s", strerror(errno));
+        free(env);
         return IDEM_EIO;
     }
     pid_t parent = getpid();
@@ -143,9 +153,10 @@ static int start(coproc *c)
         sigset_t none;  /* the thread that forks blocks stop signals */
         sigemptyset(&none);
         sigprocmask(SIG_SETMASK, &none, NULL);
-        execl("/bin/sh", "sh", "-c", c->cmd, (char *)NULL);
+        execve("/bin/sh", argv, env);
         _exit(127);
     }
+    free(env);
     close(in[0]);
     close(out[1]);
     if (pid < 0) {

@@ -122,38 +122,64 @@ static int identity(const char *path, int fd, struct stat *sb)
                                      : fstat(fd, sb) == 0;
 }
 
-/* An output file inside a local store's directory would be one of the
- * store's files, or be overwritten by them (a segment, TAIL). */
-static int in_store_dir(const char *cmd, const char *out_path,
+/* A file a job writes: its option, and its path (NULL or "-": the
+ * standard stream fd; fd -1: none, so NULL is no file). */
+typedef struct written {
+    const char *opt, *path;
+    int fd;
+} written;
+
+static int is_stream(const written *w)
+{
+    return !w->path || !strcmp(w->path, "-");
+}
+
+/* A file inside a local store's directory would be one of the store's
+ * files, or be overwritten by them (a segment, TAIL). */
+static int in_store_dir(const char *cmd, const written *w,
                         const char *store_dir)
 {
     char dir[PATH_MAX], store[PATH_MAX];
     struct stat d, s;
-    if (!store_dir || !out_path || !strcmp(out_path, "-"))
+    if (!store_dir || is_stream(w))
         return 0;
-    snprintf(dir, sizeof dir, "%s", out_path);
+    snprintf(dir, sizeof dir, "%s", w->path);
     /* local:DIR?mode=group: the directory ends at the parameters. */
     snprintf(store, sizeof store, "%.*s", (int)strcspn(store_dir, "?"),
              store_dir);
     if (stat(dirname(dir), &d) != 0 || stat(store, &s) != 0 ||
         d.st_dev != s.st_dev || d.st_ino != s.st_ino)
         return 0;
-    return cli_usage_error(cmd, "--output %s is inside the store's "
-                           "directory %s, among its own files: write it "
-                           "elsewhere", out_path, store);
+    return cli_usage_error(cmd, "%s %s is inside the store's directory "
+                           "%s, among its own files: write it elsewhere",
+                           w->opt, w->path, store);
 }
 
-int job_check_output(const char *cmd, const char *out_path, char **inputs,
-                     size_t ninputs, const char *store_dir)
+/* Where w is: its device and inode, 0 when there is nothing there yet or
+ * nothing that can be cut (a pipe, a terminal). */
+static int regular(const written *w, struct stat *sb)
+{
+    return (!is_stream(w) || w->fd >= 0) &&
+           identity(w->path, w->fd, sb) && S_ISREG(sb->st_mode);
+}
+
+/* "--output out", or "standard output". */
+static const char *shown(const written *w, char *buf, size_t n)
+{
+    if (is_stream(w))
+        return "standard output";
+    snprintf(buf, n, "%s %s", w->opt, w->path);
+    return buf;
+}
+
+/* w is not one of the inputs (nor standard input, when one is "-"). */
+static int not_an_input(const char *cmd, const written *w, char **inputs,
+                        size_t ninputs)
 {
     struct stat out, in;
-    int rc = in_store_dir(cmd, out_path, store_dir);
-    if (rc)
-        return rc;
-    if (!identity(out_path, 1, &out) || !S_ISREG(out.st_mode))
-        return 0;  /* nothing there yet, or nothing that can be cut */
-    const char *out_name = out_path && strcmp(out_path, "-")
-                               ? out_path : "standard output";
+    char name[PATH_MAX + 32];
+    if (!regular(w, &out))
+        return 0;
     for (size_t i = 0; i < (ninputs ? ninputs : 1); i++) {
         const char *p = ninputs ? inputs[i] : "-";
         if (identity(p, 0, &in) && in.st_dev == out.st_dev &&
@@ -161,8 +187,46 @@ int job_check_output(const char *cmd, const char *out_path, char **inputs,
             return cli_usage_error(cmd, "%s is also an input (%s is the "
                                    "same file): writing it would destroy "
                                    "what is being read. Write to another "
-                                   "file", out_name, strcmp(p, "-")
+                                   "file", shown(w, name, sizeof name),
+                                   strcmp(p, "-")
                                    ? p : "standard input");
+    }
+    return 0;
+}
+
+/* Two files a job writes are the same one: the same inode, or, while
+ * neither exists, the same real path (links in the directories
+ * resolved). */
+static int same_file(const written *a, const written *b)
+{
+    struct stat sa, sb;
+    char na[2 * PATH_MAX + 2], nb[2 * PATH_MAX + 2];
+    if (regular(a, &sa) && regular(b, &sb))
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    return !is_stream(a) && !is_stream(b) &&
+           job_output_name(a->path, na, sizeof na) &&
+           job_output_name(b->path, nb, sizeof nb) && !strcmp(na, nb);
+}
+
+int job_check_files(const char *cmd, const char *out_path,
+                    const char *dead_letter, char **inputs, size_t ninputs,
+                    const char *store_dir)
+{
+    const written files[] = {{"--output", out_path, 1},
+                             {"--dead-letter", dead_letter, -1}};
+    size_t n = dead_letter ? 2 : 1;
+    char a[PATH_MAX + 32], b[PATH_MAX + 32];
+    for (size_t i = 0; i < n; i++) {
+        int rc = in_store_dir(cmd, &files[i], store_dir);
+        rc = rc ? rc : not_an_input(cmd, &files[i], inputs, ninputs);
+        for (size_t j = 0; !rc && j < i; j++)
+            if (same_file(&files[i], &files[j]))
+                rc = cli_usage_error(cmd, "%s is the same file as %s: give "
+                                     "each its own file",
+                                     shown(&files[i], a, sizeof a),
+                                     shown(&files[j], b, sizeof b));
+        if (rc)
+            return rc;
     }
     return 0;
 }

@@ -50,13 +50,15 @@ typedef struct job {
     cli_buf rkeys;
 } job;
 
-/* Refuse an output (out_path; NULL or "-": standard output) that is the
- * same file as one of the inputs ("-": standard input), through any link,
- * or that lies in store_dir (a local store's directory; NULL: none),
- * before anything is opened or changed. Returns 0, or 2 after saying
- * why. */
-int job_check_output(const char *cmd, const char *out_path, char **inputs,
-                     size_t ninputs, const char *store_dir);
+/* Refuse a file the job writes, the output (out_path; NULL or "-":
+ * standard output) or the dead-letter file (dead_letter; NULL: none),
+ * that is the same file as one of the inputs ("-": standard input) or
+ * as the other one, through any link, or that lies in store_dir (a local
+ * store's directory; NULL: none), before anything is opened or changed.
+ * Returns 0, or 2 after saying why. */
+int job_check_files(const char *cmd, const char *out_path,
+                    const char *dead_letter, char **inputs, size_t ninputs,
+                    const char *store_dir);
 
 /* The name of the job that writes out_path when no --job names it: the
  * file's real path (links resolved), or "#" and a hash of it when that

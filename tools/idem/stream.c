@@ -31,9 +31,11 @@
  * has (coproc.c), and the batch in the worker ends as after a handler
  * error: the answered prefix is committed (output, store, checkpoint),
  * the other claims are released, so the next run gives them to its
- * handler at once. The signals are taken by the reading thread only (the
- * worker blocks them), and the handler is in its own process group, so
- * Ctrl-C at a terminal reaches idem and not the handler. A second signal
+ * handler at once. A batch that waits for a key another worker holds
+ * ends the same way: the runner asks stop_asked() while it waits. The
+ * signals are taken by the reading thread only (the worker blocks them),
+ * and the handler is in its own process group, so Ctrl-C at a terminal
+ * reaches idem and not the handler. A second signal
  * kills idem as kill -9 would, which the store and output survive by
  * design; the handler goes with it (PR_SET_PDEATHSIG, coproc.c). */
 #include "stream.h"
@@ -260,11 +262,10 @@ int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
                                "no control characters", KS_NAME_MAX);
     if (!c->grace_ms)
         c->grace_ms = 5000;
-    if (c->to)
-        return 0;
     const char *uri = cli_store_uri(c->uri);
-    return job_check_output(c->cmd, c->output, c->inputs, c->ninputs,
-                            strncmp(uri, "local:", 6) ? NULL : uri + 6);
+    return job_check_files(c->cmd, c->output, c->dead_letter, c->inputs,
+                           c->ninputs,
+                           strncmp(uri, "local:", 6) ? NULL : uri + 6);
 }
 
 /* ------------------------------------------------------------------------
@@ -765,7 +766,7 @@ static int finish_commit(loop *lp)
         while (sem_wait(&lp->done) != 0)
             ;
     batch *b = lp->committing;
-    if (stream_stop && handler_stopped_it(lp)) {
+    if (stream_stop && (lp->rc == IDEM_ESTOPPED || handler_stopped_it(lp))) {
         lp->st.n.released += b->nmsgs - lp->base;
         return 0;  /* stopped by a signal; its prefix is committed */
     }
@@ -1017,6 +1018,13 @@ static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
     return rc;
 }
 
+/* The runner's stop hook: a stop signal ends its waits. */
+static int stop_asked(void *ctx)
+{
+    (void)ctx;
+    return stream_stop != 0;
+}
+
 static int setup(loop *lp, const stream_cfg *c)
 {
     char err[256];
@@ -1054,6 +1062,7 @@ static int setup(loop *lp, const stream_cfg *c)
     idem_runner_opts_init(&ro);
     ro.handler = c->handler ? handle_tasks : NULL;
     ro.commit = commit;
+    ro.stop = stop_asked;
     ro.ctx = lp;
     ro.ttl_ms = c->ttl_ms;
     ro.lease_ms = c->lease_ms;

@@ -1,0 +1,71 @@
+/* handlerenv.c - the environment a handler starts with: idem's, less
+ * its secrets.
+ *
+ * The handler of `idem run` is any program, and it starts programs of
+ * its own; none of them needs the store's credentials, since the store
+ * is idem's alone. A password handed to idem through the environment
+ * ($IDEM_REDIS_PASSWORD, or $IDEM_STORE naming a URI with a password)
+ * would otherwise be inherited by the whole tree: readable in
+ * /proc/PID/environ, printed by a debug `env`, copied into a crash
+ * report. So it is left out of what the handler gets.
+ *
+ * The array is built in the parent, before fork(): idem has threads, so
+ * its child may only make async-signal-safe calls until it execs, which
+ * rules out unsetenv() (it locks, and may free) and leaves execve() with
+ * an array made beforehand. Only the array is new: its strings are
+ * environ's, which nothing changes while idem runs. */
+#include "handlerenv.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+extern char **environ;
+
+static int has_prefix(const char *s, const char *prefix)
+{
+    return !strncmp(s, prefix, strlen(prefix));
+}
+
+/* A URI holds a password when its display differs from it ("" is
+ * displayed as the default store). */
+static int uri_has_password(const char *uri)
+{
+    if (!*uri)
+        return 0;
+    size_t n = idem_uri_display(uri, NULL, 0);
+    char *shown = malloc(n + 1);
+    int differs = !shown;  /* unsure: treat it as a secret */
+    if (shown) {
+        idem_uri_display(uri, shown, n + 1);
+        differs = strcmp(shown, uri) != 0;
+        free(shown);
+    }
+    return differs;
+}
+
+/* Does the environment entry "NAME=VALUE" carry a store password? */
+static int secret(const char *entry)
+{
+    static const char store[] = "IDEM_STORE=";
+    return has_prefix(entry, "IDEM_REDIS_PASSWORD=") ||
+           (has_prefix(entry, store) &&
+            uri_has_password(entry + sizeof store - 1));
+}
+
+char **handler_env_new(void)
+{
+    size_t n = 0;
+    while (environ && environ[n])
+        n++;
+    char **env = malloc((n + 1) * sizeof *env);
+    if (!env)
+        return NULL;
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!secret(environ[i]))
+            env[k++] = environ[i];
+    env[k] = NULL;
+    return env;
+}
