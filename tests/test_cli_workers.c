@@ -186,14 +186,14 @@ Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
 {
     make_input(3);
     const char *store = redis_store("redis", th_redis_addr());
-    /* A lease of 2 s leaves the renewals of the messages waiting their
-     * turn (every 667 ms) room on a loaded machine. */
-    const char *opts = "--lease 2s --batch 3 --key-space slow";
-    pid_t w1 = start_run("out1", store, opts, "extend=20s sleep=4000");
+    /* A lease of 4 s leaves the renewals of the messages waiting their
+     * turn (every 1.3 s) room on a loaded machine. */
+    const char *opts = "--lease 4s --batch 3 --key-space slow";
+    pid_t w1 = start_run("out1", store, opts, "extend=30s sleep=7000");
     for (int waited = 0; lines_of("log") < 1 && waited < 60000;
          waited += 10)
         sleep_ms(10);
-    sleep_ms(2500);  /* past the lease of the first message */
+    sleep_ms(4500);  /* past the lease of the first message */
     pid_t w2 = start_run("out2", store, opts, "");
     int st1 = wait_for(w1), st2 = wait_for(w2);
     cr_assert_eq(st1, 0, "worker 1 exited %d: %s", st1,
