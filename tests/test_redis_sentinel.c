@@ -38,6 +38,7 @@ static th_servers sv;
 static void fini(void)
 {
     th_stop(&sv);
+    th_shared_stop();  /* what a run without run-tests.sh started */
 }
 
 TestSuite(sentinel, .fini = fini, .timeout = 60);
