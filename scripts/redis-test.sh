@@ -8,6 +8,15 @@
 #   redis-test.sh cluster DIR M R       a cluster of M masters with R
 #                                       replicas each; prints the ports,
 #                                       comma-separated, masters first
+#   redis-test.sh sentinel DIR NAME [PW SPW]
+#                                       a master, its replica and three
+#                                       sentinels watching it as NAME
+#                                       (quorum 2, a failover in a few
+#                                       seconds); with PW and SPW the
+#                                       servers require PW, the sentinels
+#                                       SPW. Prints the ports,
+#                                       comma-separated: master, replica,
+#                                       then the sentinels
 #   redis-test.sh restart DIR PORT      start the server of PORT again,
 #                                       as it was (a cluster node rejoins
 #                                       with its nodes.conf)
@@ -26,7 +35,23 @@ rand_port() {
     echo $((21000 + n % 9000))
 }
 
-# start_one PORTVAR EXTRA...: start a server on a free port, wait for it.
+# launch PORT EXTRA...: start the server of PORT, daemonized, its files
+# in DIR/PORT; a sentinel if DIR/PORT/sentinel.conf exists.
+launch() {
+    lp=$1
+    shift
+    set -- --port "$lp" --bind 127.0.0.1 --save '' --appendonly no \
+        --daemonize yes --pidfile "$dir/$lp/pid" --dir "$dir/$lp" \
+        --logfile "$dir/$lp/log" "$@"
+    if [ -f "$dir/$lp/sentinel.conf" ]; then
+        redis-sentinel "$dir/$lp/sentinel.conf" "$@"
+    else
+        redis-server "$@"
+    fi
+}
+
+# start_one EXTRA...: start a server on a free port, wait for it; with
+# $sentinel_conf set, a sentinel of that configuration.
 start_one() {
     extra="$*"
     for _try in 1 2 3 4 5 6 7 8 9 10; do
@@ -38,10 +63,11 @@ start_one() {
         fi
         mkdir -p "$dir/$p"
         echo "$extra" >"$dir/$p/args"
+        if [ -n "${sentinel_conf:-}" ]; then
+            printf '%s\n' "$sentinel_conf" >"$dir/$p/sentinel.conf"
+        fi
         # shellcheck disable=SC2086
-        redis-server --port "$p" --bind 127.0.0.1 --save '' \
-            --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
-            --dir "$dir/$p" --logfile "$dir/$p/log" $extra
+        launch "$p" $extra
         i=0
         while [ $i -lt 100 ]; do
             # A server with --requirepass answers NOAUTH: it is up.
@@ -118,12 +144,51 @@ cluster)
     # Masters first: the order create used (the first M are masters).
     echo "$ports"
     ;;
+sentinel)
+    name=$3
+    pw=${4:-}
+    spw=${5:-}
+    mkdir -p "$dir"
+    # Options and redis-cli arguments for passwords, when given.
+    srv="--repl-diskless-sync-delay 0${pw:+ --requirepass $pw --masterauth $pw}"
+    m=$(start_one "$srv")
+    r=$(start_one --replicaof 127.0.0.1 "$m" "$srv")
+    i=0
+    until redis-cli -p "$r" ${pw:+--no-auth-warning -a "$pw"} \
+        info replication 2>/dev/null | grep -q 'master_link_status:up'; do
+        i=$((i + 1))
+        [ $i -lt 200 ] || { echo "redis-test.sh: replica never synced" >&2; exit 1; }
+        sleep 0.05
+    done
+    # A failover in a few seconds: down after 1 s, retried after 3 s.
+    sentinel_conf="sentinel monitor $name 127.0.0.1 $m 2
+sentinel down-after-milliseconds $name 1000
+sentinel failover-timeout $name 3000
+sentinel parallel-syncs $name 1${pw:+
+sentinel auth-pass $name $pw}${spw:+
+requirepass $spw}"
+    sentinels=""
+    for _s in 1 2 3; do
+        sentinels="$sentinels,$(start_one)"
+    done
+    # Ready when every sentinel knows the replica and the other two: a
+    # failover needs both (sentinels find each other every 2 s).
+    for p in $(echo "$sentinels" | tr ',' ' '); do
+        i=0
+        until redis-cli -p "$p" ${spw:+--no-auth-warning -a "$spw"} \
+            sentinel master "$name" 2>/dev/null | tr '\n' ' ' |
+            grep -q 'num-slaves 1 .*num-other-sentinels 2 '; do
+            i=$((i + 1))
+            [ $i -lt 400 ] || { echo "redis-test.sh: sentinel $p never saw the others" >&2; exit 1; }
+            sleep 0.05
+        done
+    done
+    echo "$m,$r$sentinels"
+    ;;
 restart)
     p=$3
     # shellcheck disable=SC2046
-    redis-server --port "$p" --bind 127.0.0.1 --save '' \
-        --appendonly no --daemonize yes --pidfile "$dir/$p/pid" \
-        --dir "$dir/$p" --logfile "$dir/$p/log" $(cat "$dir/$p/args")
+    launch "$p" $(cat "$dir/$p/args")
     i=0
     while [ $i -lt 100 ]; do
         redis-cli -p "$p" ping 2>/dev/null | grep -q PONG && exit 0
@@ -139,7 +204,7 @@ stop)
     done
     ;;
 *)
-    echo "usage: redis-test.sh single|cluster|stop DIR ..." >&2
+    echo "usage: redis-test.sh single|cluster|sentinel|restart|stop DIR ..." >&2
     exit 2
     ;;
 esac

@@ -4,8 +4,9 @@
 # (Criterion's isolation); a hang or crash counts as a failure.
 # IDEM_TEST_FILTER='suite/*' narrows the run.
 #
-# The Redis tests share one redis-server and one 6-node Redis Cluster
-# (3 masters, 3 replicas), started here on free loopback ports and killed
+# The Redis tests share one redis-server, one 6-node Redis Cluster
+# (3 masters, 3 replicas) and one master watched by three sentinels (with
+# its replica), started here on free loopback ports and killed
 # on exit together with every server a test started for itself (they all
 # live under one directory, IDEM_REDIS_ROOT), even when a test was killed
 # by its timeout. Without these variables a test starts its own servers.
@@ -24,9 +25,11 @@ export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp${LSAN_OPTIONS:+:$LSAN_O
 export IDEM_PROGS="$PWD/$BUILD/progs" IDEM_CLI="$PWD/$BUILD/idem"
 export IDEM_SCRIPTS="$PWD/scripts" IDEM_REDIS_ROOT="$root"
 case "${IDEM_TEST_FILTER:-*}" in
-*redis*|*cluster*|*conf*|\**)
+*redis*|*cluster*|*sentinel*|*conf*|\**)
     if ! single=$(sh scripts/redis-test.sh single "$root/shared") ||
-        ! cluster=$(sh scripts/redis-test.sh cluster "$root/shared-cluster" 3 1)
+        ! cluster=$(sh scripts/redis-test.sh cluster "$root/shared-cluster" 3 1) ||
+        ! sentinel=$(sh scripts/redis-test.sh sentinel "$root/shared-sentinel" \
+            idem-shared)
     then
         echo "run-tests: cannot start the shared Redis servers" >&2
         echo "0 passed, 1 failed"
@@ -35,6 +38,10 @@ case "${IDEM_TEST_FILTER:-*}" in
     export IDEM_TEST_REDIS="127.0.0.1:$single"
     IDEM_TEST_CLUSTER=$(echo "$cluster" | sed 's/\([0-9][0-9]*\)/127.0.0.1:\1/g')
     export IDEM_TEST_CLUSTER
+    # The sentinels (the 3rd to 5th ports) and the name of their master.
+    IDEM_TEST_SENTINEL="$(echo "$sentinel" | cut -d, -f3- |
+        sed 's/\([0-9][0-9]*\)/127.0.0.1:\1/g')/idem-shared"
+    export IDEM_TEST_SENTINEL
     ;;
 esac
 # The output goes to a file, not a pipe: a process a test left behind

@@ -29,6 +29,7 @@ static const struct idem__backend *const idem__backends[] = {
     &idem__backend_mem,
     &idem__backend_redis,
     &idem__backend_cluster,
+    &idem__backend_sentinel,
 };
 
 /* How many fork()s this process is from the one that loaded the library:
@@ -185,7 +186,8 @@ static int idem__pick_backend(idem_store *s, const char *uri,
         return 0;
     return idem__fail(s, IDEM_EINVAL,
                       "unknown store URI '%s': expected local:PATH, mem:, "
-                      "redis://host:port or redis-cluster://host:port",
+                      "redis://host:port, redis-cluster://host:port or "
+                      "redis-sentinel://host:port/master",
                       s->uri);
 }
 

@@ -92,6 +92,7 @@ extern const struct idem__backend idem__backend_local;
 extern const struct idem__backend idem__backend_mem;
 extern const struct idem__backend idem__backend_redis;
 extern const struct idem__backend idem__backend_cluster;
+extern const struct idem__backend idem__backend_sentinel;
 
 /* Set the handle's detail (printf-style) and return code, so that
  * `return idem__fail(s, IDEM_EINVAL, "...")` reads as one step. */

@@ -2,7 +2,7 @@
  *
  * CONF_TEST(name) { ... } defines a test body that runs once per backend
  * (mem:, local:, redis://, redis-cluster://, the last two also in their
- * day-bucketed layout), each in its own process,
+ * day-bucketed layout, and redis-sentinel://), each in its own process,
  * against a fresh store whose URI is conf_uri. A new backend joins by
  * adding a Test() line per test in CONF_TEST and a suite init that sets
  * conf_uri. The Redis suites share servers (tests/redis_harness.h); a
@@ -20,6 +20,7 @@ void conf_setup_redis(void);
 void conf_setup_cluster(void);
 void conf_setup_redis_day(void);
 void conf_setup_cluster_day(void);
+void conf_setup_sentinel(void);
 void conf_teardown(void);
 
 #define CONF_TEST(name)                                                    \
@@ -50,6 +51,11 @@ void conf_teardown(void);
         conf_##name();                                                     \
     }                                                                      \
     Test(conf_cluster_day, name, .init = conf_setup_cluster_day,           \
+         .fini = conf_teardown, .timeout = 60)                             \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    Test(conf_sentinel, name, .init = conf_setup_sentinel,                 \
          .fini = conf_teardown, .timeout = 60)                             \
     {                                                                      \
         conf_##name();                                                     \

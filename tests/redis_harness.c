@@ -72,6 +72,22 @@ void th_start_cluster(th_servers *sv, int masters, int replicas)
     th_run(sv, args);
 }
 
+void th_start_sentinel(th_servers *sv, const char *name)
+{
+    th_start_sentinel_auth(sv, name, "", "");
+}
+
+void th_start_sentinel_auth(th_servers *sv, const char *name, const char *pw,
+                            const char *spw)
+{
+    th_mkdir(sv);
+    char args[1400];
+    snprintf(args, sizeof args, "sentinel '%s' '%s' '%s' '%s'", sv->dir, name,
+             pw, spw);
+    th_run(sv, args);
+    cr_assert_eq(sv->n, 5, "sentinel setup printed %d ports", sv->n);
+}
+
 void th_stop(th_servers *sv)
 {
     if (!sv->dir[0])
@@ -81,8 +97,9 @@ void th_stop(th_servers *sv)
     sv->dir[0] = '\0';
 }
 
-static th_servers th_own_single, th_own_cluster;
+static th_servers th_own_single, th_own_cluster, th_own_sentinel;
 static char th_single_addr[64], th_cl_addr[TH_MAX_NODES * 24];
+static char th_sn_addr[128];
 
 static void th_format(const th_servers *sv, char *out, size_t cap)
 {
@@ -117,11 +134,26 @@ const char *th_cluster_addr(void)
     return th_cl_addr;
 }
 
+const char *th_sentinel_addr(void)
+{
+    const char *e = getenv("IDEM_TEST_SENTINEL");
+    if (e)
+        return e;
+    if (!th_sn_addr[0]) {
+        th_start_sentinel(&th_own_sentinel, "idem-shared");
+        snprintf(th_sn_addr, sizeof th_sn_addr, "127.0.0.1:%d,127.0.0.1:%d,"
+                 "127.0.0.1:%d/idem-shared", th_own_sentinel.ports[2],
+                 th_own_sentinel.ports[3], th_own_sentinel.ports[4]);
+    }
+    return th_sn_addr;
+}
+
 void th_shared_stop(void)
 {
     th_stop(&th_own_single);
     th_stop(&th_own_cluster);
-    th_single_addr[0] = th_cl_addr[0] = '\0';
+    th_stop(&th_own_sentinel);
+    th_single_addr[0] = th_cl_addr[0] = th_sn_addr[0] = '\0';
 }
 
 const char *th_prefix(void)

@@ -28,13 +28,23 @@ void th_start_single(th_servers *sv);
  * "--requirepass pw". */
 void th_start_single_with(th_servers *sv, const char *options);
 void th_start_cluster(th_servers *sv, int masters, int replicas);
+/* A master (ports[0]), its replica (ports[1]) and three sentinels
+ * (ports[2..4]) that watch it as `name` and fail it over within a few
+ * seconds of its death. */
+void th_start_sentinel(th_servers *sv, const char *name);
+/* The same with passwords: the servers require pw, the sentinels spw. */
+void th_start_sentinel_auth(th_servers *sv, const char *name, const char *pw,
+                            const char *spw);
 /* kill -9 every server of sv and remove its directory. */
 void th_stop(th_servers *sv);
 
-/* "127.0.0.1:PORT" of the shared server, and "127.0.0.1:P1,..." of the
- * shared cluster (3 masters, 3 replicas). */
+/* "127.0.0.1:PORT" of the shared server, "127.0.0.1:P1,..." of the
+ * shared cluster (3 masters, 3 replicas), and "127.0.0.1:S1,.../NAME"
+ * of the shared sentinels and the name of the master they watch (that
+ * master is never killed: tests that kill start their own). */
 const char *th_redis_addr(void);
 const char *th_cluster_addr(void);
+const char *th_sentinel_addr(void);
 /* Stop what th_redis_addr/th_cluster_addr started for this process. */
 void th_shared_stop(void);
 

@@ -61,6 +61,14 @@ void conf_setup_cluster_day(void)
     conf_uri = conf_uri_buf;
 }
 
+void conf_setup_sentinel(void)
+{
+    snprintf(conf_uri_buf, sizeof conf_uri_buf,
+             "redis-sentinel://%s?prefix=%s&timeout_ms=20000",
+             th_sentinel_addr(), th_prefix());
+    conf_uri = conf_uri_buf;
+}
+
 void conf_teardown(void)
 {
     if (conf_dir)

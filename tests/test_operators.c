@@ -78,6 +78,14 @@ Test(secrets, display)
         {"redis://u:@h", "redis://u:@h"},
         {"redis://h:1?prefix=a@b", "redis://h:1?prefix=a@b"},
         {"local:./a@b:c", "local:./a@b:c"},
+        {"redis-sentinel://u:" PW "@a:1,b:2/m?sentinel_password=" PW
+         "&wait=1", "redis-sentinel://u:***@a:1,b:2/m?sentinel_password=***"
+         "&wait=1"},
+        {"redis-sentinel://a/m?db=2&sentinel_password=" PW,
+         "redis-sentinel://a/m?db=2&sentinel_password=***"},
+        {"redis-sentinel://a/m?sentinel_password_file=/p&sentinel_user=u",
+         "redis-sentinel://a/m?sentinel_password_file=/p&sentinel_user=u"},
+        {"redis://h?password=" PW, "redis://h?password=***"},
         {"", "local:./idem-data"},
     };
     char buf[128];

@@ -113,6 +113,19 @@ Test(redis, uri_errors)
         {"redis://%zz@127.0.0.1:1", "bad % escape"},
         {"redis://", "no host"},
         {"rediss://x", "expected local:PATH, mem:, redis://"},
+        {"redis-sentinel:127.0.0.1:1/m", "expected redis-sentinel://"},
+        {"redis-sentinel://127.0.0.1:1", "HOST:PORT[,...]/MASTER"},
+        {"redis-sentinel://127.0.0.1:1/", "HOST:PORT[,...]/MASTER"},
+        {"redis-sentinel://127.0.0.1:1/m/2", "a database is db=N"},
+        {"redis-sentinel://127.0.0.1:1/%zz", "bad % escape in the master"},
+        {"redis-sentinel://a:1,b:99999/m", "bad port"},
+        {"redis-sentinel://a:1/m?sentinel_pasword=x", "unknown parameter"},
+        {"redis://127.0.0.1:1?sentinel_password=x", "belong to "
+                                                    "redis-sentinel://"},
+        {"redis-sentinel://a:1/m?sentinel_password=x&sentinel_password_file="
+         "/nonexistent", "a sentinel_password and a sentinel_password_file"},
+        {"redis-sentinel://a:1/m?sentinel_password_file=/nonexistent",
+         "sentinel_password_file /nonexistent: No such file"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         idem_store *s;

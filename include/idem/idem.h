@@ -38,7 +38,9 @@
  *                  "local:PATH?mode=group" (see idem_open())
  *     mem:         the same engine in memory only; nothing survives close
  *     redis://...  one Redis server, shared by any number of processes
- *     redis-cluster://...  a Redis Cluster (see idem_open() for both)
+ *     redis-cluster://...  a Redis Cluster
+ *     redis-sentinel://...  the master Redis Sentinel watches (see
+ *                  idem_open() for the three)
  *
  * THREADS
  *
@@ -283,6 +285,7 @@ IDEM_EXPORT void idem_opts_init(idem_opts *opts);
  *
  *     redis://[[USER]:PASSWORD@]HOST[:PORT][/DB][?PARAM=VALUE&...]
  *     redis-cluster://[[USER]:PASSWORD@]HOST:PORT[,HOST:PORT...][?...]
+ *     redis-sentinel://[[USER]:PASSWORD@]HOST[:PORT][,...]/MASTER[?...]
  *
  * PORT defaults to 6379, DB to 0 (a cluster has only 0); an IPv6 HOST goes
  * in brackets. USER, PASSWORD and prefix may be %-encoded ('?', '#' and
@@ -296,8 +299,15 @@ IDEM_EXPORT void idem_opts_init(idem_opts *opts);
  * password comes from the file or the environment. No detail ever shows
  * a password: messages name the store as idem_uri_display() does. A
  * cluster URI lists one or more nodes to learn the cluster from; the
- * rest are found through CLUSTER SLOTS. Parameters (docs/uri.md lists
- * every one, with its range, layout, days and shards included):
+ * rest are found through CLUSTER SLOTS. A sentinel URI lists sentinels
+ * (PORT defaults to 26379) and the name they watch the master as: the
+ * master is asked of them in turn, must answer ROLE master, and is
+ * asked again after a connection fails or a write meets READONLY, so a
+ * failover within timeout_ms is invisible; USER and PASSWORD are the
+ * master's, sentinel_user and sentinel_password (or
+ * sentinel_password_file) the sentinels' own; the database is db=N.
+ * Parameters (docs/uri.md lists every one, with its range, layout, days
+ * and shards included):
  *
  *     timeout_ms=5000   the time one call may take, retries through
  *                       redirects, refused connections and failover
@@ -354,12 +364,13 @@ IDEM_EXPORT const char *idem_errdetail(const idem_store *s);
 IDEM_EXPORT const char *idem_warning(const idem_store *s);
 
 /* uri as it may be shown in a message, a log or a metrics label: its
- * password, if it holds one ("redis://USER:PASSWORD@...",
- * "redis://PASSWORD@..."), replaced by "***". Writes at most size bytes
- * to buf (NUL-terminated, cut short if need be; buf may be NULL when
- * size is 0) and returns the length of the whole rendering, as
- * snprintf() does. NULL or "" renders as the default store. Every
- * idem_errdetail() names the store this way. Thread-safe. */
+ * passwords, if it holds any ("redis://USER:PASSWORD@...",
+ * "redis://PASSWORD@...", and the value of every parameter whose name
+ * ends in "password", "?sentinel_password=..."), replaced by "***".
+ * Writes at most size bytes to buf (NUL-terminated, cut short if need
+ * be; buf may be NULL when size is 0) and returns the length of the
+ * whole rendering, as snprintf() does. NULL or "" renders as the default
+ * store. Every idem_errdetail() names the store this way. Thread-safe. */
 IDEM_EXPORT size_t idem_uri_display(const char *uri, char *buf, size_t size);
 
 /* The store that a NULL or "" uri names. */
@@ -895,12 +906,13 @@ typedef struct idem_check_report {
  * or cut segment, damage in a sealed segment or followed by committed
  * data; a torn tail past the recorded end is no damage.
  *
- * A redis:// or redis-cluster:// uri is read through a read-only handle
- * while others use it, and counts in damaged the records that make every
- * claim of their key fail: a key under the prefix that is not a hash, a
- * token that is not a positive integer, a day-layout bucket field that
- * is not a packed record. idem_repair() deletes those, and only those.
- * mem: gives IDEM_ENOTSUP; NULL or "" is local:./idem-data. */
+ * A redis://, redis-cluster:// or redis-sentinel:// uri is read through
+ * a read-only handle while others use it, and counts in damaged the
+ * records that make every claim of their key fail: a key under the
+ * prefix that is not a hash, a token that is not a positive integer, a
+ * day-layout bucket field that is not a packed record. idem_repair()
+ * deletes those, and only those. mem: gives IDEM_ENOTSUP; NULL or "" is
+ * local:./idem-data. */
 IDEM_EXPORT int idem_check(const char *uri, idem_check_report *report);
 
 /* Rewrite each damaged segment of the store at uri keeping every valid

@@ -61,10 +61,15 @@ int idem__rnode_get(idem__redis *r, const char *host, size_t hostlen,
     return (int)r->nnodes++;
 }
 
+int idem__has_map(const idem__redis *r)
+{
+    return r->cfg.cluster || r->cfg.sentinel;
+}
+
 int idem__route(const idem__redis *r, unsigned slot)
 {
     if (!r->cfg.cluster)
-        return 0;
+        return r->single;
     return (int)r->slots[slot] - 1;
 }
 
@@ -212,20 +217,26 @@ static int idem__map_ask(idem_store *s, idem__redis *r, size_t i, int64_t ms,
  * what is left, but no less than IDEM__MAP_SLICE_MS. */
 #define IDEM__MAP_SLICE_MS 250
 
+int64_t idem__slice_ms(int64_t deadline, size_t tries)
+{
+    int64_t left = deadline - idem__mono_ms();
+    int64_t ms = left / (int64_t)(tries ? tries : 1);
+    ms = ms < IDEM__MAP_SLICE_MS ? IDEM__MAP_SLICE_MS : ms;
+    return ms < left ? ms : left;
+}
+
 int idem__map_refresh(idem_store *s, idem__redis *r, int64_t deadline)
 {
+    if (r->cfg.sentinel)
+        return idem__sentinel_refresh(s, r, deadline);
     uint16_t *slots = calloc(IDEM__SLOTS, sizeof *slots);
     size_t *order = calloc(r->nnodes ? r->nnodes : 1, sizeof *order);
     int rc = slots && order ? IDEM_ECONN
                             : idem__fail(s, IDEM_ENOMEM, "out of memory");
     size_t n = rc == IDEM_ECONN ? idem__map_order(r, order) : 0;
-    for (size_t j = 0; j < n; j++) {
-        int64_t left = deadline - idem__mono_ms();
-        if (left <= 0)
-            break;
-        int64_t ms = left / (int64_t)(n - j);
-        ms = ms < IDEM__MAP_SLICE_MS ? IDEM__MAP_SLICE_MS : ms;
-        rc = idem__map_ask(s, r, order[j], ms < left ? ms : left, slots);
+    for (size_t j = 0; j < n && deadline - idem__mono_ms() > 0; j++) {
+        rc = idem__map_ask(s, r, order[j], idem__slice_ms(deadline, n - j),
+                           slots);
         if (rc == 0) {
             memcpy(r->slots, slots, IDEM__SLOTS * sizeof *slots);
             r->map_stale = 0;

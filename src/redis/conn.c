@@ -3,10 +3,11 @@
  * hiredis does the protocol; this file adds what a library needs around
  * it: every blocking step has a time limit (a dead server must turn into
  * an error, never a hang), credentials and database are applied on every
- * (re)connect, and a write to a socket the server closed cannot kill the
- * process. hiredis writes with write(2), which raises SIGPIPE on a closed
- * socket; a library may not change the process's signal dispositions, so
- * the caller blocks SIGPIPE in its own thread around the I/O and drops a
+ * (re)connect (a sentinel gets its own credentials and no database),
+ * and a write to a socket the server closed cannot kill the process.
+ * hiredis writes with write(2), which raises SIGPIPE on a closed socket;
+ * a library may not change the process's signal dispositions, so the
+ * caller blocks SIGPIPE in its own thread around the I/O and drops a
  * SIGPIPE that the I/O itself raised (idem__nosigpipe_begin/end). */
 #include <errno.h>
 #include <signal.h>
@@ -147,6 +148,52 @@ redisReply *idem__rconn_command(idem_store *s, idem__rconn *conn, int argc,
     return rep;
 }
 
+/* AUTH with the node's credentials (a sentinel's are its own). */
+static int idem__rconn_auth(idem_store *s, const idem__redis *r,
+                            const idem__rnode *node, idem__rconn *conn)
+{
+    const char *user = node->sentinel ? r->cfg.sentinel_user : r->cfg.user;
+    const char *pass = node->sentinel ? r->cfg.sentinel_pass : r->cfg.pass;
+    if (!pass)
+        return 0;
+    const char *argv[3] = {"AUTH"};
+    size_t lens[3] = {4};
+    int argc = 1, code = 0;
+    if (user) {
+        argv[argc] = user;
+        lens[argc++] = strlen(user);
+    }
+    argv[argc] = pass;
+    lens[argc++] = strlen(pass);
+    redisReply *rep = idem__rconn_command(s, conn, argc, argv, lens, &code);
+    if (rep && rep->type == REDIS_REPLY_ERROR) {
+        code = IDEM_EAUTH;
+        idem__fail(s, code, "%s: AUTH failed: %s", s->uri, rep->str);
+    }
+    freeReplyObject(rep);
+    return code;
+}
+
+/* SELECT the URI's database (a sentinel has none). */
+static int idem__rconn_select(idem_store *s, const idem__redis *r,
+                              const idem__rnode *node, idem__rconn *conn)
+{
+    if (!r->cfg.db || node->sentinel)
+        return 0;
+    char db[16];
+    size_t n = (size_t)snprintf(db, sizeof db, "%d", r->cfg.db);
+    const char *argv[2] = {"SELECT", db};
+    size_t lens[2] = {6, n};
+    int code = 0;
+    redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &code);
+    if (rep && rep->type == REDIS_REPLY_ERROR) {
+        code = IDEM_EINVAL;
+        idem__fail(s, code, "%s: SELECT %s: %s", s->uri, db, rep->str);
+    }
+    freeReplyObject(rep);
+    return code;
+}
+
 int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
                      idem__rconn *conn, int64_t ms)
 {
@@ -165,37 +212,9 @@ int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
     }
     conn->c = c;
     idem__rconn_deadline(conn, ms);
-    int code = 0;
-    if (r->cfg.pass) {
-        const char *argv[3] = {"AUTH"};
-        size_t lens[3] = {4};
-        int argc = 1;
-        if (r->cfg.user) {
-            argv[argc] = r->cfg.user;
-            lens[argc++] = strlen(r->cfg.user);
-        }
-        argv[argc] = r->cfg.pass;
-        lens[argc++] = strlen(r->cfg.pass);
-        redisReply *rep = idem__rconn_command(s, conn, argc, argv, lens,
-                                              &code);
-        if (rep && rep->type == REDIS_REPLY_ERROR) {
-            code = IDEM_EAUTH;
-            idem__fail(s, code, "%s: AUTH failed: %s", s->uri, rep->str);
-        }
-        freeReplyObject(rep);
-    }
-    if (!code && r->cfg.db) {
-        char db[16];
-        size_t n = (size_t)snprintf(db, sizeof db, "%d", r->cfg.db);
-        const char *argv[2] = {"SELECT", db};
-        size_t lens[2] = {6, n};
-        redisReply *rep = idem__rconn_command(s, conn, 2, argv, lens, &code);
-        if (rep && rep->type == REDIS_REPLY_ERROR) {
-            code = IDEM_EINVAL;
-            idem__fail(s, code, "%s: SELECT %s: %s", s->uri, db, rep->str);
-        }
-        freeReplyObject(rep);
-    }
+    int code = idem__rconn_auth(s, r, node, conn);
+    if (!code)
+        code = idem__rconn_select(s, r, node, conn);
     if (code)
         idem__rconn_close(conn);
     return code;

@@ -362,7 +362,7 @@ static void idem__on_cmd_error(idem_store *s, idem__rbatch *b,
     } else if (idem__transient(e)) {
         rd->backoff = 1;
         if (strncmp(e, "READONLY", 8) == 0)
-            r->map_stale = r->cfg.cluster;
+            r->map_stale = idem__has_map(r);
         c->lasterr = IDEM_ETIMEOUT;
         idem__scopy(b->lastmsg, sizeof b->lastmsg, msg);
     } else if (strncmp(e, "NOAUTH", 6) == 0 ||
@@ -547,7 +547,7 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
                      idem__rconn_why(conn, why, sizeof why));
             idem__requeue_conn(b, conn, code, msg);
             idem__rconn_close(conn);
-            r->map_stale = r->cfg.cluster;
+            r->map_stale = idem__has_map(r);
             rd->backoff = 1;
             return;
         }
@@ -564,6 +564,11 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
             snprintf(msg, sizeof msg, "%s: WAIT %d: %s%lld replica(s) "
                      "acknowledged in time", s->uri, r->cfg.wait,
                      acked < 0 ? "failed, " : "only ", acked < 0 ? 0 : acked);
+            /* A master that lost its replicas may have lost its place
+             * too (a sentinel's master deposed while it was cut off):
+             * the next round asks where the master is. */
+            if (acked < r->cfg.wait)
+                r->map_stale = idem__has_map(r);
             for (size_t k = 0; k < j; k++) {
                 if (conn->in[k].kind != IDEM__IN_CMD)
                     continue;
@@ -639,7 +644,7 @@ static int idem__dispatch_cmd(idem_store *s, idem__rbatch *b, size_t i,
         return rc;
     if (rc) {
         c->lasterr = rc;
-        r->map_stale = r->cfg.cluster;
+        r->map_stale = idem__has_map(r);
         rd->backoff = 1;
         return 0;
     }
@@ -726,7 +731,7 @@ static void idem__exchange(idem_store *s, idem__rbatch *b,
                                             ? IDEM_ETIMEOUT
                                             : IDEM_ECONN, msg);
             idem__rconn_close(conn);
-            r->map_stale = r->cfg.cluster;
+            r->map_stale = idem__has_map(r);
             rd->backoff = 1;
         }
     }
@@ -762,7 +767,7 @@ static int idem__prepare_round(idem_store *s, idem__rbatch *b,
     }
     if (left <= 0)
         return 1;
-    if (!r->cfg.cluster || !r->map_stale)
+    if (!idem__has_map(r) || !r->map_stale)
         return 0;
     int rc = idem__map_refresh(s, r, deadline);
     if (rc)

@@ -1,11 +1,13 @@
-/* redis.c - the redis:// and redis-cluster:// store backends.
+/* redis.c - the redis://, redis-cluster:// and redis-sentinel:// store
+ * backends.
  *
  * Each operation of the store interface becomes a batch of script calls
  * (pipe.c runs them) and each answer becomes an outcome exactly as
  * local: would give it: the scripts (scripts.c) mirror protocol.c,
  * and this file only translates. A single server and a cluster differ
- * only in routing (cluster.c), so one set of operations serves both
- * schemes.
+ * only in routing (cluster.c), and a sentinel store is a single server
+ * whose node the sentinels name (sentinel.c), so one set of operations
+ * serves the three schemes.
  *
  * There is nothing to flush: a write is applied when its reply arrives,
  * and with wait=N replicated as well, so sync() has nothing left to do,
@@ -497,6 +499,7 @@ static int idem__redis_sync(idem_store *s)
 
 static void idem__redis_free(idem__redis *r)
 {
+    idem__sentinels_free(r);
     for (size_t i = 0; i < r->nnodes; i++) {
         for (int k = 0; k < r->cfg.pool; k++) {
             idem__rconn_close(&r->nodes[i].conns[k]);
@@ -527,8 +530,9 @@ static int idem__redis_close(idem_store *s)
  * most keys. */
 static int idem__check_single(idem_store *s, idem__redis *r)
 {
-    idem__rconn *conn = &r->nodes[0].conns[0];
-    int rc = idem__rconn_open(s, r, &r->nodes[0], conn, r->cfg.connect_ms);
+    idem__rnode *node = &r->nodes[r->single];
+    idem__rconn *conn = &node->conns[0];
+    int rc = idem__rconn_open(s, r, node, conn, r->cfg.connect_ms);
     if (rc)
         return rc;
     idem__rconn_deadline(conn, r->cfg.timeout_ms);
@@ -540,8 +544,7 @@ static int idem__check_single(idem_store *s, idem__redis *r)
     if (rep->type == REDIS_REPLY_STRING &&
         strstr(rep->str, "cluster_enabled:1"))
         rc = idem__fail(s, IDEM_EINVAL, "%s: %s:%d is a cluster node: use "
-                        "redis-cluster://", s->uri, r->nodes[0].host,
-                        r->nodes[0].port);
+                        "redis-cluster://", s->uri, node->host, node->port);
     else if (rep->type == REDIS_REPLY_ERROR)
         rc = idem__fail(s, IDEM_EPROTO, "%s: INFO: %s", s->uri, rep->str);
     freeReplyObject(rep);
@@ -613,16 +616,17 @@ static redisReply *idem__mark_ask(idem_store *s, idem__redis *r,
             ask = is_ask ? to : -1;
             moved = !is_ask;
         }
+        int busy = !broke && rep->type == REDIS_REPLY_ERROR &&
+                   idem__transient(rep->str);
         int later = broke ? *rc == IDEM_ECONN || *rc == IDEM_ETIMEOUT
-                          : rep->type == REDIS_REPLY_ERROR &&
-                                (idem__transient(rep->str) || ask >= 0 ||
-                                 moved);
+                          : busy || ask >= 0 || moved;
         if (!later || idem__mono_ms() + 100 >= deadline)
             return rep;
         freeReplyObject(rep);
         if (ask < 0)
             idem__sleep_ms(100);
-        if (r->cfg.cluster && (moved || broke))
+        /* READONLY: a sentinel's master was demoted under us. */
+        if (idem__has_map(r) && (moved || broke || busy))
             idem__map_refresh(s, r, deadline);
     }
 }
@@ -666,45 +670,61 @@ static int idem__check_layout(idem_store *s, idem__redis *r)
     return rc;
 }
 
-static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
+/* Settings and nodes from the URI: the seeds (a cluster's, or the one
+ * server) as nodes, or the sentinels. */
+static int idem__redis_setup(idem_store *s, idem__redis *r, const char *rest,
+                             int kind)
 {
-    idem__redis *r = calloc(1, sizeof *r);
-    if (!r)
-        return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    r->map_node = -1;
-    s->impl = r;
-    int rc = idem__rcfg_parse(s, cluster, rest, &r->cfg);
+    int rc = idem__rcfg_parse(s, kind, rest, &r->cfg);
     if (!rc && idem__random_bytes(&r->rid_base, sizeof r->rid_base))
         rc = idem__fail(s, IDEM_EIO, "getrandom failed");
     if (!rc)
         rc = idem__ttl_fits(s, s->opts.ttl_ms, "default TTL");
     if (!rc)
         rc = idem__ttl_fits(s, s->opts.failure_ttl_ms, "failure TTL");
+    if (rc)
+        return rc;
+    idem__script_shas(r->cfg.layout, r->shas);
+    if (r->cfg.sentinel)
+        return idem__sentinels_init(s, r);
+    for (size_t i = 0; i < r->cfg.nseeds; i++)
+        if (idem__rnode_get(r, r->cfg.hosts[i], strlen(r->cfg.hosts[i]),
+                            r->cfg.ports[i]) < 0)
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    if (kind == IDEM__RK_CLUSTER &&
+        !(r->slots = calloc(IDEM__SLOTS, sizeof *r->slots)))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Find where keys live (a cluster's map, a sentinel's master), check
+ * that the server is of the kind the URI says, and the layout mark. */
+static int idem__redis_locate(idem_store *s, idem__redis *r)
+{
+    idem__sigstate sig;
+    idem__nosigpipe_begin(&sig);
+    int rc = r->cfg.cluster ? idem__map_refresh(s, r, idem__mono_ms() +
+                                                          r->cfg.timeout_ms)
+             : r->cfg.sentinel ? idem__sentinel_locate(s, r)
+                               : 0;
+    if (!rc && !r->cfg.cluster)
+        rc = idem__check_single(s, r);
     if (!rc)
-        idem__script_shas(r->cfg.layout, r->shas);
-    for (size_t i = 0; !rc && i < r->cfg.nseeds; i++) {
-        int node = idem__rnode_get(r, r->cfg.hosts[i],
-                                   strlen(r->cfg.hosts[i]), r->cfg.ports[i]);
-        if (node < 0)
-            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-        else
-            r->nodes[node].is_seed = 1;
-    }
-    if (!rc && cluster) {
-        r->slots = calloc(IDEM__SLOTS, sizeof *r->slots);
-        if (!r->slots)
-            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-    }
-    if (!rc) {
-        idem__sigstate sig;
-        idem__nosigpipe_begin(&sig);
-        rc = cluster ? idem__map_refresh(s, r, idem__mono_ms() +
-                                                   r->cfg.timeout_ms)
-                     : idem__check_single(s, r);
-        if (!rc)
-            rc = idem__check_layout(s, r);
-        idem__nosigpipe_end(&sig);
-    }
+        rc = idem__check_layout(s, r);
+    idem__nosigpipe_end(&sig);
+    return rc;
+}
+
+static int idem__redis_open_as(idem_store *s, const char *rest, int kind)
+{
+    idem__redis *r = calloc(1, sizeof *r);
+    if (!r)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    r->map_node = -1;
+    s->impl = r;
+    int rc = idem__redis_setup(s, r, rest, kind);
+    if (!rc)
+        rc = idem__redis_locate(s, r);
     if (rc) {
         idem__redis_free(r);
         s->impl = NULL;
@@ -714,12 +734,17 @@ static int idem__redis_open_as(idem_store *s, const char *rest, int cluster)
 
 static int idem__redis_open(idem_store *s, const char *rest)
 {
-    return idem__redis_open_as(s, rest, 0);
+    return idem__redis_open_as(s, rest, IDEM__RK_SINGLE);
 }
 
 static int idem__cluster_open(idem_store *s, const char *rest)
 {
-    return idem__redis_open_as(s, rest, 1);
+    return idem__redis_open_as(s, rest, IDEM__RK_CLUSTER);
+}
+
+static int idem__sentinel_open(idem_store *s, const char *rest)
+{
+    return idem__redis_open_as(s, rest, IDEM__RK_SENTINEL);
 }
 
 /* idem_check()/idem_repair(): through a handle of the backend's own,
@@ -751,3 +776,6 @@ const struct idem__backend idem__backend_redis = {
     .scheme = "redis", .open = idem__redis_open, IDEM__REDIS_OPS};
 const struct idem__backend idem__backend_cluster = {
     .scheme = "redis-cluster", .open = idem__cluster_open, IDEM__REDIS_OPS};
+const struct idem__backend idem__backend_sentinel = {
+    .scheme = "redis-sentinel", .open = idem__sentinel_open,
+    IDEM__REDIS_OPS};

@@ -1,10 +1,13 @@
 /* redis.h - what the Redis backend's files share.
  *
- * uri.c           turns a redis:// or redis-cluster:// URI into settings
+ * uri.c           turns a redis://, redis-cluster:// or redis-sentinel://
+ *                 URI into settings
  * conn.c          one connection: connect, AUTH, SELECT, load scripts,
  *                 time limits, safe writes, reading error replies
  * cluster.c       the nodes and the slot map: where a key's command goes,
  *                 MOVED and ASK, refreshing the map from CLUSTER SLOTS
+ * sentinel.c      redis-sentinel://: which node is the master, asked of
+ *                 the sentinels again after each failure
  * pipe.c          batches of script calls: grouped, pipelined per node,
  *                 retried through redirects and failures within a budget
  * sweep.c         SCAN every master: sweep and stats
@@ -14,7 +17,9 @@
  *                 into outcomes, open and close
  *
  * A single server is a cluster of one node that owns every slot and is
- * never asked for a map, so the same rounds serve both schemes. */
+ * never asked for a map, so the same rounds serve both schemes. A
+ * sentinel store is a single server whose one node is re-resolved: its
+ * "map" is the sentinels' answer, refreshed where a cluster's would be. */
 #ifndef IDEM_REDIS_H
 #define IDEM_REDIS_H
 
@@ -28,11 +33,16 @@
 /* Settings from the URI. */
 typedef struct idem__rcfg {
     int cluster;              /* redis-cluster:// */
-    char **hosts;             /* seeds: host and port pairs */
-    int *ports;
+    int sentinel;             /* redis-sentinel:// */
+    char **hosts;             /* seeds (sentinel: the sentinels): host */
+    int *ports;               /* and port pairs */
     size_t nseeds;
     char *user, *pass;        /* NULL: no AUTH */
     char *pass_file;          /* password_file=, read into pass */
+    char *master;             /* sentinel: the master's name */
+    char *sentinel_user;      /* sentinel: AUTH on the sentinels */
+    char *sentinel_pass;
+    char *sentinel_pass_file; /* read into sentinel_pass */
     int db;                   /* SELECT; single server only */
     int64_t timeout_ms;       /* budget of one call, retries included */
     int64_t connect_ms;       /* budget of one connection attempt */
@@ -53,8 +63,11 @@ typedef struct idem__rcfg {
 #define IDEM__MAX_SHARDS 1024
 #define IDEM__DAY_MS 86400000LL
 
-/* Parse rest (what follows "redis:" or "redis-cluster:"). */
-int idem__rcfg_parse(idem_store *s, int cluster, const char *rest,
+/* The URI forms: redis://, redis-cluster://, redis-sentinel://. */
+enum { IDEM__RK_SINGLE, IDEM__RK_CLUSTER, IDEM__RK_SENTINEL };
+
+/* Parse rest (what follows the scheme's ':') of a URI of that kind. */
+int idem__rcfg_parse(idem_store *s, int kind, const char *rest,
                      idem__rcfg *cfg);
 void idem__rcfg_free(idem__rcfg *cfg);
 /* The name of URI parameter i (0, 1, ...), or NULL past the last: what
@@ -84,8 +97,9 @@ typedef struct idem__rconn {
 typedef struct idem__rnode {
     char *host;
     int port;
-    int is_seed;
-    idem__rconn *conns;       /* cfg.pool of them */
+    int sentinel;             /* a sentinel: sentinel_user/_password, no
+                               * SELECT, one connection */
+    idem__rconn *conns;       /* cfg.pool of them (a sentinel: one) */
 } idem__rnode;
 
 /* A checkpoint queued by idem_checkpoint_put() until idem_sync(), with
@@ -103,8 +117,13 @@ typedef struct idem__redis {
     idem__rnode *nodes;
     size_t nnodes, capnodes;
     uint16_t *slots;          /* cluster: slot -> node index + 1; 0 unknown */
-    int map_stale;            /* refresh the slot map before the next round */
-    int map_node;             /* the node that gave the map last; -1 */
+    int single;               /* not a cluster: the node that serves every
+                               * slot (sentinel: the master last found) */
+    idem__rnode *sentinels;   /* sentinel: cfg.nseeds of them */
+    int map_stale;            /* refresh the slot map (sentinel: ask for
+                               * the master) before the next round */
+    int map_node;             /* the node that gave the map last (sentinel:
+                               * the index of the sentinel); -1 */
     uint64_t rid_base, rid_next;  /* request ids: random base, counter */
     uint64_t round;           /* rounds run by this handle, from 1 */
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
@@ -297,16 +316,38 @@ int idem__rconn_timed_out(const idem__rconn *conn);
 
 /* ---- cluster.c */
 
+/* Can the handle learn anew where keys live: a cluster's slot map, a
+ * sentinel's master? Then a failure marks the map stale. */
+int idem__has_map(const idem__redis *r);
+
 /* Find or add the node host:port; its index, or -1 on ENOMEM. */
 int idem__rnode_get(idem__redis *r, const char *host, size_t hostlen,
                     int port);
 /* The node that owns slot, or -1 if the map does not say. */
 int idem__route(const idem__redis *r, unsigned slot);
+/* The time one of `tries` more nodes gets to answer, out of what is
+ * left until deadline: an equal share, but at least 250 ms, so that a
+ * node that hangs costs its share, never the whole budget. */
+int64_t idem__slice_ms(int64_t deadline, size_t tries);
 /* Rebuild the slot map from the first node that answers CLUSTER SLOTS,
- * connecting as needed. 0, or the error of the last node tried. */
+ * connecting as needed (sentinel: idem__sentinel_refresh). 0, or the
+ * error of the last node tried. */
 int idem__map_refresh(idem_store *s, idem__redis *r, int64_t deadline);
 /* An error reply "MOVED slot host:port" or "ASK slot host:port": the
  * node it names (added if new), or -1 if it is not one of those. */
 int idem__redirect(idem__redis *r, const redisReply *err, int *is_ask);
+
+/* ---- sentinel.c */
+
+/* Make the sentinels' nodes from the URI's hosts. 0 or IDEM_ENOMEM. */
+int idem__sentinels_init(idem_store *s, idem__redis *r);
+void idem__sentinels_free(idem__redis *r);
+/* Ask the sentinels in turn for the master, and make the first answer
+ * whose node says ROLE master the single node. 0, or the error that
+ * says most (named sentinels and master, in the detail). */
+int idem__sentinel_refresh(idem_store *s, idem__redis *r, int64_t deadline);
+/* idem__sentinel_refresh() again and again within timeout_ms while no
+ * master can be reached (a failover under way): what open does. */
+int idem__sentinel_locate(idem_store *s, idem__redis *r);
 
 #endif

@@ -400,7 +400,12 @@ static redisReply *idem__scan_call(idem_store *s, size_t node,
                                    : NULL;
         if (rep)
             idem__scopy(s->detail, sizeof s->detail, before);
-        if (rep || left <= 0 || (*rc != IDEM_ECONN && *rc != IDEM_ETIMEOUT))
+        if (rep || (*rc != IDEM_ECONN && *rc != IDEM_ETIMEOUT))
+            return rep;
+        /* The node may be gone for good (a failover): the next scan
+         * asks where the masters are first. */
+        r->map_stale = idem__has_map(r);
+        if (left <= 0)
             return rep;
         left = deadline - idem__mono_ms();
         idem__sleep_ms(backoff < left ? backoff : left > 0 ? left : 0);
@@ -449,10 +454,11 @@ static int idem__scan_node(idem_store *s, size_t node, int script,
     return rc;
 }
 
-/* Every node that serves slots (the server, for redis://). */
+/* Every node that serves slots (the server, for redis://; the master,
+ * for redis-sentinel://). */
 static int idem__masters(idem_store *s, idem__redis *r, unsigned char **is)
 {
-    if (r->cfg.cluster && r->map_stale) {
+    if (idem__has_map(r) && r->map_stale) {
         int rc = idem__map_refresh(s, r, idem__mono_ms() + r->cfg.timeout_ms);
         if (rc)
             return rc;
@@ -461,7 +467,7 @@ static int idem__masters(idem_store *s, idem__redis *r, unsigned char **is)
     if (!*is)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     if (!r->cfg.cluster)
-        (*is)[0] = 1;
+        (*is)[r->single] = 1;
     else
         for (size_t k = 0; k < IDEM__SLOTS; k++)
             if (r->slots[k])
