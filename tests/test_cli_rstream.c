@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common.h"
@@ -492,4 +493,113 @@ Test(rstream, an_upstream_idem_key_is_replaced_in_place)
             cr_assert_str_eq(f->element[j]->str, want[i][j]);
     }
     freeReplyObject(r);
+}
+
+/* ---- through Redis Sentinel */
+
+static th_servers sv;
+
+static int is_master_port(int port)
+{
+    redisContext *c = redisConnect("127.0.0.1", port);
+    redisReply *r = c && !c->err ? redisCommand(c, "ROLE") : NULL;
+    int m = r && r->type == REDIS_REPLY_ARRAY && r->elements &&
+            !strcmp(r->element[0]->str, "master");
+    if (r)
+        freeReplyObject(r);
+    if (c)
+        redisFree(c);
+    return m;
+}
+
+/* Own servers: a master, its replica, three sentinels watching it as
+ * "m"; the URIs name the sentinels. */
+static void setup_sentinel(void)
+{
+    dir = t_tmpdir();
+    th_start_sentinel(&sv, "m");
+    snprintf(addr, sizeof addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
+             sv.ports[2], sv.ports[3], sv.ports[4]);
+    snprintf(in, sizeof in, "in");
+    snprintf(out, sizeof out, "out");
+    rc = th_connect(sv.ports[0]);
+}
+
+static void teardown_sentinel(void)
+{
+    redisFree(rc);
+    th_stop(&sv);
+    t_rmdir(dir);
+    free(dir);
+}
+
+TestSuite(rstream_sentinel, .init = setup_sentinel,
+          .fini = teardown_sentinel, .timeout = 300);
+
+/* kill -9 of the master while dedup runs through the sentinels, with the
+ * output's entries replicated before each commit (wait=1): the run goes
+ * on, or a rerun does, on the promoted replica, and the output holds each
+ * key once, in order. */
+Test(rstream_sentinel, the_master_dies_mid_stream)
+{
+    int nkeys = fill(2000);
+    freeReplyObject(th_cmd(rc, "WAIT 1 5000"));
+    char from[512], to[512];
+    snprintf(from, sizeof from, "'redis-stream://%s/in?sentinel=m&group=g"
+             "&timeout_ms=30000'", addr);
+    snprintf(to, sizeof to, "'redis-stream://%s/out?sentinel=m&wait=1&"
+             "timeout_ms=30000'", addr);
+#define FAILOVER_RUN "dedup --key event_id --from %s --to %s --idle-exit " \
+                     "1s --batch 20 --lease 1s --store local:store 2>>err"
+    pid_t p = t_cli_start(dir, FAILOVER_RUN, from, to);
+    usleep(300 * 1000);
+    int early;
+    cr_assert_eq(waitpid(p, &early, WNOHANG), 0, "dedup ended before the "
+                 "master died: nothing tested");
+    th_signal(&sv, sv.ports[0], SIGKILL);
+    for (int i = 0; i < 600 && !is_master_port(sv.ports[1]); i++)
+        usleep(100 * 1000);
+    cr_assert(is_master_port(sv.ports[1]), "no failover");
+    /* The old master comes back as a replica, so that WAIT 1 can be
+     * met again. */
+    th_restart(&sv, sv.ports[0]);
+    redisContext *old = th_connect(sv.ports[0]);
+    char port[16];
+    snprintf(port, sizeof port, "%d", sv.ports[1]);
+    freeReplyObject(th_cmd(old, "REPLICAOF 127.0.0.1 %s", port));
+    redisFree(old);
+    int st = t_wait(p);
+    for (int i = 0; st != 0 && i < 5; i++)
+        st = t_cli(dir, FAILOVER_RUN, from, to);
+    cr_assert_eq(st, 0, "%s", t_read(t_path(dir, "err"), NULL));
+    redisFree(rc);
+    rc = th_connect(sv.ports[1]);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+Test(rstream, through_the_shared_sentinels)
+{
+    const char *s = th_sentinel_addr();  /* "S1,S2,S3/NAME" */
+    const char *slash = strchr(s, '/');
+    cr_assert(slash);
+    char hosts[256];
+    snprintf(hosts, sizeof hosts, "%.*s", (int)(slash - s), s);
+    /* The shared master holds this test's streams. */
+    redisContext *sc = th_connect(th_first_port(hosts));
+    redisReply *r = th_cmd(sc, "SENTINEL get-master-addr-by-name %s",
+                           slash + 1);
+    redisFree(rc);
+    rc = th_connect((int)strtol(r->element[1]->str, NULL, 10));
+    freeReplyObject(r);
+    redisFree(sc);
+    int nkeys = fill(100);
+    cr_assert_eq(t_cli(dir, "dedup --key event_id --from "
+                       "'redis-stream://%s/%s?sentinel=%s&group=g' --to "
+                       "'redis-stream://%s/%s?sentinel=%s' --idle-exit "
+                       "200ms 2>err", hosts, in, slash + 1, hosts, out,
+                       slash + 1), 0, "%s",
+                 t_read(t_path(dir, "err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
 }
