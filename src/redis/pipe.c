@@ -669,14 +669,10 @@ static int idem__activate(idem__rconn *conn, size_t node, size_t k,
 {
     if (conn->nin)
         return 0;  /* already in the list */
-    if (act->n == act->cap) {
-        size_t cap = act->cap ? act->cap * 2 : 16;
-        idem__active *p = realloc(act->a, cap * sizeof *p);
-        if (!p)
-            return IDEM_ENOMEM;
-        act->a = p;
-        act->cap = cap;
-    }
+    idem__active *p = idem__grow(act->a, act->n, &act->cap, sizeof *p, 16);
+    if (!p)
+        return IDEM_ENOMEM;
+    act->a = p;
     act->a[act->n].node = node;
     act->a[act->n++].conn = k;
     idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
