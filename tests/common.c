@@ -46,6 +46,35 @@ void t_rmdir(const char *dir)
     t_sh("rm -rf '%s'", dir);
 }
 
+char *t_dir;
+
+void t_dir_init(void)
+{
+    t_dir = t_tmpdir();
+}
+
+void t_dir_fini(void)
+{
+    t_rmdir(t_dir);
+    free(t_dir);
+    t_dir = NULL;
+}
+
+const char *t_at(const char *name)
+{
+    return t_path(t_dir, name);
+}
+
+void t_put(const char *name, const char *text)
+{
+    t_write(t_at(name), text, strlen(text));
+}
+
+void t_expect(const char *name, const char *text)
+{
+    t_expect_file(t_at(name), text);
+}
+
 const char *t_local_uri(const char *dir)
 {
     static char buf[4200];
