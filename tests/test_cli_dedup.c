@@ -7,7 +7,7 @@
 #include "common.h"
 #include "redis_harness.h"
 
-TestSuite(cli_dedup, .init = t_dir_init, .fini = t_dir_fini);
+TestSuite(cli_dedup, .init = t_dir_init, .fini = t_dir_fini, .timeout = 180);
 
 Test(cli_dedup, first_occurrences_byte_for_byte)
 {

@@ -27,7 +27,7 @@ static void setup(void)
     cr_assert_eq(idem_close(s), 0);
 }
 
-TestSuite(cli_inspect, .init = setup, .fini = t_dir_fini);
+TestSuite(cli_inspect, .init = setup, .fini = t_dir_fini, .timeout = 120);
 
 Test(cli_inspect, get_and_forget)
 {

@@ -48,7 +48,7 @@ static void record(FILE *f, const char *key, const char *response)
             key, response);
 }
 
-TestSuite(cli_json, .init = t_dir_init, .fini = t_dir_fini);
+TestSuite(cli_json, .init = t_dir_init, .fini = t_dir_fini, .timeout = 120);
 
 Test(cli_json, replayed_responses_that_are_not_json_stay_valid_json)
 {

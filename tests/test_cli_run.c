@@ -51,7 +51,7 @@ static void expect_runs(const char *text)
 #define R(k) "{\"key\":\"" k "\",\"status\":\"done\",\"result\":" \
              "{\"ok\":true,\"key\":\"" k "\",\"n\":22}}\n"
 
-TestSuite(cli_run, .init = setup, .fini = t_dir_fini);
+TestSuite(cli_run, .init = setup, .fini = t_dir_fini, .timeout = 300);
 
 Test(cli_run, each_key_once_in_order)
 {

@@ -9,6 +9,8 @@
 
 #include "store.h" /* src/common.h: tests/common.h has the name */
 
+TestSuite(common, .timeout = 60);
+
 static volatile sig_atomic_t alarms;
 
 static void on_alarm(int sig)

@@ -16,7 +16,7 @@ static int check(const char *readme)
                 t_at("report"));
 }
 
-TestSuite(readme, .init = t_dir_init, .fini = t_dir_fini);
+TestSuite(readme, .init = t_dir_init, .fini = t_dir_fini, .timeout = 300);
 
 Test(readme, every_shell_example_prints_what_the_readme_says,
      .timeout = 300)
