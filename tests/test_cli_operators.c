@@ -78,6 +78,21 @@ static void reset_on(const char *uri)
     has("err", "\"read\":2,\"new\":0,\"duplicate\":2,");
 }
 
+/* Every command that takes --store names its default in --help as the
+ * library defines it, IDEM_DEFAULT_URI, never a copy spelled by hand. */
+Test(cli_operators, every_help_names_the_default_store)
+{
+    static const char *const cmds[] = {"dedup", "get", "forget", "stats",
+                                       "sweep", "check", "repair", "dump",
+                                       "load", "reset"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        cr_assert_eq(t_cli(t_dir, "%s --help > out", cmds[i]), 0, "%s",
+                     cmds[i]);
+        has("out", "$IDEM_STORE");
+        has("out", IDEM_DEFAULT_URI);
+    }
+}
+
 Test(cli_operators, reset_drops_a_local_jobs_checkpoint)
 {
     char uri[4300];

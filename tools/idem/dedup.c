@@ -52,7 +52,7 @@ static const char usage[] =
     "                    to a job started by an older idem to keep its\n"
     "                    history; a job with a checkpoint says so itself\n"
     "  --store URI       local:DIR, mem:, redis://... or redis-cluster://...\n"
-    "                    (default $IDEM_STORE, else local:./idem-data)\n"
+    "                    (default $IDEM_STORE, else " IDEM_DEFAULT_URI ")\n"
     "  --ttl DURATION    how long a key is remembered: 30s, 5m, 24h, 7d\n"
     "                    (default 24h)\n"
     "  --on-missing-key error|skip|pass\n"
