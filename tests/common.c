@@ -92,6 +92,19 @@ idem_store *t_open(const char *uri)
     return s;
 }
 
+int64_t t_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void t_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 int t_sh(const char *fmt, ...)
 {
     char cmd[8192];
@@ -237,9 +250,8 @@ int t_processes_with(const char *text)
 
 int t_no_process_with(const char *text)
 {
-    struct timespec tick = {0, 10 * 1000000};
     for (int waited = 0; t_processes_with(text) && waited < 10000;
          waited += 10)
-        nanosleep(&tick, NULL);
+        t_sleep_ms(10);
     return !t_processes_with(text);
 }

@@ -92,6 +92,11 @@ int t_processes_with(const char *text);
  * t_processes_with); 1 if none has. */
 int t_no_process_with(const char *text);
 
+/* The monotonic clock in milliseconds, and a sleep of ms on it: for the
+ * tests' deadlines and pauses, never for an assertion on timing. */
+int64_t t_mono_ms(void);
+void t_sleep_ms(long ms);
+
 /* Run a shell command; returns its exit status. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -42,13 +42,6 @@ static void make_input(void)
     fclose(f);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Start idem with argv in t_dir; with `piped`, its stdin is a pipe that a
  * helper fills with the input file. */
 static pid_t spawn(const char *const argv[], int piped)
@@ -81,11 +74,11 @@ static pid_t spawn(const char *const argv[], int piped)
 /* Run to completion once, without kills; returns the seconds it took. */
 static double run_clean(const char *const argv[], int piped)
 {
-    double t0 = now_s();
+    int64_t t0 = t_mono_ms();
     int st;
     waitpid(spawn(argv, piped), &st, 0);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clean run failed");
-    return now_s() - t0;
+    return (double)(t_mono_ms() - t0) / 1e3;
 }
 
 /* Kill runs at random moments until `kills` kills have landed; after each

@@ -33,12 +33,6 @@ static void setup(void)
 
 TestSuite(cli_signals, .init = setup, .fini = t_dir_fini, .timeout = 300);
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 static int lines_of(const char *name)
 {
     if (access(t_at(name), F_OK))
@@ -56,7 +50,7 @@ static int lines_of(const char *name)
 static void wait_lines(const char *name, int k)
 {
     for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
 }
 

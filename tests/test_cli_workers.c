@@ -34,12 +34,6 @@ static void make_input(int n)
 
 TestSuite(workers, .init = t_dir_init, .fini = t_dir_fini, .timeout = 240);
 
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
-    nanosleep(&ts, NULL);
-}
-
 /* `idem run` over the file `input` in the background, its stderr in
  * NAME.err, its output in NAME; the handler logs every envelope to the
  * shared file "log". */
@@ -138,7 +132,7 @@ static void two_workers(const char *store)
     /* Workers of one job share its keys by naming its key space. */
     const char *opts = "--lease 1s --batch 30 --key-space orders";
     pid_t w1 = start_run("out1", store, opts, "sleep=100");
-    sleep_ms(1500);
+    t_sleep_ms(1500);
     pid_t w2 = start_run("out2", store, opts, "sleep=100");
     int st1 = wait_for(w1), st2 = wait_for(w2);
     cr_assert_eq(st1, 0, "worker 1 exited %d", st1);
@@ -174,8 +168,8 @@ Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
     pid_t w1 = start_run("out1", store, opts, "extend=30s sleep=7000");
     for (int waited = 0; lines_of("log") < 1 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
-    sleep_ms(4500);  /* past the lease of the first message */
+        t_sleep_ms(10);
+    t_sleep_ms(4500);  /* past the lease of the first message */
     pid_t w2 = start_run("out2", store, opts, "");
     int st1 = wait_for(w1), st2 = wait_for(w2);
     cr_assert_eq(st1, 0, "worker 1 exited %d: %s", st1,
@@ -221,7 +215,7 @@ Test(workers, slow_handler_commits_by_time_then_kill9)
      * is written, as commits follow one another. */
     for (int waited = 0; lines_of("out") < 2 && waited < 120000;
          waited += 20)
-        sleep_ms(20);
+        t_sleep_ms(20);
     int ran = lines_of("log");
     cr_assert_gt(lines_of("out"), 1, "nothing committed");
     cr_assert_lt(ran, 20, "committed only when the batch ended");
@@ -261,9 +255,9 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
                          "sleep=300");
     for (int waited = 0; lines_of("log") == 0 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     kill(w1, SIGSTOP);
-    sleep_ms(1500);  /* its leases run out */
+    t_sleep_ms(1500);  /* its leases run out */
     pid_t w2 = start_run("out2", store, "--lease 1s --key-space s",
                          "sleep=1");
     int st2 = wait_for(w2);
@@ -298,7 +292,7 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
                               "2> first.err", store);
     for (int waited = 0; lines_of("out") < 2 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_eq(lines_of("out"), 2, "the first run committed nothing");
     t_write(t_at("in"), "a\nb\nc\n", 6);
     cr_assert_eq(t_cli(t_dir, "dedup --line --store '%s' --output out in "
@@ -321,7 +315,7 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
 static void wait_lines(const char *name, int k)
 {
     for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
 }
 
@@ -332,7 +326,7 @@ static int exit_within_a_minute(pid_t pid)
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid)
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(10);
+        t_sleep_ms(10);
     }
     return -1;
 }
@@ -454,7 +448,7 @@ Test(workers, kill9_of_idem_leaves_no_process_of_the_handler_tree)
     snprintf(child, sizeof child, "sh -c sleep 60; : %s/marker", t_dir);
     for (int waited = 0; !t_processes_with(child) && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert(t_processes_with(child), "the handler's child never started");
     kill(w, SIGKILL);
     t_wait(w);
@@ -479,7 +473,7 @@ Test(workers, a_store_error_stops_the_run_it_does_not_restart_the_handler)
     pid_t w = start_run("out", store, opts, "sleep=10");
     for (int waited = 0; lines_of("log") < 20 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     redisContext *c = th_connect(th_first_port(th_redis_addr()));
     freeReplyObject(th_cmd(c, "CLIENT PAUSE 1500 WRITE"));
     redisFree(c);
@@ -487,7 +481,7 @@ Test(workers, a_store_error_stops_the_run_it_does_not_restart_the_handler)
     cr_assert_eq(st, 1, "exit %d: %s", st, t_read(t_at("out.err"), NULL));
     cr_assert(!t_grep(t_at("out.err"), "restarting the handler"),
               "%s", t_read(t_at("out.err"), NULL));
-    sleep_ms(1600);
+    t_sleep_ms(1600);
     w = start_run("out", store, "--lease 2s", "");
     cr_assert_eq(wait_for(w), 0);
     const char *const outs[] = {"out"};
