@@ -14,6 +14,7 @@
 #     stream `idem bench` shares with the bench programs (one header of
 #     inline code, no library internals). So nothing in src/ includes
 #     tools/, and no subsystem reaches into another;
+#   - every test has a timeout, its own or its suite's;
 #   - shellcheck(1) finds nothing in scripts/*.sh and bench/*.sh (the
 #     scripts start servers and kill processes: a word split in the
 #     wrong place kills the wrong one).
@@ -86,6 +87,37 @@ for f in $files; do
 }$bad_inc"
 done
 report "$layers" "include across the layers (docs/architecture.md)"
+# Every test has a timeout, its own or its suite's (TestSuite in the same
+# file): a test that hangs must end, and fail, on any runner.
+# shellcheck disable=SC2016
+report "$(awk '
+    function flush(   i) {
+        for (i = 0; i < n; i++)
+            if (!own[i] && !(suite[i] in timed))
+                print where[i]
+        n = 0
+        for (i in timed)
+            delete timed[i]
+    }
+    FNR == 1 { flush() }
+    /^(Test|TestSuite)\(/ {
+        decl = $0
+        at = FILENAME ":" FNR
+        while (decl !~ /\)[;{]?[[:space:]]*$/ && (getline more) > 0)
+            decl = decl more
+        name = decl
+        sub(/^[A-Za-z]+\([[:space:]]*/, "", name)
+        sub(/[[:space:],)].*/, "", name)
+        if (decl ~ /^TestSuite/) {
+            if (decl ~ /\.timeout/)
+                timed[name] = 1
+        } else {
+            where[n] = at
+            suite[n] = name
+            own[n++] = decl ~ /\.timeout/
+        }
+    }
+    END { flush() }' tests/*.c)" "a test without a timeout (.timeout)"
 if command -v shellcheck >/dev/null; then
     shellcheck scripts/*.sh bench/*.sh >&2 ||
         report "scripts/*.sh bench/*.sh" "shellcheck (above)"

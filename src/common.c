@@ -139,6 +139,19 @@ void idem__scopy(char *dst, size_t cap, const char *src)
     dst[n] = '\0';
 }
 
+void *idem__grow(void *p, size_t n, size_t *cap, size_t size, size_t first)
+{
+    if (n < *cap)
+        return p;
+    size_t want = *cap ? *cap * 2 : first;
+    if (want <= *cap || want > SIZE_MAX / size)
+        return NULL;
+    void *q = realloc(p, want * size);
+    if (q)
+        *cap = want;
+    return q;
+}
+
 char *idem__strdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -54,6 +54,11 @@ void idem__sleep_ms(int64_t ms);
  * terminated: for messages, where a cut is better than a failure. */
 void idem__scopy(char *dst, size_t cap, const char *src);
 
+/* An array p of *cap elements of size bytes that holds n, with room for
+ * one more: p itself, or when full p grown by doubling (from `first`)
+ * with *cap updated. NULL on ENOMEM, p and *cap then unchanged. */
+void *idem__grow(void *p, size_t n, size_t *cap, size_t size, size_t first);
+
 /* Duplicate a string with malloc (the library's own, so tests can fail
  * it). NULL on ENOMEM. */
 char *idem__strdup(const char *s);

@@ -46,6 +46,35 @@ void t_rmdir(const char *dir)
     t_sh("rm -rf '%s'", dir);
 }
 
+char *t_dir;
+
+void t_dir_init(void)
+{
+    t_dir = t_tmpdir();
+}
+
+void t_dir_fini(void)
+{
+    t_rmdir(t_dir);
+    free(t_dir);
+    t_dir = NULL;
+}
+
+const char *t_at(const char *name)
+{
+    return t_path(t_dir, name);
+}
+
+void t_put(const char *name, const char *text)
+{
+    t_write(t_at(name), text, strlen(text));
+}
+
+void t_expect(const char *name, const char *text)
+{
+    t_expect_file(t_at(name), text);
+}
+
 const char *t_local_uri(const char *dir)
 {
     static char buf[4200];
@@ -61,6 +90,19 @@ idem_store *t_open(const char *uri)
     cr_assert_eq(rc, 0, "open %s: %s: %s", uri, idem_strerror(rc),
                  idem_errdetail(s));
     return s;
+}
+
+int64_t t_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void t_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000L};
+    nanosleep(&ts, NULL);
 }
 
 int t_sh(const char *fmt, ...)
@@ -208,9 +250,8 @@ int t_processes_with(const char *text)
 
 int t_no_process_with(const char *text)
 {
-    struct timespec tick = {0, 10 * 1000000};
     for (int waited = 0; t_processes_with(text) && waited < 10000;
          waited += 10)
-        nanosleep(&tick, NULL);
+        t_sleep_ms(10);
     return !t_processes_with(text);
 }

@@ -14,6 +14,23 @@
 char *t_tmpdir(void);
 void t_rmdir(const char *dir);
 
+/* The fixture of the suites whose tests each work in a fresh temp dir
+ * (the CLI's, among others): t_dir_init() (a suite's .init, or the first
+ * step of its own) makes t_dir, t_dir_fini() (its .fini) removes it with
+ * everything in it. */
+extern char *t_dir;
+void t_dir_init(void);
+void t_dir_fini(void);
+
+/* t_dir/name, as t_path() makes it. */
+const char *t_at(const char *name);
+
+/* Write text to t_dir/name, replacing it. */
+void t_put(const char *name, const char *text);
+
+/* Assert that t_dir/name holds exactly text. */
+void t_expect(const char *name, const char *text);
+
 /* The injectable clock: tests set t_clock_ms and open stores with
  * t_options(). */
 extern int64_t t_clock_ms;
@@ -74,6 +91,11 @@ int t_processes_with(const char *text);
 /* Wait, ten seconds at most, until no process has text in its argv (as
  * t_processes_with); 1 if none has. */
 int t_no_process_with(const char *text);
+
+/* The monotonic clock in milliseconds, and a sleep of ms on it: for the
+ * tests' deadlines and pauses, never for an assertion on timing. */
+int64_t t_mono_ms(void);
+void t_sleep_ms(long ms);
 
 /* Run a shell command; returns its exit status. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

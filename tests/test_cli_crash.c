@@ -25,17 +25,10 @@
 
 #define LINES 20000
 
-static char *dir;
-
-static const char *at(const char *name)
-{
-    return t_path(dir, name);
-}
-
 /* 20,000 events, one in ten a redelivery of an earlier one. */
 static void make_input(void)
 {
-    FILE *f = fopen(at("in"), "w");
+    FILE *f = fopen(t_at("in"), "w");
     cr_assert(f);
     unsigned x = 12345;
     int fresh = 0;
@@ -49,14 +42,7 @@ static void make_input(void)
     fclose(f);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-/* Start idem with argv in dir; with `piped`, its stdin is a pipe that a
+/* Start idem with argv in t_dir; with `piped`, its stdin is a pipe that a
  * helper fills with the input file. */
 static pid_t spawn(const char *const argv[], int piped)
 {
@@ -64,7 +50,7 @@ static pid_t spawn(const char *const argv[], int piped)
     cr_assert_geq(pid, 0);
     if (pid)
         return pid;
-    if (chdir(dir) != 0)
+    if (chdir(t_dir) != 0)
         _exit(126);
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 2);
@@ -88,11 +74,11 @@ static pid_t spawn(const char *const argv[], int piped)
 /* Run to completion once, without kills; returns the seconds it took. */
 static double run_clean(const char *const argv[], int piped)
 {
-    double t0 = now_s();
+    int64_t t0 = t_mono_ms();
     int st;
     waitpid(spawn(argv, piped), &st, 0);
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "clean run failed");
-    return now_s() - t0;
+    return (double)(t_mono_ms() - t0) / 1e3;
 }
 
 /* Kill runs at random moments until `kills` kills have landed; after each
@@ -122,7 +108,7 @@ static int kill_loop(const char *const argv[], int piped, double span,
             verified++;
         killed_this_round = 0;
         verify();
-        t_sh("cd '%s' && rm -rf store out log", dir);
+        t_sh("cd '%s' && rm -rf store out log", t_dir);
     }
     /* finish the last round too */
     int st;
@@ -136,7 +122,7 @@ static int kill_loop(const char *const argv[], int piped, double span,
 
 static void same_as_ref(void)
 {
-    cr_assert_eq(t_sh("cmp -s '%s' '%s'", at("out"), at("ref")), 0,
+    cr_assert_eq(t_sh("cmp -s '%s' '%s'", t_at("out"), t_at("ref")), 0,
                  "the output differs from the uninterrupted run's");
 }
 
@@ -145,7 +131,7 @@ static void tokens_never_repeat(void)
 {
     same_as_ref();
     cr_assert_eq(t_sh("awk '{ if (($1 in t) && $3 <= t[$1]) bad = 1; "
-                      "t[$1] = $3 } END { exit bad }' '%s'", at("log")), 0,
+                      "t[$1] = $3 } END { exit bad }' '%s'", t_at("log")), 0,
                  "a token was given twice for one key");
 }
 
@@ -161,20 +147,19 @@ static void (*reset_store)(void);
 static void crash_case(const char *const *argv, int piped, long nkills,
                        void (*verify)(void))
 {
-    dir = t_tmpdir();
+    t_dir_init();
     make_input();
     unsigned seed = (unsigned)time(NULL);
     srand(seed);
     double span = run_clean(argv, piped);
-    t_sh("cd '%s' && mv out ref && rm -rf store log", dir);
+    t_sh("cd '%s' && mv out ref && rm -rf store log", t_dir);
     if (reset_store)
         reset_store();
     int rounds = kill_loop(argv, piped, span, nkills, verify);
     cr_assert_gt(rounds, 0, "no killed run ever finished (seed %u)", seed);
     cr_log_info("%ld kills over %d resumed runs (seed %u)", nkills, rounds,
                 seed);
-    t_rmdir(dir);
-    free(dir);
+    t_dir_fini();
 }
 
 static char cli[4200], handler[4300];

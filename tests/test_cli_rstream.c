@@ -18,14 +18,13 @@
 #include "common.h"
 #include "redis_harness.h"
 
-static char *dir;
 static redisContext *rc;
 static char in[128], out[128];  /* stream names, unique to the test */
 static char addr[64];
 
 static void setup(void)
 {
-    dir = t_tmpdir();
+    t_dir_init();
     snprintf(addr, sizeof addr, "%s", th_redis_addr());
     rc = th_connect(th_first_port(addr));
     snprintf(in, sizeof in, "%sin", th_prefix());
@@ -36,8 +35,7 @@ static void teardown(void)
 {
     freeReplyObject(th_cmd(rc, "DEL %s %s", in, out));
     redisFree(rc);
-    t_rmdir(dir);
-    free(dir);
+    t_dir_fini();
 }
 
 TestSuite(rstream, .init = setup, .fini = teardown, .timeout = 300);
@@ -47,7 +45,7 @@ TestSuite(rstream, .init = setup, .fini = teardown, .timeout = 300);
  * (MOVED). rc is a connection to the owner. */
 static void setup_cluster(void)
 {
-    dir = t_tmpdir();
+    t_dir_init();
     const char *all = th_cluster_addr();
     const char *p = th_prefix();
     snprintf(in, sizeof in, "{%s}in", p);
@@ -163,25 +161,18 @@ static const char *dst(void)
 Test(rstream, dedup_keeps_first_entries_in_order_with_their_fields)
 {
     int nkeys = fill(300);
-    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 300ms --batch 64 2> err",
                        src("group=g"), dst()), 0, "%s",
-                 t_read(t_path(dir, "err"), NULL));
+                 t_read(t_at("err"), NULL));
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
     /* Again: a new group reads it all again, every key a duplicate. */
-    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 300ms 2> err", src("group=g2"), dst()),
                  0);
     expect_output(nkeys, 0);
     expect_nothing_pending("g2");
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
 static long kills(long dflt)
@@ -190,7 +181,7 @@ static long kills(long dflt)
     return e ? strtol(e, NULL, 10) : dflt;
 }
 
-/* Start `idem ARGS` in dir and kill -9 it, until nkills kills landed on
+/* Start `idem ARGS` in t_dir and kill -9 it, until nkills kills landed on
  * a live process; then let one run finish. Every other run is killed
  * after a random time within span seconds, the others kill themselves
  * just after writing the sink and before the commit, after a random
@@ -204,7 +195,7 @@ static long kill_loop(const char *args, double span, long nkills)
         snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
         if (tries % 2)
             setenv("IDEM_TEST_KILL_AT", at, 1);
-        pid_t pid = t_cli_start(dir, "%s 2>>err", args);
+        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
         unsetenv("IDEM_TEST_KILL_AT");
         long us = (long)((double)rand() / RAND_MAX * span * 1e6);
         struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
@@ -215,20 +206,20 @@ static long kill_loop(const char *args, double span, long nkills)
             landed++;
         else
             cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
-                         t_read(t_path(dir, "err"), NULL));
+                         t_read(t_at("err"), NULL));
     }
-    cr_assert_eq(t_cli(dir, "%s 2>>err", args), 0, "%s",
-                 t_read(t_path(dir, "err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
     return landed;
 }
 
 /* The time one whole run of args takes, on a copy of the input. */
 static double clean_span(const char *args)
 {
-    double t0 = now_s();
-    cr_assert_eq(t_cli(dir, "%s 2>err", args), 0, "%s",
-                 t_read(t_path(dir, "err"), NULL));
-    return now_s() - t0;
+    int64_t t0 = t_mono_ms();
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    return (double)(t_mono_ms() - t0) / 1e3;
 }
 
 static void dedup_kill9(const char *store, long nkills)
@@ -307,12 +298,12 @@ Test(rstream, two_consumers_split_a_stream)
                  "--batch 20 --lease 2s --store 'redis://%s?prefix=%s' "    \
                  "2>err%d"
     const char *store = th_prefix();  /* one store for both */
-    pid_t a = t_cli_start(dir, CONSUMER, src("group=g&consumer=a"), dst(),
+    pid_t a = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=a"), dst(),
                           addr, store, 1);
-    pid_t b = t_cli_start(dir, CONSUMER, src("group=g&consumer=b"), dst(),
+    pid_t b = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=b"), dst(),
                           addr, store, 2);
-    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_path(dir, "err1"), NULL));
-    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_path(dir, "err2"), NULL));
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     expect_output(nkeys, 1);
     expect_nothing_pending("g");
     redisReply *r = th_cmd(rc, "XINFO CONSUMERS %s g", in);
@@ -325,7 +316,7 @@ Test(rstream, two_consumers_split_a_stream)
 Test(rstream, a_dead_consumers_entries_are_taken_over)
 {
     int nkeys = fill(200);
-    pid_t a = t_cli_start(dir, "run --key event_id --from %s --to %s "
+    pid_t a = t_cli_start(t_dir, "run --key event_id --from %s --to %s "
                           "--batch 50 --lease 1s --commit-interval 10ms "
                           "--exec '\"$IDEM_PROGS/handler\" sleep=20' "
                           "2>err1", src("group=g&consumer=a"), dst());
@@ -336,11 +327,11 @@ Test(rstream, a_dead_consumers_entries_are_taken_over)
     long long pending = r->element[0]->integer;
     freeReplyObject(r);
     cr_assert_gt(pending, 0, "the killed consumer left nothing pending");
-    cr_assert_eq(t_cli(dir, "run --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
                        "--idle-exit 2500ms --lease 1s --exec "
                        "'\"$IDEM_PROGS/handler\"' 2>err2",
                        src("group=g&consumer=b"), dst()), 0, "%s",
-                 t_read(t_path(dir, "err2"), NULL));
+                 t_read(t_at("err2"), NULL));
     r = th_cmd(rc, "XRANGE %s - +", out);
     cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys "
                  "(%lld were pending)", r->elements, nkeys, pending);
@@ -360,7 +351,7 @@ Test(rstream, a_dead_consumers_entries_are_taken_over)
 Test(rstream, entries_trimmed_under_the_consumer_are_skipped_and_said)
 {
     fill(100);
-    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 200ms --batch 10 2>err "
                        "--store local:store", src("group=g"), dst()), 0);
     freeReplyObject(th_cmd(rc, "DEL %s", out));
@@ -369,12 +360,11 @@ Test(rstream, entries_trimmed_under_the_consumer_are_skipped_and_said)
     freeReplyObject(th_cmd(rc, "XREADGROUP GROUP g2 a COUNT 1000 STREAMS "
                            "%s >", in));
     freeReplyObject(th_cmd(rc, "XTRIM %s MAXLEN 10", in));
-    cr_assert_eq(t_cli(dir, "dedup --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 200ms --store local:store2 2>err",
                        src("group=g2&consumer=a"), dst()), 0);
-    cr_assert(t_grep(t_path(dir, "err"), "90 entries of the source had "
-                     "been deleted"), "%s", t_read(t_path(dir, "err"),
-                                                   NULL));
+    cr_assert(t_grep(t_at("err"), "90 entries of the source had been "
+                                  "deleted"), "%s", t_read(t_at("err"), NULL));
     expect_nothing_pending("g2");
     redisReply *r = th_cmd(rc, "XLEN %s", out);
     cr_assert_leq(r->integer, 10);
@@ -400,20 +390,20 @@ Test(rstream, bad_uris_and_combinations_say_what_is_wrong)
         {"--to out --output out2 in", "--to and --output"},
         {"--key @id in", "--key @id (the entry's ID) is for a stream"},
     };
-    t_write(t_path(dir, "in"), "{}\n", 3);
+    t_put("in", "{}\n");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-        cr_assert_eq(t_cli(dir, "dedup --key id %s 2>err", cases[i].args),
+        cr_assert_eq(t_cli(t_dir, "dedup --key id %s 2>err", cases[i].args),
                      2, "%s", cases[i].args);
-        cr_assert(t_grep(t_path(dir, "err"), cases[i].says), "%s: %s",
-                  cases[i].args, t_read(t_path(dir, "err"), NULL));
-        cr_assert(!t_grep(t_path(dir, "err"), "secret"));
+        cr_assert(t_grep(t_at("err"), cases[i].says), "%s: %s",
+                  cases[i].args, t_read(t_at("err"), NULL));
+        cr_assert(!t_grep(t_at("err"), "secret"));
     }
     /* A server that is not there: exit 1 and the address, no password. */
-    cr_assert_eq(t_cli(dir, "dedup --key id --from "
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --from "
                        "'redis-stream://u:secret@127.0.0.1:1/s?group=g' "
                        "2>err"), 1);
-    cr_assert(t_grep(t_path(dir, "err"), "127.0.0.1:1"));
-    cr_assert(!t_grep(t_path(dir, "err"), "secret"));
+    cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
+    cr_assert(!t_grep(t_at("err"), "secret"));
 }
 
 Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
@@ -430,10 +420,10 @@ Test(rstream, the_entry_id_as_the_key)
 {
     fill(50);
     for (int i = 0; i < 2; i++)
-        cr_assert_eq(t_cli(dir, "dedup --key @id --from %s --to %s "
+        cr_assert_eq(t_cli(t_dir, "dedup --key @id --from %s --to %s "
                            "--idle-exit 200ms 2>err",
                            src(i ? "group=again" : "group=g"), dst()), 0,
-                     "%s", t_read(t_path(dir, "err"), NULL));
+                     "%s", t_read(t_at("err"), NULL));
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
     redisReply *q = th_cmd(rc, "XRANGE %s - +", in);
     cr_assert_eq(r->elements, 50);
@@ -449,20 +439,20 @@ Test(rstream, the_entry_id_as_the_key)
 Test(rstream, sigterm_stops_gracefully_and_the_next_run_goes_on)
 {
     int nkeys = fill(300);
-    pid_t p = t_cli_start(dir, "run --key event_id --from %s --to %s "
+    pid_t p = t_cli_start(t_dir, "run --key event_id --from %s --to %s "
                           "--batch 20 --commit-interval 10ms --exec "
                           "'\"$IDEM_PROGS/handler\" sleep=5' 2>err",
                           src("group=g"), dst());
     usleep(700 * 1000);
     kill(p, SIGTERM);
-    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_path(dir, "err"), NULL));
-    cr_assert(t_grep(t_path(dir, "err"), "stopped by SIGTERM"));
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"));
     redisReply *r = th_cmd(rc, "XLEN %s", out);
     long long done = r->integer;
     freeReplyObject(r);
     cr_assert(done > 0 && done < nkeys, "%lld of %d done at the stop",
               done, nkeys);
-    cr_assert_eq(t_cli(dir, "run --key event_id --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
                        "--idle-exit 300ms --exec '\"$IDEM_PROGS/handler\"' "
                        "2>err", src("group=g"), dst()), 0);
     r = th_cmd(rc, "XLEN %s", out);
@@ -479,7 +469,7 @@ Test(rstream, an_upstream_idem_key_is_replaced_in_place)
     freeReplyObject(th_cmd(rc, "XADD %s * idem-key up1 user u7 n 1", in));
     freeReplyObject(th_cmd(rc, "XADD %s * idem-key up2 user u7 n 2", in));
     freeReplyObject(th_cmd(rc, "XADD %s * idem-key u8 user u8 n 3", in));
-    cr_assert_eq(t_cli(dir, "dedup --key user --from %s --to %s "
+    cr_assert_eq(t_cli(t_dir, "dedup --key user --from %s --to %s "
                        "--idle-exit 200ms 2>err", src("group=g"), dst()),
                  0);
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
@@ -516,7 +506,7 @@ static int is_master_port(int port)
  * "m"; the URIs name the sentinels. */
 static void setup_sentinel(void)
 {
-    dir = t_tmpdir();
+    t_dir_init();
     th_start_sentinel(&sv, "m");
     snprintf(addr, sizeof addr, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d",
              sv.ports[2], sv.ports[3], sv.ports[4]);
@@ -529,8 +519,7 @@ static void teardown_sentinel(void)
 {
     redisFree(rc);
     th_stop(&sv);
-    t_rmdir(dir);
-    free(dir);
+    t_dir_fini();
 }
 
 TestSuite(rstream_sentinel, .init = setup_sentinel,
@@ -551,7 +540,7 @@ Test(rstream_sentinel, the_master_dies_mid_stream)
              "timeout_ms=30000'", addr);
 #define FAILOVER_RUN "dedup --key event_id --from %s --to %s --idle-exit " \
                      "1s --batch 20 --lease 1s --store local:store 2>>err"
-    pid_t p = t_cli_start(dir, FAILOVER_RUN, from, to);
+    pid_t p = t_cli_start(t_dir, FAILOVER_RUN, from, to);
     usleep(300 * 1000);
     int early;
     cr_assert_eq(waitpid(p, &early, WNOHANG), 0, "dedup ended before the "
@@ -570,8 +559,8 @@ Test(rstream_sentinel, the_master_dies_mid_stream)
     redisFree(old);
     int st = t_wait(p);
     for (int i = 0; st != 0 && i < 5; i++)
-        st = t_cli(dir, FAILOVER_RUN, from, to);
-    cr_assert_eq(st, 0, "%s", t_read(t_path(dir, "err"), NULL));
+        st = t_cli(t_dir, FAILOVER_RUN, from, to);
+    cr_assert_eq(st, 0, "%s", t_read(t_at("err"), NULL));
     redisFree(rc);
     rc = th_connect(sv.ports[1]);
     expect_output(nkeys, 0);
@@ -594,12 +583,12 @@ Test(rstream, through_the_shared_sentinels)
     freeReplyObject(r);
     redisFree(sc);
     int nkeys = fill(100);
-    cr_assert_eq(t_cli(dir, "dedup --key event_id --from "
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from "
                        "'redis-stream://%s/%s?sentinel=%s&group=g' --to "
                        "'redis-stream://%s/%s?sentinel=%s' --idle-exit "
                        "200ms 2>err", hosts, in, slash + 1, hosts, out,
                        slash + 1), 0, "%s",
-                 t_read(t_path(dir, "err"), NULL));
+                 t_read(t_at("err"), NULL));
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }

@@ -21,43 +21,24 @@
 
 #define N 40
 
-static char *dir;
-
-static const char *at(const char *name)
-{
-    return t_path(dir, name);
-}
-
 static void setup(void)
 {
-    dir = t_tmpdir();
-    FILE *f = fopen(at("in"), "w");
+    t_dir_init();
+    FILE *f = fopen(t_at("in"), "w");
     cr_assert(f);
     for (int i = 0; i < N; i++)
         fprintf(f, "{\"id\":\"k%d\"}\n", i);
     fclose(f);
 }
 
-static void teardown(void)
-{
-    t_rmdir(dir);
-    free(dir);
-}
-
-TestSuite(cli_signals, .init = setup, .fini = teardown, .timeout = 300);
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
-    nanosleep(&ts, NULL);
-}
+TestSuite(cli_signals, .init = setup, .fini = t_dir_fini, .timeout = 300);
 
 static int lines_of(const char *name)
 {
-    if (access(at(name), F_OK))
+    if (access(t_at(name), F_OK))
         return 0;
     size_t n;
-    char *b = t_read(at(name), &n);
+    char *b = t_read(t_at(name), &n);
     int k = 0;
     for (size_t i = 0; i < n; i++)
         k += b[i] == '\n';
@@ -69,14 +50,14 @@ static int lines_of(const char *name)
 static void wait_lines(const char *name, int k)
 {
     for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
 }
 
 /* idem run over `in` with the test handler, in the background. */
 static pid_t start_run(const char *opts, const char *actions)
 {
-    return t_cli_start(dir, "run --key id --output out %s --exec "
+    return t_cli_start(t_dir, "run --key id --output out %s --exec "
                        "'\"$IDEM_PROGS/handler\" log %s' in 2> err",
                        opts, actions);
 }
@@ -85,22 +66,22 @@ static pid_t start_run(const char *opts, const char *actions)
  * back ("released"), so the next run takes it at once. */
 static void expect_nothing_pending(void)
 {
-    cr_assert_eq(t_cli(dir, "dump > dump 2> /dev/null"), 0);
+    cr_assert_eq(t_cli(t_dir, "dump > dump 2> /dev/null"), 0);
     cr_assert_neq(t_sh("grep '\"state\":\"pending\"' '%s' | grep -v "
-                       "'\"released\":true'", at("dump")), 0, "%s",
-                  t_read(at("dump"), NULL));
+                       "'\"released\":true'", t_at("dump")), 0, "%s",
+                  t_read(t_at("dump"), NULL));
 }
 
 /* A rerun completes the job: one result line per key. */
 static void expect_rerun_completes(void)
 {
-    cr_assert_eq(t_cli(dir, "run --key id --output out --exec "
+    cr_assert_eq(t_cli(t_dir, "run --key id --output out --exec "
                        "'\"$IDEM_PROGS/handler\"' in 2> err2"), 0, "%s",
-                 t_read(at("err2"), NULL));
+                 t_read(t_at("err2"), NULL));
     cr_assert_eq(lines_of("out"), N);
     cr_assert_eq(t_sh("cd '%s' && for i in $(seq 0 %d); do "
                       "[ \"$(grep -c \"\\\"key\\\":\\\"k$i\\\"\" out)\" = 1 ] "
-                      "|| exit 1; done", dir, N - 1), 0,
+                      "|| exit 1; done", t_dir, N - 1), 0,
                  "a key has no result line or two");
 }
 
@@ -112,10 +93,10 @@ static void stop_run(int sig, int status, const char *said)
     wait_lines("log", 3);
     kill(p, sig);
     int st = t_wait(p);
-    cr_assert_eq(st, status, "exit %d: %s", st, t_read(at("err"), NULL));
-    cr_assert(t_grep(at("err"), said), "%s", t_read(at("err"), NULL));
-    cr_assert(!t_grep(at("err"), " 0 messages in flight"), "%s",
-              t_read(at("err"), NULL));
+    cr_assert_eq(st, status, "exit %d: %s", st, t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), said), "%s", t_read(t_at("err"), NULL));
+    cr_assert(!t_grep(t_at("err"), " 0 messages in flight"), "%s",
+              t_read(t_at("err"), NULL));
     cr_assert_lt(lines_of("out"), N);
     expect_nothing_pending();
     expect_rerun_completes();
@@ -137,8 +118,8 @@ Test(cli_signals, run_in_flight_messages_finish_within_the_grace)
     pid_t p = start_run("--grace 10m", "sleep=200");
     wait_lines("log", 1);
     kill(p, SIGTERM);
-    cr_assert_eq(t_wait(p), 0, "%s", t_read(at("err"), NULL));
-    cr_assert(t_grep(at("err"), "stopped by SIGTERM"));
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"));
     cr_assert_eq(lines_of("out"), lines_of("log"),
                  "every message the handler got was answered and "
                  "committed");
@@ -152,14 +133,14 @@ Test(cli_signals, run_in_flight_messages_finish_within_the_grace)
 Test(cli_signals, a_second_signal_stops_at_once)
 {
     char actions[4400];
-    snprintf(actions, sizeof actions, "sleep=200 %s/marker", dir);
+    snprintf(actions, sizeof actions, "sleep=200 %s/marker", t_dir);
     pid_t p = start_run("--grace 10m", actions);
     wait_lines("log", 2);
     kill(p, SIGINT);
     kill(p, SIGTERM);
-    cr_assert_eq(t_wait(p), 128 + SIGTERM, "%s", t_read(at("err"), NULL));
+    cr_assert_eq(t_wait(p), 128 + SIGTERM, "%s", t_read(t_at("err"), NULL));
     char marker[4300];
-    snprintf(marker, sizeof marker, "%s/marker", dir);
+    snprintf(marker, sizeof marker, "%s/marker", t_dir);
     cr_assert(t_no_process_with(marker), "the handler outlived idem");
     expect_rerun_completes();
 }
@@ -168,21 +149,21 @@ Test(cli_signals, a_second_signal_stops_at_once)
  * the wait, what was read is committed, exit 0. */
 Test(cli_signals, dedup_stops_while_waiting_for_input)
 {
-    cr_assert_eq(mkfifo(at("fifo"), 0600), 0);
-    int w = open(at("fifo"), O_RDWR);  /* keeps the pipe open, no EOF */
+    cr_assert_eq(mkfifo(t_at("fifo"), 0600), 0);
+    int w = open(t_at("fifo"), O_RDWR);  /* keeps the pipe open, no EOF */
     cr_assert_geq(w, 0);
     static const char lines[] = "a\nb\na\nc\n";
     cr_assert_eq(write(w, lines, sizeof lines - 1),
                  (ssize_t)(sizeof lines - 1));
-    pid_t p = t_cli_start(dir, "dedup --line --commit-interval 10ms "
+    pid_t p = t_cli_start(t_dir, "dedup --line --commit-interval 10ms "
                           "--output out < fifo 2> err");
     wait_lines("out", 3);
     kill(p, SIGTERM);
     int st = t_wait(p);
     close(w);
-    cr_assert_eq(st, 0, "exit %d: %s", st, t_read(at("err"), NULL));
-    cr_assert(t_grep(at("err"), "stopped by SIGTERM"));
-    char *out = t_read(at("out"), NULL);
+    cr_assert_eq(st, 0, "exit %d: %s", st, t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"));
+    char *out = t_read(t_at("out"), NULL);
     cr_assert_str_eq(out, "a\nb\nc\n");
     free(out);
 }

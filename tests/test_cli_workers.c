@@ -22,41 +22,17 @@
 #include "common.h"
 #include "redis_harness.h"
 
-static char *dir;
-
-static const char *at(const char *name)
-{
-    return t_path(dir, name);
-}
-
 /* n events {"event_id":"kI"}, keys k0..k(n-1), each once. */
 static void make_input(int n)
 {
-    FILE *f = fopen(at("in"), "w");
+    FILE *f = fopen(t_at("in"), "w");
     cr_assert(f);
     for (int i = 0; i < n; i++)
         fprintf(f, "{\"event_id\":\"k%d\",\"amount\":%d}\n", i, i);
     fclose(f);
 }
 
-static void setup(void)
-{
-    dir = t_tmpdir();
-}
-
-static void teardown(void)
-{
-    t_rmdir(dir);
-    free(dir);
-}
-
-TestSuite(workers, .init = setup, .fini = teardown, .timeout = 240);
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
-    nanosleep(&ts, NULL);
-}
+TestSuite(workers, .init = t_dir_init, .fini = t_dir_fini, .timeout = 240);
 
 /* `idem run` over the file `input` in the background, its stderr in
  * NAME.err, its output in NAME; the handler logs every envelope to the
@@ -73,7 +49,7 @@ static pid_t start_run_on(const char *input, const char *name,
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
-        if (chdir(dir) != 0)
+        if (chdir(t_dir) != 0)
             _exit(126);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
@@ -111,7 +87,7 @@ static int occurrences(const char *path, const char *needle)
 
 static int lines_of(const char *name)
 {
-    return occurrences(at(name), "\n");
+    return occurrences(t_at(name), "\n");
 }
 
 /* How many envelopes of key kI the handlers logged ("kI TOKEN" lines). */
@@ -120,10 +96,10 @@ static int runs_of(int i)
     char logged[64], first[64];
     snprintf(logged, sizeof logged, "\nk%d ", i);
     snprintf(first, sizeof first, "k%d ", i);
-    if (access(at("log"), F_OK) != 0)
+    if (access(t_at("log"), F_OK) != 0)
         return 0;
-    char *log = t_read(at("log"), NULL);
-    int ran = occurrences(at("log"), logged) +
+    char *log = t_read(t_at("log"), NULL);
+    int ran = occurrences(t_at("log"), logged) +
               (strncmp(log, first, strlen(first)) == 0);
     free(log);
     return ran;
@@ -143,7 +119,7 @@ static void expect_each_key(int n, int runs, const char *const outs[],
             cr_assert_eq(ran, runs, "k%d ran %d times", i, ran);
         int lines = 0;
         for (int j = 0; j < nouts; j++)
-            lines += occurrences(at(outs[j]), result);
+            lines += occurrences(t_at(outs[j]), result);
         cr_assert_eq(lines, 1, "k%d has %d result lines", i, lines);
     }
 }
@@ -156,7 +132,7 @@ static void two_workers(const char *store)
     /* Workers of one job share its keys by naming its key space. */
     const char *opts = "--lease 1s --batch 30 --key-space orders";
     pid_t w1 = start_run("out1", store, opts, "sleep=100");
-    sleep_ms(1500);
+    t_sleep_ms(1500);
     pid_t w2 = start_run("out2", store, opts, "sleep=100");
     int st1 = wait_for(w1), st2 = wait_for(w2);
     cr_assert_eq(st1, 0, "worker 1 exited %d", st1);
@@ -192,12 +168,12 @@ Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
     pid_t w1 = start_run("out1", store, opts, "extend=30s sleep=7000");
     for (int waited = 0; lines_of("log") < 1 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
-    sleep_ms(4500);  /* past the lease of the first message */
+        t_sleep_ms(10);
+    t_sleep_ms(4500);  /* past the lease of the first message */
     pid_t w2 = start_run("out2", store, opts, "");
     int st1 = wait_for(w1), st2 = wait_for(w2);
     cr_assert_eq(st1, 0, "worker 1 exited %d: %s", st1,
-                 t_read(at("out1.err"), NULL));
+                 t_read(t_at("out1.err"), NULL));
     cr_assert_eq(st2, 0, "worker 2 exited %d", st2);
     const char *const outs[] = {"out1", "out2"};
     expect_each_key(3, 1, outs, 2);
@@ -239,7 +215,7 @@ Test(workers, slow_handler_commits_by_time_then_kill9)
      * is written, as commits follow one another. */
     for (int waited = 0; lines_of("out") < 2 && waited < 120000;
          waited += 20)
-        sleep_ms(20);
+        t_sleep_ms(20);
     int ran = lines_of("log");
     cr_assert_gt(lines_of("out"), 1, "nothing committed");
     cr_assert_lt(ran, 20, "committed only when the batch ended");
@@ -248,8 +224,8 @@ Test(workers, slow_handler_commits_by_time_then_kill9)
     /* Committed is what the store holds done: a line in the output may
      * be ahead of its commit (written and synced first), and the rerun
      * cuts it back and runs its key again. */
-    cr_assert_eq(t_cli(dir, "dump > dump"), 0);
-    char *dump = t_read(at("dump"), NULL);
+    cr_assert_eq(t_cli(t_dir, "dump > dump"), 0);
+    char *dump = t_read(t_at("dump"), NULL);
     w = start_run("out", "local:store", "--commit-interval 100ms",
                   "sleep=1");
     cr_assert_eq(wait_for(w), 0);
@@ -279,9 +255,9 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
                          "sleep=300");
     for (int waited = 0; lines_of("log") == 0 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     kill(w1, SIGSTOP);
-    sleep_ms(1500);  /* its leases run out */
+    t_sleep_ms(1500);  /* its leases run out */
     pid_t w2 = start_run("out2", store, "--lease 1s --key-space s",
                          "sleep=1");
     int st2 = wait_for(w2);
@@ -289,7 +265,7 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
     int st1 = wait_for(w1);
     cr_assert_eq(st2, 0);
     cr_assert_eq(st1, 3, "the stalled worker exited %d", st1);
-    cr_assert(t_grep(at("out1.err"), "lost to another worker"));
+    cr_assert(t_grep(t_at("out1.err"), "lost to another worker"));
     const char *const outs[] = {"out1", "out2"};
     expect_each_key(6, -1, outs, 2);
     th_shared_stop();
@@ -306,30 +282,30 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
 Test(workers, one_output_is_written_by_one_run_at_a_time)
 {
     const char *store = redis_store("redis", th_redis_addr());
-    cr_assert_eq(mkfifo(at("fifo"), 0600), 0);
+    cr_assert_eq(mkfifo(t_at("fifo"), 0600), 0);
     /* keeps the pipe open, no EOF, and only here: not in the runs */
-    int w = open(at("fifo"), O_RDWR | O_CLOEXEC);
+    int w = open(t_at("fifo"), O_RDWR | O_CLOEXEC);
     cr_assert_geq(w, 0);
     cr_assert_eq(write(w, "a\nb\n", 4), 4);
-    pid_t first = t_cli_start(dir, "dedup --line --store '%s' "
+    pid_t first = t_cli_start(t_dir, "dedup --line --store '%s' "
                               "--commit-interval 10ms --output out < fifo "
                               "2> first.err", store);
     for (int waited = 0; lines_of("out") < 2 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_eq(lines_of("out"), 2, "the first run committed nothing");
-    t_write(at("in"), "a\nb\nc\n", 6);
-    cr_assert_eq(t_cli(dir, "dedup --line --store '%s' --output out in "
-                            "2> second.err", store), 1);
-    cr_assert(t_grep(at("second.err"), "--output out is being written by "
-                                       "another idem process"), "%s",
-              t_read(at("second.err"), NULL));
+    t_write(t_at("in"), "a\nb\nc\n", 6);
+    cr_assert_eq(t_cli(t_dir, "dedup --line --store '%s' --output out in "
+                              "2> second.err", store), 1);
+    cr_assert(t_grep(t_at("second.err"), "--output out is being written by "
+                                         "another idem process"), "%s",
+              t_read(t_at("second.err"), NULL));
     cr_assert_eq(write(w, "d\n", 2), 2);
     close(w);
-    cr_assert_eq(wait_for(first), 0, "%s", t_read(at("first.err"), NULL));
-    cr_assert_eq(t_cli(dir, "dedup --line --store '%s' --output out in "
-                            "2> second.err", store), 0);
-    char *out = t_read(at("out"), NULL);
+    cr_assert_eq(wait_for(first), 0, "%s", t_read(t_at("first.err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "dedup --line --store '%s' --output out in "
+                              "2> second.err", store), 0);
+    char *out = t_read(t_at("out"), NULL);
     cr_assert_str_eq(out, "a\nb\nd\nc\n");
     free(out);
     th_shared_stop();
@@ -339,7 +315,7 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
 static void wait_lines(const char *name, int k)
 {
     for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
 }
 
@@ -350,7 +326,7 @@ static int exit_within_a_minute(pid_t pid)
         int st;
         if (waitpid(pid, &st, WNOHANG) == pid)
             return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        sleep_ms(10);
+        t_sleep_ms(10);
     }
     return -1;
 }
@@ -363,27 +339,27 @@ static int exit_within_a_minute(pid_t pid)
 Test(workers, sigterm_ends_a_wait_for_another_workers_key)
 {
     make_input(3);
-    t_write(at("inb"), "{\"event_id\":\"b0\"}\n", 18);
-    cr_assert_eq(t_sh("cat '%s' >> '%s'", at("in"), at("inb")), 0);
+    t_write(t_at("inb"), "{\"event_id\":\"b0\"}\n", 18);
+    cr_assert_eq(t_sh("cat '%s' >> '%s'", t_at("in"), t_at("inb")), 0);
     const char *store = redis_store("redis", th_redis_addr());
     char actions[4400];
-    snprintf(actions, sizeof actions, "extend=10m waitfor=%s/go", dir);
+    snprintf(actions, sizeof actions, "extend=10m waitfor=%s/go", t_dir);
     pid_t a = start_run("outa", store, "--key-space both", actions);
     wait_lines("log", 1);  /* A has claimed its whole batch */
     pid_t b = start_run_on("inb", "outb", store, "--key-space both", "");
     wait_lines("outb", 1);  /* b0 is committed: B is at k0 */
     kill(b, SIGTERM);
     int st = exit_within_a_minute(b);
-    t_write(at("go"), "", 0);
+    t_write(t_at("go"), "", 0);
     if (st < 0) {
         kill(b, SIGKILL);
         wait_for(b);
     }
     cr_assert_eq(st, 0, "B exited %d (-1: still waiting a minute after "
-                 "SIGTERM): %s", st, t_read(at("outb.err"), NULL));
-    cr_assert(t_grep(at("outb.err"), "stopped by SIGTERM"), "%s",
-              t_read(at("outb.err"), NULL));
-    cr_assert_eq(wait_for(a), 0, "%s", t_read(at("outa.err"), NULL));
+                 "SIGTERM): %s", st, t_read(t_at("outb.err"), NULL));
+    cr_assert(t_grep(t_at("outb.err"), "stopped by SIGTERM"), "%s",
+              t_read(t_at("outb.err"), NULL));
+    cr_assert_eq(wait_for(a), 0, "%s", t_read(t_at("outa.err"), NULL));
     const char *const outs[] = {"outa", "outb"};
     expect_each_key(3, 1, outs, 2);
     cr_assert_eq(lines_of("outb"), 1, "B wrote a line of A's keys");
@@ -402,10 +378,10 @@ Test(workers, an_answer_too_large_is_a_reported_permanent_failure)
     make_input(3);
     pid_t w = start_run("out", "local:store", "--key-space t", "big=k1");
     cr_assert_eq(wait_for(w), 3);
-    cr_assert(t_grep(at("out.err"), "key 'k1': the handler's answer is too "
-                                    "large to store"));
-    cr_assert(t_grep(at("out"), "{\"key\":\"k1\",\"status\":\"failed\""));
-    cr_assert_eq(t_cli(dir, "get --key-space t k1 | grep -q failed"), 0);
+    cr_assert(t_grep(t_at("out.err"), "key 'k1': the handler's answer is too "
+                                      "large to store"));
+    cr_assert(t_grep(t_at("out"), "{\"key\":\"k1\",\"status\":\"failed\""));
+    cr_assert_eq(t_cli(t_dir, "get --key-space t k1 | grep -q failed"), 0);
     w = start_run("out2", "local:store", "--key-space t", "");
     cr_assert_eq(wait_for(w), 0);
     cr_assert_eq(lines_of("log"), 3, "nothing ran again");
@@ -425,13 +401,13 @@ Test(workers, a_key_the_store_refuses_is_reported)
     redisFree(c);
     pid_t w = start_run("out", store, "--shared-keys", "");
     cr_assert_eq(wait_for(w), 3);
-    cr_assert(t_grep(at("out.err"), "key 'k1': the store refused its key"));
+    cr_assert(t_grep(t_at("out.err"), "key 'k1': the store refused its key"));
     const char *const outs[] = {"out"};
     for (int i = 0; i < 3; i += 2) {
         char result[64];
         snprintf(result, sizeof result, "{\"key\":\"k%d\",\"status\":"
                  "\"done\"", i);
-        cr_assert_eq(occurrences(at(outs[0]), result), 1);
+        cr_assert_eq(occurrences(t_at(outs[0]), result), 1);
     }
     th_shared_stop();
 }
@@ -447,14 +423,14 @@ Test(workers, a_killed_handler_leaves_no_process_behind)
 {
     make_input(4);
     char actions[4400];
-    snprintf(actions, sizeof actions, "hang=2 %s/marker", dir);
+    snprintf(actions, sizeof actions, "hang=2 %s/marker", t_dir);
     pid_t w = start_run("out", "local:store", "--lease 1s --restart 1",
                         actions);
     int st = wait_for(w);
     cr_assert_eq(st, 1, "the handler hangs again after its restart: %d", st);
-    cr_assert(t_grep(at("out.err"), "within the lease"));
+    cr_assert(t_grep(t_at("out.err"), "within the lease"));
     char marker[4300];
-    snprintf(marker, sizeof marker, "%s/marker", dir);
+    snprintf(marker, sizeof marker, "%s/marker", t_dir);
     cr_assert(t_no_process_with(marker),
               "a handler of the killed tree is still running");
 }
@@ -465,14 +441,14 @@ Test(workers, a_killed_handler_leaves_no_process_behind)
 Test(workers, kill9_of_idem_leaves_no_process_of_the_handler_tree)
 {
     make_input(4);
-    pid_t w = t_cli_start(dir, "run --key event_id --output out --exec "
+    pid_t w = t_cli_start(t_dir, "run --key event_id --output out --exec "
                           "'sh -c \"sleep 60; : %s/marker\" & exec "
-                          "\"$IDEM_PROGS/handler\" hang=1' in 2> err", dir);
+                          "\"$IDEM_PROGS/handler\" hang=1' in 2> err", t_dir);
     char child[4300];
-    snprintf(child, sizeof child, "sh -c sleep 60; : %s/marker", dir);
+    snprintf(child, sizeof child, "sh -c sleep 60; : %s/marker", t_dir);
     for (int waited = 0; !t_processes_with(child) && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     cr_assert(t_processes_with(child), "the handler's child never started");
     kill(w, SIGKILL);
     t_wait(w);
@@ -497,15 +473,15 @@ Test(workers, a_store_error_stops_the_run_it_does_not_restart_the_handler)
     pid_t w = start_run("out", store, opts, "sleep=10");
     for (int waited = 0; lines_of("log") < 20 && waited < 60000;
          waited += 10)
-        sleep_ms(10);
+        t_sleep_ms(10);
     redisContext *c = th_connect(th_first_port(th_redis_addr()));
     freeReplyObject(th_cmd(c, "CLIENT PAUSE 1500 WRITE"));
     redisFree(c);
     int st = wait_for(w);
-    cr_assert_eq(st, 1, "exit %d: %s", st, t_read(at("out.err"), NULL));
-    cr_assert(!t_grep(at("out.err"), "restarting the handler"),
-              "%s", t_read(at("out.err"), NULL));
-    sleep_ms(1600);
+    cr_assert_eq(st, 1, "exit %d: %s", st, t_read(t_at("out.err"), NULL));
+    cr_assert(!t_grep(t_at("out.err"), "restarting the handler"),
+              "%s", t_read(t_at("out.err"), NULL));
+    t_sleep_ms(1600);
     w = start_run("out", store, "--lease 2s", "");
     cr_assert_eq(wait_for(w), 0);
     const char *const outs[] = {"out"};

@@ -2,10 +2,14 @@
  * runner share: a sleep that signals do not cut short, bounded copies. */
 #include <criterion/criterion.h>
 #include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
 #include "store.h" /* src/common.h: tests/common.h has the name */
+
+TestSuite(common, .timeout = 60);
 
 static volatile sig_atomic_t alarms;
 
@@ -51,4 +55,30 @@ Test(common, scopy_cuts_to_fit_and_terminates)
     char one[1] = {'x'};
     idem__scopy(one, sizeof one, "abc");
     cr_assert_eq(one[0], '\0');
+}
+
+Test(common, grow_doubles_keeps_the_contents_and_refuses_an_overflow)
+{
+    size_t cap = 0;
+    int *a = idem__grow(NULL, 0, &cap, sizeof *a, 4);
+    cr_assert(a);
+    cr_assert_eq(cap, 4u);
+    for (size_t n = 0; n < 9; n++) {
+        int room = n < cap;
+        int *p = idem__grow(a, n, &cap, sizeof *a, 4);
+        cr_assert(p);
+        cr_assert(!room || p == a, "grown with room left at %zu", n);
+        a = p;
+        a[n] = (int)n;
+    }
+    cr_assert_eq(cap, 16u);  /* 4, 8, 16 */
+    for (int i = 0; i < 9; i++)
+        cr_assert_eq(a[i], i);
+    size_t huge = SIZE_MAX / 2 + 1;  /* doubling it wraps */
+    cr_assert_null(idem__grow(a, huge, &huge, 1, 4));
+    cr_assert_eq(huge, SIZE_MAX / 2 + 1);
+    size_t big = SIZE_MAX / 4;  /* twice that many ints: no size_t holds it */
+    cr_assert_null(idem__grow(a, big, &big, sizeof *a, 4));
+    cr_assert_eq(big, SIZE_MAX / 4);
+    free(a);
 }

@@ -13,6 +13,8 @@
 
 #define UNKNOWN "IDEM_E?: unknown error code"
 
+TestSuite(errors, .timeout = 60);
+
 Test(errors, every_code_in_the_table_has_its_text)
 {
     size_t n = 0;

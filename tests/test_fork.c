@@ -10,48 +10,36 @@
 
 #include "common.h"
 
-static char *dir;
-
-static void setup(void)
-{
-    dir = t_tmpdir();
-}
-
-static void teardown(void)
-{
-    t_rmdir(dir);
-}
-
-TestSuite(fork, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(fork, .init = t_dir_init, .fini = t_dir_fini, .timeout = 60);
 
 static int forker(const char *uri, const char *mode)
 {
     return t_sh("'%s/forker' '%s' %s", getenv("IDEM_PROGS"), uri, mode);
 }
 
-/* After the forker ran on dir: "k" is DONE with the parent's response,
+/* After the forker ran on t_dir: "k" is DONE with the parent's response,
  * "c" (claimed only in the child) is absent, and the store checks clean. */
 static void expect_parent_won(void)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "k", 1, &r), 0, "%s", idem_errdetail(s));
     cr_assert_eq(r.state, IDEM_STATE_DONE, "k is %d", (int)r.state);
     cr_assert(r.len == 6 && memcmp(r.data, "parent", 6) == 0);
     cr_assert_eq(idem_get(s, "c", 1, &r), IDEM_ENOTFOUND);
     cr_assert_eq(idem_close(s), 0);
-    cr_assert_eq(idem_check(t_local_uri(dir), NULL), 0);
+    cr_assert_eq(idem_check(t_local_uri(t_dir), NULL), 0);
 }
 
 Test(fork, child_calls_fail_and_its_close_writes_nothing)
 {
-    cr_assert_eq(forker(t_local_uri(dir), "calls"), 0);
+    cr_assert_eq(forker(t_local_uri(t_dir), "calls"), 0);
     expect_parent_won();
 }
 
 Test(fork, child_exiting_through_atexit_close_writes_nothing)
 {
-    cr_assert_eq(forker(t_local_uri(dir), "atexit"), 0);
+    cr_assert_eq(forker(t_local_uri(t_dir), "atexit"), 0);
     expect_parent_won();
 }
 

@@ -10,25 +10,13 @@
 
 #include "common.h"
 
-static char *dir;
-
 /* Room for a small segment built by hand. */
 typedef struct seg_buf {
     unsigned char data[4096];
     size_t len;
 } seg_buf;
 
-static void setup(void)
-{
-    dir = t_tmpdir();
-}
-
-static void teardown(void)
-{
-    t_rmdir(dir);
-}
-
-TestSuite(local, .init = setup, .fini = teardown, .timeout = 60);
+TestSuite(local, .init = t_dir_init, .fini = t_dir_fini, .timeout = 60);
 
 static uint64_t claim_complete(idem_store *s, const char *key,
                                const char *resp)
@@ -53,13 +41,13 @@ static int kind_of(idem_store *s, const char *key)
 
 Test(local, reopen_keeps_synced_records)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     claim_complete(s, "a", "ra");
     idem_key k = {"p", 1, NULL};
     idem_outcome o;
     cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
     cr_assert_eq(idem_close(s), 0);
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "a", 1, &r), 0);
     cr_assert_eq(r.state, IDEM_STATE_DONE);
@@ -72,12 +60,12 @@ Test(local, reopen_keeps_synced_records)
 
 Test(local, second_process_gets_lock_error_naming_pid)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     pid_t pid = fork();
     if (pid == 0) {
         idem_store *t;
         idem_opts o = t_options();
-        int rc = idem_open(t_local_uri(dir), &o, &t);
+        int rc = idem_open(t_local_uri(t_dir), &o, &t);
         char want[64];
         snprintf(want, sizeof want, "pid %ld", (long)getppid());
         int ok = rc == IDEM_ELOCKED && strstr(idem_errdetail(t), want);
@@ -89,16 +77,16 @@ Test(local, second_process_gets_lock_error_naming_pid)
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     idem_close(s);
     /* Released on close: the next process gets it. */
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     idem_close(s);
 }
 
 Test(local, second_handle_in_this_process_is_told_so)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     idem_store *t;
     idem_opts o = t_options();
-    cr_assert_eq(idem_open(t_local_uri(dir), &o, &t), IDEM_ELOCKED);
+    cr_assert_eq(idem_open(t_local_uri(t_dir), &o, &t), IDEM_ELOCKED);
     const char *d = idem_errdetail(t);
     cr_assert(strstr(d, "another handle of this process"), "%s", d);
     cr_assert(!strstr(d, "another process"), "%s", d);
@@ -136,7 +124,7 @@ Test(local, nocreate_and_bad_uris)
     o.flags = IDEM_O_NOCREATE;
     idem_store *s;
     char uri[4300];
-    snprintf(uri, sizeof uri, "local:%s/absent", dir);
+    snprintf(uri, sizeof uri, "local:%s/absent", t_dir);
     cr_assert_eq(idem_open(uri, &o, &s), IDEM_ENOTFOUND);
     idem_close(s);
     cr_assert_eq(idem_open("bogus:x", NULL, &s), IDEM_EINVAL);
@@ -187,7 +175,7 @@ Test(local, check_without_a_backend_check)
 
 Test(local, checkpoint_commits_with_its_batch)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     const void *b;
     size_t n;
     cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), IDEM_ENOTFOUND);
@@ -201,8 +189,8 @@ Test(local, checkpoint_commits_with_its_batch)
     /* A crash now, before the second commit: copy the directory as it
      * is on disk. Neither "b" nor offset=20 may be there. */
     char copy[4300];
-    snprintf(copy, sizeof copy, "%s.copy", dir);
-    cr_assert_eq(t_sh("cp -r '%s' '%s'", dir, copy), 0);
+    snprintf(copy, sizeof copy, "%s.copy", t_dir);
+    cr_assert_eq(t_sh("cp -r '%s' '%s'", t_dir, copy), 0);
     idem_close(s);
     s = t_open(t_local_uri(copy));
     cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
@@ -213,7 +201,7 @@ Test(local, checkpoint_commits_with_its_batch)
     idem_close(s);
     t_rmdir(copy);
     /* The closed original has both. */
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     cr_assert_eq(idem_checkpoint_get(s, "src", &b, &n), 0);
     cr_assert(n == 9 && memcmp(b, "offset=20", 9) == 0);
     cr_assert_eq(idem_get(s, "b", 1, &r), 0);
@@ -226,7 +214,7 @@ static idem_store *open_small_segments(void)
     o.segment_bytes = 4096;
     o.segment_span_ms = 1000;
     idem_store *s;
-    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0, "%s",
+    cr_assert_eq(idem_open(t_local_uri(t_dir), &o, &s), 0, "%s",
                  idem_errdetail(s));
     return s;
 }
@@ -336,7 +324,7 @@ Test(local, compaction_copies_survivors_out)
 
 Test(local, incremental_sweep_is_bounded)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     char key[32];
     for (int i = 0; i < 1000; i++) {
         snprintf(key, sizeof key, "k%d", i);
@@ -367,26 +355,26 @@ Test(local, readonly_open_changes_nothing)
     idem_opts o = t_options();
     o.flags = IDEM_O_READONLY;
     idem_store *s;
-    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ENOTFOUND,
+    cr_assert_eq(idem_open(t_local_uri(t_dir), &o, &s), IDEM_ENOTFOUND,
                  "a read-only open must not create a store");
     cr_assert(strstr(idem_errdetail(s), "not an idem store"), "%s",
                   idem_errdetail(s));
     idem_close(s);
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     claim_complete(s, "a", "1");
     cr_assert_eq(idem_sync(s), 0);
     claim_complete(s, "b", "2");  /* never committed: a torn tail */
     char copy[4300];
-    snprintf(copy, sizeof copy, "%s/copy", dir);
+    snprintf(copy, sizeof copy, "%s/copy", t_dir);
     cr_assert_eq(t_sh("mkdir '%s' && cp '%s'/IDEM '%s'/TAIL '%s'/seg-* '%s'",
-                      copy, dir, dir, dir, copy),
+                      copy, t_dir, t_dir, t_dir, copy),
                  0);
     idem_close(s);
     /* Append a torn frame by hand so that there is a tail to leave be. */
     cr_assert_eq(t_sh("printf 'torn-frame-bytes' >> '%s'/seg-00000001.log",
                       copy), 0);
     cr_assert_eq(t_sh("stat -c %%s '%s'/seg-00000001.log > '%s'/size",
-                      copy, dir), 0);
+                      copy, t_dir), 0);
     cr_assert_eq(idem_open(t_local_uri(copy), &o, &s), 0, "%s",
                  idem_errdetail(s));
     idem_record r;
@@ -400,22 +388,22 @@ Test(local, readonly_open_changes_nothing)
     cr_assert_eq(idem_close(s), 0);
     /* The torn tail is still there: nothing was cut. */
     cr_assert_eq(t_sh("test \"$(stat -c %%s '%s'/seg-00000001.log)\" = "
-                      "\"$(cat '%s'/size)\"", copy, dir), 0);
+                      "\"$(cat '%s'/size)\"", copy, t_dir), 0);
     o.flags = 0x80;
-    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_EINVAL);
+    cr_assert_eq(idem_open(t_local_uri(t_dir), &o, &s), IDEM_EINVAL);
     idem_close(s);
 }
 
 Test(local, damaged_record_read_back_is_an_error)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     claim_complete(s, "k", "resp");
     cr_assert_eq(idem_sync(s), 0);
     /* The disk (or someone) damages the COMPLETE frame under the open
      * store: header 32, CLAIM frame 88 bytes, then the COMPLETE frame,
      * whose type byte is at 13. */
     char path[4300];
-    snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
+    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     FILE *f = fopen(path, "r+b");
     cr_assert(f);
     cr_assert_eq(fseek(f, 32 + 88 + 13, SEEK_SET), 0);
@@ -482,7 +470,7 @@ Test(local, idle_checkpoint_does_not_stop_segment_drops)
  * tokens and finds it again in its log. */
 Test(local, clock_stepped_back_repeats_no_token)
 {
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     uint64_t first = claim_complete(s, "k", "one");
     cr_assert_eq(idem_forget(s, "k", 1), 0);
     t_clock_ms -= 3600 * 1000;
@@ -492,7 +480,7 @@ Test(local, clock_stepped_back_repeats_no_token)
     cr_assert_eq(idem_forget(s, "k", 1), 0);
     cr_assert_eq(idem_close(s), 0);
     t_clock_ms -= 3600 * 1000;
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     uint64_t third = claim_complete(s, "k", "three");
     cr_assert_gt(third, second, "%llu after a reopen, after %llu",
                  (unsigned long long)third, (unsigned long long)second);
@@ -537,10 +525,10 @@ static void v1_frame(seg_buf *b, uint8_t type, uint8_t state,
 Test(local, version_1_records_still_read)
 {
     enum { CLAIM = 1, COMPLETE = 2, COMMIT = 8 };
-    idem_store *s = t_open(t_local_uri(dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     cr_assert_eq(idem_close(s), 0);
     char path[4300];
-    snprintf(path, sizeof path, "%s/seg-00000001.log", dir);
+    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     size_t n;
     char *seg = t_read(path, &n);
     cr_assert_geq(n, 32);
@@ -558,7 +546,7 @@ Test(local, version_1_records_still_read)
     v1_frame(&b, COMMIT, 0, 0, "", 32, 0, 0, "");
     t_write(path, b.data, b.len);
 
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     idem_record r;
     cr_assert_eq(idem_get(s, "done", 4, &r), 0, "%s", idem_errdetail(s));
     cr_assert_eq(r.state, IDEM_STATE_DONE);
@@ -575,7 +563,7 @@ Test(local, version_1_records_still_read)
                  IDEM_ELOST);
     cr_assert_eq(idem_complete(s, "pending", 7, o.token, "ok", 2, 0), 0);
     cr_assert_eq(idem_close(s), 0);
-    s = t_open(t_local_uri(dir));
+    s = t_open(t_local_uri(t_dir));
     cr_assert_eq(idem_get(s, "pending", 7, &r), 0, "%s", idem_errdetail(s));
     cr_assert_eq(r.state, IDEM_STATE_DONE);
     cr_assert_eq(r.token, o.token);

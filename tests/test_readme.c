@@ -7,40 +7,22 @@
 
 #include "common.h"
 
-static char *dir;
-
-static void setup(void)
-{
-    dir = t_tmpdir();
-}
-
-static void teardown(void)
-{
-    t_rmdir(dir);
-    free(dir);
-}
-
-static const char *at(const char *name)
-{
-    return t_path(dir, name);
-}
-
 /* Run the checker on README (a path) with the CLI's build directory;
- * its report goes to dir/report. */
+ * its report goes to t_dir/report. */
 static int check(const char *readme)
 {
     return t_sh("python3 \"$IDEM_SCRIPTS/readme-examples.py\" \"%s\" "
                 "\"$(dirname \"$IDEM_CLI\")\" > '%s' 2>&1", readme,
-                at("report"));
+                t_at("report"));
 }
 
-TestSuite(readme, .init = setup, .fini = teardown);
+TestSuite(readme, .init = t_dir_init, .fini = t_dir_fini, .timeout = 300);
 
 Test(readme, every_shell_example_prints_what_the_readme_says,
      .timeout = 300)
 {
     int rc = check("$IDEM_SCRIPTS/../README.md");
-    char *report = t_read(at("report"), NULL);
+    char *report = t_read(t_at("report"), NULL);
     cr_assert_eq(rc, 0, "%s", report);
     cr_assert(strstr(report, ": ok"), "%s", report);
     free(report);
@@ -57,9 +39,9 @@ Test(readme, the_checker_catches_a_drift, .timeout = 60)
         "01a23655-407c-700a-8929-fa246f1ae3c3\n```\n\n"
         "```sh\n$ build/idem keygen --decode 1\nkind=snowflake\nid=2\n"
         "```\n";
-    t_write(at("README.md"), md, strlen(md));
-    cr_assert_eq(check(at("README.md")), 1);
-    char *report = t_read(at("report"), NULL);
+    t_write(t_at("README.md"), md, strlen(md));
+    cr_assert_eq(check(t_at("README.md")), 1);
+    char *report = t_read(t_at("report"), NULL);
     cr_assert(strstr(report, "README.md:4: not run"), "%s", report);
     cr_assert(strstr(report, "README.md:8: ok"), "%s", report);
     cr_assert(strstr(report, "README.md:17: ok"), "%s", report);

@@ -34,19 +34,6 @@ static void fini(void)
 
 TestSuite(cluster_ops, .fini = fini, .timeout = 180);
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 static void cluster_uri(char *buf, size_t cap, const char *prefix,
                         const char *extra)
 {
@@ -99,7 +86,7 @@ static void migration_child(const char *uri, const char *out, int reverse)
         int rc = idem_claim_many(s, k, MBATCH, NULL, r, 0);
         for (int j = 0; j < MBATCH; j++)
             fprintf(f, "%s %d %d %d\n", names[j], rc, r[j].status, r[j].kind);
-        sleep_ms(1);
+        t_sleep_ms(1);
     }
     fclose(f);
     idem_close(s);
@@ -174,14 +161,14 @@ Test(cluster_ops, slot_migration_while_claiming)
     }
     /* Let a good part of the keys be created on the source first: they
      * move with MIGRATE, the later ones are created on the target (ASK). */
-    sleep_ms(300);
+    t_sleep_ms(300);
     redisContext *cs = th_connect(src), *cd = th_connect(dst);
     freeReplyObject(th_cmd(cd, "CLUSTER SETSLOT %u IMPORTING %s", slot,
                            src_id));
     freeReplyObject(th_cmd(cs, "CLUSTER SETSLOT %u MIGRATING %s", slot,
                            dst_id));
     int moved = 0;
-    for (int m; (m = migrate_some(cs, dst, slot, 10)) > 0; sleep_ms(5))
+    for (int m; (m = migrate_some(cs, dst, slot, 10)) > 0; t_sleep_ms(5))
         moved += m;
     for (int i = 0; i < sv.n; i++) {
         redisContext *c = th_connect(sv.ports[i]);
@@ -285,7 +272,7 @@ static void wait_link_up(int port)
         redisFree(c);
         if (up)
             return;
-        sleep_ms(50);
+        t_sleep_ms(50);
     }
     cr_assert_fail("node %d never synced with its master", port);
 }
@@ -322,7 +309,7 @@ static size_t failover_phase(int wait, const char *tag)
             fclose(f);
             killer = fork();
             if (killer == 0) {
-                sleep_ms(3);
+                t_sleep_ms(3);
                 kill((pid_t)pid, SIGKILL);
                 _exit(0);
             }
@@ -335,9 +322,9 @@ static size_t failover_phase(int wait, const char *tag)
             snprintf(names[i], sizeof names[i], "%s-%d-%d", tag, b, i);
             k[i] = (idem_key){names[i], strlen(names[i]), NULL};
         }
-        int64_t t0 = mono_ms();
+        int64_t t0 = t_mono_ms();
         int rc = idem_claim_many(s, k, FBATCH, NULL, o, 0);
-        int64_t dt = mono_ms() - t0;
+        int64_t dt = t_mono_ms() - t0;
         if (dt > longest)
             longest = dt;
         /* Not a speed check: a call that took longer than its whole
@@ -480,13 +467,13 @@ static char proc_state(long pid)
  * holds or ms have passed; whether it held. */
 static int poll_until(int (*cond)(int), int port, int64_t ms)
 {
-    int64_t end = mono_ms() + ms;
+    int64_t end = t_mono_ms() + ms;
     for (;;) {
         if (cond(port))
             return 1;
-        if (mono_ms() > end)
+        if (t_mono_ms() > end)
             return 0;
-        sleep_ms(50);
+        t_sleep_ms(50);
     }
 }
 
@@ -564,9 +551,9 @@ static int timed_claim(idem_store *s, char (*names)[32], const size_t *idx,
     idem_key k[SKEYS];
     for (size_t i = 0; i < n; i++)
         k[i] = (idem_key){names[idx[i]], strlen(names[idx[i]]), NULL};
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim_many(s, k, n, NULL, o, 0);
-    int64_t dt = mono_ms() - t0;
+    int64_t dt = t_mono_ms() - t0;
     *longest = dt > *longest ? dt : *longest;
     /* Not a speed check: a call far past its budget would be a hang. */
     cr_assert(dt < timeout + 5000, "a call took %lld ms (timeout %lld)",
@@ -668,7 +655,7 @@ static void staged_phase(int wait, staged *st)
     /* 3. M dies with the claims only it had; R takes over */
     th_signal(&sv, m, SIGKILL);
     cr_assert(poll_until(refuses, m, 10000), "%d did not die", m);
-    int64_t dead_at = mono_ms();
+    int64_t dead_at = t_mono_ms();
     th_signal(&sv, rep, SIGCONT);
     /* The other masters mark M failed after the node timeout (1 s) and
      * vote R in (cluster-replica-validity-factor 0: however long R was
@@ -684,7 +671,7 @@ static void staged_phase(int wait, staged *st)
         st->takeover = 1;
         cr_assert(poll_until(promoted, rep, 20000), "%d not promoted", rep);
     }
-    st->promote_ms = mono_ms() - dead_at;
+    st->promote_ms = t_mono_ms() - dead_at;
 
     /* 4. claim again through a new handle. Without wait: a promoted R
      * has no replica of its own (M is dead), so wait=1 would fail here.
@@ -793,9 +780,9 @@ Test(cluster_ops, dead_master_without_replica)
     th_kill9(&sv, victim);
     int64_t longest = 0;
     for (int round = 0; round < 3; round++) {
-        int64_t t0 = mono_ms();
+        int64_t t0 = t_mono_ms();
         int rc = idem_claim_many(s, keys, N, NULL, outs, 0);
-        int64_t dt = mono_ms() - t0;
+        int64_t dt = t_mono_ms() - t0;
         longest = dt > longest ? dt : longest;
         cr_assert(rc == IDEM_ECONN || rc == IDEM_ETIMEOUT, "%s: %s",
                   idem_strerror(rc), idem_errdetail(s));
@@ -839,9 +826,9 @@ static int claim_rc(idem_store *s, const char *key, int64_t *took)
 {
     idem_key k = {key, strlen(key), NULL};
     idem_outcome o;
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim(s, &k, NULL, &o);
-    *took = mono_ms() - t0;
+    *took = t_mono_ms() - t0;
     return rc;
 }
 
@@ -878,16 +865,16 @@ Test(cluster_ops, hung_master_does_not_stall_the_others)
                      idem_errdetail(s));
     }
     /* Its replica takes over; the handle follows without a restart. */
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     do {
         rc = claim_rc(s, on_hung, &took);
         cr_assert(took < TIMEOUT + 5000, "a call took %lld ms",
                   (long long)took);
-    } while (rc && mono_ms() - t0 < 60000);
+    } while (rc && t_mono_ms() - t0 < 60000);
     cr_assert_eq(rc, 0, "after the failover: %s", idem_errdetail(s));
     REPORT("hung master %d: its keys failed within %d ms, the others "
            "answered; its replica %d served them %lld ms later", hung,
-           TIMEOUT, replica, (long long)(mono_ms() - t0));
+           TIMEOUT, replica, (long long)(t_mono_ms() - t0));
     idem_close(s);
 }
 

@@ -75,6 +75,8 @@ static idem_runner *runner(idem_store *s, script *sc, int with_handler)
     return r;
 }
 
+TestSuite(runner, .timeout = 120);
+
 Test(runner, dedup_mode_marks_new_keys_done)
 {
     idem_store *s = t_open("mem:");

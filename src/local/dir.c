@@ -326,15 +326,12 @@ int idem__dir_segments(idem_store *s, int dirfd, const char *path,
         uint32_t id;
         if (!idem__parse_seg_name(de->d_name, &id))
             continue;
-        if (*n == cap) {
-            cap = cap ? cap * 2 : 16;
-            uint32_t *p = realloc(*ids, cap * sizeof *p);
-            if (!p) {
-                rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-                break;
-            }
-            *ids = p;
+        uint32_t *p = idem__grow(*ids, *n, &cap, sizeof *p, 16);
+        if (!p) {
+            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+            break;
         }
+        *ids = p;
         (*ids)[(*n)++] = id;
     }
     closedir(d);

@@ -280,14 +280,11 @@ int idem__log_seal(idem__log *lg)
 
 static int idem__grow_segs(idem__log *lg)
 {
-    if (lg->nsegs < lg->capsegs)
-        return 0;
-    size_t cap = lg->capsegs ? lg->capsegs * 2 : 8;
-    idem__seg *p = realloc(lg->segs, cap * sizeof *p);
+    idem__seg *p = idem__grow(lg->segs, lg->nsegs, &lg->capsegs, sizeof *p,
+                              8);
     if (!p)
         return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     lg->segs = p;
-    lg->capsegs = cap;
     return 0;
 }
 

@@ -99,14 +99,11 @@ int idem__rconn_flush(idem__rconn *conn)
 
 int idem__rconn_expect(idem__rconn *conn, int kind, size_t cmd)
 {
-    if (conn->nin == conn->capin) {
-        size_t cap = conn->capin ? conn->capin * 2 : 64;
-        idem__inflight *p = realloc(conn->in, cap * sizeof *p);
-        if (!p)
-            return IDEM_ENOMEM;
-        conn->in = p;
-        conn->capin = cap;
-    }
+    idem__inflight *in = idem__grow(conn->in, conn->nin, &conn->capin,
+                                    sizeof *in, 64);
+    if (!in)
+        return IDEM_ENOMEM;
+    conn->in = in;
     conn->in[conn->nin].kind = kind;
     conn->in[conn->nin].cmd = cmd;
     conn->nin++;

@@ -442,92 +442,190 @@ static int idem__bucket_names(idem__redis *r, idem__rbatch *b,
     return 0;
 }
 
+/* Queue one command on conn's pipeline with the reply it is owed: kind,
+ * and for IDEM__IN_CMD the command's index. 0 or IDEM_ENOMEM. */
+static int idem__pipe_cmd(idem__rconn *conn, int kind, size_t cmd, int argc,
+                          const char **argv, const size_t *lens)
+{
+    if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK ||
+        idem__rconn_expect(conn, kind, cmd))
+        return IDEM_ENOMEM;
+    return 0;
+}
+
+/* A connection that has not loaded the scripts gets SCRIPT LOAD of each
+ * ahead of its first EVALSHA, in the same pipeline. */
+static int idem__pipe_loads(const idem__redis *r, idem__rconn *conn)
+{
+    if (conn->loaded)
+        return 0;
+    for (int k = 0; k < IDEM__S_COUNT; k++) {
+        const char *la[3] = {"SCRIPT", "LOAD",
+                             idem__script_text(r->cfg.layout, k)};
+        size_t ll[3] = {6, 4, strlen(la[2])};
+        if (idem__pipe_cmd(conn, IDEM__IN_LOAD, 0, 3, la, ll))
+            return IDEM_ENOMEM;
+    }
+    conn->loaded = 1;
+    return 0;
+}
+
+/* A command that ASK redirected goes after ASKING, once. */
+static int idem__pipe_asking(idem__rconn *conn, idem__rcmd *c)
+{
+    if (c->ask < 0)
+        return 0;
+    const char *aa[1] = {"ASKING"};
+    size_t al[1] = {6};
+    if (idem__pipe_cmd(conn, IDEM__IN_ASKING, 0, 1, aa, al))
+        return IDEM_ENOMEM;
+    c->ask = -1;
+    return 0;
+}
+
+/* An EVALSHA's arguments as they are built, into b->argv and b->argl,
+ * with room for the numbers among them. */
+typedef struct idem__args {
+    const char **v;
+    size_t *l;
+    int n;
+    char num[4][24];
+    int nnum;
+} idem__args;
+
+static void idem__push(idem__args *a, const void *p, size_t len)
+{
+    a->v[a->n] = p;
+    a->l[a->n++] = len;
+}
+
+static void idem__push_num(idem__args *a, long long v)
+{
+    char *p = a->num[a->nnum++];
+    int n = snprintf(p, sizeof a->num[0], "%lld", v);
+    idem__push(a, p, (size_t)n);
+}
+
+/* The day layout's KEYS are the buckets of the shard of c's keys:
+ * numkeys, the buckets, then ARGV now, day0, days and the number of
+ * keys. */
+static int idem__push_day_head(idem__redis *r, idem__rbatch *b,
+                               const idem__rcmd *c, idem__args *a)
+{
+    int nb = r->cfg.days + 3;
+    if (idem__bucket_names(r, b, b->items[b->order[c->first]].shard))
+        return IDEM_ENOMEM;
+    idem__push_num(a, nb);
+    size_t one = b->buckets.len / (size_t)nb;
+    for (int d = 0; d < nb; d++)
+        idem__push(a, b->buckets.data + (size_t)d * one, one);
+    idem__push(a, b->now, strlen(b->now));
+    idem__push_num(a, b->day0);
+    idem__push_num(a, r->cfg.days);
+    idem__push_num(a, (long long)c->count);
+    return 0;
+}
+
+/* What c's keys bring, in order: their names, or (own) the arguments
+ * of their own. */
+static void idem__push_items(const idem__rbatch *b, const idem__rcmd *c,
+                             int own, idem__args *a)
+{
+    for (size_t j = 0; j < c->count; j++) {
+        const idem__ritem *it = &b->items[b->order[c->first + j]];
+        if (!own)
+            idem__push(a, b->names.data + it->name_off, it->name_len);
+        for (int k = 0; own && k < it->nargs; k++)
+            idem__push(a, it->arg[k], it->argl[k]);
+    }
+}
+
+/* EVALSHA sha numkeys KEYS... ARGV... of command c. The hash layout's
+ * KEYS are the keys' names, and now starts ARGV; the day layout's are
+ * buckets (above), and the names follow in ARGV. Then the arguments the
+ * batch's keys share, then each key's own. */
+static int idem__evalsha_args(idem__redis *r, idem__rbatch *b,
+                              const idem__rcmd *c, idem__args *a)
+{
+    int day = r->cfg.layout == IDEM__LAYOUT_DAY && !b->raw;
+    idem__push(a, "EVALSHA", 7);
+    idem__push(a, r->shas[b->script], 40);
+    if (day && idem__push_day_head(r, b, c, a))
+        return IDEM_ENOMEM;
+    if (!day)
+        idem__push_num(a, (long long)c->count);
+    idem__push_items(b, c, 0, a);
+    if (!day)
+        idem__push(a, b->now, strlen(b->now));
+    for (int k = 0; k < b->ncommon; k++)
+        idem__push(a, b->common[k], b->commonl[k]);
+    idem__push_items(b, c, 1, a);
+    return 0;
+}
+
+/* Step 1's writing of command i on conn: the scripts if conn lacks
+ * them, ASKING if a redirect asks for it, then the EVALSHA. 0 or
+ * IDEM_ENOMEM. */
 static int idem__append_cmd(idem__redis *r, idem__rbatch *b, idem__rconn *conn,
                             size_t i)
 {
     idem__rcmd *c = &b->cmds[i];
-    if (!conn->loaded) {
-        for (int k = 0; k < IDEM__S_COUNT; k++) {
-            const char *la[3] = {"SCRIPT", "LOAD",
-                                 idem__script_text(r->cfg.layout, k)};
-            size_t ll[3] = {6, 4, strlen(la[2])};
-            if (redisAppendCommandArgv(conn->c, 3, la, ll) != REDIS_OK ||
-                idem__rconn_expect(conn, IDEM__IN_LOAD, 0))
-                return IDEM_ENOMEM;
-        }
-        conn->loaded = 1;
-    }
-    if (c->ask >= 0) {
-        const char *aa[1] = {"ASKING"};
-        size_t al[1] = {6};
-        if (redisAppendCommandArgv(conn->c, 1, aa, al) != REDIS_OK ||
-            idem__rconn_expect(conn, IDEM__IN_ASKING, 0))
-            return IDEM_ENOMEM;
-        c->ask = -1;
-    }
-    const char **argv = b->argv;
-    size_t *lens = b->argl;
-    int argc = 0;
-    char nk[24], day[3][24];
-    argv[argc] = "EVALSHA";
-    lens[argc++] = 7;
-    argv[argc] = r->shas[b->script];
-    lens[argc++] = 40;
-    if (r->cfg.layout == IDEM__LAYOUT_DAY && !b->raw) {
-        /* EVALSHA sha numkeys bucket... now day0 days n name... common...
-         * then each key's own. */
-        const idem__ritem *first = &b->items[b->order[c->first]];
-        int nb = r->cfg.days + 3;
-        if (idem__bucket_names(r, b, first->shard))
-            return IDEM_ENOMEM;
-        argv[argc] = nk;
-        lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%d", nb);
-        size_t one = b->buckets.len / (size_t)nb;
-        for (int d = 0; d < nb; d++) {
-            argv[argc] = (const char *)b->buckets.data + (size_t)d * one;
-            lens[argc++] = one;
-        }
-        argv[argc] = b->now;
-        lens[argc++] = strlen(b->now);
-        argv[argc] = day[0];
-        lens[argc++] = (size_t)snprintf(day[0], sizeof day[0], "%lld",
-                                        (long long)b->day0);
-        argv[argc] = day[1];
-        lens[argc++] = (size_t)snprintf(day[1], sizeof day[1], "%d",
-                                        r->cfg.days);
-        argv[argc] = day[2];
-        lens[argc++] = (size_t)snprintf(day[2], sizeof day[2], "%zu",
-                                        c->count);
-    } else {
-        /* EVALSHA sha numkeys key... now common... then each key's own. */
-        argv[argc] = nk;
-        lens[argc++] = (size_t)snprintf(nk, sizeof nk, "%zu", c->count);
-    }
-    for (size_t j = 0; j < c->count; j++) {
-        const idem__ritem *it = &b->items[b->order[c->first + j]];
-        argv[argc] = (const char *)b->names.data + it->name_off;
-        lens[argc++] = it->name_len;
-    }
-    if (r->cfg.layout != IDEM__LAYOUT_DAY || b->raw) {
-        argv[argc] = b->now;
-        lens[argc++] = strlen(b->now);
-    }
-    for (int k = 0; k < b->ncommon; k++) {
-        argv[argc] = b->common[k];
-        lens[argc++] = b->commonl[k];
-    }
-    for (size_t j = 0; j < c->count; j++) {
-        const idem__ritem *it = &b->items[b->order[c->first + j]];
-        for (int k = 0; k < it->nargs; k++) {
-            argv[argc] = it->arg[k];
-            lens[argc++] = it->argl[k];
-        }
-    }
-    if (redisAppendCommandArgv(conn->c, argc, argv, lens) != REDIS_OK ||
-        idem__rconn_expect(conn, IDEM__IN_CMD, i))
+    idem__args a = {.v = b->argv, .l = b->argl};
+    if (idem__pipe_loads(r, conn) || idem__pipe_asking(conn, c) ||
+        idem__evalsha_args(r, b, c, &a) ||
+        idem__pipe_cmd(conn, IDEM__IN_CMD, i, a.n, a.v, a.l))
         return IDEM_ENOMEM;
     conn->wrote |= b->write;
     return 0;
+}
+
+/* A connection broke (or timed out) this round: its commands go round
+ * again, on a new connection, after a backoff and (cluster) a new map. */
+static void idem__conn_broke(idem_store *s, idem__rbatch *b, idem__active a,
+                             idem__round *rd)
+{
+    idem__redis *r = idem__r(s);
+    idem__rconn *conn = idem__conn_at(r, a);
+    char msg[sizeof b->lastmsg], why[96];
+    snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri, r->nodes[a.node].host,
+             r->nodes[a.node].port, idem__rconn_why(conn, why, sizeof why));
+    idem__requeue_conn(b, conn, idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
+                                                            : IDEM_ECONN,
+                       msg);
+    idem__rconn_close(conn);
+    r->map_stale = idem__has_map(r);
+    rd->backoff = 1;
+}
+
+/* The reply to the WAIT after the first nin replies of conn: the
+ * writes among them that answered are done if enough replicas have
+ * them, else they fail with ETIMEOUT. */
+static void idem__on_wait_reply(idem_store *s, idem__rbatch *b,
+                                const idem__rconn *conn, size_t nin,
+                                const redisReply *rep)
+{
+    idem__redis *r = idem__r(s);
+    long long acked = rep->type == REDIS_REPLY_INTEGER ? rep->integer : -1;
+    char msg[sizeof b->firstmsg];
+    snprintf(msg, sizeof msg, "%s: WAIT %d: %s%lld replica(s) acknowledged "
+             "in time", s->uri, r->cfg.wait, acked < 0 ? "failed, " : "only ",
+             acked < 0 ? 0 : acked);
+    /* A master that lost its replicas may have lost its place too (a
+     * sentinel's master deposed while it was cut off): the next round
+     * asks where the master is. */
+    if (acked < r->cfg.wait)
+        r->map_stale = idem__has_map(r);
+    for (size_t k = 0; k < nin; k++) {
+        if (conn->in[k].kind != IDEM__IN_CMD)
+            continue;
+        idem__rcmd *c = &b->cmds[conn->in[k].cmd];
+        if (c->done || !c->reply)
+            continue;
+        if (acked >= r->cfg.wait)
+            c->done = 1;
+        else
+            idem__final(b, c, IDEM_ETIMEOUT, msg);
+    }
 }
 
 /* Read every reply a connection is owed this round. */
@@ -539,16 +637,7 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
     for (size_t j = 0; j < conn->nin; j++) {
         redisReply *rep = NULL;
         if (redisGetReply(conn->c, (void **)&rep) != REDIS_OK || !rep) {
-            int code = idem__rconn_timed_out(conn) ? IDEM_ETIMEOUT
-                                                   : IDEM_ECONN;
-            char msg[sizeof b->lastmsg], why[96];
-            snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
-                     r->nodes[a.node].host, r->nodes[a.node].port,
-                     idem__rconn_why(conn, why, sizeof why));
-            idem__requeue_conn(b, conn, code, msg);
-            idem__rconn_close(conn);
-            r->map_stale = idem__has_map(r);
-            rd->backoff = 1;
+            idem__conn_broke(s, b, a, rd);
             return;
         }
         idem__inflight in = conn->in[j];
@@ -557,37 +646,15 @@ static void idem__read_conn(idem_store *s, idem__rbatch *b, idem__active a,
              * connection up again afterwards. */
             idem__on_cmd_reply(s, b, conn, in.cmd, rep, rd);
             conn = idem__conn_at(r, a);
-        } else if (in.kind == IDEM__IN_WAIT) {
-            long long acked = rep->type == REDIS_REPLY_INTEGER ? rep->integer
-                                                               : -1;
-            char msg[sizeof b->firstmsg];
-            snprintf(msg, sizeof msg, "%s: WAIT %d: %s%lld replica(s) "
-                     "acknowledged in time", s->uri, r->cfg.wait,
-                     acked < 0 ? "failed, " : "only ", acked < 0 ? 0 : acked);
-            /* A master that lost its replicas may have lost its place
-             * too (a sentinel's master deposed while it was cut off):
-             * the next round asks where the master is. */
-            if (acked < r->cfg.wait)
-                r->map_stale = idem__has_map(r);
-            for (size_t k = 0; k < j; k++) {
-                if (conn->in[k].kind != IDEM__IN_CMD)
-                    continue;
-                idem__rcmd *c = &b->cmds[conn->in[k].cmd];
-                if (c->done || !c->reply)
-                    continue;
-                if (acked >= r->cfg.wait)
-                    c->done = 1;
-                else
-                    idem__final(b, c, IDEM_ETIMEOUT, msg);
-            }
-            freeReplyObject(rep);
-        } else {
-            /* SCRIPT LOAD or ASKING: an error shows up again as NOSCRIPT
-             * or a redirect of the command that follows. */
-            if (in.kind == IDEM__IN_LOAD && rep->type == REDIS_REPLY_ERROR)
-                conn->loaded = 0;
-            freeReplyObject(rep);
+            continue;
         }
+        if (in.kind == IDEM__IN_WAIT)
+            idem__on_wait_reply(s, b, conn, j, rep);
+        /* SCRIPT LOAD or ASKING: an error shows up again as NOSCRIPT or
+         * a redirect of the command that follows. */
+        else if (in.kind == IDEM__IN_LOAD && rep->type == REDIS_REPLY_ERROR)
+            conn->loaded = 0;
+        freeReplyObject(rep);
     }
     conn->nin = 0;
     conn->wrote = 0;
@@ -607,14 +674,10 @@ static int idem__activate(idem__rconn *conn, size_t node, size_t k,
 {
     if (conn->nin)
         return 0;  /* already in the list */
-    if (act->n == act->cap) {
-        size_t cap = act->cap ? act->cap * 2 : 16;
-        idem__active *p = realloc(act->a, cap * sizeof *p);
-        if (!p)
-            return IDEM_ENOMEM;
-        act->a = p;
-        act->cap = cap;
-    }
+    idem__active *p = idem__grow(act->a, act->n, &act->cap, sizeof *p, 16);
+    if (!p)
+        return IDEM_ENOMEM;
+    act->a = p;
     act->a[act->n].node = node;
     act->a[act->n++].conn = k;
     idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
@@ -702,8 +765,7 @@ static int idem__append_waits(idem_store *s, idem__rbatch *b,
                                                                 : 1));
         const char *wa[3] = {"WAIT", nb, tb};
         size_t wl[3] = {4, strlen(nb), strlen(tb)};
-        if (redisAppendCommandArgv(conn->c, 3, wa, wl) != REDIS_OK ||
-            idem__rconn_expect(conn, IDEM__IN_WAIT, 0)) {
+        if (idem__pipe_cmd(conn, IDEM__IN_WAIT, 0, 3, wa, wl)) {
             fatal = IDEM_ENOMEM;
             snprintf(b->lastmsg, sizeof b->lastmsg, "out of memory");
         }
@@ -721,19 +783,8 @@ static void idem__exchange(idem_store *s, idem__rbatch *b,
     for (size_t a = 0; a < act->n; a++) {
         idem__rconn *conn = idem__conn_at(r, act->a[a]);
         idem__rconn_deadline(conn, act->deadline - idem__mono_ms());
-        if (conn->c && idem__rconn_flush(conn)) {
-            char msg[sizeof b->lastmsg], why[96];
-            snprintf(msg, sizeof msg, "%s: %s:%d: %s", s->uri,
-                     r->nodes[act->a[a].node].host,
-                     r->nodes[act->a[a].node].port,
-                     idem__rconn_why(conn, why, sizeof why));
-            idem__requeue_conn(b, conn, idem__rconn_timed_out(conn)
-                                            ? IDEM_ETIMEOUT
-                                            : IDEM_ECONN, msg);
-            idem__rconn_close(conn);
-            r->map_stale = idem__has_map(r);
-            rd->backoff = 1;
-        }
+        if (conn->c && idem__rconn_flush(conn))
+            idem__conn_broke(s, b, act->a[a], rd);
     }
     for (size_t a = 0; a < act->n; a++) {
         idem__rconn *conn = idem__conn_at(r, act->a[a]);

@@ -130,60 +130,145 @@ static void idem__batch_del(idem__rbatch *b, size_t *which)
     free(which);
 }
 
-static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
-                                  size_t n, const idem__claim_args *a,
-                                  idem_outcome *outs)
+/* ------------------------------------------------------------------------
+ * Batches over the caller's keys
+ *
+ * Claims, completes and extends have one shape: each of the caller's n
+ * keys that no earlier check refused (its status is 0) becomes an item
+ * with its arguments, the batch runs, and each key's reply becomes its
+ * status (and outcome). An idem__keyed says what differs. */
+
+typedef struct idem__keyed {
+    int script;
+    size_t n;                    /* the caller's keys */
+    int ncommon;                 /* arguments every key shares ... */
+    long long common[2];         /* ... after the time */
+    /* Where key i's status goes; nonzero before the run: refused. */
+    int *(*status)(void *ctx, size_t i);
+    /* Key i as an item of b with its arguments; NULL on ENOMEM. */
+    idem__ritem *(*add)(idem_store *s, idem__rbatch *b, size_t i,
+                        void *ctx);
+    /* Key i's status from its reply (the detail says why if nonzero). */
+    int (*answer)(idem_store *s, const redisReply *rep, size_t i,
+                  void *ctx);
+    void *ctx;
+} idem__keyed;
+
+/* Every key not refused yet fails with rc; returns rc. */
+static int idem__keyed_refuse(const idem__keyed *k, int rc)
 {
-    idem__rbatch *b;
-    size_t *which;
-    int rc = idem__ttl_fits(s, a->lease_ms, "lease");
-    if (!rc)
-        rc = idem__ttl_fits(s, a->ttl_ms, "TTL");
-    if (!rc)
-        rc = idem__batch_new(s, a->done ? IDEM__S_CLAIM_DONE : IDEM__S_CLAIM,
-                             n, &b, &which);
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            outs[i].status = outs[i].status ? outs[i].status : rc;
-        return rc;
+    for (size_t i = 0; i < k->n; i++) {
+        int *st = k->status(k->ctx, i);
+        *st = *st ? *st : rc;
     }
-    idem__batch_common(b, 0, a->lease_ms);
-    idem__batch_common(b, 1, a->ttl_ms);
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (outs[i].status)
+    return rc;
+}
+
+/* The keys not refused, as items of b; which[j] is item j's key. */
+static int idem__keyed_build(idem_store *s, const idem__keyed *k,
+                             idem__rbatch *b, size_t *which)
+{
+    for (int c = 0; c < k->ncommon; c++)
+        idem__batch_common(b, c, k->common[c]);
+    for (size_t i = 0; i < k->n; i++) {
+        if (*k->status(k->ctx, i))
             continue;
-        idem__ritem *it = idem__item_add(s, b, keys[i].key, keys[i].keylen);
-        if (!it) {
-            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-            break;
-        }
+        if (!k->add(s, b, i, k->ctx))
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
         which[b->nitems - 1] = i;
-        idem__arg(it, keys[i].fp, keys[i].fp ? IDEM_FP_LEN : 0);
-        idem__argrid(s, it, 0);
     }
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            outs[i].status = outs[i].status ? outs[i].status : rc;
-        b->nitems = 0;
-    } else {
-        rc = idem__run(s, b, 1);
-    }
+    return 0;
+}
+
+/* Each item's answer to its key's status. Returns rc, else the first
+ * status that fails the batch. The detail: a key's own refusal if one
+ * was answered, else what the run left. */
+static int idem__keyed_answers(idem_store *s, const idem__keyed *k,
+                               const idem__rbatch *b, const size_t *which,
+                               int rc)
+{
     char keep[sizeof s->detail];
     idem__scopy(keep, sizeof keep, s->detail);
     for (size_t j = 0; j < b->nitems; j++) {
         const idem__ritem *it = &b->items[j];
-        idem_outcome *o = &outs[which[j]];
-        o->status = it->reply
-                        ? idem__claim_reply(s, it->reply, a->lease_ms, o)
+        int *st = k->status(k->ctx, which[j]);
+        *st = it->reply ? k->answer(s, it->reply, which[j], k->ctx)
                         : it->status;
-        if (idem__batch_error(o->status) && !rc)
-            rc = o->status;
-        if (o->status && it->reply)
+        if (idem__batch_error(*st) && !rc)
+            rc = *st;
+        if (*st && it->reply)
             idem__scopy(keep, sizeof keep, s->detail);
     }
     idem__scopy(s->detail, sizeof s->detail, keep);
+    return rc;
+}
+
+/* Run k's batch, unless rc (an error found before it) refuses every
+ * key. 0, or the error that failed the batch. */
+static int idem__keyed_run(idem_store *s, const idem__keyed *k, int rc)
+{
+    idem__rbatch *b = NULL;
+    size_t *which = NULL;
+    if (!rc)
+        rc = idem__batch_new(s, k->script, k->n, &b, &which);
+    if (rc)
+        return idem__keyed_refuse(k, rc);
+    rc = idem__keyed_build(s, k, b, which);
+    if (rc) {
+        idem__keyed_refuse(k, rc);
+        b->nitems = 0;
+    } else {
+        rc = idem__run(s, b, 1);
+    }
+    rc = idem__keyed_answers(s, k, b, which, rc);
     idem__batch_del(b, which);
     return rc;
+}
+
+/* Claims: the caller's keys and outcomes. */
+typedef struct idem__claims {
+    const idem_key *keys;
+    idem_outcome *outs;
+    int64_t lease_ms;
+} idem__claims;
+
+static int *idem__claim_status(void *ctx, size_t i)
+{
+    return &((idem__claims *)ctx)->outs[i].status;
+}
+
+static idem__ritem *idem__claim_add(idem_store *s, idem__rbatch *b,
+                                    size_t i, void *ctx)
+{
+    const idem_key *key = &((idem__claims *)ctx)->keys[i];
+    idem__ritem *it = idem__item_add(s, b, key->key, key->keylen);
+    if (it) {
+        idem__arg(it, key->fp, key->fp ? IDEM_FP_LEN : 0);
+        idem__argrid(s, it, 0);
+    }
+    return it;
+}
+
+static int idem__claim_answer(idem_store *s, const redisReply *rep,
+                              size_t i, void *ctx)
+{
+    idem__claims *c = ctx;
+    return idem__claim_reply(s, rep, c->lease_ms, &c->outs[i]);
+}
+
+static int idem__redis_claim_many(idem_store *s, const idem_key *keys,
+                                  size_t n, const idem__claim_args *a,
+                                  idem_outcome *outs)
+{
+    idem__claims c = {keys, outs, a->lease_ms};
+    idem__keyed k = {.script = a->done ? IDEM__S_CLAIM_DONE : IDEM__S_CLAIM,
+                     .n = n, .ncommon = 2, .common = {a->lease_ms, a->ttl_ms},
+                     .status = idem__claim_status, .add = idem__claim_add,
+                     .answer = idem__claim_answer, .ctx = &c};
+    int rc = idem__ttl_fits(s, a->lease_ms, "lease");
+    if (!rc)
+        rc = idem__ttl_fits(s, a->ttl_ms, "TTL");
+    return idem__keyed_run(s, &k, rc);
 }
 
 static int idem__why_lost(idem_store *s, long long why, uint64_t token)
@@ -198,76 +283,86 @@ static int idem__why_lost(idem_store *s, long long why, uint64_t token)
 }
 
 /* The answer of a finishing script: 0 or IDEM_ELOST (detail set). */
-static int idem__finish_reply(idem_store *s, const idem__ritem *it,
+static int idem__finish_reply(idem_store *s, const redisReply *rep,
                               uint64_t token, const char *what)
 {
     long long v;
-    if (!it->reply)
-        return it->status;
-    if (idem__int_of(it->reply, &v) || v < 0 || v > IDEM__WHY_TAKEN)
+    if (idem__int_of(rep, &v) || v < 0 || v > IDEM__WHY_TAKEN)
         return idem__bad_reply(s, what);
     return v ? idem__why_lost(s, v, token) : 0;
 }
 
-/* Run a batch of finishing scripts built from items (or, if rc, only
- * record rc) and give each item its 0, IDEM_ELOST or error in st. */
-static int idem__finish_batch(idem_store *s, idem__rbatch *b, size_t *which,
-                              int rc, const idem_completion *items, int *st,
-                              size_t n, const char *what)
+/* Completes and extends: the caller's completions and their statuses. */
+typedef struct idem__finishes {
+    const idem_completion *items;
+    int *st;
+    const char *what;            /* the script, for messages */
+    const char *const *rids;     /* complete: request ids, or NULL */
+    int64_t lease_ms;            /* extend: the lease to renew */
+} idem__finishes;
+
+static int *idem__finish_status(void *ctx, size_t i)
 {
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            st[i] = st[i] ? st[i] : rc;
-        b->nitems = 0;
-    } else {
-        rc = idem__run(s, b, 1);
+    return &((idem__finishes *)ctx)->st[i];
+}
+
+static int idem__finish_answer(idem_store *s, const redisReply *rep,
+                               size_t i, void *ctx)
+{
+    const idem__finishes *f = ctx;
+    return idem__finish_reply(s, rep, f->items[i].token, f->what);
+}
+
+/* Key i with its token, then a complete's response, TTL and request id,
+ * or an extend's lease. */
+static idem__ritem *idem__finish_add(idem_store *s, idem__rbatch *b,
+                                     size_t i, void *ctx)
+{
+    const idem__finishes *f = ctx;
+    const idem_completion *c = &f->items[i];
+    idem__ritem *it = idem__item_add(s, b, c->key, c->keylen);
+    if (!it)
+        return NULL;
+    idem__argnum(it, 0, (long long)c->token);
+    if (b->script == IDEM__S_EXTEND) {
+        idem__argnum(it, 1, f->lease_ms);
+        return it;
     }
-    char keep[sizeof s->detail];
-    idem__scopy(keep, sizeof keep, s->detail);
-    for (size_t j = 0; j < b->nitems; j++) {
-        const idem__ritem *it = &b->items[j];
-        int *sp = &st[which[j]];
-        *sp = idem__finish_reply(s, it, items[which[j]].token, what);
-        if (idem__batch_error(*sp) && !rc)
-            rc = *sp;
-        if (*sp && it->reply)
-            idem__scopy(keep, sizeof keep, s->detail);
-    }
-    idem__scopy(s->detail, sizeof s->detail, keep);
-    idem__batch_del(b, which);
-    return rc;
+    idem__arg(it, c->response, c->len);
+    idem__argnum(it, 1, c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
+    if (f->rids)
+        idem__arg(it, f->rids[i], strlen(f->rids[i]));
+    else
+        idem__argrid(s, it, 2);
+    return it;
+}
+
+/* The batch of script (complete or extend) over f's n completions, that
+ * rc, unless 0, refuses before it runs. */
+static int idem__finish_run(idem_store *s, int script, idem__finishes *f,
+                            size_t n, int rc)
+{
+    idem__keyed k = {.script = script, .n = n, .status = idem__finish_status,
+                     .add = idem__finish_add, .answer = idem__finish_answer,
+                     .ctx = f};
+    return idem__keyed_run(s, &k, rc);
+}
+
+/* The batch of completes (rids: their request ids, or NULL for new
+ * ones) that rc, unless 0, refuses before it runs. */
+static int idem__complete_with(idem_store *s, const idem_completion *items,
+                               size_t n, int *st, const char *const *rids,
+                               int rc)
+{
+    idem__finishes f = {.items = items, .st = st, .what = "complete",
+                        .rids = rids};
+    return idem__finish_run(s, IDEM__S_COMPLETE, &f, n, rc);
 }
 
 int idem__redis_complete_run(idem_store *s, const idem_completion *items,
                              size_t n, int *st, const char *const *rids)
 {
-    idem__rbatch *b;
-    size_t *which;
-    int rc = idem__batch_new(s, IDEM__S_COMPLETE, n, &b, &which);
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            st[i] = st[i] ? st[i] : rc;
-        return rc;
-    }
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (st[i])
-            continue;
-        const idem_completion *c = &items[i];
-        idem__ritem *it = idem__item_add(s, b, c->key, c->keylen);
-        if (!it) {
-            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-            break;
-        }
-        which[b->nitems - 1] = i;
-        idem__argnum(it, 0, (long long)c->token);
-        idem__arg(it, c->response, c->len);
-        idem__argnum(it, 1, c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms);
-        if (rids)
-            idem__arg(it, rids[i], strlen(rids[i]));
-        else
-            idem__argrid(s, it, 2);
-    }
-    return idem__finish_batch(s, b, which, rc, items, st, n, "complete");
+    return idem__complete_with(s, items, n, st, rids, 0);
 }
 
 /* With a checkpoint queued, completions wait for idem_sync() (see
@@ -280,42 +375,18 @@ static int idem__redis_complete_many(idem_store *s,
     for (size_t i = 0; i < n && !rc; i++)
         if (!st[i] && items[i].ttl_ms)
             rc = idem__ttl_fits(s, items[i].ttl_ms, "TTL");
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            st[i] = st[i] ? st[i] : rc;
-        return rc;
-    }
-    if (idem__ckpt_queued(s))
+    if (!rc && idem__ckpt_queued(s))
         return idem__ckpt_hold_completes(s, items, n, st);
-    return idem__redis_complete_run(s, items, n, st, NULL);
+    return idem__complete_with(s, items, n, st, NULL, rc);
 }
 
 int idem__redis_extend_many(idem_store *s, const idem_completion *items,
                             size_t n, int64_t lease_ms, int *st)
 {
-    idem__rbatch *b;
-    size_t *which;
-    int rc = idem__ttl_fits(s, lease_ms, "lease");
-    if (!rc)
-        rc = idem__batch_new(s, IDEM__S_EXTEND, n, &b, &which);
-    if (rc) {
-        for (size_t i = 0; i < n; i++)
-            st[i] = st[i] ? st[i] : rc;
-        return rc;
-    }
-    for (size_t i = 0; i < n && !rc; i++) {
-        if (st[i])
-            continue;
-        idem__ritem *it = idem__item_add(s, b, items[i].key, items[i].keylen);
-        if (!it) {
-            rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
-            break;
-        }
-        which[b->nitems - 1] = i;
-        idem__argnum(it, 0, (long long)items[i].token);
-        idem__argnum(it, 1, lease_ms);
-    }
-    return idem__finish_batch(s, b, which, rc, items, st, n, "extend");
+    idem__finishes f = {.items = items, .st = st, .what = "extend",
+                        .lease_ms = lease_ms};
+    return idem__finish_run(s, IDEM__S_EXTEND, &f, n,
+                            idem__ttl_fits(s, lease_ms, "lease"));
 }
 
 int idem__one_begin(idem_store *s, idem__one *one, int script,
@@ -368,7 +439,7 @@ int idem__redis_fail_run(idem_store *s, const void *key, size_t keylen,
         idem__argrid(s, one.it, 2);
     rc = idem__one_run(s, &one, 1);
     if (!rc)
-        rc = idem__finish_reply(s, one.it, token, "fail");
+        rc = idem__finish_reply(s, one.it->reply, token, "fail");
     idem__one_end(&one);
     return rc;
 }

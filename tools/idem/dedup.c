@@ -53,7 +53,7 @@ static const char usage[] =
     "                    history; a job with a checkpoint says so itself\n"
     "  --store URI       local:DIR, mem:, redis://..., redis-cluster://...\n"
     "                    or redis-sentinel://... (default $IDEM_STORE, else\n"
-    "                    local:./idem-data)\n"
+    "                    " IDEM_DEFAULT_URI ")\n"
     "  --ttl DURATION    how long a key is remembered: 30s, 5m, 24h, 7d\n"
     "                    (default 24h)\n"
     "  --on-missing-key error|skip|pass\n"
