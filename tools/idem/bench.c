@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "../../bench/keys36.h"
 #include "cli.h"
@@ -53,12 +52,6 @@ static void make_key(const bench_cfg *c, size_t i, char *k)
     bench_key(c->random_keys, i, k);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static long rss_kib(void)
 {
@@ -179,10 +172,10 @@ static int parse(int argc, char **argv, bench_cfg *c)
 static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
 {
     int rc = idem_close(*s);
-    double t0 = now_s();
+    double t0 = cli_mono_s();
     if (!rc)
         rc = idem_open(c->uri, NULL, s);
-    *secs = now_s() - t0;
+    *secs = cli_mono_s() - t0;
     char k[KEYLEN + 1];
     make_key(c, c->n - 1, k);
     idem_record r;
@@ -215,10 +208,10 @@ int cli_cmd_bench(int argc, char **argv)
     size_t news = 0, seeded = 0;
     if (!rc && replay)
         rc = run_all(s, &c, &b, 1, &seeded);
-    double t0 = now_s();
+    double t0 = cli_mono_s();
     if (!rc)
         rc = run_all(s, &c, &b, !strcmp(c.workload, "claim-complete"), &news);
-    double secs = now_s() - t0, reopen = 0;
+    double secs = cli_mono_s() - t0, reopen = 0;
     long rss1 = rss_kib();
     idem_stats st = {0};
     if (!rc)

@@ -166,6 +166,10 @@ int cli_json_one_line(const void *s, size_t n);
 void cli_buf_free(cli_buf *b);
 
 /* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
+/* Monotonic time (clock.c): for intervals, never for dates. */
+int64_t cli_mono_ms(void);
+double cli_mono_s(void);
+
 /* The test suite's hook (killpoint.c): with IDEM_TEST_KILL_AT=NAME[:N],
  * SIGKILL the Nth time the point NAME is passed. */
 void cli_kill_point(const char *name);

@@ -60,7 +60,6 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 #include <yajl/yajl_parse.h>
 
@@ -70,12 +69,6 @@
 #define TICK_MS 50
 #define EXTENDED 1  /* take_answer: a line that extends, not an answer */
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void kill_child(coproc *c);
 
@@ -430,7 +423,7 @@ static int extend(coproc *c, const idem_task *t, const char *value,
         return broke(c, rc, "the store failed while extending a lease; "
                      "stopped the handler");
     }
-    c->extended_until = mono_ms() + (granted > c->lease_ms ? granted
+    c->extended_until = cli_mono_ms() + (granted > c->lease_ms ? granted
                                                            : c->lease_ms);
     return EXTENDED;
 }
@@ -580,12 +573,12 @@ static size_t last_envelope(coproc *c, size_t woff)
 static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
 {
     size_t got = 0, want = n;
-    int64_t deadline = mono_ms() + c->lease_ms, grace_end = INT64_MAX;
+    int64_t deadline = cli_mono_ms() + c->lease_ms, grace_end = INT64_MAX;
     int rc = parse_answers(c, tasks, n, &got);
     while (!rc && got < want) {
         if (*c->stop && grace_end == INT64_MAX) {
             want = last_envelope(c, *woff);
-            grace_end = mono_ms() + c->grace_ms;
+            grace_end = cli_mono_ms() + c->grace_ms;
             c->stopped = 1;
             continue;
         }
@@ -593,7 +586,7 @@ static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
             {*woff < c->wb.len ? c->to : -1, POLLOUT, 0},
             {c->from, POLLIN, 0}};
         int64_t left = (deadline < grace_end ? deadline : grace_end) -
-                       mono_ms();
+                       cli_mono_ms();
         if (left <= 0 && c->stopped)
             return broke(c, IDEM_ETIMEOUT, "the handler did not answer "
                          "within --grace %lld ms; killed it",
@@ -618,14 +611,14 @@ static int exchange(coproc *c, idem_task *tasks, size_t n, size_t *woff)
         if (!rc)
             rc = parse_answers(c, tasks, n, &got);
         if (got > before)
-            deadline = mono_ms() + c->lease_ms;
+            deadline = cli_mono_ms() + c->lease_ms;
         if (c->extended_until > deadline)
             deadline = c->extended_until;
         c->extended_until = 0;
-        int64_t t0 = mono_ms();
+        int64_t t0 = cli_mono_ms();
         if (!rc)
             rc = tick(c, tasks, got);
-        deadline += mono_ms() - t0;
+        deadline += cli_mono_ms() - t0;
     }
     return !rc && c->stopped ? IDEM_ETIMEOUT : rc;
 }
@@ -679,10 +672,10 @@ int coproc_stop(coproc *c, const char *cmdname)
     if (!c->pid)
         return 0;
     close(c->to);
-    int64_t deadline = mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
+    int64_t deadline = cli_mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
     int st = 0;
     pid_t r;
-    while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && mono_ms() < deadline)
+    while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && cli_mono_ms() < deadline)
         poll(NULL, 0, 10);
     if (r == 0) {
         kill(-c->pid, SIGKILL);

@@ -47,7 +47,6 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "connect.h"
@@ -129,12 +128,6 @@ typedef struct loop {
 
 volatile sig_atomic_t stream_stop;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* ------------------------------------------------------------------------
  * Options */
@@ -783,7 +776,7 @@ static int finish_commit(loop *lp)
 
 static void progress(loop *lp, int final)
 {
-    double t = now_s();
+    double t = cli_mono_s();
     if (!lp->tty || lp->st.cfg->quiet ||
         (!final && t - lp->last_progress < 0.5))
         return;
@@ -817,7 +810,7 @@ static void summary(loop *lp, int rc)
 {
     const stream_counts *n = &lp->st.n;
     const stream_cfg *c = lp->st.cfg;
-    double secs = now_s() - lp->t0;
+    double secs = cli_mono_s() - lp->t0;
     double rate = secs > 0 ? (double)n->read / secs : 0;
     if (c->stats_json) {
         fprintf(stderr,
@@ -1030,7 +1023,7 @@ static int setup(loop *lp, const stream_cfg *c)
     char err[256];
     lp->st.cfg = c;
     lp->tty = isatty(2);
-    lp->t0 = lp->last_progress = now_s();
+    lp->t0 = lp->last_progress = cli_mono_s();
     lp->key_is_id = c->key && !strcmp(c->key, "@id");
     if (!c->line_mode && !lp->key_is_id) {
         if (jk_path_parse(c->key, &lp->path, err, sizeof err))

@@ -505,12 +505,6 @@ static int transient(const redisReply *r)
     return 0;
 }
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void pause_ms(long ms)
 {
@@ -521,11 +515,11 @@ static void pause_ms(long ms)
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry)
 {
-    int64_t until = mono_ms() + c->u->timeout_ms;
+    int64_t until = cli_mono_ms() + c->u->timeout_ms;
     int lost = 0;
     for (;;) {
         if (!c->c && connect_now(c)) {
-            if (mono_ms() >= until)
+            if (cli_mono_ms() >= until)
                 return NULL;  /* nothing was sent: safe to go on trying */
             pause_ms(200);
             continue;
@@ -543,7 +537,7 @@ redisReply *rs_call(rs_conn *c, int argc, const char **argv,
             continue;
         }
         int redirect = moved(c, r), again = !redirect && transient(r);
-        if ((!redirect && !again) || mono_ms() >= until)
+        if ((!redirect && !again) || cli_mono_ms() >= until)
             return r;  /* an answer, or the error of the last try */
         freeReplyObject(r);
         if (again) {

@@ -27,7 +27,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <yajl/yajl_parse.h>
 
 #include "cli.h"
@@ -64,12 +63,6 @@ typedef struct rs_sink {
 static void rs_close(sink *base);
 static const sink_ops rs_sink_ops;
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static int fail(rs_sink *k, const char *what, const redisReply *r)
 {
@@ -215,7 +208,7 @@ static int rs_read_back(sink *base, const char *pos)
 /* The last window_ms of entries, read again at most once a second. */
 static int read_recent(rs_sink *k)
 {
-    if (k->recent_at && mono_ms() - k->recent_at < 1000)
+    if (k->recent_at && cli_mono_ms() - k->recent_at < 1000)
         return 0;
     const char *argv[] = {"TIME"};
     redisReply *r = rs_call(&k->c, 1, argv, NULL, 0, 1);
@@ -232,7 +225,7 @@ static int read_recent(rs_sink *k)
     snprintf(from, sizeof from, "%lld", ms > k->window_ms
                                             ? ms - k->window_ms : 0);
     km_clear(&k->recent);
-    k->recent_at = mono_ms();
+    k->recent_at = cli_mono_ms();
     return scan_after(k, from, &k->recent);
 }
 

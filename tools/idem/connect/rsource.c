@@ -32,7 +32,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli.h"
 #include "rconn.h"
@@ -73,12 +72,6 @@ typedef struct rs_source {
 static void rs_close(source *base);
 static const source_ops rs_source_ops;
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 int rs_is_uri(const char *uri)
 {
@@ -133,7 +126,7 @@ source *rs_source_open(const char *cmd, const char *uri,
     s->stop = o->stop;
     snprintf(s->own_cursor, sizeof s->own_cursor, "0");
     snprintf(s->claim_cursor, sizeof s->claim_cursor, "0-0");
-    s->last_new_ms = now_ms();
+    s->last_new_ms = cli_mono_ms();
     if (make_group(s)) {
         *status = cli_fail(cmd, "%s", s->err);
         rs_close(&s->base);
@@ -425,7 +418,7 @@ static long claim_idle(rs_source *s)
             got = failed(s, "reading claimed entries", NULL);
     }
     if (!strcmp(s->claim_cursor, "0-0"))
-        s->next_claim_ms = now_ms() + s->lease_ms / 2;
+        s->next_claim_ms = cli_mono_ms() + s->lease_ms / 2;
     if (r)
         freeReplyObject(r);
     return got;
@@ -441,7 +434,7 @@ static long fetch_round(rs_source *s, int wait)
             return got;
         s->own_done = 1;
     }
-    if (now_ms() >= s->next_claim_ms) {
+    if (cli_mono_ms() >= s->next_claim_ms) {
         long got = claim_idle(s);
         if (got)
             return got;
@@ -454,7 +447,7 @@ static long fetch(rs_source *s, int wait)
 {
     long got = fetch_round(s, wait);
     if (got > 0)
-        s->last_new_ms = now_ms();
+        s->last_new_ms = cli_mono_ms();
     return got;
 }
 
@@ -474,7 +467,8 @@ static int rs_next(source *base, nd_line *l, int wait)
             return ND_ERR;
         if (got)
             continue;
-        if (s->idle_exit_ms && now_ms() - s->last_new_ms >= s->idle_exit_ms)
+        if (s->idle_exit_ms &&
+            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms)
             return ND_END;
         if (!wait)
             return ND_IDLE;
