@@ -43,19 +43,6 @@ static void fini(void)
 
 TestSuite(sentinel, .fini = fini, .timeout = 60);
 
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* redis-sentinel://[before]S1,S2,S3/name?prefix=PREFIX&extra: before is
  * a userinfo ("USER:PW@") or more sentinels ("HOST:PORT,"). */
 static void sentinel_uri(char *buf, size_t cap, const char *before,
@@ -322,7 +309,7 @@ static pid_t kill_soon(long pid)
     pid_t k = fork();
     cr_assert_geq(k, 0);
     if (k == 0) {
-        sleep_ms(3);  /* lands while a batch is on the wire */
+        t_sleep_ms(3);  /* lands while a batch is on the wire */
         kill((pid_t)pid, SIGKILL);
         _exit(0);
     }
@@ -339,9 +326,9 @@ static int claim_batch(idem_store *s, int b, int killed, frun *run)
         snprintf(names[i], sizeof names[i], "f-%d-%d", b, i);
         k[i] = (idem_key){names[i], strlen(names[i]), NULL};
     }
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim_many(s, k, FBATCH, NULL, o, 0);
-    int64_t dt = mono_ms() - t0;
+    int64_t dt = t_mono_ms() - t0;
     run->longest = dt > run->longest ? dt : run->longest;
     cr_assert(dt < FTIMEOUT + 5000, "a call took %lld ms", (long long)dt);
     run->failed_calls += rc != 0;
@@ -383,9 +370,9 @@ static size_t failover_run(int wait_n)
     cr_assert(run.acks);
     int killed = 0, rejoined = 0, ok_run = 0;
     pid_t killer = -1;
-    int64_t give_up = mono_ms() + 40000;
+    int64_t give_up = t_mono_ms() + 40000;
     for (int b = 0; b < FMAX && !(rejoined && ok_run >= 20) &&
-                    mono_ms() < give_up;
+                    t_mono_ms() < give_up;
          b++) {
         if (b == 20) {
             killer = kill_soon(th_pid(&sv, victim));
@@ -493,8 +480,8 @@ static int unlinked(int port)
  * holds or ms have passed; whether it held. */
 static int poll_until(int (*cond)(int), int port, int64_t ms)
 {
-    for (int64_t end = mono_ms() + ms; !cond(port); sleep_ms(50))
-        if (mono_ms() > end)
+    for (int64_t end = t_mono_ms() + ms; !cond(port); t_sleep_ms(50))
+        if (t_mono_ms() > end)
             return 0;
     return 1;
 }
@@ -508,9 +495,9 @@ static int claim_staged(idem_store *s, idem_outcome *o, int64_t *dt)
         snprintf(names[i], sizeof names[i], "s-%d", i);
         k[i] = (idem_key){names[i], strlen(names[i]), NULL};
     }
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim_many(s, k, SKEYS, NULL, o, 0);
-    *dt = mono_ms() - t0;
+    *dt = t_mono_ms() - t0;
     return rc;
 }
 
