@@ -27,14 +27,6 @@
 
 static th_servers sv;
 
-/* What the failover tests measure goes to the log and to stderr. */
-#define REPORT(...)                                                        \
-    do {                                                                   \
-        cr_log_info(__VA_ARGS__);                                          \
-        fprintf(stderr, "[info] " __VA_ARGS__);                            \
-        fputc('\n', stderr);                                              \
-    } while (0)
-
 static void fini(void)
 {
     th_stop(&sv);
@@ -356,16 +348,26 @@ static void rejoin(int victim, int promoted)
     redisFree(c);
 }
 
-static size_t failover_run(int wait_n)
+/* Own sentinels over a master and its replica, and a store opened
+ * through them with timeout_ms and wait=wait_n; prefix (64 bytes) gets
+ * the store's key prefix. */
+static idem_store *open_own_sentinels(char *prefix, int timeout_ms,
+                                      int wait_n)
 {
+    char uri[1024], extra[64];
     th_start_sentinel(&sv, MASTER);
-    int victim = sv.ports[0], replica = sv.ports[1];
-    char prefix[64], uri[1024], extra[64];
-    snprintf(prefix, sizeof prefix, "%s", th_prefix());
-    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", FTIMEOUT,
+    snprintf(prefix, 64, "%s", th_prefix());
+    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", timeout_ms,
              wait_n);
     sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
-    idem_store *s = open_ok(uri);
+    return open_ok(uri);
+}
+
+static size_t failover_run(int wait_n)
+{
+    char prefix[64];
+    idem_store *s = open_own_sentinels(prefix, FTIMEOUT, wait_n);
+    int victim = sv.ports[0], replica = sv.ports[1];
     frun run = {calloc(FBATCH * FMAX, sizeof(ack)), 0, 0, 0, 0, 0};
     cr_assert(run.acks);
     int killed = 0, rejoined = 0, ok_run = 0;
@@ -400,12 +402,12 @@ static size_t failover_run(int wait_n)
     cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
     cr_assert_geq(st.live_keys, run.nacks - lost);
     idem_close(s);
-    REPORT("sentinel failover, wait=%d: master %d killed, replica %d "
-           "promoted; %zu claims acknowledged (%zu after the kill), %zu of "
-           "them lost; %zu keys and %zu calls failed with an error during "
-           "the failover; longest call %lld ms (timeout %d ms)", wait_n,
-           victim, replica, run.nacks, run.after, lost, run.failed_keys,
-           run.failed_calls, (long long)run.longest, FTIMEOUT);
+    T_REPORT("sentinel failover, wait=%d: master %d killed, replica %d "
+             "promoted; %zu claims acknowledged (%zu after the kill), %zu of "
+             "them lost; %zu keys and %zu calls failed with an error during "
+             "the failover; longest call %lld ms (timeout %d ms)", wait_n,
+             victim, replica, run.nacks, run.after, lost, run.failed_keys,
+             run.failed_calls, (long long)run.longest, FTIMEOUT);
     free(run.acks);
     return lost;
 }
@@ -503,14 +505,9 @@ static int claim_staged(idem_store *s, idem_outcome *o, int64_t *dt)
 
 static staged staged_run(int wait_n)
 {
-    th_start_sentinel(&sv, MASTER);
+    char prefix[64], uri[1024];
+    idem_store *s = open_own_sentinels(prefix, STIMEOUT, wait_n);
     int m = sv.ports[0], r = sv.ports[1];
-    char prefix[64], uri[1024], extra[64];
-    snprintf(prefix, sizeof prefix, "%s", th_prefix());
-    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", STIMEOUT,
-             wait_n);
-    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
-    idem_store *s = open_ok(uri);
     th_signal(&sv, r, SIGSTOP);
     cr_assert(poll_until(stopped, r, 5000), "replica %d never stopped", r);
     redisContext *c = th_connect(m);
@@ -534,8 +531,7 @@ static staged staged_run(int wait_n)
     cr_assert(poll_until(is_master, r, 30000), "replica %d never promoted",
               r);
     /* Through the sentinels again, with room for the switch to end. */
-    snprintf(extra, sizeof extra, "&timeout_ms=10000");
-    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
+    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, "&timeout_ms=10000");
     s = open_ok(uri);
     int64_t dt;
     idem_outcome again[SKEYS];
@@ -543,11 +539,11 @@ static staged staged_run(int wait_n)
     for (int i = 0; i < SKEYS; i++)
         st.lost += o[i].status == 0 && again[i].kind == IDEM_NEW;
     idem_close(s);
-    REPORT("sentinel, staged, wait=%d: %zu claims acknowledged, %zu lost, "
-           "%zu failed with IDEM_ETIMEOUT; longest call %lld ms (timeout "
-           "%d ms)%s%s", wait_n, st.acked, st.lost, st.failed,
-           (long long)st.longest, STIMEOUT, st.failed ? "; " : "",
-           st.failed ? st.detail : "");
+    T_REPORT("sentinel, staged, wait=%d: %zu claims acknowledged, %zu lost, "
+             "%zu failed with IDEM_ETIMEOUT; longest call %lld ms (timeout "
+             "%d ms)%s%s", wait_n, st.acked, st.lost, st.failed,
+             (long long)st.longest, STIMEOUT, st.failed ? "; " : "",
+             st.failed ? st.detail : "");
     return st;
 }
 
