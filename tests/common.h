@@ -5,10 +5,20 @@
 
 #include <criterion/criterion.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <sys/types.h>
 
 #include "idem/idem.h"
+
+/* What a test measures (never asserts on): to the log and, so that a
+ * plain `make test` shows it, to stderr. */
+#define T_REPORT(...)                                                      \
+    do {                                                                   \
+        cr_log_info(__VA_ARGS__);                                          \
+        fprintf(stderr, "[info] " __VA_ARGS__);                            \
+        fputc('\n', stderr);                                               \
+    } while (0)
 
 /* A fresh empty directory under $TMPDIR; removed by t_rmdir(). */
 char *t_tmpdir(void);

@@ -18,15 +18,6 @@
 
 static th_servers sv;
 
-/* What these tests measure goes to the log and, so that a plain
- * `make test` shows it, to stderr. */
-#define REPORT(...)                                                        \
-    do {                                                                   \
-        cr_log_info(__VA_ARGS__);                                          \
-        fprintf(stderr, "[info] " __VA_ARGS__);                            \
-        fputc('\n', stderr);                                              \
-    } while (0)
-
 static void fini(void)
 {
     th_stop(&sv);
@@ -218,7 +209,7 @@ Test(cluster_ops, slot_migration_while_claiming)
     }
     idem_close(s);
     cr_assert_eq(th_slot_owner(sv.ports[0], slot), dst);
-    REPORT("slot %u migrated from %d to %d: %d keys moved by MIGRATE "
+    T_REPORT("slot %u migrated from %d to %d: %d keys moved by MIGRATE "
                 "while two processes claimed %d keys", slot, src, dst, moved,
                 MKEYS);
     t_rmdir(dir);
@@ -365,7 +356,7 @@ static size_t failover_phase(int wait, const char *tag)
             lost++;
     }
     idem_close(s);
-    REPORT("failover, wait=%d: master %d killed, replica %d promoted; "
+    T_REPORT("failover, wait=%d: master %d killed, replica %d promoted; "
                 "%zu claims acknowledged, %zu of them lost; %zu keys and "
                 "%zu calls failed with an error during the failover; "
                 "longest call %lld ms (timeout %d ms)", wait, victim,
@@ -713,20 +704,20 @@ static void staged_phase(int wait, staged *st)
 
 static void staged_report(int wait, const staged *st)
 {
-    REPORT("staged failover, wait=%d: master %d killed with its replica %d "
-           "cut off; %d promoted %s after %lld ms; %zu keys in its slots, "
-           "%zu elsewhere; acknowledged=%zu (%zu in its slots), lost=%zu "
-           "(%zu in its slots); failed=%zu (%zu in its slots; %zu of them "
-           "NEW again after the failover)%s%s; longest call %lld ms "
-           "(timeouts %d ms, %d ms after the failover)", wait, st->master,
-           st->replica, st->replica,
-           st->takeover ? "by TAKEOVER" : "by election",
-           (long long)st->promote_ms, st->on_m, (size_t)SKEYS - st->on_m,
-           st->acked_m + st->acked_other, st->acked_m,
-           st->lost_m + st->lost_other, st->lost_m,
-           st->failed_m + st->failed_other, st->failed_m, st->unacked_gone,
-           st->detail[0] ? ", with " : "", st->detail,
-           (long long)st->longest, STIMEOUT, SRETRY_TIMEOUT);
+    T_REPORT("staged failover, wait=%d: master %d killed with its replica %d "
+             "cut off; %d promoted %s after %lld ms; %zu keys in its slots, "
+             "%zu elsewhere; acknowledged=%zu (%zu in its slots), lost=%zu "
+             "(%zu in its slots); failed=%zu (%zu in its slots; %zu of them "
+             "NEW again after the failover)%s%s; longest call %lld ms "
+             "(timeouts %d ms, %d ms after the failover)", wait, st->master,
+             st->replica, st->replica,
+             st->takeover ? "by TAKEOVER" : "by election",
+             (long long)st->promote_ms, st->on_m, (size_t)SKEYS - st->on_m,
+             st->acked_m + st->acked_other, st->acked_m,
+             st->lost_m + st->lost_other, st->lost_m,
+             st->failed_m + st->failed_other, st->failed_m, st->unacked_gone,
+             st->detail[0] ? ", with " : "", st->detail,
+             (long long)st->longest, STIMEOUT, SRETRY_TIMEOUT);
 }
 
 Test(cluster_ops, wait_keeps_claims_async_loses_them)
@@ -737,10 +728,10 @@ Test(cluster_ops, wait_keeps_claims_async_loses_them)
     staged_report(0, &a);
     staged_phase(1, &b);
     staged_report(1, &b);
-    REPORT("failover: wait=0 acknowledged=%zu lost=%zu; wait=1 "
-           "acknowledged=%zu lost=%zu", a.acked_m + a.acked_other,
-           a.lost_m + a.lost_other, b.acked_m + b.acked_other,
-           b.lost_m + b.lost_other);
+    T_REPORT("failover: wait=0 acknowledged=%zu lost=%zu; wait=1 "
+             "acknowledged=%zu lost=%zu", a.acked_m + a.acked_other,
+             a.lost_m + a.lost_other, b.acked_m + b.acked_other,
+             b.lost_m + b.lost_other);
     /* Without wait: every claim acknowledged, and each one M had alone
      * is gone. */
     cr_assert_eq(a.failed_m + a.failed_other, 0, "%s", a.detail);
@@ -789,8 +780,8 @@ Test(cluster_ops, dead_master_without_replica)
         /* Not a speed check: a call far past its budget would hang. */
         cr_assert(dt < TIMEOUT + 5000, "a call took %lld ms", (long long)dt);
     }
-    REPORT("dead master, no replica: calls failed with an error after at "
-           "most %lld ms (timeout %d ms)", (long long)longest, TIMEOUT);
+    T_REPORT("dead master, no replica: calls failed with an error after at "
+             "most %lld ms (timeout %d ms)", (long long)longest, TIMEOUT);
     th_restart(&sv, victim);
     int rc = -1;
     for (int i = 0; i < 100 && rc != 0; i++)
@@ -872,9 +863,9 @@ Test(cluster_ops, hung_master_does_not_stall_the_others)
                   (long long)took);
     } while (rc && t_mono_ms() - t0 < 60000);
     cr_assert_eq(rc, 0, "after the failover: %s", idem_errdetail(s));
-    REPORT("hung master %d: its keys failed within %d ms, the others "
-           "answered; its replica %d served them %lld ms later", hung,
-           TIMEOUT, replica, (long long)(t_mono_ms() - t0));
+    T_REPORT("hung master %d: its keys failed within %d ms, the others "
+             "answered; its replica %d served them %lld ms later", hung,
+             TIMEOUT, replica, (long long)(t_mono_ms() - t0));
     idem_close(s);
 }
 
@@ -951,6 +942,6 @@ Test(cluster_ops, sweep_while_slot_migrates)
     idem_close(s);
     redisFree(cs);
     redisFree(cd);
-    REPORT("slot %u moving from %d to %d: %d stale records swept on both "
-           "sides, then %d after the move", slot, src, dst, N, N);
+    T_REPORT("slot %u moving from %d to %d: %d stale records swept on both "
+             "sides, then %d after the move", slot, src, dst, N, N);
 }

@@ -27,14 +27,6 @@
 
 static th_servers sv;
 
-/* What the failover tests measure goes to the log and to stderr. */
-#define REPORT(...)                                                        \
-    do {                                                                   \
-        cr_log_info(__VA_ARGS__);                                          \
-        fprintf(stderr, "[info] " __VA_ARGS__);                            \
-        fputc('\n', stderr);                                              \
-    } while (0)
-
 static void fini(void)
 {
     th_stop(&sv);
@@ -42,19 +34,6 @@ static void fini(void)
 }
 
 TestSuite(sentinel, .fini = fini, .timeout = 60);
-
-static int64_t mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
 
 /* redis-sentinel://[before]S1,S2,S3/name?prefix=PREFIX&extra: before is
  * a userinfo ("USER:PW@") or more sentinels ("HOST:PORT,"). */
@@ -322,7 +301,7 @@ static pid_t kill_soon(long pid)
     pid_t k = fork();
     cr_assert_geq(k, 0);
     if (k == 0) {
-        sleep_ms(3);  /* lands while a batch is on the wire */
+        t_sleep_ms(3);  /* lands while a batch is on the wire */
         kill((pid_t)pid, SIGKILL);
         _exit(0);
     }
@@ -339,9 +318,9 @@ static int claim_batch(idem_store *s, int b, int killed, frun *run)
         snprintf(names[i], sizeof names[i], "f-%d-%d", b, i);
         k[i] = (idem_key){names[i], strlen(names[i]), NULL};
     }
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim_many(s, k, FBATCH, NULL, o, 0);
-    int64_t dt = mono_ms() - t0;
+    int64_t dt = t_mono_ms() - t0;
     run->longest = dt > run->longest ? dt : run->longest;
     cr_assert(dt < FTIMEOUT + 5000, "a call took %lld ms", (long long)dt);
     run->failed_calls += rc != 0;
@@ -369,23 +348,33 @@ static void rejoin(int victim, int promoted)
     redisFree(c);
 }
 
-static size_t failover_run(int wait_n)
+/* Own sentinels over a master and its replica, and a store opened
+ * through them with timeout_ms and wait=wait_n; prefix (64 bytes) gets
+ * the store's key prefix. */
+static idem_store *open_own_sentinels(char *prefix, int timeout_ms,
+                                      int wait_n)
 {
+    char uri[1024], extra[64];
     th_start_sentinel(&sv, MASTER);
-    int victim = sv.ports[0], replica = sv.ports[1];
-    char prefix[64], uri[1024], extra[64];
-    snprintf(prefix, sizeof prefix, "%s", th_prefix());
-    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", FTIMEOUT,
+    snprintf(prefix, 64, "%s", th_prefix());
+    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", timeout_ms,
              wait_n);
     sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
-    idem_store *s = open_ok(uri);
+    return open_ok(uri);
+}
+
+static size_t failover_run(int wait_n)
+{
+    char prefix[64];
+    idem_store *s = open_own_sentinels(prefix, FTIMEOUT, wait_n);
+    int victim = sv.ports[0], replica = sv.ports[1];
     frun run = {calloc(FBATCH * FMAX, sizeof(ack)), 0, 0, 0, 0, 0};
     cr_assert(run.acks);
     int killed = 0, rejoined = 0, ok_run = 0;
     pid_t killer = -1;
-    int64_t give_up = mono_ms() + 40000;
+    int64_t give_up = t_mono_ms() + 40000;
     for (int b = 0; b < FMAX && !(rejoined && ok_run >= 20) &&
-                    mono_ms() < give_up;
+                    t_mono_ms() < give_up;
          b++) {
         if (b == 20) {
             killer = kill_soon(th_pid(&sv, victim));
@@ -413,12 +402,12 @@ static size_t failover_run(int wait_n)
     cr_assert_eq(idem_stats_get(s, &st), 0, "%s", idem_errdetail(s));
     cr_assert_geq(st.live_keys, run.nacks - lost);
     idem_close(s);
-    REPORT("sentinel failover, wait=%d: master %d killed, replica %d "
-           "promoted; %zu claims acknowledged (%zu after the kill), %zu of "
-           "them lost; %zu keys and %zu calls failed with an error during "
-           "the failover; longest call %lld ms (timeout %d ms)", wait_n,
-           victim, replica, run.nacks, run.after, lost, run.failed_keys,
-           run.failed_calls, (long long)run.longest, FTIMEOUT);
+    T_REPORT("sentinel failover, wait=%d: master %d killed, replica %d "
+             "promoted; %zu claims acknowledged (%zu after the kill), %zu of "
+             "them lost; %zu keys and %zu calls failed with an error during "
+             "the failover; longest call %lld ms (timeout %d ms)", wait_n,
+             victim, replica, run.nacks, run.after, lost, run.failed_keys,
+             run.failed_calls, (long long)run.longest, FTIMEOUT);
     free(run.acks);
     return lost;
 }
@@ -493,8 +482,8 @@ static int unlinked(int port)
  * holds or ms have passed; whether it held. */
 static int poll_until(int (*cond)(int), int port, int64_t ms)
 {
-    for (int64_t end = mono_ms() + ms; !cond(port); sleep_ms(50))
-        if (mono_ms() > end)
+    for (int64_t end = t_mono_ms() + ms; !cond(port); t_sleep_ms(50))
+        if (t_mono_ms() > end)
             return 0;
     return 1;
 }
@@ -508,22 +497,17 @@ static int claim_staged(idem_store *s, idem_outcome *o, int64_t *dt)
         snprintf(names[i], sizeof names[i], "s-%d", i);
         k[i] = (idem_key){names[i], strlen(names[i]), NULL};
     }
-    int64_t t0 = mono_ms();
+    int64_t t0 = t_mono_ms();
     int rc = idem_claim_many(s, k, SKEYS, NULL, o, 0);
-    *dt = mono_ms() - t0;
+    *dt = t_mono_ms() - t0;
     return rc;
 }
 
 static staged staged_run(int wait_n)
 {
-    th_start_sentinel(&sv, MASTER);
+    char prefix[64], uri[1024];
+    idem_store *s = open_own_sentinels(prefix, STIMEOUT, wait_n);
     int m = sv.ports[0], r = sv.ports[1];
-    char prefix[64], uri[1024], extra[64];
-    snprintf(prefix, sizeof prefix, "%s", th_prefix());
-    snprintf(extra, sizeof extra, "&timeout_ms=%d&wait=%d", STIMEOUT,
-             wait_n);
-    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
-    idem_store *s = open_ok(uri);
     th_signal(&sv, r, SIGSTOP);
     cr_assert(poll_until(stopped, r, 5000), "replica %d never stopped", r);
     redisContext *c = th_connect(m);
@@ -547,8 +531,7 @@ static staged staged_run(int wait_n)
     cr_assert(poll_until(is_master, r, 30000), "replica %d never promoted",
               r);
     /* Through the sentinels again, with room for the switch to end. */
-    snprintf(extra, sizeof extra, "&timeout_ms=10000");
-    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, extra);
+    sentinel_uri(uri, sizeof uri, NULL, MASTER, prefix, "&timeout_ms=10000");
     s = open_ok(uri);
     int64_t dt;
     idem_outcome again[SKEYS];
@@ -556,11 +539,11 @@ static staged staged_run(int wait_n)
     for (int i = 0; i < SKEYS; i++)
         st.lost += o[i].status == 0 && again[i].kind == IDEM_NEW;
     idem_close(s);
-    REPORT("sentinel, staged, wait=%d: %zu claims acknowledged, %zu lost, "
-           "%zu failed with IDEM_ETIMEOUT; longest call %lld ms (timeout "
-           "%d ms)%s%s", wait_n, st.acked, st.lost, st.failed,
-           (long long)st.longest, STIMEOUT, st.failed ? "; " : "",
-           st.failed ? st.detail : "");
+    T_REPORT("sentinel, staged, wait=%d: %zu claims acknowledged, %zu lost, "
+             "%zu failed with IDEM_ETIMEOUT; longest call %lld ms (timeout "
+             "%d ms)%s%s", wait_n, st.acked, st.lost, st.failed,
+             (long long)st.longest, STIMEOUT, st.failed ? "; " : "",
+             st.failed ? st.detail : "");
     return st;
 }
 
