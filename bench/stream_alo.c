@@ -31,6 +31,16 @@
 
 #define IDLE_MS "500"
 
+/* The run: its connection, names, and room for one command's arguments
+ * (the larger of an entry's XADD and the batch's XACK). */
+typedef struct alo {
+    redisContext *c;
+    const char *in, *group, *out, *count;
+    const char **argv;
+    size_t *lens, room;
+    uint64_t entries, batches;
+} alo;
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -38,55 +48,56 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static int die(redisContext *c, const char *what, const redisReply *r)
+static int die(const alo *a, const char *what, const redisReply *r)
 {
     fprintf(stderr, "stream_alo: %s: %s\n", what,
             r && r->type == REDIS_REPLY_ERROR ? r->str
-            : c->err                          ? c->errstr
+            : a->c->err                       ? a->c->errstr
                                               : "unexpected reply");
     return 1;
 }
 
 /* XGROUP CREATE IN GROUP 0 MKSTREAM; an existing group is fine. */
-static int make_group(redisContext *c, const char *in, const char *group)
+static int make_group(const alo *a)
 {
-    redisReply *r = redisCommand(c, "XGROUP CREATE %s %s 0 MKSTREAM", in,
-                                 group);
+    redisReply *r = redisCommand(a->c, "XGROUP CREATE %s %s 0 MKSTREAM",
+                                 a->in, a->group);
     int bad = !r || (r->type == REDIS_REPLY_ERROR &&
                      strncmp(r->str, "BUSYGROUP", 9));
     if (bad)
-        die(c, "XGROUP CREATE", r);
+        die(a, "XGROUP CREATE", r);
     freeReplyObject(r);
     return bad;
 }
 
-/* Queue XADD OUT * with the fields of entry e ([id, [f, v, ...]]). */
-static int queue_copy(redisContext *c, const char *out, const redisReply *e,
-                      const char **argv, size_t *lens)
+/* Queue XADD OUT * with the fields of entry e ([id, [f, v, ...]]): 1
+ * queued, 0 nothing to copy (trimmed while pending), -1 an error. */
+static int queue_copy(alo *a, const redisReply *e)
 {
     const redisReply *f = e->element[1];
     if (f->type != REDIS_REPLY_ARRAY)
-        return 0;  /* trimmed while pending: nothing to copy */
+        return 0;
     int n = 0;
-    argv[n] = "XADD", lens[n++] = 4;
-    argv[n] = out, lens[n++] = strlen(out);
-    argv[n] = "*", lens[n++] = 1;
+    a->argv[n] = "XADD", a->lens[n++] = 4;
+    a->argv[n] = a->out, a->lens[n++] = strlen(a->out);
+    a->argv[n] = "*", a->lens[n++] = 1;
     for (size_t i = 0; i < f->elements; i++)
-        argv[n] = f->element[i]->str, lens[n++] = f->element[i]->len;
-    return redisAppendCommandArgv(c, n, argv, lens) == REDIS_OK ? 1 : -1;
+        a->argv[n] = f->element[i]->str, a->lens[n++] = f->element[i]->len;
+    return redisAppendCommandArgv(a->c, n, a->argv, a->lens) == REDIS_OK
+               ? 1 : -1;
 }
 
 /* Read the replies of `queued` XADDs; 0, or 1 after saying why. */
-static int check_copies(redisContext *c, size_t queued)
+static int check_copies(const alo *a, size_t queued)
 {
     for (size_t i = 0; i < queued; i++) {
         void *rv = NULL;
-        if (redisGetReply(c, &rv) != REDIS_OK)
-            return die(c, "XADD", NULL);
+        if (redisGetReply(a->c, &rv) != REDIS_OK)
+            return die(a, "XADD", NULL);
         redisReply *r = rv;
         int bad = r->type != REDIS_REPLY_STRING;
         if (bad)
-            die(c, "XADD", r);
+            die(a, "XADD", r);
         freeReplyObject(r);
         if (bad)
             return 1;
@@ -95,92 +106,99 @@ static int check_copies(redisContext *c, size_t queued)
 }
 
 /* XACK IN GROUP with the IDs of the entries; 0 or 1. */
-static int ack(redisContext *c, const char *in, const char *group,
-               const redisReply *entries, const char **argv, size_t *lens)
+static int ack(alo *a, const redisReply *entries)
 {
     int n = 0;
-    argv[n] = "XACK", lens[n++] = 4;
-    argv[n] = in, lens[n++] = strlen(in);
-    argv[n] = group, lens[n++] = strlen(group);
+    a->argv[n] = "XACK", a->lens[n++] = 4;
+    a->argv[n] = a->in, a->lens[n++] = strlen(a->in);
+    a->argv[n] = a->group, a->lens[n++] = strlen(a->group);
     for (size_t i = 0; i < entries->elements; i++) {
         const redisReply *id = entries->element[i]->element[0];
-        argv[n] = id->str, lens[n++] = id->len;
+        a->argv[n] = id->str, a->lens[n++] = id->len;
     }
-    redisReply *r = redisCommandArgv(c, n, argv, lens);
+    redisReply *r = redisCommandArgv(a->c, n, a->argv, a->lens);
     int bad = !r || r->type != REDIS_REPLY_INTEGER;
     if (bad)
-        die(c, "XACK", r);
+        die(a, "XACK", r);
     freeReplyObject(r);
     return bad;
 }
 
-/* Copy one batch of entries and acknowledge it; 0 or 1. argv and lens
- * hold room for the larger of an entry's XADD and the batch's XACK. */
-static int copy_batch(redisContext *c, const char *in, const char *group,
-                      const char *out, const redisReply *entries,
-                      const char **argv, size_t *lens, size_t room)
+/* Copy one batch of entries, then acknowledge it; 0 or 1. */
+static int copy_batch(alo *a, const redisReply *entries)
 {
     size_t queued = 0;
     for (size_t i = 0; i < entries->elements; i++) {
         const redisReply *e = entries->element[i];
         if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+            e->element[0]->type != REDIS_REPLY_STRING ||
             (e->element[1]->type == REDIS_REPLY_ARRAY &&
-             e->element[1]->elements + 3 > room))
-            return die(c, "an entry that is not a stream entry's", NULL);
-        int rc = queue_copy(c, out, e, argv, lens);
+             e->element[1]->elements + 3 > a->room))
+            return die(a, "an entry that is not a stream entry's", NULL);
+        int rc = queue_copy(a, e);
         if (rc < 0)
-            return die(c, "XADD", NULL);
+            return die(a, "XADD", NULL);
         queued += (size_t)rc;
     }
-    return check_copies(c, queued) ||
-           ack(c, in, group, entries, argv, lens);
+    a->entries += entries->elements;
+    a->batches++;
+    return check_copies(a, queued) || ack(a, entries);
+}
+
+/* The entries array of an XREADGROUP reply, NULL if it is not one. */
+static const redisReply *entries_of(const redisReply *r)
+{
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 1 ||
+        r->element[0]->type != REDIS_REPLY_ARRAY ||
+        r->element[0]->elements != 2 ||
+        r->element[0]->element[1]->type != REDIS_REPLY_ARRAY)
+        return NULL;
+    return r->element[0]->element[1];
+}
+
+/* One round: read a batch, copy it, acknowledge it. 0 a batch done, 1
+ * an error, -1 nothing new for IDLE_MS. */
+static int round_trip(alo *a)
+{
+    redisReply *r = redisCommand(a->c, "XREADGROUP GROUP %s alo COUNT %s "
+                                 "BLOCK " IDLE_MS " STREAMS %s >",
+                                 a->group, a->count, a->in);
+    const redisReply *e = r ? entries_of(r) : NULL;
+    int rc = r && r->type == REDIS_REPLY_NIL ? -1
+             : e                             ? copy_batch(a, e)
+                                             : die(a, "XREADGROUP", r);
+    freeReplyObject(r);
+    return rc;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc != 6) {
+    if (argc != 6 || !strtoul(argv[5], NULL, 10)) {
         fputs("usage: stream_alo PORT IN GROUP OUT BATCH\n", stderr);
         return 2;
     }
-    const char *in = argv[2], *group = argv[3], *out = argv[4];
     size_t batch = strtoul(argv[5], NULL, 10);
-    redisContext *c = redisConnect("127.0.0.1", (int)strtol(argv[1], NULL,
-                                                             10));
-    if (!c || c->err) {
+    alo a = {.in = argv[2], .group = argv[3], .out = argv[4],
+             .count = argv[5], .room = (batch > 64 ? batch : 64) + 3};
+    a.c = redisConnect("127.0.0.1", (int)strtol(argv[1], NULL, 10));
+    if (!a.c || a.c->err) {
         fprintf(stderr, "stream_alo: connect: %s\n",
-                c ? c->errstr : "out of memory");
+                a.c ? a.c->errstr : "out of memory");
         return 1;
     }
-    size_t room = (batch > 64 ? batch : 64) + 3;
-    const char **av = malloc(room * sizeof *av);
-    size_t *lens = malloc(room * sizeof *lens);
-    int rc = !av || !lens || !batch || make_group(c, in, group);
-    uint64_t entries = 0, batches = 0;
+    a.argv = malloc(a.room * sizeof *a.argv);
+    a.lens = malloc(a.room * sizeof *a.lens);
+    int rc = !a.argv || !a.lens || make_group(&a);
     double t0 = now_s(), t1 = t0;
-    while (!rc) {
-        redisReply *r = redisCommand(c, "XREADGROUP GROUP %s alo COUNT %s "
-                                     "BLOCK " IDLE_MS " STREAMS %s >",
-                                     group, argv[5], in);
-        if (!r || r->type == REDIS_REPLY_ERROR) {
-            rc = die(c, "XREADGROUP", r);
-        } else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1) {
-            const redisReply *e = r->element[0]->element[1];
-            rc = copy_batch(c, in, group, out, e, av, lens, room);
-            entries += e->elements;
-            batches++;
-            t1 = now_s();
-        } else {
-            freeReplyObject(r);
-            break;  /* nothing new for IDLE_MS */
-        }
-        freeReplyObject(r);
-    }
-    if (!rc)
+    while (!rc && (rc = round_trip(&a)) == 0)
+        t1 = now_s();
+    if (rc < 0)
         printf("system=stream-alo entries=%" PRIu64 " batches=%" PRIu64
-               " seconds=%.3f entries_per_sec=%.0f\n", entries, batches,
-               t1 - t0, t1 > t0 ? (double)entries / (t1 - t0) : 0);
-    free(av);
-    free(lens);
-    redisFree(c);
-    return rc;
+               " seconds=%.3f entries_per_sec=%.0f\n", a.entries,
+               a.batches, t1 - t0,
+               t1 > t0 ? (double)a.entries / (t1 - t0) : 0);
+    free(a.argv);
+    free(a.lens);
+    redisFree(a.c);
+    return rc > 0;
 }
