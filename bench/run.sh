@@ -12,8 +12,11 @@
 # with fewer cores than masters the wall clock cannot grow, so beside it
 # it prints the claims/s projected from each master's measured CPU time
 # (see bench/redis_claims.c).
+# Last, Redis Streams (bench/streams.sh, on a server of its own): a plain
+# at-least-once consumer against `idem dedup --from/--to redis-stream://`.
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part
-# uses IDEM_BENCH_REDIS_N (default 200000).
+# uses IDEM_BENCH_REDIS_N (default 200000), the Streams part
+# IDEM_BENCH_STREAM_N (default 1000000).
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_N:-1000000}
@@ -136,3 +139,7 @@ for ci in 0 20ms; do
     echo "run_commit_interval_${ci}_messages_per_sec=$(r "$N" "$ci_s")" \
         "default_vs_this=$(r "$ci_s" "$run_s")"
 done
+
+if [ -x "$BUILD/bench/stream_alo" ]; then
+    sh bench/streams.sh "$BUILD"
+fi

@@ -1,0 +1,154 @@
+#!/bin/sh
+# bench/streams.sh BUILD: idem on Redis Streams beside a plain
+# at-least-once consumer, on one server and the same input.
+#
+# Starts a private redis-server on a free loopback port
+# (scripts/redis-test.sh), loads N entries with 10 % redelivered
+# duplicates into the stream "in" (bench/gen_events --xadd, pipelined by
+# redis-cli --pipe), then copies that stream to an output stream three
+# ways, each through a consumer group of its own created at ID 0, so
+# that each reads the same entries in the same order:
+#
+#   stream-alo  bench/stream_alo: XREADGROUP, XADD each entry, XACK; no
+#               idempotency (the reference)
+#   idem-local  idem dedup --from/--to redis-stream://, --store local:DIR
+#   idem-redis  the same with the store on the same server
+#               (--store redis://...?prefix=b:)
+#
+# all with the same batch (XREADGROUP COUNT and idem's --batch) and the
+# same end: 500 ms with nothing new (stream_alo's BLOCK 500, idem's
+# --idle-exit 500ms). Each process is timed from outside, and the 500 ms
+# are taken off its time: entries_per_sec = N / (wall seconds - 0.5).
+# Beside it, the CPU the server and the client spent per entry (INFO
+# cpu; /usr/bin/time), steadier than the wall clock on a shared machine.
+# Every contender starts on an empty output stream and an empty store;
+# at the end the output lengths are checked (N for the reference, the
+# same number of first occurrences for both idem runs) and nothing may
+# be left pending.
+#
+# IDEM_BENCH_STREAM_N sets N (default 1000000), IDEM_BENCH_STREAM_BATCH
+# the batch (default 1000), IDEM_BENCH_STREAM_ROUNDS how many times the
+# three run in turn (default 1; each round's figures are printed, and the
+# ratios of the best run of each).
+set -eu
+BUILD=${1:-build}
+N=${IDEM_BENCH_STREAM_N:-1000000}
+BATCH=${IDEM_BENCH_STREAM_BATCH:-1000}
+ROUNDS=${IDEM_BENCH_STREAM_ROUNDS:-1}
+IDLE=0.5
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/idem-streams-XXXXXX")
+cleanup() {
+    sh scripts/redis-test.sh stop "$tmp/redis" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+
+if ! port=$(sh scripts/redis-test.sh single "$tmp/redis"); then
+    echo "# redis streams: no redis-server could be started"
+    exit 0
+fi
+rcli() { redis-cli -p "$port" "$@"; }
+now() { date +%s.%N; }
+r() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+server_cpu() {
+    rcli info cpu | tr -d '\r' |
+        awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
+}
+
+t0=$(now)
+"$BUILD/bench/gen_events" --xadd in "$N" 10 | rcli --pipe >"$tmp/load.txt"
+grep -q 'errors: 0' "$tmp/load.txt" || { cat "$tmp/load.txt"; exit 1; }
+echo "# redis streams: $N entries (10% duplicates) loaded in" \
+    "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s;" \
+    "batches of $BATCH, one server, each run to an idle 500 ms"
+
+src() { echo "redis-stream://127.0.0.1:$port/in?group=$1"; }
+dst() { echo "redis-stream://127.0.0.1:$port/$1"; }
+# contender SYSTEM ROUND: one run on a fresh group, output and store.
+contender() {
+    group=$1-$2
+    rm -rf "$tmp/store"
+    rcli --scan --pattern 'b:*' | xargs -r -n 1000 redis-cli -p "$port" \
+        unlink >/dev/null
+    case $1 in
+    stream-alo) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
+        "$group" "$BATCH" ;;
+    idem-local) set -- "local:$tmp/store" ;;
+    idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+    esac
+    case $1 in
+    local:* | redis:*) set -- "$BUILD/idem" dedup --key event_id \
+        --from "$(src "$group")" --to "$(dst "$group")" --store "$1" \
+        --batch "$BATCH" --idle-exit 500ms --quiet ;;
+    esac
+    c0=$(server_cpu)
+    t0=$(now)
+    rc=0
+    if [ -x /usr/bin/time ]; then
+        /usr/bin/time -f '%U %S' -o "$tmp/time.txt" "$@" >/dev/null || rc=$?
+    else
+        echo "0 0" >"$tmp/time.txt"
+        "$@" >/dev/null || rc=$?
+    fi
+    t1=$(now)
+    c1=$(server_cpu)
+    out=$(rcli xlen "$group")
+    pending=$(rcli xpending in "$group" | head -n 1)
+    rcli unlink "$group" >/dev/null
+    if [ "$rc" -ne 0 ]; then
+        echo "system=$group failed=$rc (exit status)" | tee -a "$tmp/runs.txt"
+        return 0
+    fi
+    awk -v n="$N" -v t0="$t0" -v t1="$t1" -v idle="$IDLE" -v c0="$c0" \
+        -v c1="$c1" -v sys="$group" -v out="$out" -v pend="$pending" '
+        { client = $1 + $2 }
+        END {
+            s = t1 - t0 - idle
+            printf "system=%s entries=%d seconds=%.3f entries_per_sec=%.0f", \
+                sys, n, s, n / s
+            printf " server_cpu_us_per_entry=%.2f", (c1 - c0) * 1e6 / n
+            printf " client_cpu_us_per_entry=%.2f", client * 1e6 / n
+            printf " output_entries=%d pending=%d\n", out, pend
+        }' "$tmp/time.txt" | tee -a "$tmp/runs.txt"
+}
+
+round=1
+while [ "$round" -le "$ROUNDS" ]; do
+    for sys in stream-alo idem-local idem-redis; do
+        contender "$sys" "$round"
+    done
+    round=$((round + 1))
+done
+
+# The best of the rounds for each system, and its checks.
+field() {
+    grep "^system=$1-" "$tmp/runs.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+best() { field "$1" entries_per_sec | sort -n | tail -n 1; }
+ratio() {
+    if [ -n "$1" ] && [ -n "$2" ]; then r "$1" "$2"; else echo "n/a"; fi
+}
+alo=$(best stream-alo); local_=$(best idem-local); redis=$(best idem-redis)
+outs() { field "$1" output_entries | sort -u | tr '\n' ' ' | sed 's/ $//'; }
+fresh=$(outs idem-local)
+pending=$(field '[a-z-]*' pending | sort -u | tr '\n' ' ' | sed 's/ $//')
+# Every run done; the reference copied everything; both idem runs, in
+# every round, the same one number of entries, fewer than the input.
+same=NO
+case $fresh in
+'' | *' '* | "$N") ;;
+*)
+    if [ "$(outs stream-alo)" = "$N" ] && [ "$pending" = 0 ] &&
+        [ "$fresh" = "$(outs idem-redis)" ] &&
+        ! grep -q failed= "$tmp/runs.txt"; then
+        same=yes
+    fi
+    ;;
+esac
+echo "# redis streams: ratios to the at-least-once reference" \
+    "(targets in parentheses)"
+echo "stream_outputs_ok=$same (entries out: reference $(outs stream-alo)" \
+    "of $N, idem ${fresh:-none} and $(outs idem-redis); pending:" \
+    "${pending:-none})"
+echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
+echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
