@@ -80,6 +80,7 @@ typedef struct loop {
     nd_reader rd;
     source *src;     /* files (rd) or a stream (--from) */
     int key_is_id;   /* --key @id: a stream entry's ID is its key */
+    int sweeps;      /* the store wants sweeping between batches */
     jk_path path;
     jk *jk;
     idem_bizkey_gen *line_hash;  /* --line-hash */
@@ -654,8 +655,11 @@ static void commit_runs(loop *lp)
         if (!lp->rc && lp->base < b->nmsgs)
             continue;  /* a suspect committed alone: on to the next */
         /* Expire a little between batches: bounded work. The batch is
-         * committed whatever the sweep says; a later one tries again. */
-        if (!lp->rc && idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL) &&
+         * committed whatever the sweep says; a later one tries again.
+         * Redis expires its records itself (each has a TTL), so there a
+         * sweep would only cost the server a scan per batch. */
+        if (!lp->rc && lp->sweeps &&
+            idem_sweep(lp->s, 4 * lp->st.cfg->batch, NULL) &&
             !lp->st.cfg->quiet)
             fprintf(stderr, "idem %s: a sweep between batches failed (%s); "
                     "going on\n", lp->st.cfg->cmd, idem_errdetail(lp->s));
@@ -1051,6 +1055,8 @@ static int setup(loop *lp, const stream_cfg *c)
                      c->lease_ms);
     if (!lp->s)
         return cli_open_status();
+    lp->sweeps =
+        (idem_uri_caps(cli_store_uri(c->uri)) & IDEM_CAP_SEGMENTS) != 0;
     idem_runner_opts ro;
     idem_runner_opts_init(&ro);
     ro.handler = c->handler ? handle_tasks : NULL;

@@ -35,6 +35,7 @@ void rs_uri_free(rs_uri *u);
 typedef struct rs_conn {
     const rs_uri *u;
     redisContext *c;        /* NULL until connected */
+    int64_t limit_ms;       /* the socket's time limit now; 0: unset */
     char host[256];         /* the node a cluster redirected us to; "" */
     int port;
     char err[1024];         /* why the last call failed */
