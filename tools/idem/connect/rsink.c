@@ -52,6 +52,8 @@ typedef struct rs_sink {
     /* One entry being built: fields as offsets into buf. */
     cli_buf buf;
     size_t *off, *len, nf, capf;
+    const char **argv;   /* XADD's arguments, reused */
+    size_t *argl, capargv;
     int has_key;
     size_t key_field;    /* its index in off/len */
     int depth;
@@ -102,6 +104,8 @@ static void rs_close(sink *base)
     cli_buf_free(&k->buf);
     free(k->off);
     free(k->len);
+    free(k->argv);
+    free(k->argl);
     if (k->y)
         yajl_free(k->y);
     free(k);
@@ -371,6 +375,23 @@ static int set_key(rs_sink *k, const void *key, size_t keylen)
     return 0;
 }
 
+/* Room for n arguments of XADD, kept from entry to entry. 0 or -1. */
+static int argv_room(rs_sink *k, size_t n)
+{
+    if (n <= k->capargv)
+        return 0;
+    size_t cap = n < 64 ? 64 : 2 * n;
+    const char **v = realloc(k->argv, cap * sizeof *v);
+    if (v)
+        k->argv = v;
+    size_t *l = v ? realloc(k->argl, cap * sizeof *l) : NULL;
+    if (!l)
+        return -1;
+    k->argl = l;
+    k->capargv = cap;
+    return 0;
+}
+
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen)
 {
@@ -381,13 +402,11 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
         return cli_fail(k->cmd, "out of memory"), -1;
     char maxlen[24];
     snprintf(maxlen, sizeof maxlen, "%" PRIu64, k->u.maxlen);
-    size_t argc = k->nf + 6, n = 0;
-    const char **argv = malloc(argc * sizeof *argv);
-    size_t *lens = argv ? malloc(argc * sizeof *lens) : NULL;
-    if (!lens) {
-        free(argv);
+    size_t n = 0;
+    if (argv_room(k, k->nf + 6))
         return cli_fail(k->cmd, "out of memory"), -1;
-    }
+    const char **argv = k->argv;
+    size_t *lens = k->argl;
     argv[n] = "XADD", lens[n++] = 4;
     argv[n] = k->u.stream, lens[n++] = k->u.streamlen;
     if (k->u.maxlen) {
@@ -402,8 +421,6 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
              : redisAppendCommandArgv(k->c.c, (int)n, argv, lens) != REDIS_OK
                  ? fail(k, "XADD", NULL)
                  : 0;
-    free(argv);
-    free(lens);
     k->queued += rc == 0;
     return rc;
 }
