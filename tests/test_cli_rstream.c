@@ -592,3 +592,96 @@ Test(rstream, through_the_shared_sentinels)
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }
+
+/* `idem ARGS` in t_dir, stderr appended to err; with kill_at, killed by
+ * itself there (IDEM_TEST_KILL_AT). Its exit status. */
+static int cli_at(const char *kill_at, const char *args)
+{
+    if (kill_at)
+        setenv("IDEM_TEST_KILL_AT", kill_at, 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    return st;
+}
+
+static long long out_len(void)
+{
+    redisReply *r = th_cmd(rc, "XLEN %s", out);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
+/* The output stream is known by the stream it names: the same output
+ * with parameters added keeps the job and its key space,
+ * so a replay of the input (a new group) writes nothing again. */
+Test(rstream, the_output_keeps_its_keys_whatever_its_uri_parameters)
+{
+    int nkeys = fill(100);
+    char to[512];
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 200ms 2>err", src("group=g"), dst()),
+                 0);
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?timeout_ms="
+             "3000&maxlen=~100000'", addr, out);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 200ms 2>err", src("group=g2"), to), 0,
+                 "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), nkeys);
+}
+
+/* --from and --to naming one stream (however written) is refused: each
+ * entry written would be read again (under --key @id, without end). */
+Test(rstream, the_input_stream_as_the_output_is_refused)
+{
+    char to[512];
+    snprintf(to, sizeof to, "'redis-stream://%s/0/%s?timeout_ms=3000'",
+             addr, in);
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id a", in));
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 200ms 2>err", src("group=g"), to), 2);
+    cr_assert(t_grep(t_at("err"), "--from and --to name one "
+                     "stream"), "%s", t_read(t_at("err"), NULL));
+}
+
+/* `run` of the handler logging to t_dir/log, from stream `from` (group g,
+ * the consumer named after the host) to `to`, with the store at prefix
+ * `store` of the test's server, into buf. */
+static void logged_run(char *buf, size_t n, const char *to,
+                       const char *from, const char *store)
+{
+    snprintf(buf, n, "run --key event_id --to %s --lease 1s --batch 1 "
+             "--store 'redis://%s?prefix=%s' --idle-exit 300ms --exec "
+             "'\"$IDEM_PROGS/handler\" %s/log' --from "
+             "'redis-stream://%s/%s?group=g'", to, addr, store, t_dir, addr,
+             from);
+}
+
+/* Two pipelines on one host into one output, both consumers named after
+ * the host: each has its own checkpoint. A reads k, writes it and dies
+ * before its commit; B then commits further entries. When A runs again
+ * (the recent window is 1 ms here), it reads back from its own position
+ * and does not run or write k again. */
+Test(rstream, two_sources_into_one_output_keep_their_own_positions)
+{
+    char store[128], a[160], to[512], run_a[2048], run_b[2048];
+    snprintf(store, sizeof store, "%s", th_prefix());
+    snprintf(a, sizeof a, "%sa", store);
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id k", a));
+    for (int i = 0; i < 20; i++)
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id b%d", in, i));
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1'", addr,
+             out);
+    logged_run(run_a, sizeof run_a, to, a, store);
+    logged_run(run_b, sizeof run_b, to, in, store);
+    cr_assert_eq(cli_at("sink-written:1", run_a), 128 + SIGKILL);
+    cr_assert_eq(cli_at(NULL, run_b), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    sleep(1);  /* A's lease runs out */
+    cr_assert_eq(cli_at(NULL, run_a), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 21);
+    cr_assert_eq(t_sh("grep -c '^k ' '%s/log' | grep -qx 1", t_dir), 0,
+                 "the handler ran k again");
+    freeReplyObject(th_cmd(rc, "DEL %s", a));
+}

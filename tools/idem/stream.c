@@ -211,6 +211,26 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
     return 0;
 }
 
+/* A stream output is known by the stream it names (connect_ident),
+ * not by its URI's text: a parameter added to the URI (timeout_ms,
+ * maxlen), another user or host list order... must not make it another
+ * job with other keys, which would write every key again. And it must
+ * not be the stream read: each entry written would be read again, and
+ * under --key @id written again, without end. 0 or 2. */
+static int stream_ends(stream_cfg *c)
+{
+    char from[sizeof c->to_ident];
+    int rc = c->to ? connect_ident(c->cmd, c->to, 1, c->to_ident,
+                                   sizeof c->to_ident) : 0;
+    rc = !rc && c->to && c->from ? connect_ident(c->cmd, c->from, 0, from,
+                                                 sizeof from) : rc;
+    if (!rc && c->to && c->from && !strcmp(from, c->to_ident))
+        rc = cli_usage_error(c->cmd, "--from and --to name one stream "
+                             "(%s): every entry written would be read "
+                             "again. Write to another stream", from);
+    return rc;
+}
+
 /* The key space a job names by default: its --job, else its stream
  * sink (every worker writing to one stream shares it), else its
  * --output file, else the command. */
@@ -219,9 +239,7 @@ static const char *own_space(stream_cfg *c)
     if (c->job)
         return c->job;
     if (c->to) {
-        char shown[KS_NAME_MAX * 2];
-        idem_uri_display(c->to, shown, sizeof shown);
-        job_text_name(shown, c->sink_space, sizeof c->sink_space);
+        job_text_name(c->to_ident, c->sink_space, sizeof c->sink_space);
         return c->sink_space;
     }
     return job_output_name(c->output, c->job_space, sizeof c->job_space)
@@ -232,6 +250,7 @@ static const char *own_space(stream_cfg *c)
 int stream_check(stream_cfg *c, int argc, char **argv, int optind_)
 {
     int rc = check_ends(c, argc, argv, optind_);
+    rc = rc ? rc : stream_ends(c);
     if (rc)
         return rc;
     if (c->key && c->line_mode)
@@ -1149,8 +1168,11 @@ static int report_stop(const loop *lp)
 }
 
 /* A stream sink, and the job's checkpoint in it. A stream source's
- * consumer is part of the job's name: two consumers of one group are
- * two jobs, each with its own position in the sink. */
+ * worker (stream, group and consumer) is part of the job's name: two
+ * consumers of one group are two jobs, each with its own position in the
+ * sink, and so are two pipelines into one sink whose consumers are both
+ * named after the host: one checkpoint moved by both would pass over
+ * entries one of them wrote and did not commit. */
 static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
 {
     const stream_cfg *c = lp->st.cfg;
@@ -1161,8 +1183,7 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
     const char *worker = lp->src && lp->src->ops->worker
                              ? lp->src->ops->worker(lp->src) : NULL;
     char name[1200];
-    snprintf(name, sizeof name, "%s%s%s", c->job ? c->job
-                                                 : k->ops->name(k),
+    snprintf(name, sizeof name, "%s%s%s", c->job ? c->job : c->to_ident,
              worker ? "#" : "", worker ? worker : "");
     return job_start_sink(&lp->st.job, c->cmd, lp->s, name, &c->ks, keyed,
                           k);

@@ -20,6 +20,14 @@ int connect_is_uri(const char *uri)
     return rs_is_uri(uri);
 }
 
+int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
+                  size_t size)
+{
+    if (rs_is_uri(uri))
+        return rs_ident(cmd, uri, as_sink, buf, size);
+    return cli_usage_error(cmd, "%s: not a stream URI", uri);
+}
+
 source *source_open(const char *cmd, const char *uri, const source_opts *o,
                     int *status)
 {

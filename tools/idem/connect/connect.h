@@ -46,8 +46,8 @@ typedef struct source_ops {
     /* Messages gone before they could be read, since the last call
      * (NULL: none can be). */
     uint64_t (*lost)(source *s);
-    /* The worker's name when many share the source (a consumer), which
-     * names its job; NULL when there is one reader. */
+    /* The worker when many share the source (the stream, group and
+     * consumer), which names its job; NULL when there is one reader. */
     const char *(*worker)(const source *s);
     void (*close)(source *s);
 } source_ops;
@@ -93,6 +93,14 @@ typedef struct source_opts {
 /* Does uri name a stream (a source for --from, a sink for --to), rather
  * than a file? */
 int connect_is_uri(const char *uri);
+
+/* The stream uri names, as the same text however it is reached (no
+ * credentials, no parameters of the connection): what names the jobs
+ * and the key space of an output, and tells that --from and --to are
+ * one stream. as_sink: uri is a --to. Into buf (size bytes); 0, or 2
+ * after saying what is wrong with uri. */
+int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
+                  size_t size);
 
 /* Open the stream uri names. NULL after saying why (*status: 1, or 2 for
  * a bad URI). */

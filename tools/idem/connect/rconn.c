@@ -321,6 +321,54 @@ void rs_uri_free(rs_uri *u)
     memset(u, 0, sizeof *u);
 }
 
+/* Text appended to buf (size bytes) at *k; it stops at the end. */
+static void append(char *buf, size_t size, size_t *k, const char *text)
+{
+    int n = *k < size ? snprintf(buf + *k, size - *k, "%s", text) : 0;
+    *k += n > 0 ? (size_t)n : 0;
+    *k = *k < size ? *k : size;
+}
+
+/* p[0..n) appended with %XX for bytes that are not printable ASCII or
+ * that separate the parts of an identity. */
+static void append_encoded(char *buf, size_t size, size_t *k, const char *p,
+                           size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        char one[4] = {(char)c, 0};
+        if (c <= 0x20 || c >= 0x7f || strchr("%?&#/,:", c))
+            snprintf(one, sizeof one, "%%%02X", c);
+        append(buf, size, k, one);
+    }
+}
+
+void rs_uri_ident(const rs_uri *u, int worker, char *buf, size_t size)
+{
+    size_t k = 0;
+    char num[16];
+    append(buf, size, &k, "redis-stream://");
+    for (size_t i = 0; i < u->nhosts; i++) {
+        append(buf, size, &k, i ? "," : "");
+        append_encoded(buf, size, &k, u->hosts[i], strlen(u->hosts[i]));
+        snprintf(num, sizeof num, ":%d", u->ports[i]);
+        append(buf, size, &k, num);
+    }
+    snprintf(num, sizeof num, "/%d/", u->db);
+    append(buf, size, &k, num);
+    append_encoded(buf, size, &k, u->stream, u->streamlen);
+    if (u->sentinel) {
+        append(buf, size, &k, "?sentinel=");
+        append_encoded(buf, size, &k, u->sentinel, strlen(u->sentinel));
+    }
+    if (!worker)
+        return;
+    append(buf, size, &k, u->sentinel ? "&group=" : "?group=");
+    append_encoded(buf, size, &k, u->group, strlen(u->group));
+    append(buf, size, &k, "&consumer=");
+    append_encoded(buf, size, &k, u->consumer, strlen(u->consumer));
+}
+
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq)
 {
     char buf[48], *end;

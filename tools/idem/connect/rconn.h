@@ -31,6 +31,13 @@ typedef struct rs_uri {
  * why (a usage error of cmd). */
 int rs_uri_parse(const char *cmd, const char *uri, int sink, rs_uri *u);
 void rs_uri_free(rs_uri *u);
+/* The stream u names, for the names of jobs and key spaces (into buf,
+ * size bytes, cut to fit): redis-stream://HOST:PORT[,...]/DB/STREAM,
+ * with ?sentinel=, and with `worker` its group and consumer. No user,
+ * password or parameter that only says how to reach or write it
+ * (timeout_ms, maxlen, ...): changing those keeps the job, its position
+ * in the sink and its keys. */
+void rs_uri_ident(const rs_uri *u, int worker, char *buf, size_t size);
 
 typedef struct rs_conn {
     const rs_uri *u;

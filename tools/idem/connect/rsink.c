@@ -481,6 +481,17 @@ static int rs_flush(sink *base)
     return 0;
 }
 
+int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
+             size_t size)
+{
+    rs_uri u;
+    int rc = rs_uri_parse(cmd, uri, as_sink, &u);
+    if (!rc)
+        rs_uri_ident(&u, 0, buf, size);
+    rs_uri_free(&u);
+    return rc;
+}
+
 static const sink_ops rs_sink_ops = {
     .start = rs_start, .read_back = rs_read_back, .has = rs_has,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,

@@ -67,6 +67,7 @@ typedef struct rs_source {
     cli_buf ackids;
     uint64_t trimmed;
     char err[1500];
+    char worker[600];         /* rs_uri_ident() with group and consumer */
 } rs_source;
 
 static void rs_close(source *base);
@@ -120,6 +121,7 @@ source *rs_source_open(const char *cmd, const char *uri,
         return NULL;
     }
     s->rd.u = s->ack.u = &s->u;
+    rs_uri_ident(&s->u, 1, s->worker, sizeof s->worker);
     s->batch = o->batch;
     s->lease_ms = o->lease_ms;
     s->idle_exit_ms = o->idle_exit_ms;
@@ -176,7 +178,7 @@ static void rs_release(source *base)
 
 static const char *rs_worker(const source *base)
 {
-    return ((const rs_source *)base)->u.consumer;
+    return ((const rs_source *)base)->worker;
 }
 
 static const char *rs_err(const source *base)

@@ -26,4 +26,8 @@ source *rs_source_open(const char *cmd, const char *uri,
 sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
                    int *status);
 
+/* As connect_ident() (connect.h), for redis-stream://. */
+int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
+             size_t size);
+
 #endif
