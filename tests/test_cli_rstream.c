@@ -685,3 +685,30 @@ Test(rstream, two_sources_into_one_output_keep_their_own_positions)
                  "the handler ran k again");
     freeReplyObject(th_cmd(rc, "DEL %s", a));
 }
+
+/* A field that is not UTF-8 makes an entry bad input under --key @id
+ * and --line too (where the key needs no parse): skipped and said, not
+ * written as one field "data" holding the entry's text. */
+Test(rstream, an_entry_that_is_not_utf8_is_bad_input_whatever_the_key)
+{
+    const char *bin = "\xff\xfe";
+    for (int line = 0; line < 2; line++) {
+        freeReplyObject(th_cmd(rc, "DEL %s %s", in, out));
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id a blob %b", in, bin,
+                               (size_t)2));
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id b", in));
+        cr_assert_eq(t_cli(t_dir, "dedup %s --job j%d --from %s --to %s "
+                           "--on-bad-input skip --idle-exit 200ms 2>err",
+                           line ? "--line" : "--key @id", line,
+                           src("group=g"), dst()), 0);
+        cr_assert(t_grep(t_at("err"), "is not UTF-8"), "%s",
+                  t_read(t_at("err"), NULL));
+        cr_assert_eq(out_len(), 1);
+        expect_nothing_pending("g");
+        redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+        cr_assert_str_eq(r->element[0]->element[1]->element[0]->str,
+                         "event_id");
+        cr_assert_str_eq(r->element[0]->element[1]->element[1]->str, "b");
+        freeReplyObject(r);
+    }
+}

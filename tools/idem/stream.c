@@ -352,6 +352,14 @@ static int classify(loop *lp, batch *b, const nd_line *l)
         lp->st.n.blank++;
         return IT_DROP;
     }
+    /* A stream entry's line is JSON text its source made: one whose
+     * fields are not UTF-8 is bad input, whether or not the key needs
+     * the line parsed (--key @id, --line); a sink would not get its
+     * fields back from it. */
+    if (lp->st.cfg->from && (lp->key_is_id || lp->st.cfg->line_mode) &&
+        !cli_utf8_valid(l->p, l->len))
+        return key_problem(lp, b, l, col, "a field name or value is not "
+                           "UTF-8", 1);
     char hash[LH_KEY_LEN], id[48];
     if (lp->key_is_id) {  /* --key @id: the entry's ID, MS-SEQ */
         klen = (size_t)snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64,
