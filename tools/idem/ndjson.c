@@ -156,6 +156,7 @@ static void take(nd_reader *r, nd_line *l, size_t len, int nl)
     l->p = r->buf + r->pos;
     l->len = len;
     l->has_nl = nl;
+    l->again = 0;
     l->lineno = ++r->lineno;
     r->pos += len + (size_t)nl;
     l->end = r->base + r->pos;

@@ -11,6 +11,11 @@ typedef struct nd_line {
     int has_nl;         /* 0 for a last line without a newline */
     uint64_t lineno;    /* 1-based, in its input */
     uint64_t end;       /* input offset just past the line */
+    int again;          /* a stream entry handed out before (its
+                         * consumer's pending list, or taken over from
+                         * another consumer): its output may be in the
+                         * sink already, from a run that did not commit
+                         * it. 0 for a file's line */
 } nd_line;
 
 typedef struct nd_reader {

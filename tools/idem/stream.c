@@ -68,6 +68,7 @@ typedef struct batch {
     size_t nitems, input;
     idem_msg *msgs;
     size_t nmsgs;
+    unsigned char *again;  /* per message: its line's `again` (ndjson.h) */
     cli_buf text;    /* copies of the lines */
     cli_buf keys;    /* the keys */
     size_t emitted;  /* items already written out */
@@ -414,6 +415,7 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
     it->l.p = (const char *)(uintptr_t)toff;
     if (kind == IT_MSG) {
         size_t mlen = l->len - (l->len && l->p[l->len - 1] == '\r');
+        b->again[b->nmsgs] = l->again != 0;
         b->msgs[b->nmsgs++] = (idem_msg){
             .key = (const void *)(uintptr_t)koff,
             .keylen = b->keys.len - koff, .msg = (const void *)(uintptr_t)toff,
@@ -511,30 +513,50 @@ static void count(stream_counts *n, const idem_msg *m)
     }
 }
 
-/* Does the stream sink hold m's output already (written by a run that
- * died before committing it)? Only an outcome of this run is looked
- * for; a claim that was not the key's first looks at the sink's recent
- * entries too (another worker's). 1, 0, or -1 (an error). */
-static int in_sink(loop *lp, const idem_msg *m)
+/* May the sink hold the key of message i (of the batch being
+ * committed) already, written by a run of this job or another worker
+ * that did not commit it? Only if its claim is not the key's first, or
+ * its entry was handed out before (another worker's store does not
+ * count this one's claims). A first claim's key was never written here,
+ * or its record expired and it is new again: an entry of that key in
+ * the sink, committed by another job long ago, must not hide it. */
+static int retried(const loop *lp, size_t i, uint32_t attempt)
+{
+    return attempt > 1 || lp->committing->again[i];
+}
+
+/* Before the sink is asked about claims made until now, it reads what
+ * other workers wrote since (`any`: one of them will be asked). 0 or
+ * IDEM_EIO. */
+static int sink_catch_up(loop *lp, int any)
+{
+    sink *k = lp->st.job.sink;
+    return k && any && k->ops->catch_up(k) ? IDEM_EIO : 0;
+}
+
+/* Does the stream sink hold the output of m (item it's message)? Only
+ * an outcome of this run is looked for, and only when retried(). 1, 0,
+ * or -1 (an error). */
+static int in_sink(loop *lp, const idem_msg *m, const item *it)
 {
     const char *st, *res;
     size_t rlen;
     if (!lp->st.job.sink || (m->result != IDEM_MSG_DONE &&
                              m->result != IDEM_MSG_FAILED &&
-                             m->result != IDEM_MSG_GAVE_UP))
+                             m->result != IDEM_MSG_GAVE_UP) ||
+        !retried(lp, it->msg, m->attempt))
         return 0;
     sink *k = lp->st.job.sink;
-    return k->ops->has(k, m->key, m->keylen, m->attempt > 1, &st, &res,
-                       &rlen);
+    return k->ops->has(k, m->key, m->keylen, &st, &res, &rlen);
 }
 
-/* Append item l's output (m: its outcome, NULL for a line passed
+/* Append item it's output (m: its outcome, NULL for a line passed
  * through) unless the sink has it. 0 or an IDEM_E* code. */
 static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
-                     const nd_line *l)
+                     const item *it)
 {
     job *j = &lp->st.job;
-    int found = m ? in_sink(lp, m) : 0;
+    int found = m ? in_sink(lp, m, it) : 0;
     if (found < 0)
         return IDEM_EIO;
     if (found) {
@@ -542,9 +564,22 @@ static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
         return 0;
     }
     size_t from = j->obuf.len;
-    if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, l) ||
+    if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l) ||
         job_mark(j, from, m ? m->key : "", m ? m->keylen : 0))
         return IDEM_ENOMEM;
+    return 0;
+}
+
+/* Is any message of items [from, upto) retried? msgs: the runner's. */
+static int any_retried(const loop *lp, const idem_msg *msgs, size_t from,
+                       size_t upto)
+{
+    const batch *b = lp->committing;
+    for (size_t i = from; i < upto; i++)
+        if (b->items[i].kind == IT_MSG &&
+            retried(lp, b->items[i].msg,
+                    msgs[b->items[i].msg - lp->base].attempt))
+            return 1;
     return 0;
 }
 
@@ -558,7 +593,8 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     while (upto < b->nitems && !(b->items[upto].kind == IT_MSG &&
                                  b->items[upto].msg >= lp->base + p))
         upto++;
-    for (size_t i = b->emitted; i < upto; i++) {
+    int rc = sink_catch_up(lp, any_retried(lp, msgs, b->emitted, upto));
+    for (size_t i = b->emitted; !rc && i < upto; i++) {
         item *it = &b->items[i];
         idem_msg user;  /* the key as the job found it */
         const idem_msg *m =
@@ -571,10 +607,10 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
             problem(lp, m);
         if (m)
             count(&lp->st.n, m);
-        int rc = it->kind == IT_DROP ? 0 : emit_item(lp, msgs, m, &it->l);
-        if (rc)
-            return rc;
+        rc = it->kind == IT_DROP ? 0 : emit_item(lp, msgs, m, it);
     }
+    if (rc)
+        return rc;
     b->emitted = upto;
     return job_commit(&lp->st.job, b->input,
                       upto ? &b->items[upto - 1].l : NULL);
@@ -998,9 +1034,10 @@ static int from_sink(loop *lp, idem_task *t)
     const char *st, *res;
     size_t rlen;
     sink *k = lp->st.job.sink;
+    if (!retried(lp, lp->base + t->index, t->attempt))
+        return 0;
     int rc = k->ops->has(k, (const char *)t->key + ks->len,
-                         t->keylen - ks->len, t->attempt > 1, &st, &res,
-                         &rlen);
+                         t->keylen - ks->len, &st, &res, &rlen);
     if (rc <= 0 || !st)
         return rc < 0 ? -1 : 0;
     const char *copy = keep(lp, res ? res : "", rlen);
@@ -1026,7 +1063,10 @@ static int settled(loop *lp, idem_task *t)
 static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
     loop *lp = ctx;
-    int rc = 0;
+    int any = 0;
+    for (size_t i = 0; i < n; i++)
+        any |= retried(lp, lp->base + tasks[i].index, tasks[i].attempt);
+    int rc = sink_catch_up(lp, any);
     for (size_t i = 0; !rc && i < n;) {
         size_t j = i;
         int kind = 0;
@@ -1075,7 +1115,8 @@ static int setup(loop *lp, const stream_cfg *c)
     for (int i = 0; i < 2; i++) {
         lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
         lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
-        if (!lp->b[i].items || !lp->b[i].msgs)
+        lp->b[i].again = malloc(c->batch);
+        if (!lp->b[i].items || !lp->b[i].msgs || !lp->b[i].again)
             return cli_fail(c->cmd, "out of memory");
     }
     lp->s = cli_open(c->cmd, cli_store_uri(c->uri), 0, c->ttl_ms,
@@ -1300,6 +1341,7 @@ int stream_run(const stream_cfg *c)
         cli_buf_free(&lp.b[i].text);
         free(lp.b[i].items);
         free(lp.b[i].msgs);
+        free(lp.b[i].again);
     }
     return rc ? rc : rc2;
 }

@@ -61,10 +61,15 @@ typedef struct sink_ops {
     int (*start)(sink *k);
     /* Remember the keys written after pos (a checkpoint's). 0 or -1. */
     int (*read_back)(sink *k, const char *pos);
-    /* Is key there already (read back; with `recent`, also among the
-     * last entries, another worker's)? Its status and result when it
-     * has them. 1, 0, or -1. */
-    int (*has)(sink *k, const void *key, size_t keylen, int recent,
+    /* Before has() is asked of claims made until now: read what other
+     * workers wrote since the last time (the recent entries), since one
+     * that died may have written a key just before. 0 or -1. */
+    int (*catch_up)(sink *k);
+    /* Is key there already (read back, or among the recent entries)?
+     * Asked only for a claim that may follow another's write (not the
+     * key's first, or of a message handed out before). Its status and
+     * result when it has them. 1, 0, or -1. */
+    int (*has)(sink *k, const void *key, size_t keylen,
                const char **status, const char **result, size_t *rlen);
     /* One output line of key, queued; then the queue written. 0 or -1
      * after saying why. */

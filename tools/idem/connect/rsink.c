@@ -20,9 +20,17 @@
  * commit is taken over here once its lease ran out. A claim that is not
  * a key's first (idem_msg.attempt > 1) therefore looks in the entries of
  * the last readback_ms (default: twice the lease and 10 s) before
- * writing. A worker stalled longer than that between its write and its
- * commit (its commit then fails with IDEM_ELOST) can still leave a
- * second entry: docs/streams.md says so. */
+ * writing. Those are kept up to date, never trusted from before the
+ * question (rs_catch_up): the other worker may have written just before
+ * it died, and the claim came after. A worker stalled longer than
+ * readback_ms between its write and its commit (its commit then fails
+ * with IDEM_ELOST) can still leave a second entry: docs/streams.md says
+ * so.
+ *
+ * Only a claim that may follow another's write asks (stream.c): a key's
+ * first claim, or one after its record expired, finds nothing of its
+ * own in the sink, and an entry of the same key that another job wrote
+ * and committed long ago must not hide a key that is new again. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +56,9 @@ typedef struct rs_sink {
     size_t queued;       /* XADDs sent, replies not read */
     keymap back;         /* read back after the checkpoint */
     keymap recent;       /* the last window_ms, for takeovers */
-    int64_t recent_at;   /* when it was read (monotonic ms), 0: never */
+    int64_t recent_at;   /* when it was read whole (monotonic ms), 0:
+                          * never */
+    char recent_last[40];  /* the last entry ID read into it */
     /* One entry being built: fields as offsets into buf. */
     cli_buf buf;
     size_t *off, *len, nf, capf;
@@ -170,10 +180,11 @@ static int remember(keymap *m, const redisReply *entries)
     return 0;
 }
 
-/* Every entry after ID from (exclusive) into m. 0 or -1. */
-static int scan_after(rs_sink *k, const char *from, keymap *m)
+/* Every entry after ID from (exclusive) into m; from becomes the last
+ * ID read (40 bytes). 0 or -1. */
+static int scan_after(rs_sink *k, char *from, keymap *m)
 {
-    char start[40];
+    char start[42];
     snprintf(start, sizeof start, "(%s", from);
     for (;;) {
         const char *argv[] = {"XRANGE", k->u.stream, start, "+", "COUNT",
@@ -190,10 +201,12 @@ static int scan_after(rs_sink *k, const char *from, keymap *m)
         }
         size_t n = r->elements;
         int rc = remember(m, r);
-        if (!rc && n)
-            snprintf(start, sizeof start, "(%.*s",
+        if (!rc && n) {
+            snprintf(from, 40, "%.*s",
                      (int)r->element[n - 1]->element[0]->len,
                      r->element[n - 1]->element[0]->str);
+            snprintf(start, sizeof start, "(%s", from);
+        }
         freeReplyObject(r);
         if (rc)
             return cli_fail(k->cmd, "out of memory"), -1;
@@ -205,15 +218,20 @@ static int scan_after(rs_sink *k, const char *from, keymap *m)
 static int rs_read_back(sink *base, const char *pos)
 {
     rs_sink *k = (rs_sink *)base;
+    char from[40];
     snprintf(k->pos, sizeof k->pos, "%s", pos);
-    return scan_after(k, pos, &k->back);
+    snprintf(from, sizeof from, "%s", pos);
+    return scan_after(k, from, &k->back);
 }
 
-/* The last window_ms of entries, read again at most once a second. */
-static int read_recent(rs_sink *k)
+/* The last window_ms of entries, up to now: what came after the last
+ * one read, and all of it again (to forget the older ones) once every
+ * half window. */
+static int rs_catch_up(sink *base)
 {
-    if (k->recent_at && cli_mono_ms() - k->recent_at < 1000)
-        return 0;
+    rs_sink *k = (rs_sink *)base;
+    if (k->recent_at && cli_mono_ms() - k->recent_at < k->window_ms / 2)
+        return scan_after(k, k->recent_last, &k->recent);
     const char *argv[] = {"TIME"};
     redisReply *r = rs_call(&k->c, 1, argv, NULL, 0, 1);
     if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
@@ -225,24 +243,19 @@ static int read_recent(rs_sink *k)
     long long ms = strtoll(r->element[0]->str, NULL, 10) * 1000 +
                    strtoll(r->element[1]->str, NULL, 10) / 1000;
     freeReplyObject(r);
-    char from[32];
-    snprintf(from, sizeof from, "%lld", ms > k->window_ms
-                                            ? ms - k->window_ms : 0);
+    snprintf(k->recent_last, sizeof k->recent_last, "%lld",
+             ms > k->window_ms ? ms - k->window_ms : 0);
     km_clear(&k->recent);
     k->recent_at = cli_mono_ms();
-    return scan_after(k, from, &k->recent);
+    return scan_after(k, k->recent_last, &k->recent);
 }
 
-static int rs_has(sink *base, const void *key, size_t keylen, int recent,
+static int rs_has(sink *base, const void *key, size_t keylen,
                   const char **status, const char **result, size_t *rlen)
 {
     rs_sink *k = (rs_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);
-    if (!e && recent) {
-        if (read_recent(k))
-            return -1;
-        e = km_get(&k->recent, key, keylen);
-    }
+    e = e ? e : km_get(&k->recent, key, keylen);
     if (!e)
         return 0;
     int st = e->alen == 4 && !memcmp(km_a(e), "done", 4)     ? 1
@@ -493,6 +506,7 @@ int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
 }
 
 static const sink_ops rs_sink_ops = {
-    .start = rs_start, .read_back = rs_read_back, .has = rs_has,
+    .start = rs_start, .read_back = rs_read_back,
+    .catch_up = rs_catch_up, .has = rs_has,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
     .close = rs_close};

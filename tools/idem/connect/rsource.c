@@ -55,7 +55,9 @@ typedef struct rs_source {
     int64_t lease_ms, idle_exit_ms;
     volatile const sig_atomic_t *stop;
     int own_done;             /* round 1 is over */
-    char own_cursor[48];
+    char own_cursor[48];      /* the last ID handed out in order (round
+                               * 1, new entries): round 1 goes on after
+                               * it */
     char claim_cursor[48];
     int64_t next_claim_ms;
     int64_t last_new_ms;      /* for --idle-exit */
@@ -286,7 +288,8 @@ static int ack_trimmed(rs_source *s, const redisReply *id)
 
 /* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
  * entry (no fields) is acknowledged at once instead. 0 or -1. */
-static int add_entry(rs_source *s, chunk *c, const redisReply *e)
+static int add_entry(rs_source *s, chunk *c, const redisReply *e,
+                     int again)
 {
     if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
         e->element[0]->type != REDIS_REPLY_STRING)
@@ -312,13 +315,13 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e)
         return -1;
     c->lines[c->n++] = (nd_line){.p = (const char *)(uintptr_t)off,
                                  .len = c->text.len - off, .lineno = seq,
-                                 .end = ms};
+                                 .end = ms, .again = again};
     return 0;
 }
 
-/* The entries array of one reply into a new chunk. Returns how many
- * lines it holds, or -1. */
-static long take_entries(rs_source *s, const redisReply *arr)
+/* The entries array of one reply into a new chunk (`again`: entries
+ * handed out before). Returns how many lines it holds, or -1. */
+static long take_entries(rs_source *s, const redisReply *arr, int again)
 {
     chunk c = {0};
     if (arr->type != REDIS_REPLY_ARRAY)
@@ -326,7 +329,7 @@ static long take_entries(rs_source *s, const redisReply *arr)
     if (!(c.lines = malloc((arr->elements + 1) * sizeof *c.lines)))
         return -1;
     for (size_t i = 0; i < arr->elements; i++)
-        if (add_entry(s, &c, arr->element[i])) {
+        if (add_entry(s, &c, arr->element[i], again)) {
             cli_buf_free(&c.text);
             free(c.lines);
             return -1;
@@ -350,10 +353,28 @@ static long take_entries(rs_source *s, const redisReply *arr)
     return (long)c.n;
 }
 
+/* A reply to a command that hands entries to this consumer (XREADGROUP
+ * ">", XAUTOCLAIM) was lost: the server may have run it, so that entries
+ * now wait in this consumer's pending list that nothing here has seen.
+ * Sent again, the command would hand out the next ones instead, and
+ * those would be left behind until a later run, out of order. So the
+ * pending list is read again, after `after` (NULL: after own_cursor):
+ * its entries come in order, and those already in hand come again as
+ * duplicates. 0. */
+static long lost_delivery(rs_source *s, const char *after)
+{
+    if (after)
+        snprintf(s->own_cursor, sizeof s->own_cursor, "%s", after);
+    s->own_done = 0;
+    return 0;
+}
+
 /* XREADGROUP ... STREAMS stream `from`; block_ms < 0: no BLOCK. The
- * entries read, 0 when none, or ND_ERR. */
+ * entries read, 0 when none, or ND_ERR. from is ">" (new entries) or
+ * own_cursor (this consumer's pending list, after that ID). */
 static long read_group(rs_source *s, const char *from, int64_t block_ms)
 {
+    int fresh = !strcmp(from, ">");
     char count[24], block[24];
     snprintf(count, sizeof count, "%" PRIu64, s->batch);
     snprintf(block, sizeof block, "%" PRId64, block_ms);
@@ -370,19 +391,23 @@ static long read_group(rs_source *s, const char *from, int64_t block_ms)
     argv[n] = s->u.stream, lens[n++] = s->u.streamlen;
     argv[n] = from, lens[n++] = strlen(from);
     redisReply *r = rs_call(&s->rd, n, argv, lens,
-                            block_ms > 0 ? block_ms : 0, 1);
+                            block_ms > 0 ? block_ms : 0, !fresh);
     long got = 0;
-    if (!r || r->type == REDIS_REPLY_ERROR)
+    if (!r && fresh)
+        got = lost_delivery(s, NULL);
+    else if (!r || r->type == REDIS_REPLY_ERROR)
         got = failed(s, "XREADGROUP", r);
     else if (r->type == REDIS_REPLY_ARRAY && r->elements == 1 &&
              r->element[0]->elements == 2) {
+        /* The last ID handed out in order: what a lost delivery
+         * follows. */
         const redisReply *entries = r->element[0]->element[1];
-        if (entries->elements && !strcmp(from, s->own_cursor)) {
+        if (entries->elements) {
             const redisReply *last = entries->element[entries->elements - 1];
             snprintf(s->own_cursor, sizeof s->own_cursor, "%.*s",
                      (int)last->element[0]->len, last->element[0]->str);
         }
-        got = take_entries(s, entries);
+        got = take_entries(s, entries, !fresh);
         if (got < 0)
             got = failed(s, "reading entries (out of memory, or a reply "
                          "that is not a stream's)", NULL);
@@ -404,10 +429,12 @@ static long claim_idle(rs_source *s)
     size_t lens[] = {10, s->u.streamlen, strlen(s->u.group),
                      strlen(s->u.consumer), strlen(idle),
                      strlen(s->claim_cursor), 5, strlen(count)};
-    redisReply *r = rs_call(&s->rd, 8, argv, lens, 0, 1);
+    redisReply *r = rs_call(&s->rd, 8, argv, lens, 0, 0);
     long got = 0;
-    if (!r || r->type == REDIS_REPLY_ERROR || r->type != REDIS_REPLY_ARRAY ||
-        r->elements < 2)
+    if (!r)
+        got = lost_delivery(s, "0");  /* claimed entries may be older */
+    else if (r->type == REDIS_REPLY_ERROR || r->type != REDIS_REPLY_ARRAY ||
+             r->elements < 2)
         got = failed(s, "XAUTOCLAIM", r && r->type == REDIS_REPLY_ERROR
                                            ? r : NULL);
     else {
@@ -415,7 +442,7 @@ static long claim_idle(rs_source *s)
                  (int)r->element[0]->len, r->element[0]->str);
         if (r->elements > 2 && r->element[2]->type == REDIS_REPLY_ARRAY)
             s->trimmed += r->element[2]->elements;
-        got = take_entries(s, r->element[1]);
+        got = take_entries(s, r->element[1], 1);
         if (got < 0)
             got = failed(s, "reading claimed entries", NULL);
     }
@@ -426,22 +453,28 @@ static long claim_idle(rs_source *s)
     return got;
 }
 
+/* Round 1 while it lasts: this consumer's pending list, after
+ * own_cursor. Entries read, 0 once it is over, or ND_ERR. */
+static long own_round(rs_source *s)
+{
+    if (s->own_done)
+        return 0;
+    long got = read_group(s, s->own_cursor, -1);
+    s->own_done = got == 0;
+    return got;
+}
+
 /* One round: own pending first, then idle ones now and then, then new
- * ones (blocking when wait). Entries read, 0, or ND_ERR. */
+ * ones (blocking when wait); after a lost delivery, own pending again at
+ * once. Entries read, 0, or ND_ERR. */
 static long fetch_round(rs_source *s, int wait)
 {
-    if (!s->own_done) {
-        long got = read_group(s, s->own_cursor, -1);
-        if (got)
-            return got;
-        s->own_done = 1;
-    }
-    if (cli_mono_ms() >= s->next_claim_ms) {
-        long got = claim_idle(s);
-        if (got)
-            return got;
-    }
-    return read_group(s, ">", wait ? BLOCK_SLICE_MS : -1);
+    long got = own_round(s);
+    if (!got && cli_mono_ms() >= s->next_claim_ms)
+        got = claim_idle(s);
+    if (!got && s->own_done)
+        got = read_group(s, ">", wait ? BLOCK_SLICE_MS : -1);
+    return got ? got : own_round(s);
 }
 
 /* A round, and the clock of --idle-exit: anything read restarts it. */
