@@ -841,3 +841,26 @@ Test(rstream, a_lost_delivery_is_not_skipped)
     redisFree(c);
     th_stop(&own);
 }
+
+/* run: a key that gave up (an entry with status gave_up; the key is
+ * released) and comes again and is done: its done entry is written, not
+ * taken for the gave_up one found in the sink. */
+Test(rstream, a_key_that_gave_up_is_written_when_done_later)
+{
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id k n 1", in));
+    char args[1024];
+    snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
+             "--idle-exit 200ms --max-attempts 2 --backoff 10ms",
+             src("group=g"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s --exec '\"$IDEM_PROGS/handler\" retry=k' "
+                       "2>>err", args), 3);
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id k n 2", in));
+    cr_assert_eq(t_cli(t_dir, "%s --exec '\"$IDEM_PROGS/handler\"' 2>>err",
+                       args), 0, "%s", t_read(t_at("err"), NULL));
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    cr_assert_eq(r->elements, 2);
+    cr_assert_str_eq(r->element[0]->element[1]->element[3]->str,
+                     "gave_up");
+    cr_assert_str_eq(r->element[1]->element[1]->element[3]->str, "done");
+    freeReplyObject(r);
+}

@@ -209,9 +209,7 @@ static int handle(void *ctx, idem_task *tasks, size_t n)
 static const char *status_of(idem_msg_result r, int *replayed)
 {
     *replayed = r == IDEM_MSG_REPLAY || r == IDEM_MSG_REPLAY_FAILED;
-    return r == IDEM_MSG_DONE || r == IDEM_MSG_REPLAY       ? "done"
-           : r == IDEM_MSG_FAILED || r == IDEM_MSG_REPLAY_FAILED ? "failed"
-                                                                : "gave_up";
+    return stream_status(r);
 }
 
 static int emit_result(void *ctx, stream *st, const idem_msg *msgs,

@@ -534,9 +534,17 @@ static int sink_catch_up(loop *lp, int any)
     return k && any && k->ops->catch_up(k) ? IDEM_EIO : 0;
 }
 
+const char *stream_status(idem_msg_result r)
+{
+    return r == IDEM_MSG_DONE || r == IDEM_MSG_REPLAY          ? "done"
+           : r == IDEM_MSG_FAILED || r == IDEM_MSG_REPLAY_FAILED ? "failed"
+                                                                : "gave_up";
+}
+
 /* Does the stream sink hold the output of m (item it's message)? Only
- * an outcome of this run is looked for, and only when retried(). 1, 0,
- * or -1 (an error). */
+ * an outcome of this run is looked for, and only when retried(). An
+ * entry that tells another outcome is not m's: the key gave up before,
+ * was released, and is done now. 1, 0, or -1 (an error). */
 static int in_sink(loop *lp, const idem_msg *m, const item *it)
 {
     const char *st, *res;
@@ -547,7 +555,8 @@ static int in_sink(loop *lp, const idem_msg *m, const item *it)
         !retried(lp, it->msg, m->attempt))
         return 0;
     sink *k = lp->st.job.sink;
-    return k->ops->has(k, m->key, m->keylen, &st, &res, &rlen);
+    int rc = k->ops->has(k, m->key, m->keylen, &st, &res, &rlen);
+    return rc == 1 && st && strcmp(st, stream_status(m->result)) ? 0 : rc;
 }
 
 /* Append item it's output (m: its outcome, NULL for a line passed
@@ -1027,7 +1036,8 @@ static char *keep(loop *lp, const char *p, size_t n)
 
 /* A task whose key the stream sink holds with an outcome (a run that
  * died after writing it, before committing): answered with it, not run
- * again. 1 answered, 0 not, -1 an error. */
+ * again. gave_up is none: that key was released to run again. 1
+ * answered, 0 not, -1 an error. */
 static int from_sink(loop *lp, idem_task *t)
 {
     const key_space *ks = &lp->st.cfg->ks;
@@ -1038,7 +1048,7 @@ static int from_sink(loop *lp, idem_task *t)
         return 0;
     int rc = k->ops->has(k, (const char *)t->key + ks->len,
                          t->keylen - ks->len, &st, &res, &rlen);
-    if (rc <= 0 || !st)
+    if (rc <= 0 || !st || !strcmp(st, "gave_up"))
         return rc < 0 ? -1 : 0;
     const char *copy = keep(lp, res ? res : "", rlen);
     if (!copy)

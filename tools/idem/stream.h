@@ -137,4 +137,8 @@ int stream_opt(stream_cfg *c, int ch, const char *arg);
 /* After the options: check the combination; 0 or 2. */
 int stream_check(stream_cfg *c, int argc, char **argv, int optind_);
 
+/* The status a stream's output gives an outcome: "done" (also a replay
+ * of one), "failed" (also a replay), "gave_up". */
+const char *stream_status(idem_msg_result r);
+
 #endif

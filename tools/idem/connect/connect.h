@@ -67,8 +67,9 @@ typedef struct sink_ops {
     int (*catch_up)(sink *k);
     /* Is key there already (read back, or among the recent entries)?
      * Asked only for a claim that may follow another's write (not the
-     * key's first, or of a message handed out before). Its status and
-     * result when it has them. 1, 0, or -1. */
+     * key's first, or of a message handed out before). Its status
+     * ("done", "failed", "gave_up": a run's entry) and result when it
+     * has them. 1, 0, or -1. */
     int (*has)(sink *k, const void *key, size_t keylen,
                const char **status, const char **result, size_t *rlen);
     /* One output line of key, queued; then the queue written. 0 or -1

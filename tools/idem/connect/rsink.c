@@ -258,10 +258,13 @@ static int rs_has(sink *base, const void *key, size_t keylen,
     e = e ? e : km_get(&k->recent, key, keylen);
     if (!e)
         return 0;
-    int st = e->alen == 4 && !memcmp(km_a(e), "done", 4)     ? 1
-             : e->alen == 6 && !memcmp(km_a(e), "failed", 6) ? 2
-                                                             : 0;
-    *status = st == 1 ? "done" : st == 2 ? "failed" : NULL;
+    static const char *const known[] = {"done", "failed", "gave_up"};
+    const char *st = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (e->alen == strlen(known[i]) && !memcmp(km_a(e), known[i],
+                                                   e->alen))
+            st = known[i];
+    *status = st;
     *result = st && e->blen ? km_b(e) : NULL;
     *rlen = st ? e->blen : 0;
     return 1;
