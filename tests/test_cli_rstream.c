@@ -864,3 +864,20 @@ Test(rstream, a_key_that_gave_up_is_written_when_done_later)
     cr_assert_str_eq(r->element[1]->element[1]->element[3]->str, "done");
     freeReplyObject(r);
 }
+
+/* A password holding a raw '?' ends the URI's authority early, and the
+ * URI is refused; the refusal does not print the password, of a stream
+ * or of the store. */
+Test(rstream, a_password_with_a_question_mark_is_not_printed)
+{
+    t_write(t_at("in"), "{}\n", 3);
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --from 'redis-stream://"
+                       "u:se?cret@127.0.0.1:1/s?group=g' 2>err"), 2);
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --store "
+                       "'redis://u:se?cret@127.0.0.1:1' in 2>>err"), 2);
+    cr_assert(!t_grep(t_at("err"), "se?cret"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(!t_grep(t_at("err"), "'u:se'"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "u:***@127.0.0.1:1"));
+}

@@ -77,6 +77,9 @@ Test(secrets, display)
         {"rediss://:" PW "@h", "rediss://:***@h"},
         {"redis://u:@h", "redis://u:@h"},
         {"redis://h:1?prefix=a@b", "redis://h:1?prefix=a@b"},
+        {"redis://u:p?w@h:1/2?prefix=a", "redis://u:***@h:1/2?prefix=a"},
+        {"redis://u:p?w@h:1", "redis://u:***@h:1"},
+        {"redis://h:1/2?prefix=a@b", "redis://h:1/2?prefix=a@b"},
         {"local:./a@b:c", "local:./a@b:c"},
         {"redis-sentinel://u:" PW "@a:1,b:2/m?sentinel_password=" PW
          "&wait=1", "redis-sentinel://u:***@a:1,b:2/m?sentinel_password=***"

@@ -121,6 +121,15 @@ size_t idem_uri_display(const char *uri, char *buf, size_t size)
     uri = uri && *uri ? uri : IDEM_DEFAULT_URI;
     const char *auth = idem__authority(uri, &len);
     const char *at = auth ? idem__userinfo_end(auth, len) : NULL;
+    if (auth && !at) {
+        /* A password with a raw '?' ends the authority early, and the
+         * parser refuses the URI: "USER:PA?SS@HOST" before the first '/'
+         * is still hidden as a password, not shown in the refusal. An
+         * '@' after "NAME=" is a parameter's ("?prefix=a@b"). */
+        at = idem__userinfo_end(auth, strcspn(auth, "/"));
+        at = at && strcspn(auth, "=&") > (size_t)(at - auth) ? at : NULL;
+        len = at ? (size_t)(at - auth) + strcspn(at, "?") : len;
+    }
     const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
     /* "USER:PASSWORD@" keeps USER, "PASSWORD@" is a password alone; an
      * empty password ("USER:@") hides nothing. */
@@ -221,10 +230,12 @@ static int idem__split_host(idem_store *s, const char *p, size_t n,
     }
     if (*hostlen == 0)
         return idem__fail(s, IDEM_EINVAL, "%s: empty host", s->uri);
+    /* The port is not quoted: in "u:pa?ss@host" ('?' ends the
+     * authority early) the text taken for host:port is a password's. */
     if (colon && idem__parse_num(colon + 1, (size_t)(p + n - colon - 1), 1,
                                  65535, port))
-        return idem__fail(s, IDEM_EINVAL, "%s: bad port in '%.*s'", s->uri,
-                          (int)n, p);
+        return idem__fail(s, IDEM_EINVAL, "%s: bad port (a number from 1 "
+                          "to 65535)", s->uri);
     return 0;
 }
 
