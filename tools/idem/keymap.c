@@ -64,6 +64,26 @@ const km_entry *km_get(const keymap *m, const void *key, size_t keylen)
     return m->slots[slot_of(m, XXH3_64bits(key, keylen), key, keylen)];
 }
 
+void km_del(keymap *m, const void *key, size_t keylen)
+{
+    if (!m->n)
+        return;
+    size_t i = slot_of(m, XXH3_64bits(key, keylen), key, keylen);
+    if (!m->slots[i])
+        return;
+    free(m->slots[i]);
+    m->slots[i] = NULL;
+    m->n--;
+    /* The rest of its run is put again, so that no probe stops at the
+     * hole before an entry it is looking for. */
+    for (size_t j = (i + 1) & (m->cap - 1); m->slots[j];
+         j = (j + 1) & (m->cap - 1)) {
+        km_entry *e = m->slots[j];
+        m->slots[j] = NULL;
+        m->slots[slot_of(m, e->hash, e->data, e->keylen)] = e;
+    }
+}
+
 void km_clear(keymap *m)
 {
     for (size_t i = 0; i < m->cap; i++) {

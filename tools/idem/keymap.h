@@ -34,6 +34,8 @@ static inline const char *km_b(const km_entry *e)
 {
     return e->data + e->keylen + e->alen;
 }
+/* Remove key's entry, if there is one. */
+void km_del(keymap *m, const void *key, size_t keylen);
 /* Empty the map (keep nothing); km_free also releases the table. */
 void km_clear(keymap *m);
 void km_free(keymap *m);

@@ -99,6 +99,10 @@ typedef struct loop {
                       * the runner over this batch (handler restarts) */
     size_t committed;
     int handler_rc;  /* what the handler returned in the last batch */
+    int reread;      /* files into a stream, read again from their start
+                      * after a crash: any line may be one the dead run
+                      * wrote (a local store need not have kept its
+                      * claims of the batch in doubt) */
     /* Poison messages (--dead-letter): per message of the batch being
      * committed, the handler faults charged to it and the last one's
      * error; messages before alone_end run one at a time, so that a
@@ -542,21 +546,27 @@ const char *stream_status(idem_msg_result r)
 }
 
 /* Does the stream sink hold the output of m (item it's message)? Only
- * an outcome of this run is looked for, and only when retried(). An
- * entry that tells another outcome is not m's: the key gave up before,
- * was released, and is done now. 1, 0, or -1 (an error). */
+ * an outcome of this run is looked for, and only when retried() or the
+ * files are read again. An entry that tells another outcome is not m's:
+ * the key gave up before, was released, and is done now. An entry found
+ * is m's output from now on (forget). 1, 0, or -1 (an error). */
 static int in_sink(loop *lp, const idem_msg *m, const item *it)
 {
     const char *st, *res;
     size_t rlen;
+    int again = retried(lp, it->msg, m->attempt);
     if (!lp->st.job.sink || (m->result != IDEM_MSG_DONE &&
                              m->result != IDEM_MSG_FAILED &&
                              m->result != IDEM_MSG_GAVE_UP) ||
-        !retried(lp, it->msg, m->attempt))
+        !(again || lp->reread))
         return 0;
     sink *k = lp->st.job.sink;
-    int rc = k->ops->has(k, m->key, m->keylen, &st, &res, &rlen);
-    return rc == 1 && st && strcmp(st, stream_status(m->result)) ? 0 : rc;
+    int rc = k->ops->has(k, m->key, m->keylen, again, &st, &res, &rlen);
+    if (rc == 1 && st && strcmp(st, stream_status(m->result)))
+        return 0;
+    if (rc == 1)
+        k->ops->forget(k, m->key, m->keylen);
+    return rc;
 }
 
 /* Append item it's output (m: its outcome, NULL for a line passed
@@ -1044,10 +1054,11 @@ static int from_sink(loop *lp, idem_task *t)
     const char *st, *res;
     size_t rlen;
     sink *k = lp->st.job.sink;
-    if (!retried(lp, lp->base + t->index, t->attempt))
+    int again = retried(lp, lp->base + t->index, t->attempt);
+    if (!again && !lp->reread)
         return 0;
     int rc = k->ops->has(k, (const char *)t->key + ks->len,
-                         t->keylen - ks->len, &st, &res, &rlen);
+                         t->keylen - ks->len, again, &st, &res, &rlen);
     if (rc <= 0 || !st || !strcmp(st, "gave_up"))
         return rc < 0 ? -1 : 0;
     const char *copy = keep(lp, res ? res : "", rlen);
@@ -1248,7 +1259,22 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
                           k);
 }
 
-/* The source and the output, streams or files, and where to start. */
+/* The input files as the source, from input `at`, offset off. */
+static int open_files(loop *lp, const source_opts *o, size_t at,
+                      uint64_t off, uint64_t lineno)
+{
+    const stream_cfg *c = lp->st.cfg;
+    if (nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
+        return cli_fail(c->cmd, "%s", lp->rd.err);
+    if (!(lp->src = source_files(&lp->rd, o)))
+        return cli_fail(c->cmd, "out of memory");
+    return 0;
+}
+
+/* The source and the output, streams or files, and where to start.
+ * Files into a stream are read from their start: the sink's checkpoint
+ * holds no input position, and every key committed before is a
+ * duplicate again (as standard input resumes). */
 static int open_ends(loop *lp)
 {
     const stream_cfg *c = lp->st.cfg;
@@ -1260,20 +1286,17 @@ static int open_ends(loop *lp)
     int rc = 0;
     if (c->from && !(lp->src = source_open(c->cmd, c->from, &o, &rc)))
         return rc;
-    if (c->to)
-        return start_sink(lp, keyed, lease);
+    if (c->to) {
+        rc = start_sink(lp, keyed, lease);
+        lp->reread = !lp->src && lp->st.job.resumed;
+        return rc || lp->src ? rc : open_files(lp, &o, 0, 0, 0);
+    }
     size_t at = 0;
     uint64_t off = 0, lineno = 0;
     rc = job_start(&lp->st.job, c->cmd, lp->s, c->job, &c->ks, keyed,
                    c->output, c->overwrite, c->inputs, c->ninputs, &at, &off,
                    &lineno);
-    if (rc || lp->src)
-        return rc;
-    if (nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
-        return cli_fail(c->cmd, "%s", lp->rd.err);
-    if (!(lp->src = source_files(&lp->rd, &o)))
-        return cli_fail(c->cmd, "out of memory");
-    return 0;
+    return rc || lp->src ? rc : open_files(lp, &o, at, off, lineno);
 }
 
 /* Entries a stream lost (trimmed while pending) are said, not hidden. */

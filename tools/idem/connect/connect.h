@@ -65,13 +65,17 @@ typedef struct sink_ops {
      * workers wrote since the last time (the recent entries), since one
      * that died may have written a key just before. 0 or -1. */
     int (*catch_up)(sink *k);
-    /* Is key there already (read back, or among the recent entries)?
-     * Asked only for a claim that may follow another's write (not the
-     * key's first, or of a message handed out before). Its status
-     * ("done", "failed", "gave_up": a run's entry) and result when it
-     * has them. 1, 0, or -1. */
-    int (*has)(sink *k, const void *key, size_t keylen,
+    /* Is key there already: read back, or with `recent` also among the
+     * recent entries? Asked only for a claim that may follow a write of
+     * a dead run (`recent`: of another worker too). Its status ("done",
+     * "failed", "gave_up": a run's entry) and result when it has them.
+     * 1, 0, or -1. */
+    int (*has)(sink *k, const void *key, size_t keylen, int recent,
                const char **status, const char **result, size_t *rlen);
+    /* key's entry read back is committed now as this run's output: it
+     * stops being found, so that the key, new again after its TTL, is
+     * written again. */
+    void (*forget)(sink *k, const void *key, size_t keylen);
     /* One output line of key, queued; then the queue written. 0 or -1
      * after saying why. */
     int (*put)(sink *k, const char *text, size_t len, const void *key,

@@ -27,10 +27,12 @@
  * with IDEM_ELOST) can still leave a second entry: docs/streams.md says
  * so.
  *
- * Only a claim that may follow another's write asks (stream.c): a key's
- * first claim, or one after its record expired, finds nothing of its
- * own in the sink, and an entry of the same key that another job wrote
- * and committed long ago must not hide a key that is new again. */
+ * Only a claim that may follow such a write asks (stream.c): not the
+ * key's first, or of an entry handed out before, or of files read again
+ * after a crash. A key's first claim, or one after its record expired,
+ * is new, and an entry of that key committed long ago must not hide it;
+ * so an entry read back stops being found once it has been taken for
+ * this run's output (rs_forget). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,12 +252,12 @@ static int rs_catch_up(sink *base)
     return scan_after(k, k->recent_last, &k->recent);
 }
 
-static int rs_has(sink *base, const void *key, size_t keylen,
+static int rs_has(sink *base, const void *key, size_t keylen, int recent,
                   const char **status, const char **result, size_t *rlen)
 {
     rs_sink *k = (rs_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);
-    e = e ? e : km_get(&k->recent, key, keylen);
+    e = e || !recent ? e : km_get(&k->recent, key, keylen);
     if (!e)
         return 0;
     static const char *const known[] = {"done", "failed", "gave_up"};
@@ -508,8 +510,13 @@ int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
     return rc;
 }
 
+static void rs_forget(sink *base, const void *key, size_t keylen)
+{
+    km_del(&((rs_sink *)base)->back, key, keylen);
+}
+
 static const sink_ops rs_sink_ops = {
     .start = rs_start, .read_back = rs_read_back,
-    .catch_up = rs_catch_up, .has = rs_has,
+    .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
     .close = rs_close};
