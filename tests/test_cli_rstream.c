@@ -934,3 +934,36 @@ Test(rstream, a_pipe_into_a_stream_finds_a_key_read_back_once)
                  t_read(t_at("err"), NULL));
     cr_assert_eq(out_len(), 2, "%s", t_read(t_at("err"), NULL));
 }
+
+/* A server that stops answering (SIGSTOP) mid-batch: the write fails
+ * within timeout_ms and says so, not with EAGAIN's text; the run stops
+ * (exit 1) and a rerun, once the server is back, completes it. */
+Test(rstream, a_server_that_stops_answering_is_said_so)
+{
+    th_servers own = {0};
+    th_start_single(&own);
+    redisContext *c = th_connect(own.ports[0]);
+    freeReplyObject(th_cmd(c, "XADD in * event_id a"));
+    char args[1024];
+    snprintf(args, sizeof args, "run --key event_id --from "
+             "'redis-stream://127.0.0.1:%d/in?group=g&timeout_ms=500' --to "
+             "'redis-stream://127.0.0.1:%d/out?timeout_ms=500' --idle-exit "
+             "300ms", own.ports[0], own.ports[0]);
+    pid_t p = t_cli_start(t_dir, "%s --exec '\"$IDEM_PROGS/handler\" "
+                          "sleep=1000' 2>err", args);
+    usleep(500 * 1000);  /* the handler has the message */
+    th_signal(&own, own.ports[0], SIGSTOP);
+    int st = t_wait(p);
+    th_signal(&own, own.ports[0], SIGCONT);
+    cr_assert_eq(st, 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "no answer within timeout_ms"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(!t_grep(t_at("err"), "temporarily unavailable"));
+    cr_assert_eq(t_cli(t_dir, "%s --exec '\"$IDEM_PROGS/handler\"' 2>err",
+                       args), 0, "%s", t_read(t_at("err"), NULL));
+    redisReply *r = th_cmd(c, "XLEN out");
+    cr_assert_eq(r->integer, 1);
+    freeReplyObject(r);
+    redisFree(c);
+    th_stop(&own);
+}

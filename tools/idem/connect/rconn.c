@@ -566,6 +566,17 @@ static void pause_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+const char *rs_conn_why(const rs_conn *c)
+{
+    if (!c->c)
+        return "connection lost";
+    return c->c->err == REDIS_ERR_IO && (errno == EAGAIN ||
+                                         errno == EWOULDBLOCK)
+               ? "no answer within timeout_ms"
+           : c->c->errstr[0] ? c->c->errstr
+                             : "connection lost";
+}
+
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry)
 {
@@ -582,9 +593,7 @@ redisReply *rs_call(rs_conn *c, int argc, const char **argv,
         redisReply *r = redisCommandArgv(c->c, argc, argv, lens);
         if (!r) {
             snprintf(c->err, sizeof c->err, "%.400s: %.100s: %.400s",
-                     c->u->display, argv[0],
-                     c->c->err == REDIS_ERR_IO && errno == EAGAIN
-                         ? "no answer in time" : c->c->errstr);
+                     c->u->display, argv[0], rs_conn_why(c));
             rs_conn_close(c);
             if (!retry || lost++)
                 return NULL;

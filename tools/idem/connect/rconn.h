@@ -60,6 +60,9 @@ typedef struct rs_conn {
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry);
 void rs_conn_close(rs_conn *c);
+/* Why the last read or write on c failed, for a message: the socket's
+ * time limit passing is said as such, not as EAGAIN's text. */
+const char *rs_conn_why(const rs_conn *c);
 /* Connect if need be, with the URI's time limit set for what follows
  * (a pipeline). 0 or -1 with c->err set. */
 int rs_conn_ready(rs_conn *c);

@@ -447,9 +447,7 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
  * and the caller fails the batch (the next run reads back). */
 static int broken(rs_sink *k, const char *what, const redisReply *r)
 {
-    snprintf(k->c.err, sizeof k->c.err, "%s", k->c.c && k->c.c->errstr[0]
-                                                  ? k->c.c->errstr
-                                                  : "connection lost");
+    snprintf(k->c.err, sizeof k->c.err, "%s", rs_conn_why(&k->c));
     fail(k, what, r && r->type == REDIS_REPLY_ERROR ? r : NULL);
     rs_conn_close(&k->c);
     k->queued = 0;
