@@ -118,6 +118,20 @@ static int start_watcher(coproc *c)
     return 0;
 }
 
+/* Both pipes or neither: a failed second pipe2 gives the first back. */
+static int open_pipes(int in[2], int out[2])
+{
+    if (pipe2(in, O_CLOEXEC))
+        return -1;
+    if (pipe2(out, O_CLOEXEC) == 0)
+        return 0;
+    int e = errno;
+    close(in[0]);
+    close(in[1]);
+    errno = e;
+    return -1;
+}
+
 static int start(coproc *c)
 {
     int in[2], out[2];
@@ -128,7 +142,7 @@ static int start(coproc *c)
         snprintf(c->err, sizeof c->err, "out of memory");
         return IDEM_ENOMEM;
     }
-    if (pipe2(in, O_CLOEXEC) || pipe2(out, O_CLOEXEC)) {
+    if (open_pipes(in, out)) {
         snprintf(c->err, sizeof c->err, "pipe: %s", strerror(errno));
         free(env);
         return IDEM_EIO;
