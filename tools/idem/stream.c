@@ -1230,10 +1230,10 @@ static int report_stop(const loop *lp)
 {
     uint64_t k = lp->st.n.released;
     fprintf(stderr, "idem %s: stopped by %s: what was done is committed; "
-            "%" PRIu64 " message%s in flight %s released unrun; the same "
-            "command goes on from there\n", lp->st.cfg->cmd,
-            stream_stop == SIGINT ? "SIGINT" : "SIGTERM", k,
-            k == 1 ? "" : "s", k == 1 ? "was" : "were");
+            "%" PRIu64 " message%s in flight %s left unrun (any claims "
+            "on them given back); the same command goes on from there\n",
+            lp->st.cfg->cmd, stream_stop == SIGINT ? "SIGINT" : "SIGTERM",
+            k, k == 1 ? "" : "s", k == 1 ? "was" : "were");
     return stream_stop == SIGINT ? 130 : 0;
 }
 
