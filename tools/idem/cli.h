@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "idem/idem.h"
 
@@ -165,7 +166,6 @@ int cli_buf_json_member(cli_buf *b, const char *name, const void *s, size_t n);
 int cli_json_one_line(const void *s, size_t n);
 void cli_buf_free(cli_buf *b);
 
-/* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
 /* Monotonic time (clock.c): for intervals, never for dates. */
 int64_t cli_mono_ms(void);
 double cli_mono_s(void);
@@ -174,6 +174,11 @@ double cli_mono_s(void);
  * SIGKILL the Nth time the point NAME is passed. */
 void cli_kill_point(const char *name);
 
+/* Does a member of process group pgid still run (zombies do not count)?
+ * (procgroup.c) */
+int cli_group_runs(pid_t pgid);
+
+/* Is s[0..n) valid UTF-8 (so JSON can carry it as a string)? */
 int cli_utf8_valid(const void *s, size_t n);
 
 /* Decode base64 s[0..n) into out (room for n * 3 / 4 bytes); the decoded

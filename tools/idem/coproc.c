@@ -205,7 +205,8 @@ static int reap(coproc *c, char *why, size_t n)
 }
 
 /* End what is left of the handler's process group, once its leader has
- * been reaped, and wait (a second at most) until none of it runs. The
+ * been reaped, and wait (a second at most) until none of it runs
+ * (zombies left to a PID 1 that does not reap do not count). The
  * watcher, in the group, is idem's child to reap. */
 static void end_group(coproc *c)
 {
@@ -215,7 +216,7 @@ static void end_group(coproc *c)
         close(c->life);
         c->watcher = 0;
     }
-    for (int i = 0; i < 100 && kill(-c->pid, 0) == 0; i++)
+    for (int i = 0; i < 100 && cli_group_runs(c->pid); i++)
         poll(NULL, 0, 10);
 }
 
