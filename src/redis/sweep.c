@@ -553,3 +553,61 @@ int idem__redis_check(idem_store *s, int repair, idem_check_report *out)
         rc = IDEM_ECORRUPT;
     return rc;
 }
+
+/* One INFO field of a reply's text ("name:value\r\n"), or -1. */
+static int64_t idem__info_field(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n')) {
+        p += *p == '\n';
+        if (!strncmp(p, name, n) && p[n] == ':')
+            return strtoll(p + n + 1, NULL, 10);
+    }
+    return -1;
+}
+
+/* INFO of node i into *out. */
+static int idem__node_info(idem_store *s, size_t i, idem_server_metrics *out)
+{
+    idem__redis *r = idem__r(s);
+    const char *argv[1] = {"INFO"};
+    size_t lens[1] = {4};
+    int rc = 0;
+    redisReply *rep = idem__scan_call(s, i, argv, lens, &rc);
+    if (!rep)
+        return rc;
+    if (rep->type != REDIS_REPLY_STRING) {
+        freeReplyObject(rep);
+        return idem__fail(s, IDEM_EPROTO, "%s: INFO: bad reply", s->uri);
+    }
+    snprintf(out->node, sizeof out->node, "%s:%d", r->nodes[i].host,
+             r->nodes[i].port);
+    out->evicted_keys = idem__info_field(rep->str, "evicted_keys");
+    out->used_memory_bytes = idem__info_field(rep->str, "used_memory");
+    out->keyspace_hits = idem__info_field(rep->str, "keyspace_hits");
+    out->keyspace_misses = idem__info_field(rep->str, "keyspace_misses");
+    freeReplyObject(rep);
+    return 0;
+}
+
+int idem__redis_server_metrics(idem_store *s, idem_server_metrics *out,
+                               size_t max, size_t *n)
+{
+    idem__redis *r = idem__r(s);
+    unsigned char *is;
+    int rc = idem__masters(s, r, &is);
+    if (rc)
+        return rc;
+    idem__sigstate sig;
+    idem__nosigpipe_begin(&sig);
+    for (size_t i = 0; i < r->nnodes && !rc; i++) {
+        if (!is[i])
+            continue;
+        if (*n < max)
+            rc = idem__node_info(s, i, &out[*n]);
+        ++*n;
+    }
+    idem__nosigpipe_end(&sig);
+    free(is);
+    return rc;
+}

@@ -51,6 +51,7 @@
 
 #include "connect.h"
 #include "deadletter.h"
+#include "metricsrv.h"
 
 #define MAX_WARNINGS 10
 #define RESTART_WAIT_MAX_MS 10000
@@ -130,6 +131,7 @@ typedef struct loop {
     double t0, last_progress;
     int tty;
     int ran;         /* the input was opened and read */
+    metrics_srv *msrv;   /* --metrics-listen */
 } loop;
 
 volatile sig_atomic_t stream_stop;
@@ -161,6 +163,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'G': return cli_duration(c->cmd, "--grace", arg, &c->grace_ms);
     case 'F': c->from = arg; return 0;
     case 'T': c->to = arg; return 0;
+    case 'P': c->metrics_listen = arg; return 0;
     case 'I': return cli_duration(c->cmd, "--idle-exit", arg,
                                   &c->idle_exit_ms);
     case 'C':
@@ -1183,6 +1186,35 @@ static void announce_resume(const loop *lp)
             j->pos.out_len);
 }
 
+/* What the endpoint cannot ask the store: the source's lag, the dead
+ * letters (the worker is joined: its counts are still). */
+static void note_metrics(loop *lp)
+{
+    if (!lp->msrv)
+        return;
+    long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
+    msrv_note(lp->msrv, lag, lp->st.n.dead_letter);
+}
+
+/* The endpoint, from before the store opens (a busy port is bad usage,
+ * said before anything is done) to after the last batch. */
+static int start_metrics(loop *lp, const stream_cfg *c)
+{
+    int rc = 0;
+    if (c->metrics_listen)
+        lp->msrv = msrv_start(c->cmd, c->metrics_listen,
+                              cli_store_uri(c->uri), &rc);
+    return rc;
+}
+
+static void attach_metrics(loop *lp)
+{
+    const stream_cfg *c = lp->st.cfg;
+    const char *name = c->job ? c->job
+                       : lp->st.job.name[0] ? lp->st.job.name : c->cmd;
+    msrv_attach(lp->msrv, lp->s, name);
+}
+
 /* Commit batch k in the worker while reading batch k+1 here. */
 static int run_batches(loop *lp)
 {
@@ -1198,6 +1230,7 @@ static int run_batches(loop *lp)
         if (rc || cur->done || cur->stop || stream_stop)
             return rc ? rc : cur->stop;
         progress(lp, 0);
+        note_metrics(lp);
         cur = next;
     }
 }
@@ -1318,9 +1351,13 @@ int stream_run(const stream_cfg *c)
     loop lp = {0};
     lp.rd.fd = -1;
     lp.dl.fd = -1;
-    int rc = setup(&lp, c);
+    int rc = start_metrics(&lp, c);
+    if (!rc)
+        rc = setup(&lp, c);
     if (!rc)
         rc = open_ends(&lp);
+    if (!rc)
+        attach_metrics(&lp);
     if (!rc) {
         lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
@@ -1329,6 +1366,7 @@ int stream_run(const stream_cfg *c)
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
+        note_metrics(&lp);
         progress(&lp, 1);
         report_trimmed(&lp);
         if (!rc && lp.rd.partial_len && !c->quiet)
@@ -1353,6 +1391,7 @@ int stream_run(const stream_cfg *c)
     if (rc != CLI_EXIT_USAGE && (lp.ran || c->stats_json))
         summary(&lp, rc);
     int rc2 = job_end(&lp.st.job);
+    msrv_stop(lp.msrv);
     if (lp.s && idem_close(lp.s) && !rc)
         rc = cli_fail(c->cmd, "closing the store failed");
     idem_runner_free(lp.runner);
