@@ -284,3 +284,26 @@ Test(cli_metrics, promtool_tests_the_alerting_rules)
                       t_dir),
                  0, "%s", t_read(t_at("out"), NULL));
 }
+
+/* On a terminal a file job shows how far it is through its input and
+ * when it should end; on a pipe, or with --quiet, nothing. script(1)
+ * gives the run a terminal; a handler that sleeps 300 ms per message
+ * makes the run last past the line's half-second refresh on any
+ * machine. */
+Test(cli_metrics, progress_line_shows_percent_and_eta_on_a_tty)
+{
+    t_put("in", "{\"id\":1}\n{\"id\":2}\n{\"id\":3}\n{\"id\":4}\n"
+                "{\"id\":5}\n{\"id\":6}\n");
+    t_put("go.sh", "IDEM_STORE=local:$1 exec \"$IDEM_CLI\" run $2 --key id "
+                   "--batch 1 --exec '\"$IDEM_PROGS/handler\" sleep=300' in "
+                   "> /dev/null\n");
+    cr_assert_eq(t_sh("cd '%s' && script -qec 'sh go.sh s1' /dev/null > tty "
+                      "2>&1", t_dir), 0, "%s", t_read(t_at("tty"), NULL));
+    cr_assert(t_grep(t_at("tty"), "%, ETA "), "%s", t_read(t_at("tty"), NULL));
+    cr_assert_eq(t_sh("cd '%s' && sh go.sh s2 2> err", t_dir), 0);
+    cr_assert(t_grep(t_at("err"), "6 lines read"));
+    cr_assert(!t_grep(t_at("err"), "ETA"), "not on a pipe or file");
+    cr_assert_eq(t_sh("cd '%s' && script -qec 'sh go.sh s3 --quiet' "
+                      "/dev/null > tty 2>&1", t_dir), 0);
+    cr_assert(!t_grep(t_at("tty"), "ETA"), "not with --quiet");
+}

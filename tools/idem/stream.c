@@ -47,6 +47,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "connect.h"
@@ -132,6 +133,8 @@ typedef struct loop {
     int tty;
     int ran;         /* the input was opened and read */
     metrics_srv *msrv;   /* --metrics-listen */
+    uint64_t todo;   /* bytes of the input files left at the start; 0 when
+                      * unknown (standard input, a pipe, a stream) */
 } loop;
 
 volatile sig_atomic_t stream_stop;
@@ -883,6 +886,12 @@ static void progress(loop *lp, int final)
     long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
     if (lag >= 0)
         fprintf(stderr, ", lag %lld", lag);
+    if (lp->todo && n->bytes && n->bytes <= lp->todo) {
+        double done = (double)n->bytes / (double)lp->todo;
+        long long left = (long long)(secs / done - secs);
+        fprintf(stderr, ", %.0f%%, ETA %lldm%02llds", 100.0 * done,
+                left / 60, left % 60);
+    }
 }
 
 /* --stats-json of a run that failed (rc 1) says why. */
@@ -1292,11 +1301,27 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
                           k);
 }
 
+/* The bytes of the input files from input `at`, offset off, to their
+ * ends, for the progress line; 0 if one is not a regular file. */
+static uint64_t input_bytes(const stream_cfg *c, size_t at, uint64_t off)
+{
+    uint64_t sum = 0;
+    struct stat st;
+    for (size_t i = at; i < c->ninputs; i++) {
+        if (!strcmp(c->inputs[i], "-") || stat(c->inputs[i], &st) ||
+            !S_ISREG(st.st_mode))
+            return 0;
+        sum += (uint64_t)st.st_size;
+    }
+    return c->ninputs && sum > off ? sum - off : 0;
+}
+
 /* The input files as the source, from input `at`, offset off. */
 static int open_files(loop *lp, const source_opts *o, size_t at,
                       uint64_t off, uint64_t lineno)
 {
     const stream_cfg *c = lp->st.cfg;
+    lp->todo = lp->tty ? input_bytes(c, at, off) : 0;
     if (nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
         return cli_fail(c->cmd, "%s", lp->rd.err);
     if (!(lp->src = source_files(&lp->rd, o)))
