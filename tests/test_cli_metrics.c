@@ -307,3 +307,32 @@ Test(cli_metrics, progress_line_shows_percent_and_eta_on_a_tty)
                       "/dev/null > tty 2>&1", t_dir), 0);
     cr_assert(!t_grep(t_at("tty"), "ETA"), "not with --quiet");
 }
+
+/* A stream source: the endpoint serves while dedup waits for entries,
+ * with the source's lag, and SIGTERM (which must reach the reading
+ * thread, not the server's) still stops it. */
+Test(cli_metrics, stream_source_lag_and_stop)
+{
+    char in[128], out[128];
+    snprintf(in, sizeof in, "%sin", th_prefix());
+    snprintf(out, sizeof out, "%sout", th_prefix());
+    redisContext *rc = th_connect(th_first_port(th_redis_addr()));
+    for (int i = 0; i < 50; i++)
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d", in, i % 40));
+    int port = free_port();
+    pid_t pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                            "'redis-stream://%s/%s?group=g' --to "
+                            "'redis-stream://%s/%s' --metrics-listen "
+                            "127.0.0.1:%d > o 2> err", th_redis_addr(), in,
+                            th_redis_addr(), out, port);
+    const char *want[] = {"outcome=\"new\"} 40\n",
+                          "result=\"duplicate\"} 10\n",
+                          "idem_source_lag_messages{", NULL};
+    char *body = wait_for(port, "/metrics", want);
+    t_write(t_at("scrape"), body, strlen(body));
+    promtool_check("scrape");
+    free(body);
+    kill(pid, SIGTERM);
+    cr_assert_eq(t_wait(pid), 0, "%s", t_read(t_at("err"), NULL));
+    redisFree(rc);
+}

@@ -23,6 +23,7 @@
 #include <microhttpd.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,10 +214,19 @@ metrics_srv *msrv_start(const char *cmd, const char *addr, const char *uri,
     m->lag = -1;
     m->servers = !(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS);
     pthread_mutex_init(&m->mu, NULL);
+    /* The server's thread inherits a mask without SIGTERM and SIGINT:
+     * a stop signal must land in the reading thread, whose wait for
+     * input it ends (stream.c). */
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stops, &old);
     m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
                             answer, m, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_TIMEOUT, 30u,
                             MHD_OPTION_END);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!m->d) {
         *status = cli_fail(cmd, "--metrics-listen %s: cannot start the "
                            "HTTP server", addr);
@@ -237,13 +247,16 @@ void msrv_attach(metrics_srv *m, idem_store *s, const char *job)
     pthread_mutex_unlock(&m->mu);
 }
 
-void msrv_note(metrics_srv *m, long long lag, uint64_t dead_letter)
+void msrv_note_lag(metrics_srv *m, long long lag)
 {
-    if (!m)
-        return;
-    atomic_store_explicit(&m->lag, lag, memory_order_relaxed);
-    atomic_store_explicit(&m->dead_letter, dead_letter,
-                          memory_order_relaxed);
+    if (m)
+        atomic_store_explicit(&m->lag, lag, memory_order_relaxed);
+}
+
+void msrv_note_dead_letters(metrics_srv *m, uint64_t n)
+{
+    if (m)
+        atomic_store_explicit(&m->dead_letter, n, memory_order_relaxed);
 }
 
 void msrv_stop(metrics_srv *m)

@@ -20,8 +20,10 @@ metrics_srv *msrv_start(const char *cmd, const char *addr, const char *uri,
 void msrv_attach(metrics_srv *m, idem_store *s, const char *job);
 
 /* What the runner's loop knows and the store does not: the source's lag
- * (-1 unknown) and the messages set aside as dead letters. Lock-free. */
-void msrv_note(metrics_srv *m, long long lag, uint64_t dead_letter);
+ * (-1 unknown), and the messages set aside as dead letters. Lock-free;
+ * m may be NULL. */
+void msrv_note_lag(metrics_srv *m, long long lag);
+void msrv_note_dead_letters(metrics_srv *m, uint64_t n);
 
 /* Stop serving and free m (NULL: nothing). */
 void msrv_stop(metrics_srv *m);

@@ -1195,14 +1195,19 @@ static void announce_resume(const loop *lp)
             j->pos.out_len);
 }
 
-/* What the endpoint cannot ask the store: the source's lag, the dead
- * letters (the worker is joined: its counts are still). */
-static void note_metrics(loop *lp)
+/* What the endpoint cannot ask the store: the source's lag, after each
+ * read (the source is the reading thread's), ... */
+static void note_lag(loop *lp)
 {
-    if (!lp->msrv)
-        return;
-    long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
-    msrv_note(lp->msrv, lag, lp->st.n.dead_letter);
+    if (lp->msrv && lp->src->ops->lag)
+        msrv_note_lag(lp->msrv, lp->src->ops->lag(lp->src));
+}
+
+/* ... and the dead letters, once the worker is joined (its counts are
+ * still then). */
+static void note_dead_letters(loop *lp)
+{
+    msrv_note_dead_letters(lp->msrv, lp->st.n.dead_letter);
 }
 
 /* The endpoint, from before the store opens (a busy port is bad usage,
@@ -1229,17 +1234,19 @@ static int run_batches(loop *lp)
 {
     batch *cur = &lp->b[0];
     read_batch(lp, cur);
+    note_lag(lp);
     for (;;) {
         start_commit(lp, cur);
         batch *next = cur == &lp->b[0] ? &lp->b[1] : &lp->b[0];
         if (!cur->done && !cur->stop)
             read_batch(lp, next);
+        note_lag(lp);
         int rc = finish_commit(lp);
+        note_dead_letters(lp);
         lp->stopped = !rc && !cur->done && !cur->stop && stream_stop;
         if (rc || cur->done || cur->stop || stream_stop)
             return rc ? rc : cur->stop;
         progress(lp, 0);
-        note_metrics(lp);
         cur = next;
     }
 }
@@ -1391,7 +1398,6 @@ int stream_run(const stream_cfg *c)
         start_worker(&lp);
         rc = run_batches(&lp);
         stop_worker(&lp);
-        note_metrics(&lp);
         progress(&lp, 1);
         report_trimmed(&lp);
         if (!rc && lp.rd.partial_len && !c->quiet)
