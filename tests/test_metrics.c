@@ -34,7 +34,7 @@ static void claim_done(idem_store *s, size_t n, size_t distinct)
 {
     idem_key *k = calloc(n, sizeof *k);
     idem_outcome *o = calloc(n, sizeof *o);
-    char (*names)[16] = calloc(n, sizeof *names);
+    char (*names)[24] = calloc(n, sizeof *names);
     cr_assert(k && o && names);
     for (size_t i = 0; i < n; i++) {
         snprintf(names[i], sizeof names[i], "k%zu", i % distinct);

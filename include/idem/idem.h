@@ -45,7 +45,8 @@
  * THREADS
  *
  * A store handle may be used by one thread at a time. Different handles are
- * independent. Functions that take no handle are thread-safe.
+ * independent. Functions that take no handle are thread-safe, and so is
+ * idem_metrics_get(), which any thread may call on an open handle.
  *
  * FORK
  *
