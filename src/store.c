@@ -443,9 +443,9 @@ int idem_complete_many(idem_store *s, const idem_completion *items, size_t n,
     for (size_t i = 0; i < n; i++)
         statuses[i] = idem__check_completion(s, &items[i]);
     int rc = n ? s->be->complete_many(s, items, n, statuses) : 0;
-    uint64_t done = 0;
+    uint64_t done = 0;  /* a batch cut short left the rest unanswered */
     for (size_t i = 0; i < n; i++)
-        done += !idem__metrics_error(&s->m, statuses[i]);
+        done += !idem__metrics_error(&s->m, statuses[i]) && !rc;
     idem__ctr_add(&s->m.completions, done);
     return idem__finish_batch(s, rc, flags);
 }
