@@ -69,7 +69,8 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl \
+	    -lmicrohttpd
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \

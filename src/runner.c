@@ -514,7 +514,9 @@ static int idem__runner_handle(idem_runner *r, int *herr)
     r->ntasks = nt;
     r->recorded = 0;
     r->in_handler = 1;
+    uint64_t t0 = idem__mono_ns();
     *herr = r->o.handler(r->o.ctx, r->tasks, nt);
+    idem__hist_observe(&r->s->m.handler, idem__mono_ns() - t0);
     r->in_handler = 0;
     rc = r->tick_rc ? r->tick_rc : idem__runner_record(r, 1);
     for (size_t k = 0; !rc && !*herr && k < nt; k++)
@@ -591,6 +593,7 @@ static int idem__runner_commit(idem_runner *r, int always)
     if (!rc)
         rc = idem_sync(r->s);
     if (!rc) {
+        idem__metrics_messages(&r->s->m, r->msgs + r->done, p - r->done);
         r->done = p;
         r->last_commit = idem__runner_now();
     }

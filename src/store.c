@@ -215,6 +215,7 @@ static int idem__handle_new(const char *uri, const idem_opts *opts,
     pthread_once(&idem__forks_once, idem__watch_forks);
     s->pid = (long)getpid();
     s->forks = idem__forks;
+    idem__metrics_reset(&s->m);
     if (idem__forks_watched)
         return idem__fail(s, IDEM_ENOMEM, "cannot register a fork handler");
     if (opts)
@@ -242,6 +243,8 @@ int idem_open(const char *uri, const idem_opts *opts, idem_store **out)
     int rc = idem__handle_new(uri, opts, out, &rest);
     if (!rc)
         rc = (*out)->be->open(*out, rest);
+    if (!rc && (*out)->be->gauges)
+        (*out)->be->gauges(*out);
     if (rc && *out)
         (*out)->be = NULL;  /* closed state: only errdetail and close work */
     return rc;
@@ -311,11 +314,28 @@ static int idem__resolve_claim(idem_store *s, const idem_claim_opts *o,
     return rc ? rc : idem__check_ms(s, a->ttl_ms, "ttl");
 }
 
+/* A call's error, counted (metrics.h); IDEM_ENOTFOUND is an answer. */
+static int idem__counted(idem_store *s, int rc)
+{
+    return rc == IDEM_ENOTFOUND ? rc : idem__metrics_error(&s->m, rc);
+}
+
+/* The backend's sync, timed, and the gauges it may have moved. */
+static int idem__sync_timed(idem_store *s)
+{
+    uint64_t t0 = idem__mono_ns();
+    int rc = s->be->sync(s);
+    idem__hist_observe(&s->m.sync, idem__mono_ns() - t0);
+    if (s->be->gauges)
+        s->be->gauges(s);
+    return idem__counted(s, rc);
+}
+
 static int idem__finish_batch(idem_store *s, int rc, unsigned flags)
 {
     if (rc == 0 && !(flags & IDEM_NOSYNC))
-        rc = s->be->sync(s);
-    return rc;
+        return idem__sync_timed(s);
+    return idem__counted(s, rc);
 }
 
 /* IDEM_CLAIM_DONE on a backend that cannot write DONE in one step:
@@ -343,11 +363,28 @@ static int idem__complete_new(idem_store *s, const idem_key *keys, size_t n,
     return rc;
 }
 
-int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
-                    const idem_claim_opts *opts, idem_outcome *outs,
-                    unsigned flags)
+/* NEW outcomes that IDEM_CLAIM_DONE recorded DONE are completions. */
+static void idem__count_claims(idem_store *s, const idem_outcome *outs,
+                               size_t n, unsigned flags)
+{
+    idem__metrics_claims(&s->m, outs, n);
+    if (!(flags & IDEM_CLAIM_DONE))
+        return;
+    uint64_t done = 0;
+    for (size_t i = 0; i < n; i++)
+        done += !outs[i].status && outs[i].kind == IDEM_NEW;
+    idem__ctr_add(&s->m.completions, done);
+}
+
+/* idem_claim_many(); `timed`: a batch, whose time the histogram of
+ * claim batches takes (a single claim is too short to be worth the
+ * clock). */
+static int idem__claim_many(idem_store *s, const idem_key *keys, size_t n,
+                            const idem_claim_opts *opts, idem_outcome *outs,
+                            unsigned flags, int timed)
 {
     IDEM__ENTER(s);
+    uint64_t t0 = timed ? idem__mono_ns() : 0;
     idem__claim_args a;
     int rc = idem__resolve_claim(s, opts, &a);
     if (rc)
@@ -363,7 +400,17 @@ int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
     rc = n ? s->be->claim_many(s, keys, n, &a, outs) : 0;
     if (!rc && (flags & IDEM_CLAIM_DONE) && !a.done)
         rc = idem__complete_new(s, keys, n, outs, a.ttl_ms);
+    idem__count_claims(s, outs, n, rc ? 0 : flags);
+    if (timed)
+        idem__hist_observe(&s->m.claim_batch, idem__mono_ns() - t0);
     return idem__finish_batch(s, rc, flags);
+}
+
+int idem_claim_many(idem_store *s, const idem_key *keys, size_t n,
+                    const idem_claim_opts *opts, idem_outcome *outs,
+                    unsigned flags)
+{
+    return idem__claim_many(s, keys, n, opts, outs, flags, 1);
 }
 
 int idem_claim(idem_store *s, const idem_key *key,
@@ -371,7 +418,7 @@ int idem_claim(idem_store *s, const idem_key *key,
 {
     if (!key || !out)
         return IDEM_EINVAL;
-    int rc = idem_claim_many(s, key, 1, opts, out, IDEM_NOSYNC);
+    int rc = idem__claim_many(s, key, 1, opts, out, IDEM_NOSYNC, 0);
     return rc ? rc : out->status;
 }
 
@@ -396,6 +443,10 @@ int idem_complete_many(idem_store *s, const idem_completion *items, size_t n,
     for (size_t i = 0; i < n; i++)
         statuses[i] = idem__check_completion(s, &items[i]);
     int rc = n ? s->be->complete_many(s, items, n, statuses) : 0;
+    uint64_t done = 0;  /* a batch cut short left the rest unanswered */
+    for (size_t i = 0; i < n; i++)
+        done += !idem__metrics_error(&s->m, statuses[i]) && !rc;
+    idem__ctr_add(&s->m.completions, done);
     return idem__finish_batch(s, rc, flags);
 }
 
@@ -420,9 +471,13 @@ int idem_fail(idem_store *s, const void *key, size_t keylen, uint64_t token,
         rc = idem__fail(s, IDEM_EINVAL, "token 0 is never issued");
     if (!rc && (flags & ~IDEM_RETRYABLE))
         rc = idem__fail(s, IDEM_EINVAL, "unknown flags 0x%x", flags);
-    return rc ? rc
-              : s->be->fail(s, key, keylen, token, error, len,
-                            (flags & IDEM_RETRYABLE) != 0);
+    if (!rc)
+        rc = s->be->fail(s, key, keylen, token, error, len,
+                         (flags & IDEM_RETRYABLE) != 0);
+    if (!rc)
+        idem__ctr_add(flags & IDEM_RETRYABLE ? &s->m.fail_retry
+                                             : &s->m.fail_perm, 1);
+    return idem__counted(s, rc);
 }
 
 int idem_extend(idem_store *s, const void *key, size_t keylen,
@@ -434,7 +489,9 @@ int idem_extend(idem_store *s, const void *key, size_t keylen,
     int rc = idem__check_key(s, key, keylen);
     if (!rc)
         rc = idem__check_ms(s, lease_ms, "lease");
-    return rc ? rc : s->be->extend(s, key, keylen, token, lease_ms);
+    return idem__counted(s, rc ? rc
+                               : s->be->extend(s, key, keylen, token,
+                                               lease_ms));
 }
 
 /* Backends without a batch form renew one lease at a time; the first
@@ -473,9 +530,12 @@ int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
         statuses[i] = idem__check_key(s, items[i].key, items[i].keylen);
     if (!n)
         return 0;
-    return s->be->extend_many
-               ? s->be->extend_many(s, items, n, lease_ms, statuses)
-               : idem__extend_each(s, items, n, lease_ms, statuses);
+    rc = s->be->extend_many
+             ? s->be->extend_many(s, items, n, lease_ms, statuses)
+             : idem__extend_each(s, items, n, lease_ms, statuses);
+    for (size_t i = 0; !rc && i < n; i++)
+        idem__metrics_error(&s->m, statuses[i]);
+    return idem__counted(s, rc);
 }
 
 int idem_get(idem_store *s, const void *key, size_t keylen, idem_record *out)
@@ -494,13 +554,13 @@ int idem_forget(idem_store *s, const void *key, size_t keylen)
 {
     IDEM__ENTER(s);
     int rc = idem__check_key(s, key, keylen);
-    return rc ? rc : s->be->forget(s, key, keylen);
+    return idem__counted(s, rc ? rc : s->be->forget(s, key, keylen));
 }
 
 int idem_sync(idem_store *s)
 {
     IDEM__ENTER(s);
-    return s->be->sync(s);
+    return idem__sync_timed(s);
 }
 
 static int idem__check_name(idem_store *s, const char *name)
@@ -543,7 +603,13 @@ int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired)
 {
     IDEM__ENTER(s);
     uint64_t dummy;
-    return s->be->sweep(s, max_work, expired ? expired : &dummy);
+    uint64_t *e = expired ? expired : &dummy;
+    *e = 0;
+    int rc = s->be->sweep(s, max_work, e);
+    idem__ctr_add(&s->m.expired, *e);
+    if (s->be->gauges)
+        s->be->gauges(s);
+    return idem__counted(s, rc);
 }
 
 int idem_stats_get(idem_store *s, idem_stats *out)

@@ -9,6 +9,7 @@
 #define IDEM_STORE_H
 
 #include "common.h"
+#include "metrics.h"
 
 struct idem__backend;
 
@@ -22,6 +23,7 @@ struct idem_store {
     unsigned long forks;      /* idem__forks when it was opened */
     char detail[512];
     char warning[512];        /* idem_warning(): set by open, or "" */
+    idem__metrics m;          /* idem_metrics_get(): see metrics.h */
 };
 
 /* Resolved per-claim numbers. */
@@ -86,6 +88,13 @@ struct idem__backend {
     /* Refuse every later write and sync with `code`: what was done since
      * the last sync must never become durable. */
     void (*poison)(idem_store *s, int code);
+    /* Optional: set s->m's gauges (live keys, bytes, segments, expired),
+     * in O(1): called after open and every sync. */
+    void (*gauges)(idem_store *s);
+    /* Optional (NULL: no server figures, *n = 0): as
+     * idem_server_metrics_get(). */
+    int (*server_metrics)(idem_store *s, idem_server_metrics *out,
+                          size_t max, size_t *n);
 };
 
 extern const struct idem__backend idem__backend_local;

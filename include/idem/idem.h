@@ -45,7 +45,8 @@
  * THREADS
  *
  * A store handle may be used by one thread at a time. Different handles are
- * independent. Functions that take no handle are thread-safe.
+ * independent. Functions that take no handle are thread-safe, and so is
+ * idem_metrics_get(), which any thread may call on an open handle.
  *
  * FORK
  *
@@ -888,6 +889,134 @@ typedef struct idem_stats {
 
 /* Fill *out. Counting by state visits every entry: O(keys). */
 IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
+
+/* ------------------------------------------------------------------------
+ * Metrics: what a handle has done, for Prometheus or any monitor.
+ *
+ * Every handle keeps counters and histograms of its calls from the moment
+ * it opens: claims by outcome, completions, failures, lost leases, errors
+ * by code, how long syncs and claim batches took, and, for a runner over
+ * it, messages by result and how long the handler took. They cost a few
+ * plain loads and stores per call (no lock, no atomic read-modify-write):
+ * a handle has one writer at a time, so each counter is kept with relaxed
+ * atomic loads and stores that another thread may read whole at any
+ * moment. The gauges (live keys, bytes, segments) are refreshed, in O(1),
+ * when the handle opens and at every sync of a local: or mem: store.
+ *
+ * idem_metrics_get() is the one call on a handle that is thread-safe: a
+ * monitoring thread may read a handle that another thread is using. The
+ * values it reads are each exact but not one instant's: a claim counted
+ * may not be in a histogram yet. idem_metrics_format() turns the figures
+ * into the Prometheus text format (names in docs/monitoring.md), so that
+ * a program can serve them from its own endpoint. */
+
+#define IDEM_METRICS_BUCKETS 16  /* finite histogram buckets */
+/* Their upper bounds in seconds, the same for every histogram. */
+#define IDEM_METRICS_BOUNDS                                                \
+    {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,     \
+     0.1, 0.25, 0.5, 1, 2.5, 5, 10}
+#define IDEM_METRICS_CODES 33    /* errors[-code]: IDEM_E* codes 0..-32 */
+
+/* A histogram of durations, cumulative as Prometheus has it: le[i] counts
+ * the observations <= bound i (IDEM_METRICS_BOUNDS); count all of them
+ * (the +Inf bucket); sum is their total in seconds. */
+typedef struct idem_histogram {
+    uint64_t le[IDEM_METRICS_BUCKETS];
+    uint64_t count;
+    double sum;
+} idem_histogram;
+
+/* Results of the runner's messages (idem_metrics.messages), as the label
+ * result of idem_messages_total names them. */
+enum {
+    IDEM_MR_DONE,        /* IDEM_MSG_DONE */
+    IDEM_MR_FAILED,      /* IDEM_MSG_FAILED */
+    IDEM_MR_GAVE_UP,     /* IDEM_MSG_GAVE_UP */
+    IDEM_MR_REPLAY,      /* IDEM_MSG_REPLAY and IDEM_MSG_REPLAY_FAILED */
+    IDEM_MR_DUPLICATE,   /* IDEM_MSG_DUPLICATE */
+    IDEM_MR_INVALID,     /* IDEM_MSG_INVALID */
+    IDEM_MR_DEAD_LETTER, /* never counted by the library: a program that
+                          * sets poison messages aside moves them here
+                          * (from failed) before it formats */
+    IDEM_MR_COUNT
+};
+
+/* What a Redis server reports of itself (INFO), per master node; -1 for
+ * a figure the server did not report. */
+typedef struct idem_server_metrics {
+    char node[128];             /* "host:port" */
+    int64_t evicted_keys;       /* keys evicted for maxmemory */
+    int64_t used_memory_bytes;
+    int64_t keyspace_hits, keyspace_misses;
+} idem_server_metrics;
+
+/* A handle's figures. Initialise with idem_metrics_init(): the struct may
+ * grow, and the library fills only the fields of the version the caller
+ * was built with. */
+typedef struct idem_metrics {
+    unsigned version;          /* set by idem_metrics_init() */
+    uint64_t claims[5];        /* claims by outcome: [kind - 1] of
+                                * IDEM_NEW .. IDEM_MISMATCH */
+    uint64_t completions;      /* records completed (DONE), IDEM_CLAIM_DONE
+                                * claims included */
+    uint64_t failures_permanent, failures_retryable;  /* idem_fail() */
+    uint64_t takeovers;        /* NEW claims of a key whose holder's lease
+                                * ran out (local: and mem:; 0 on Redis,
+                                * whose scripts do not tell) */
+    uint64_t lost;             /* IDEM_ELOST answers: leases lost */
+    uint64_t errors[IDEM_METRICS_CODES]; /* calls and keys that failed,
+                                * by code: errors[-IDEM_EIO], ...
+                                * (IDEM_ENOTFOUND of a lookup is an
+                                * answer, not counted) */
+    idem_histogram sync_duration;        /* idem_sync() and batch syncs */
+    idem_histogram claim_batch_duration; /* idem_claim_many() calls */
+    int64_t live_keys;         /* index entries (idem_stats.live_keys), */
+    int64_t store_bytes;       /* bytes in segments, */
+    int64_t segments;          /* segments: -1 where not known (Redis) */
+    uint64_t expired_total;    /* records removed by sweeps */
+    /* Of idem_runner_batch() over this handle, per committed message: */
+    uint64_t messages[IDEM_MR_COUNT];
+    idem_histogram handler_duration;     /* one per handler call */
+    /* Filled by the caller, never by the library: */
+    int64_t source_lag;        /* messages the source holds unread; -1
+                                * (idem_metrics_init()): unknown */
+    const idem_server_metrics *servers;  /* idem_server_metrics_get() */
+    size_t nservers;
+} idem_metrics;
+
+/* Fill *m with zeros and the version (NULL: nothing to do). */
+IDEM_EXPORT void idem_metrics_init(idem_metrics *m);
+
+/* Copy s's figures into *m (initialised by idem_metrics_init(); its
+ * source_lag, servers and nservers are left as they are). Thread-safe,
+ * even against calls on s in another thread; s must stay open during the
+ * call. Returns 0, or IDEM_EINVAL (s or m NULL, m not initialised). */
+IDEM_EXPORT int idem_metrics_get(const idem_store *s, idem_metrics *m);
+
+/* Ask each master node of a Redis store for its INFO figures: up to max
+ * of them into out, *n set to how many nodes there are (more than max:
+ * the rest are left out). A local: or mem: store has none (*n = 0). Not
+ * on any hot path: one round trip per node, within the store's
+ * timeout_ms. A call on s like any other (one thread at a time): a
+ * monitoring thread opens a handle of its own (IDEM_O_READONLY) for it.
+ * Returns 0, IDEM_EINVAL, or a store error (ECONN, ETIMEOUT, ...). */
+IDEM_EXPORT int idem_server_metrics_get(idem_store *s,
+                                        idem_server_metrics *out, size_t max,
+                                        size_t *n);
+
+/* Render m in the Prometheus text exposition format (version 0.0.4):
+ * each family once, with # HELP and # TYPE, every sample labelled
+ * job="JOB" (left out when job is NULL) and store="STORE", the URI
+ * with its passwords hidden (idem_uri_display(); NULL is the default
+ * store), never a key; idem_build_info{version="..."} 1 first, the Redis
+ * server gauges per node last. Writes at most size bytes to buf
+ * (NUL-terminated, cut short if need be; buf may be NULL when size is
+ * 0) and returns the length of the whole rendering, as snprintf() does:
+ * call again with a buffer of that length + 1 when it did not fit.
+ * Thread-safe. */
+IDEM_EXPORT size_t idem_metrics_format(const idem_metrics *m,
+                                       const char *job, const char *store,
+                                       char *buf, size_t size);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {

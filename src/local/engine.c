@@ -210,6 +210,9 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
                        a->ttl_ms, idem__token_floor(en, now_us), &next, out);
     if (out->kind == IDEM_NEW)
         idem__token_seen(en, next.token);
+    if (out->kind == IDEM_NEW && fo.live &&
+        fo.f.rec.state == IDEM_STATE_PENDING && !fo.f.rec.released)
+        idem__ctr_add(&s->m.takeovers, 1);  /* its holder's lease ran out */
     if (out->kind == IDEM_NEW && a->done) {
         next.state = IDEM_STATE_DONE;
         next.lease = 0;
@@ -665,6 +668,19 @@ static int idem__eng_sweep(idem_store *s, size_t max_work,
     return rc ? rc : idem__retire_segments(s, now);
 }
 
+/* The O(1) figures of idem_stats, for the metrics after each sync. */
+static void idem__eng_gauges(idem_store *s)
+{
+    idem__engine *en = idem__eng(s);
+    const idem__log *lg = &en->log;
+    uint64_t bytes = lg->wbuf.len;
+    for (size_t i = 0; i < lg->nsegs; i++)
+        bytes += lg->segs[i].size;
+    idem__gauge_set(&s->m.live_keys, (int64_t)en->ix.count);
+    idem__gauge_set(&s->m.store_bytes, (int64_t)bytes);
+    idem__gauge_set(&s->m.segments, (int64_t)lg->nsegs);
+}
+
 static int idem__eng_stats(idem_store *s, idem_stats *out)
 {
     idem__engine *en = idem__eng(s);
@@ -904,7 +920,8 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .forget = idem__eng_forget, .sync = idem__eng_sync,                    \
     .checkpoint_put = idem__eng_ckpt_put,                                  \
     .checkpoint_get = idem__eng_ckpt_get, .sweep = idem__eng_sweep,        \
-    .stats = idem__eng_stats, .scan = idem__eng_scan,                      \
+    .stats = idem__eng_stats, .gauges = idem__eng_gauges,                  \
+    .scan = idem__eng_scan,                                                \
     .import = idem__eng_import, .poison = idem__eng_poison,                \
     .caps = IDEM__CAP_CLAIM_DONE | IDEM__CAP_EXCLUSIVE |                   \
             IDEM__CAP_GROUP_COMMIT | IDEM__CAP_SEGMENTS

@@ -838,6 +838,7 @@ static int idem__redis_check_uri(idem_store *s, const char *rest,
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
+    .server_metrics = idem__redis_server_metrics,                          \
     .scan = idem__redis_scan, .import = idem__redis_import,                \
     .check = idem__redis_check_uri,                                        \
     .extend_many = idem__redis_extend_many, .poison = idem__ckpt_poison,   \

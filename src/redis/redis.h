@@ -272,6 +272,9 @@ int idem__intent_add(idem__buf *b, char op, uint64_t token, int64_t ttl_ms,
 
 int idem__redis_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 int idem__redis_stats(idem_store *s, idem_stats *out);
+/* idem_server_metrics_get(): INFO of every master. */
+int idem__redis_server_metrics(idem_store *s, idem_server_metrics *out,
+                               size_t max, size_t *n);
 /* idem_check() (repair 0) and idem_repair() (1) of a Redis store:
  * records idem cannot read, deleted by repair. segments gets the keys
  * looked at. 0, IDEM_ECORRUPT (check found some) or an error. */

@@ -357,11 +357,11 @@ static int idem__scan_buckets(idem_store *s, const redisReply *keys,
     return rc;
 }
 
-/* One try of a SCAN page on node's first connection, connecting first
- * if it is down. The reply, or NULL with *rc the error. */
+/* One try of a SCAN page (or an INFO) on node's first connection,
+ * connecting first if it is down. The reply, or NULL with *rc the error. */
 static redisReply *idem__scan_try(idem_store *s, size_t node, int64_t left,
-                                  const char **argv, const size_t *lens,
-                                  int *rc)
+                                  int argc, const char **argv,
+                                  const size_t *lens, int *rc)
 {
     idem__redis *r = idem__r(s);
     idem__rnode *nd = &r->nodes[node];
@@ -370,9 +370,10 @@ static redisReply *idem__scan_try(idem_store *s, size_t node, int64_t left,
     if (!conn->c && (*rc = idem__rconn_open(s, r, nd, conn, ms)) != 0)
         return NULL;
     idem__rconn_deadline(conn, left);
-    redisReply *rep = idem__rconn_command(s, conn, 6, argv, lens, rc);
+    redisReply *rep = idem__rconn_command(s, conn, argc, argv, lens, rc);
     if (rep && rep->type == REDIS_REPLY_ERROR && idem__transient(rep->str)) {
-        *rc = idem__fail(s, IDEM_ETIMEOUT, "%s: SCAN: %s", s->uri, rep->str);
+        *rc = idem__fail(s, IDEM_ETIMEOUT, "%s: %s: %s", s->uri, argv[0],
+                         rep->str);
         freeReplyObject(rep);
         return NULL;
     }
@@ -382,8 +383,8 @@ static redisReply *idem__scan_try(idem_store *s, size_t node, int64_t left,
 /* A SCAN page of node, asked again on a new connection while the
  * connection breaks or the node is busy, within the call's budget as
  * claims are: SCAN only reads, and asking again for a cursor returns
- * that page again. */
-static redisReply *idem__scan_call(idem_store *s, size_t node,
+ * that page again. INFO, which only reads too, goes the same way. */
+static redisReply *idem__scan_call(idem_store *s, size_t node, int argc,
                                    const char **argv, const size_t *lens,
                                    int *rc)
 {
@@ -395,8 +396,8 @@ static redisReply *idem__scan_call(idem_store *s, size_t node,
     idem__scopy(before, sizeof before, s->detail);
     for (;;) {
         int64_t left = deadline - idem__mono_ms();
-        redisReply *rep = left > 0 ? idem__scan_try(s, node, left, argv,
-                                                    lens, rc)
+        redisReply *rep = left > 0 ? idem__scan_try(s, node, left, argc,
+                                                    argv, lens, rc)
                                    : NULL;
         if (rep)
             idem__scopy(s->detail, sizeof s->detail, before);
@@ -430,7 +431,7 @@ static int idem__scan_node(idem_store *s, size_t node, int script,
         snprintf(cur, sizeof cur, "%llu", (unsigned long long)*cursor);
         const char *argv[6] = {"SCAN", cur, "MATCH", pat, "COUNT", "1000"};
         size_t lens[6] = {4, strlen(cur), 5, patlen, 5, 4};
-        redisReply *rep = idem__scan_call(s, node, argv, lens, &rc);
+        redisReply *rep = idem__scan_call(s, node, 6, argv, lens, &rc);
         if (!rep)
             break;
         if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
@@ -551,5 +552,63 @@ int idem__redis_check(idem_store *s, int repair, idem_check_report *out)
     snprintf(out->first_damage, sizeof out->first_damage, "%s", acc.first);
     if (!rc && acc.counts[1] && !repair)
         rc = IDEM_ECORRUPT;
+    return rc;
+}
+
+/* One INFO field of a reply's text ("name:value\r\n"), or -1. */
+static int64_t idem__info_field(const char *text, const char *name)
+{
+    size_t n = strlen(name);
+    for (const char *p = text; p && *p; p = strchr(p, '\n')) {
+        p += *p == '\n';
+        if (!strncmp(p, name, n) && p[n] == ':')
+            return strtoll(p + n + 1, NULL, 10);
+    }
+    return -1;
+}
+
+/* INFO of node i into *out. */
+static int idem__node_info(idem_store *s, size_t i, idem_server_metrics *out)
+{
+    idem__redis *r = idem__r(s);
+    const char *argv[1] = {"INFO"};
+    size_t lens[1] = {4};
+    int rc = 0;
+    redisReply *rep = idem__scan_call(s, i, 1, argv, lens, &rc);
+    if (!rep)
+        return rc;
+    if (rep->type != REDIS_REPLY_STRING) {
+        freeReplyObject(rep);
+        return idem__fail(s, IDEM_EPROTO, "%s: INFO: bad reply", s->uri);
+    }
+    snprintf(out->node, sizeof out->node, "%s:%d", r->nodes[i].host,
+             r->nodes[i].port);
+    out->evicted_keys = idem__info_field(rep->str, "evicted_keys");
+    out->used_memory_bytes = idem__info_field(rep->str, "used_memory");
+    out->keyspace_hits = idem__info_field(rep->str, "keyspace_hits");
+    out->keyspace_misses = idem__info_field(rep->str, "keyspace_misses");
+    freeReplyObject(rep);
+    return 0;
+}
+
+int idem__redis_server_metrics(idem_store *s, idem_server_metrics *out,
+                               size_t max, size_t *n)
+{
+    idem__redis *r = idem__r(s);
+    unsigned char *is;
+    int rc = idem__masters(s, r, &is);
+    if (rc)
+        return rc;
+    idem__sigstate sig;
+    idem__nosigpipe_begin(&sig);
+    for (size_t i = 0; i < r->nnodes && !rc; i++) {
+        if (!is[i])
+            continue;
+        if (*n < max)
+            rc = idem__node_info(s, i, &out[*n]);
+        ++*n;
+    }
+    idem__nosigpipe_end(&sig);
+    free(is);
     return rc;
 }

@@ -91,14 +91,16 @@ int cli_choice(const char *cmd, const char *opt, const char *arg,
                const char *const *choices, int *out);
 
 /* The options of the small commands (get, forget, stats, ...): --store,
- * --help, and as `flags` say, --json (CLI_JSON), --job NAME or
+ * --help, and as `flags` say, --json (CLI_JSON), --format NAME
+ * (CLI_FORMAT: the caller checks NAME), --job NAME or
  * --key-space NAME (CLI_KEY_SPACE; both give the key space) and
  * --key-spaces (CLI_PER_SPACE: count per key space), --base64
  * (CLI_BASE64: bytes shown in base64). Positional
  * arguments must number from min to max; `args` names them for messages
  * ("KEY"). Returns 0 (then *first is the index of the first positional),
  * -1 after --help (exit 0), or 2. */
-enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4, CLI_BASE64 = 8 };
+enum { CLI_JSON = 1, CLI_KEY_SPACE = 2, CLI_PER_SPACE = 4, CLI_BASE64 = 8,
+       CLI_FORMAT = 16 };
 
 typedef struct cli_simple {
     const char *uri;
@@ -106,6 +108,7 @@ typedef struct cli_simple {
     const char *key_space;  /* NULL: the shared key space */
     int per_space;          /* --key-spaces */
     int base64;             /* --base64 */
+    const char *format;     /* --format NAME (CLI_FORMAT), or NULL */
     int first;
 } cli_simple;
 

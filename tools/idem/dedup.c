@@ -41,6 +41,7 @@ static const char usage[] =
     "                    job's: it is refused, not cut\n"
     "  --overwrite       cut such a FILE to 0 bytes and start it over\n"
     STREAM_ENDS_HELP
+    STREAM_METRICS_HELP
     "  --job NAME        name of the checkpoint (default: from --output), so\n"
     "                    that several jobs can share one store\n"
     "  --key-space NAME  where the job's keys are kept (default: the --job\n"

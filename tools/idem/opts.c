@@ -421,7 +421,8 @@ static void simple_options(unsigned flags, struct option *opts)
                {{"job", 1, 0, 'K'}, CLI_KEY_SPACE},
                {{"key-space", 1, 0, 'K'}, CLI_KEY_SPACE},
                {{"key-spaces", 0, 0, 'P'}, CLI_PER_SPACE},
-               {{"base64", 0, 0, 'B'}, CLI_BASE64}};
+               {{"base64", 0, 0, 'B'}, CLI_BASE64},
+               {{"format", 1, 0, 'F'}, CLI_FORMAT}};
     size_t n = 0;
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
         if ((all[i].needs & flags) == all[i].needs)
@@ -433,7 +434,7 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
                      const char *usage, unsigned flags, int min, int max,
                      const char *args, cli_simple *out)
 {
-    struct option opts[8];
+    struct option opts[9];
     simple_options(flags, opts);
     *out = (cli_simple){0};
     int ch;
@@ -448,6 +449,8 @@ int cli_simple_parse(const char *cmd, int argc, char **argv,
             out->uri = optarg;
         if (ch == 'K')
             out->key_space = optarg;
+        if (ch == 'F')
+            out->format = optarg;
         out->json |= ch == 'J';
         out->per_space |= ch == 'P';
         out->base64 |= ch == 'B';

@@ -76,6 +76,7 @@ static const char usage[] =
     "                    no checkpoint of the store names is refused\n"
     "  --overwrite       ... unless this is given: it is cut to 0 bytes\n"
     STREAM_ENDS_HELP
+    STREAM_METRICS_HELP
     "  --replay emit|skip  duplicates: print the cached result, or nothing\n"
     "                    (default skip)\n"
     "  --batch N         messages read and claimed at a time (default\n"

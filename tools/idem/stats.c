@@ -6,15 +6,23 @@
 
 #include "cli.h"
 #include "keyspace.h"
+#include "metricsrv.h"
 
 static const char usage[] =
-    "usage: idem stats [--store URI] [--json] [--key-spaces]\n"
+    "usage: idem stats [--store URI] [--json | --format FORMAT]\n"
+    "                  [--key-spaces]\n"
     "\n"
     "Keys by state (live records; expired ones that no sweep removed yet\n"
     "count in `index entries` only), segment files and bytes on disk, RAM\n"
     "held by the index, and when the oldest and newest segments began.\n"
     "\n"
-    "  --json       one JSON object\n"
+    "  --json       one JSON object (--format json)\n"
+    "  --format text|json|prometheus\n"
+    "               prometheus: the metrics families of --metrics-listen\n"
+    "               (docs/monitoring.md) once, for node_exporter's textfile\n"
+    "               collector or cron; the counters of a job are its\n"
+    "               endpoint's, here only the store's figures and, on\n"
+    "               Redis, each master's INFO\n"
     "  --key-spaces also count live keys per key space (the jobs of dedup\n"
     "               and run; \"(shared)\" for --shared-keys and library\n"
     "               keys). This reads every record: O(keys), as a dump\n"
@@ -103,13 +111,62 @@ static void print_spaces(const space_counts *c, int json)
     }
 }
 
+#define STATS_SERVERS 64
+
+/* --format prometheus: the store's figures as the endpoint renders them,
+ * the gauges from idem_stats (this handle has done nothing to count). */
+static int print_prometheus(idem_store *s, const char *uri,
+                            const idem_stats *st)
+{
+    idem_metrics m;
+    idem_server_metrics sv[STATS_SERVERS];
+    idem_metrics_init(&m);
+    idem_metrics_get(s, &m);
+    m.live_keys = (int64_t)st->live_keys;
+    if (idem_uri_caps(uri) & IDEM_CAP_SEGMENTS) {
+        m.store_bytes = (int64_t)st->disk_bytes;
+        m.segments = (int64_t)st->segments;
+    }
+    m.expired_total = st->expired_total;
+    int rc = idem_server_metrics_get(s, sv, STATS_SERVERS, &m.nservers);
+    if (rc)
+        return cli_store_fail("stats", s, rc, "reading the servers' INFO");
+    m.servers = sv;
+    m.nservers = m.nservers < STATS_SERVERS ? m.nservers : STATS_SERVERS;
+    cli_buf b = {0};
+    rc = msrv_render(&m, NULL, uri, &b);
+    if (!rc)
+        fwrite(b.p, 1, b.len, stdout);
+    cli_buf_free(&b);
+    return rc ? cli_fail("stats", "out of memory") : 0;
+}
+
+/* --json or --format: 0 text, 1 json, 2 prometheus; -1 after saying
+ * why not. */
+static int stats_format(const cli_simple *o)
+{
+    static const char *const names[] = {"text", "json", "prometheus", NULL};
+    int f = o->json;
+    if (o->format && cli_choice("stats", "--format", o->format, names, &f))
+        return -1;
+    if (o->json && f != 1)
+        return cli_usage_error("stats", "--json and --format %s disagree",
+                               o->format), -1;
+    return f;
+}
+
 int cli_cmd_stats(int argc, char **argv)
 {
     cli_simple o;
     int rc = cli_simple_parse("stats", argc, argv, usage,
-                              CLI_JSON | CLI_PER_SPACE, 0, 0, "", &o);
+                              CLI_JSON | CLI_PER_SPACE | CLI_FORMAT, 0, 0,
+                              "", &o);
     if (rc)
         return rc < 0 ? 0 : rc;
+    int format = stats_format(&o);
+    if (format < 0)
+        return CLI_EXIT_USAGE;
+    o.json = format == 1;
     idem_store *s = cli_open("stats", cli_store_uri(o.uri), IDEM_O_READONLY,
                              0, 0);
     if (!s)
@@ -125,7 +182,9 @@ int cli_cmd_stats(int argc, char **argv)
     when(oldest, sizeof oldest, st.oldest_ms, st.segments);
     when(newest, sizeof newest, st.newest_ms, st.segments);
     space_counts c = {0};
-    if (o.per_space && (rc = idem_scan(s, count_space, &c)) != 0) {
+    if (format == 2) {
+        rc = print_prometheus(s, cli_store_uri(o.uri), &st);
+    } else if (o.per_space && (rc = idem_scan(s, count_space, &c)) != 0) {
         rc = cli_store_fail("stats", s, rc, "counting keys per key space");
     } else if (o.json) {
         printf("{\"index_entries\":%" PRIu64 ",\"pending\":%" PRIu64

@@ -47,10 +47,12 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "connect.h"
 #include "deadletter.h"
+#include "metricsrv.h"
 
 #define MAX_WARNINGS 10
 #define RESTART_WAIT_MAX_MS 10000
@@ -130,6 +132,9 @@ typedef struct loop {
     double t0, last_progress;
     int tty;
     int ran;         /* the input was opened and read */
+    metrics_srv *msrv;   /* --metrics-listen */
+    uint64_t todo;   /* bytes of the input files left at the start; 0 when
+                      * unknown (standard input, a pipe, a stream) */
 } loop;
 
 volatile sig_atomic_t stream_stop;
@@ -161,6 +166,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'G': return cli_duration(c->cmd, "--grace", arg, &c->grace_ms);
     case 'F': c->from = arg; return 0;
     case 'T': c->to = arg; return 0;
+    case 'P': c->metrics_listen = arg; return 0;
     case 'I': return cli_duration(c->cmd, "--idle-exit", arg,
                                   &c->idle_exit_ms);
     case 'C':
@@ -880,6 +886,12 @@ static void progress(loop *lp, int final)
     long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
     if (lag >= 0)
         fprintf(stderr, ", lag %lld", lag);
+    if (lp->todo && n->bytes && n->bytes <= lp->todo) {
+        double done = (double)n->bytes / (double)lp->todo;
+        long long left = (long long)(secs / done - secs);
+        fprintf(stderr, ", %.0f%%, ETA %lldm%02llds", 100.0 * done,
+                left / 60, left % 60);
+    }
 }
 
 /* --stats-json of a run that failed (rc 1) says why. */
@@ -1183,17 +1195,54 @@ static void announce_resume(const loop *lp)
             j->pos.out_len);
 }
 
+/* What the endpoint cannot ask the store: the source's lag, after each
+ * read (the source is the reading thread's), ... */
+static void note_lag(loop *lp)
+{
+    if (lp->msrv && lp->src->ops->lag)
+        msrv_note_lag(lp->msrv, lp->src->ops->lag(lp->src));
+}
+
+/* ... and the dead letters, once the worker is joined (its counts are
+ * still then). */
+static void note_dead_letters(loop *lp)
+{
+    msrv_note_dead_letters(lp->msrv, lp->st.n.dead_letter);
+}
+
+/* The endpoint, from before the store opens (a busy port is bad usage,
+ * said before anything is done) to after the last batch. */
+static int start_metrics(loop *lp, const stream_cfg *c)
+{
+    int rc = 0;
+    if (c->metrics_listen)
+        lp->msrv = msrv_start(c->cmd, c->metrics_listen,
+                              cli_store_uri(c->uri), &rc);
+    return rc;
+}
+
+static void attach_metrics(loop *lp)
+{
+    const stream_cfg *c = lp->st.cfg;
+    const char *name = c->job ? c->job
+                       : lp->st.job.name[0] ? lp->st.job.name : c->cmd;
+    msrv_attach(lp->msrv, lp->s, name);
+}
+
 /* Commit batch k in the worker while reading batch k+1 here. */
 static int run_batches(loop *lp)
 {
     batch *cur = &lp->b[0];
     read_batch(lp, cur);
+    note_lag(lp);
     for (;;) {
         start_commit(lp, cur);
         batch *next = cur == &lp->b[0] ? &lp->b[1] : &lp->b[0];
         if (!cur->done && !cur->stop)
             read_batch(lp, next);
+        note_lag(lp);
         int rc = finish_commit(lp);
+        note_dead_letters(lp);
         lp->stopped = !rc && !cur->done && !cur->stop && stream_stop;
         if (rc || cur->done || cur->stop || stream_stop)
             return rc ? rc : cur->stop;
@@ -1259,11 +1308,27 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
                           k);
 }
 
+/* The bytes of the input files from input `at`, offset off, to their
+ * ends, for the progress line; 0 if one is not a regular file. */
+static uint64_t input_bytes(const stream_cfg *c, size_t at, uint64_t off)
+{
+    uint64_t sum = 0;
+    struct stat st;
+    for (size_t i = at; i < c->ninputs; i++) {
+        if (!strcmp(c->inputs[i], "-") || stat(c->inputs[i], &st) ||
+            !S_ISREG(st.st_mode))
+            return 0;
+        sum += (uint64_t)st.st_size;
+    }
+    return c->ninputs && sum > off ? sum - off : 0;
+}
+
 /* The input files as the source, from input `at`, offset off. */
 static int open_files(loop *lp, const source_opts *o, size_t at,
                       uint64_t off, uint64_t lineno)
 {
     const stream_cfg *c = lp->st.cfg;
+    lp->todo = lp->tty ? input_bytes(c, at, off) : 0;
     if (nd_open(&lp->rd, c->inputs, c->ninputs, at, off, lineno))
         return cli_fail(c->cmd, "%s", lp->rd.err);
     if (!(lp->src = source_files(&lp->rd, o)))
@@ -1318,9 +1383,13 @@ int stream_run(const stream_cfg *c)
     loop lp = {0};
     lp.rd.fd = -1;
     lp.dl.fd = -1;
-    int rc = setup(&lp, c);
+    int rc = start_metrics(&lp, c);
+    if (!rc)
+        rc = setup(&lp, c);
     if (!rc)
         rc = open_ends(&lp);
+    if (!rc)
+        attach_metrics(&lp);
     if (!rc) {
         lp.rd.leave_partial = 1;  /* see ndjson.c */
         announce_resume(&lp);
@@ -1353,6 +1422,7 @@ int stream_run(const stream_cfg *c)
     if (rc != CLI_EXIT_USAGE && (lp.ran || c->stats_json))
         summary(&lp, rc);
     int rc2 = job_end(&lp.st.job);
+    msrv_stop(lp.msrv);
     if (lp.s && idem_close(lp.s) && !rc)
         rc = cli_fail(c->cmd, "closing the store failed");
     idem_runner_free(lp.runner);

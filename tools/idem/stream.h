@@ -80,6 +80,7 @@ typedef struct stream_cfg {
                                        * stop because the store failed? */
     stream_emit_fn emit;
     void *ectx;
+    const char *metrics_listen;  /* --metrics-listen HOST:PORT, or NULL */
 } stream_cfg;
 
 struct stream {
@@ -108,6 +109,7 @@ int stream_run(const stream_cfg *cfg);
         {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},               \
         {"grace", 1, 0, 'G'}, {"from", 1, 0, 'F'}, {"to", 1, 0, 'T'},     \
         {"idle-exit", 1, 0, 'I'},                                         \
+        {"metrics-listen", 1, 0, 'P'},                                    \
         {"help", 0, 0, 'h'}
 
 /* The help of the options that name a stream, for both commands. */
@@ -129,6 +131,12 @@ int stream_run(const stream_cfg *cfg);
     "                    (docs/streams.md)\n" \
     "  --idle-exit DURATION  a stream source runs until SIGTERM or SIGINT;\n" \
     "                    with this, also until nothing new came for DURATION\n"
+
+/* The help of --metrics-listen, for both commands. */
+#define STREAM_METRICS_HELP \
+    "  --metrics-listen HOST:PORT  serve Prometheus metrics at\n" \
+    "                    http://HOST:PORT/metrics while the job runs\n" \
+    "                    (docs/monitoring.md); a port in use is an error\n"
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */

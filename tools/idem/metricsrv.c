@@ -1,0 +1,274 @@
+/* metricsrv.c - the /metrics endpoint of run and dedup.
+ *
+ * A job that runs for days is watched by Prometheus, which scrapes
+ * GET /metrics. The endpoint lives in libmicrohttpd's own thread so that
+ * it answers whatever the runner does, a handler that takes minutes
+ * included: a scrape copies the store handle's counters, which the
+ * library keeps as relaxed atomics and lets any thread read
+ * (idem_metrics_get()), so no scrape ever waits for the runner, and the
+ * runner never waits for a scrape. The one lock guards the handle's
+ * life: taken by a scrape for the copy alone, and by the runner only to
+ * hand a handle over or take it back before closing it.
+ *
+ * The Redis servers' own figures (INFO) are asked when scraped, never on
+ * the runner's path, through a read-only handle that belongs to this
+ * thread (a handle is used by one thread at a time).
+ *
+ * The socket is bound here, before the store opens: a port already in
+ * use is a mistake in the command line, said at once with the address,
+ * not a job that runs blind. */
+#include "metricsrv.h"
+
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MSRV_NODES 64  /* Redis masters asked for INFO */
+
+struct metrics_srv {
+    struct MHD_Daemon *d;
+    int fd;
+    pthread_mutex_t mu;      /* guards s and job */
+    idem_store *s;
+    char job[IDEM_CHECKPOINT_NAME_MAX + 1];
+    char *uri;
+    idem_store *info;        /* the thread's own handle, for INFO */
+    int servers;             /* uri names a Redis store */
+    _Atomic long long lag;
+    _Atomic uint64_t dead_letter;
+};
+
+int msrv_render(const idem_metrics *m, const char *job, const char *uri,
+                cli_buf *out)
+{
+    out->len = 0;
+    size_t n = idem_metrics_format(m, job, uri, NULL, 0);
+    if (cli_buf_reserve(out, n + 1))
+        return -1;
+    idem_metrics_format(m, job, uri, out->p, n + 1);
+    out->len = n;
+    return 0;
+}
+
+/* The Redis servers' figures into sv; how many. Errors leave them out:
+ * a scrape still says what the job did. */
+static size_t servers(metrics_srv *m, idem_server_metrics *sv)
+{
+    if (!m->servers)
+        return 0;
+    if (!m->info) {
+        idem_opts o;
+        idem_opts_init(&o);
+        o.flags = IDEM_O_READONLY;
+        if (idem_open(m->uri, &o, &m->info)) {
+            idem_close(m->info);
+            m->info = NULL;
+            return 0;
+        }
+    }
+    size_t n = 0;
+    if (idem_server_metrics_get(m->info, sv, MSRV_NODES, &n))
+        return 0;
+    return n < MSRV_NODES ? n : MSRV_NODES;
+}
+
+/* A copy of everything, taken without waiting for the runner. */
+static void snapshot(metrics_srv *m, idem_metrics *mt, char *job, size_t n)
+{
+    idem_metrics_init(mt);
+    pthread_mutex_lock(&m->mu);
+    if (m->s)
+        idem_metrics_get(m->s, mt);
+    snprintf(job, n, "%s", m->job);
+    pthread_mutex_unlock(&m->mu);
+    mt->source_lag = atomic_load_explicit(&m->lag, memory_order_relaxed);
+    uint64_t dl = atomic_load_explicit(&m->dead_letter, memory_order_relaxed);
+    /* The runner recorded them as failed: they are counted once, here. */
+    dl = dl < mt->messages[IDEM_MR_FAILED] ? dl
+                                           : mt->messages[IDEM_MR_FAILED];
+    mt->messages[IDEM_MR_FAILED] -= dl;
+    mt->messages[IDEM_MR_DEAD_LETTER] = dl;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *c, unsigned code,
+                             const char *type, char *body, size_t len,
+                             enum MHD_ResponseMemoryMode mode)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, body, mode);
+    if (!r) {
+        if (mode == MHD_RESPMEM_MUST_FREE)
+            free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", type);
+    enum MHD_Result ok = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result answer(void *cls, struct MHD_Connection *c,
+                              const char *url, const char *method,
+                              const char *version, const char *upload,
+                              size_t *upload_size, void **con_cls)
+{
+    metrics_srv *m = cls;
+    static char not_found[] = "GET /metrics\n";
+    if (strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return reply(c, 405, "text/plain", not_found, strlen(not_found),
+                     MHD_RESPMEM_PERSISTENT);
+    if (strcmp(url, "/metrics"))
+        return reply(c, 404, "text/plain", not_found, strlen(not_found),
+                     MHD_RESPMEM_PERSISTENT);
+    idem_metrics mt;
+    char job[IDEM_CHECKPOINT_NAME_MAX + 1];
+    idem_server_metrics sv[MSRV_NODES];
+    snapshot(m, &mt, job, sizeof job);
+    mt.servers = sv;
+    mt.nservers = servers(m, sv);
+    cli_buf b = {0};
+    if (msrv_render(&mt, job[0] ? job : NULL, m->uri, &b)) {
+        cli_buf_free(&b);
+        return MHD_NO;
+    }
+    return reply(c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p,
+                 b.len, MHD_RESPMEM_MUST_FREE);
+}
+
+/* HOST:PORT split at the last ':'; a bracketed HOST loses its brackets. */
+static int split(const char *addr, char *host, size_t n, const char **port)
+{
+    const char *colon = strrchr(addr, ':');
+    if (!colon || !colon[1])
+        return -1;
+    size_t len = (size_t)(colon - addr);
+    if (len >= 2 && addr[0] == '[' && addr[len - 1] == ']') {
+        addr++;
+        len -= 2;
+    }
+    if (len >= n)
+        return -1;
+    memcpy(host, addr, len);
+    host[len] = '\0';
+    *port = colon + 1;
+    return 0;
+}
+
+/* A listening socket on addr, or -1 after saying why. */
+static int bind_addr(const char *cmd, const char *addr)
+{
+    char host[256];
+    const char *port;
+    if (split(addr, host, sizeof host, &port))
+        return cli_usage_error(cmd, "--metrics-listen wants HOST:PORT "
+                               "(127.0.0.1:9464, [::1]:9464, :9464 for "
+                               "every address), not '%s'", addr), -1;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai;
+    int e = getaddrinfo(host[0] ? host : NULL, port, &hints, &ai);
+    if (e)
+        return cli_usage_error(cmd, "--metrics-listen %s: %s", addr,
+                               gai_strerror(e)), -1;
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    int one = 1;
+    if (fd >= 0)
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) ||
+        listen(fd, 16)) {
+        cli_usage_error(cmd, "--metrics-listen %s: cannot listen there: %s",
+                        addr, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(ai);
+    return fd;
+}
+
+metrics_srv *msrv_start(const char *cmd, const char *addr, const char *uri,
+                        int *status)
+{
+    *status = CLI_EXIT_USAGE;
+    int fd = bind_addr(cmd, addr);
+    if (fd < 0)
+        return NULL;
+    metrics_srv *m = calloc(1, sizeof *m);
+    if (m)
+        m->uri = strdup(uri);
+    if (!m || !m->uri) {
+        close(fd);
+        free(m);
+        *status = cli_fail(cmd, "out of memory");
+        return NULL;
+    }
+    m->fd = fd;
+    m->lag = -1;
+    m->servers = !(idem_uri_caps(uri) & IDEM_CAP_SEGMENTS);
+    pthread_mutex_init(&m->mu, NULL);
+    /* The server's thread inherits a mask without SIGTERM and SIGINT:
+     * a stop signal must land in the reading thread, whose wait for
+     * input it ends (stream.c). */
+    sigset_t stops, old;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stops, &old);
+    m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
+                            answer, m, MHD_OPTION_LISTEN_SOCKET, fd,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+                            MHD_OPTION_END);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (!m->d) {
+        *status = cli_fail(cmd, "--metrics-listen %s: cannot start the "
+                           "HTTP server", addr);
+        msrv_stop(m);
+        return NULL;
+    }
+    *status = 0;
+    return m;
+}
+
+void msrv_attach(metrics_srv *m, idem_store *s, const char *job)
+{
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->s = s;
+    snprintf(m->job, sizeof m->job, "%s", job ? job : "");
+    pthread_mutex_unlock(&m->mu);
+}
+
+void msrv_note_lag(metrics_srv *m, long long lag)
+{
+    if (m)
+        atomic_store_explicit(&m->lag, lag, memory_order_relaxed);
+}
+
+void msrv_note_dead_letters(metrics_srv *m, uint64_t n)
+{
+    if (m)
+        atomic_store_explicit(&m->dead_letter, n, memory_order_relaxed);
+}
+
+void msrv_stop(metrics_srv *m)
+{
+    if (!m)
+        return;
+    if (m->d)
+        MHD_stop_daemon(m->d);
+    else
+        close(m->fd);
+    idem_close(m->info);
+    pthread_mutex_destroy(&m->mu);
+    free(m->uri);
+    free(m);
+}
