@@ -225,6 +225,30 @@ Test(secrets, the_handler_does_not_inherit_the_password)
     free(dir);
 }
 
+/* Nor its connections: an authenticated socket inherited by the handler
+ * would let it send any command as idem (CONFIG GET requirepass tells
+ * the password). The handler lists the sockets it holds; those the test's
+ * own shell held before idem started are not idem's. Both the store's
+ * connection and a stream sink's are open while the handler runs. */
+Test(secrets, the_handler_inherits_no_connection)
+{
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_sh("cd '%s' && readlink /proc/$$/fd/* | grep socket: "
+                      "| sort > before; IDEM_REDIS_PASSWORD=" PW " "
+                      "\"$IDEM_CLI\" run --key id --key-space fds --store "
+                      "redis://%s --to redis-stream://%s/fds --exec "
+                      "'readlink /proc/$$/fd/* | grep socket: | sort > "
+                      "inside; exec \"$IDEM_PROGS/handler\"' in > out 2>&1",
+                      dir, addr, addr), 0, "%s",
+                 t_read(t_path(dir, "out"), NULL));
+    cr_assert_eq(t_sh("cd '%s' && test -f inside && comm -13 before "
+                      "inside > leaked && test ! -s leaked", dir), 0,
+                 "the handler holds idem's sockets: %s",
+                 t_read(t_path(dir, "leaked"), NULL));
+    t_rmdir(dir);
+    free(dir);
+}
+
 Test(secrets, password_from_a_file)
 {
     char *dir = t_tmpdir();
