@@ -225,6 +225,29 @@ Test(secrets, the_handler_does_not_inherit_the_password)
     free(dir);
 }
 
+/* A URI given where a file is meant (redis:// for redis-stream://, a
+ * stream for --output) is refused as bad usage, shown without its
+ * password; as a file name, every message about it showed it. */
+Test(secrets, a_uri_for_a_file_is_refused_without_its_password)
+{
+    static const char *const args[] = {
+        "dedup --key id --from 'redis://:" PW "@h/s?group=g'",
+        "dedup --key id --to 'redis://u:" PW "@h/s' in",
+        "dedup --key id --output 'redis-stream://:" PW "@h/s' in",
+        "dedup --key id 'redis://:" PW "@h/s'",
+        "run --key id --exec cat --dead-letter 'redis://:" PW "@h/dl' in"};
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
+        cr_assert_eq(t_cli(dir, "%s --store mem: < in > out 2>&1", args[i]),
+                     2, "%s: %s", args[i], t_read(t_path(dir, "out"), NULL));
+        cr_assert(t_grep(t_path(dir, "out"), "a URI where a file is meant"),
+                  "%s", t_read(t_path(dir, "out"), NULL));
+        expect_file_hidden(t_path(dir, "out"));
+    }
+    t_rmdir(dir);
+    free(dir);
+}
+
 /* Nor can it read the password where the kernel shows idem's environment
  * as it was at exec (/proc/PID/environ), which it may as idem's user:
  * idem's own, and that of every process in the handler's group (the
