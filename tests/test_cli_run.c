@@ -361,6 +361,24 @@ Test(cli_run, restarts_back_off)
                  t_read(t_at("err"), NULL));
 }
 
+/* A line the handler writes beyond its answers (here a's, then one
+ * more) is no answer to the next message, which is in the next batch
+ * and not sent yet: b was recorded done without ever reaching the
+ * handler. The handler is stopped; b is not done and runs in a rerun. */
+Test(cli_run, a_line_too_many_answers_no_message)
+{
+    cr_assert_eq(run("--batch 1 --store local:s --output out in 2> err",
+                     "twice=1"), 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "before it was sent the message"), "%s",
+              t_read(t_at("err"), NULL));
+    t_expect("out", R("a"));
+    expect_runs("a 1\n");
+    cr_assert_eq(run("--batch 1 --store local:s --output out in 2> err", ""),
+                 0, "%s", t_read(t_at("err"), NULL));
+    t_expect("out", R("a") R("b") R("c") R("d"));
+    cr_assert(t_grep(t_at("log"), "b 2 "), "b runs in the rerun");
+}
+
 /* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without
  * a check of the escapes the answer would pass for key "?A". */
 Test(cli_run, an_answer_key_with_a_lone_surrogate_matches_no_key)

@@ -487,7 +487,10 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 /* Consume complete lines from rb for tasks[*got..n). A line is searched
  * for its end once, however it arrives, and may not grow past
  * answer_max: a handler that writes without end (exec cat /dev/zero)
- * costs neither memory nor time beyond that. */
+ * costs neither memory nor time beyond that. A line is an answer only
+ * to an envelope written whole: one read before (a line too many after
+ * the last batch) would otherwise pass for the next message's answer,
+ * and that message would be recorded done without being sent at all. */
 static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
 {
     while (*got < n && c->rpos < c->rb.len) {
@@ -505,6 +508,12 @@ static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
         c->rpos += len + 1;
         c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
+        if (*got >= c->whole)
+            return broke(c, IDEM_EPROTO, "the handler wrote a line before "
+                         "it was sent the message it would answer (an "
+                         "answer too many, or output of its own on stdout?): "
+                         "%.*s%s", (int)(len < 80 ? len : 80), s,
+                         len > 80 ? "..." : "");
         int rc = take_answer(c, &tasks[*got], s, len);
         if (rc < 0)
             return rc;
@@ -522,6 +531,8 @@ static int pump(coproc *c, size_t *woff, const struct pollfd *pf)
         ssize_t w = write(c->to, c->wb.p + *woff, c->wb.len - *woff);
         if (w < 0 && errno != EAGAIN && errno != EINTR)
             return IDEM_EIO;
+        for (ssize_t k = 0; k < w; k++)  /* see parse_answers */
+            c->whole += c->wb.p[*woff + (size_t)k] == '\n';
         *woff += w > 0 ? (size_t)w : 0;
     }
     if (pf[1].revents & (POLLIN | POLLERR | POLLHUP)) {
@@ -562,14 +573,11 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
-/* The envelopes in wb[0..woff), the last maybe in part. */
+/* The envelopes in wb[0..woff), the bytes written, the last maybe in
+ * part. */
 static size_t envelopes_in(const coproc *c, size_t woff)
 {
-    size_t sent = 0;
-    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
-                                        (size_t)(p - c->wb.p))); p++)
-        sent++;
-    return sent + (woff && c->wb.p[woff - 1] != '\n');
+    return c->whole + (woff && c->wb.p[woff - 1] != '\n');
 }
 
 /* A stop was asked for: write no further than the end of the envelope
@@ -643,7 +651,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     coproc *c = ctx;
     c->err[0] = '\0';
     c->wb.len = 0;
-    c->fixed = c->sent = 0;
+    c->fixed = c->sent = c->whole = 0;
     c->fault = 0;
     c->extended_until = 0;
     c->stopped = *c->stop != 0;
