@@ -379,6 +379,20 @@ Test(cli_run, a_line_too_many_answers_no_message)
     cr_assert(t_grep(t_at("log"), "b 2 "), "b runs in the rerun");
 }
 
+/* A handler that closes its output and runs on can answer no more: it
+ * is killed, not waited for (idem sat in waitpid until it exited, with
+ * no renewal of the claims and deaf to SIGTERM, while its effect went on
+ * and the lease ran out). */
+Test(cli_run, a_handler_that_closes_its_output_and_runs_on_is_killed)
+{
+    cr_assert_eq(t_cli(t_dir, "run --key id --lease 3s --store local:s "
+                              "--exec 'exec >&-; sleep 25; touch after' in "
+                              "2> err"), 1);
+    cr_assert(t_grep(t_at("err"), "closed its output but did not exit"),
+              "%s", t_read(t_at("err"), NULL));
+    cr_assert_neq(t_sh("test -e '%s'", t_at("after")), 0);
+}
+
 /* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without
  * a check of the escapes the answer would pass for key "?A". */
 Test(cli_run, an_answer_key_with_a_lone_surrogate_matches_no_key)

@@ -188,12 +188,11 @@ static int start(coproc *c)
     return 0;
 }
 
-/* Why the child ended, for messages: "exited with status 3". Returns
- * its exit status, or -1 when it was killed. */
-static int reap(coproc *c, char *why, size_t n)
+/* Why the child ended (r: what waitpid returned, st its status), for
+ * messages: "exited with status 3". Returns its exit status, or -1 when
+ * it was killed. */
+static int describe(const coproc *c, pid_t r, int st, char *why, size_t n)
 {
-    int st = 0;
-    pid_t r = waitpid(c->pid, &st, 0);
     if (r != c->pid)
         snprintf(why, n, "ended");
     else if (WIFEXITED(st))
@@ -202,6 +201,45 @@ static int reap(coproc *c, char *why, size_t n)
     else
         snprintf(why, n, "was killed by signal %d", WTERMSIG(st));
     return r == c->pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static int reap(coproc *c, char *why, size_t n)
+{
+    int st = 0;
+    pid_t r = waitpid(c->pid, &st, 0);
+    return describe(c, r, st, why, n);
+}
+
+/* Wait up to ms for the child to exit; then kill its group and reap it.
+ * What waitpid returned: 0 when it had to be killed. */
+static pid_t wait_or_kill(coproc *c, int64_t ms, int *st)
+{
+    int64_t end = cli_mono_ms() + ms;
+    pid_t r;
+    while ((r = waitpid(c->pid, st, WNOHANG)) == 0 && cli_mono_ms() < end)
+        poll(NULL, 0, 10);
+    if (r == 0) {
+        kill(-c->pid, SIGKILL);
+        waitpid(c->pid, st, 0);
+    }
+    return r;
+}
+
+/* The handler's output ended: it can answer no more. It has exited, or
+ * is about to; one that runs on without its output (exec >&-; sleep
+ * 999) must not hold idem in a wait where nothing renews the claims or
+ * hears a stop, while its effects go on: it gets a third of a lease (at
+ * most a second) to exit, then its group is killed. Its exit status, or
+ * -1; why says what happened. */
+static int reap_closed(coproc *c, char *why, size_t n)
+{
+    int st = 0;
+    int64_t ms = c->lease_ms / 3 < 1000 ? c->lease_ms / 3 : 1000;
+    pid_t r = wait_or_kill(c, ms, &st);
+    if (r)
+        return describe(c, r, st, why, n);
+    snprintf(why, n, "closed its output but did not exit (killed it)");
+    return -1;
 }
 
 /* End what is left of the handler's process group, once its leader has
@@ -672,7 +710,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         char why[96];
         close(c->to);
         close(c->from);
-        int st = reap(c, why, sizeof why);
+        int st = reap_closed(c, why, sizeof why);
         could_not_run = st == 126 || st == 127;
         end_group(c);
         c->pid = 0;
@@ -695,15 +733,8 @@ int coproc_stop(coproc *c, const char *cmdname)
     if (!c->pid)
         return 0;
     close(c->to);
-    int64_t deadline = cli_mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
     int st = 0;
-    pid_t r;
-    while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && cli_mono_ms() < deadline)
-        poll(NULL, 0, 10);
-    if (r == 0) {
-        kill(-c->pid, SIGKILL);
-        waitpid(c->pid, &st, 0);
-    }
+    pid_t r = wait_or_kill(c, *c->stop ? c->grace_ms : c->lease_ms, &st);
     end_group(c);
     close(c->from);
     c->pid = 0;
