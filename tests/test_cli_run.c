@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "common.h"
 
@@ -391,6 +392,24 @@ Test(cli_run, a_handler_that_closes_its_output_and_runs_on_is_killed)
     cr_assert(t_grep(t_at("err"), "closed its output but did not exit"),
               "%s", t_read(t_at("err"), NULL));
     cr_assert_neq(t_sh("test -e '%s'", t_at("after")), 0);
+}
+
+/* A handler's group outlives the handler as zombies where nobody reaps
+ * them (a container's PID 1 that never reaps; here this test process, a
+ * subreaper that does not), and the watcher may join the group only
+ * after idem has killed it (strace holds the watcher, the only caller of
+ * close_range, at its start): idem then waited for the watcher, which
+ * waited for idem's end of its pipe, for ever. */
+Test(cli_run, a_watcher_that_joins_a_dead_group_late_ends)
+{
+    cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int rc = t_sh("cd '%s' && timeout -s KILL 25 strace -f -qq -o /dev/null "
+                  "-e trace=close_range -e inject=close_range:delay_enter="
+                  "2000000 \"$IDEM_CLI\" run --key id --store local:s "
+                  "--exec '/bin/true & exit 3' in 2> err", t_dir);
+    cr_assert_eq(rc, 1, "idem hung (%d): %s", rc, t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "exited with status 3"), "%s",
+              t_read(t_at("err"), NULL));
 }
 
 /* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without

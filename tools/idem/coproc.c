@@ -245,13 +245,16 @@ static int reap_closed(coproc *c, char *why, size_t n)
 /* End what is left of the handler's process group, once its leader has
  * been reaped, and wait (a second at most) until none of it runs
  * (zombies left to a PID 1 that does not reap do not count). The
- * watcher, in the group, is idem's child to reap. */
+ * watcher, in the group, is idem's child to reap; its pipe is closed
+ * first, so that it ends even if it joined the group only after the
+ * kill (a watcher slow to start, a group kept by such zombies): waiting
+ * for it with the pipe open waited for ever. */
 static void end_group(coproc *c)
 {
     kill(-c->pid, SIGKILL);
     if (c->watcher) {
-        waitpid(c->watcher, NULL, 0);
         close(c->life);
+        waitpid(c->watcher, NULL, 0);
         c->watcher = 0;
     }
     for (int i = 0; i < 100 && cli_group_runs(c->pid); i++)
