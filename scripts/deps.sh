@@ -5,7 +5,7 @@
 set -e
 PKGS="gcc make pkg-config libssl-dev libxxhash-dev libcriterion-dev
       liblmdb-dev libhiredis-dev uuid-dev redis-server redis-tools
-      redis-sentinel faketime mawk libyajl-dev shellcheck python3
+      redis-sentinel faketime mawk libyajl-dev shellcheck python3 strace
       libmicrohttpd-dev prometheus"
 missing=""
 for p in $PKGS; do

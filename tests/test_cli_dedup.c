@@ -18,6 +18,17 @@ Test(cli_dedup, first_occurrences_byte_for_byte)
              "{\"id\": \"a\", \"v\": 1}\n{\"id\":\"b\"}\n{\"id\":\"c\"}\n");
 }
 
+/* --from FILE stands for one input file (dedup and run alike): it is
+ * read as one, not a stream (it crashed: the input named by --from was
+ * dropped once --from was found to be no stream). */
+Test(cli_dedup, from_a_file_is_an_input)
+{
+    t_put("in", "{\"id\":\"a\"}\n{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --quiet --from in --to out"),
+                 0);
+    t_expect("out", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+}
+
 Test(cli_dedup, json_corpus)
 {
     char *big = malloc(1600000);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 
 #include "common.h"
 
@@ -359,6 +360,56 @@ Test(cli_run, restarts_back_off)
                       "&& test $(grep -c 'restarting the handler' '%s') "
                       "-lt 15", t_at("err"), t_at("err")), 0, "%s",
                  t_read(t_at("err"), NULL));
+}
+
+/* A line the handler writes beyond its answers (here a's, then one
+ * more) is no answer to the next message, which is in the next batch
+ * and not sent yet: b was recorded done without ever reaching the
+ * handler. The handler is stopped; b is not done and runs in a rerun. */
+Test(cli_run, a_line_too_many_answers_no_message)
+{
+    cr_assert_eq(run("--batch 1 --store local:s --output out in 2> err",
+                     "twice=1"), 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "before it was sent the message"), "%s",
+              t_read(t_at("err"), NULL));
+    t_expect("out", R("a"));
+    expect_runs("a 1\n");
+    cr_assert_eq(run("--batch 1 --store local:s --output out in 2> err", ""),
+                 0, "%s", t_read(t_at("err"), NULL));
+    t_expect("out", R("a") R("b") R("c") R("d"));
+    cr_assert(t_grep(t_at("log"), "b 2 "), "b runs in the rerun");
+}
+
+/* A handler that closes its output and runs on can answer no more: it
+ * is killed, not waited for (idem sat in waitpid until it exited, with
+ * no renewal of the claims and deaf to SIGTERM, while its effect went on
+ * and the lease ran out). */
+Test(cli_run, a_handler_that_closes_its_output_and_runs_on_is_killed)
+{
+    cr_assert_eq(t_cli(t_dir, "run --key id --lease 3s --store local:s "
+                              "--exec 'exec >&-; sleep 25; touch after' in "
+                              "2> err"), 1);
+    cr_assert(t_grep(t_at("err"), "closed its output but did not exit"),
+              "%s", t_read(t_at("err"), NULL));
+    cr_assert_neq(t_sh("test -e '%s'", t_at("after")), 0);
+}
+
+/* A handler's group outlives the handler as zombies where nobody reaps
+ * them (a container's PID 1 that never reaps; here this test process, a
+ * subreaper that does not), and the watcher may join the group only
+ * after idem has killed it (strace holds the watcher, the only caller of
+ * close_range, at its start): idem then waited for the watcher, which
+ * waited for idem's end of its pipe, for ever. */
+Test(cli_run, a_watcher_that_joins_a_dead_group_late_ends)
+{
+    cr_assert_eq(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+    int rc = t_sh("cd '%s' && timeout -s KILL 25 strace -f -qq -o /dev/null "
+                  "-e trace=close_range -e inject=close_range:delay_enter="
+                  "2000000 \"$IDEM_CLI\" run --key id --store local:s "
+                  "--exec '/bin/true & exit 3' in 2> err", t_dir);
+    cr_assert_eq(rc, 1, "idem hung (%d): %s", rc, t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "exited with status 3"), "%s",
+              t_read(t_at("err"), NULL));
 }
 
 /* YAJL decodes the lone surrogate of "\udbff\u0041" to '?', so without

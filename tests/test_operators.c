@@ -225,6 +225,89 @@ Test(secrets, the_handler_does_not_inherit_the_password)
     free(dir);
 }
 
+/* A URI given where a file is meant (redis:// for redis-stream://, a
+ * stream for --output) is refused as bad usage, shown without its
+ * password; as a file name, every message about it showed it. */
+Test(secrets, a_uri_for_a_file_is_refused_without_its_password)
+{
+    static const char *const args[] = {
+        "dedup --key id --from 'redis://:" PW "@h/s?group=g'",
+        "dedup --key id --to 'redis://u:" PW "@h/s' in",
+        "dedup --key id --output 'redis-stream://:" PW "@h/s' in",
+        "dedup --key id 'redis://:" PW "@h/s'",
+        "run --key id --exec cat --dead-letter 'redis://:" PW "@h/dl' in"};
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
+        cr_assert_eq(t_cli(dir, "%s --store mem: < in > out 2>&1", args[i]),
+                     2, "%s: %s", args[i], t_read(t_path(dir, "out"), NULL));
+        cr_assert(t_grep(t_path(dir, "out"), "a URI where a file is meant"),
+                  "%s", t_read(t_path(dir, "out"), NULL));
+        expect_file_hidden(t_path(dir, "out"));
+    }
+    t_rmdir(dir);
+    free(dir);
+}
+
+/* Nor can it read the password where the kernel shows idem's environment
+ * as it was at exec (/proc/PID/environ), which it may as idem's user:
+ * idem's own, and that of every process in the handler's group (the
+ * watcher is a fork of idem). The handler, run by sh -c itself, copies
+ * them all before it answers. */
+Test(secrets, no_environment_the_handler_can_read_holds_the_password)
+{
+    static const char script[] =
+        "env_of() { tr '\\0' '\\n' < \"$1/environ\" 2>/dev/null; }\n"
+        "group() { sed 's/.*) //' \"$1/stat\" 2>/dev/null | cut -d' ' "
+        "-f3; }\n"
+        "env_of /proc/$PPID > envs\n"
+        "mine=$(group /proc/$$)\n"
+        "for d in /proc/[0-9]*; do\n"
+        "  [ \"$(group $d)\" = \"$mine\" ] && env_of $d >> envs\n"
+        "done\n"
+        "exec \"$IDEM_PROGS/handler\"\n";
+    static const char *const how[] = {
+        "IDEM_REDIS_PASSWORD=" PW " IDEM_STORE=redis://",
+        "IDEM_STORE=redis://:" PW "@"};
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    t_write(t_path(dir, "group.sh"), script, sizeof script - 1);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(t_sh("cd '%s' && rm -f envs && IDEM_KEPT=yes %s%s "
+                          "\"$IDEM_CLI\" run --key id --key-space e%d "
+                          "--exec '. ./group.sh' in > out 2>&1", dir, how[i],
+                          addr, i), 0,
+                     "%s", t_read(t_path(dir, "out"), NULL));
+        const char *got = t_path(dir, "envs");
+        cr_assert(t_grep(got, "IDEM_KEPT=yes"), "%s", t_read(got, NULL));
+        expect_file_hidden(got);
+    }
+    t_rmdir(dir);
+    free(dir);
+}
+
+/* Nor its connections: an authenticated socket inherited by the handler
+ * would let it send any command as idem (CONFIG GET requirepass tells
+ * the password). The handler lists the sockets it holds; those the test's
+ * own shell held before idem started are not idem's. Both the store's
+ * connection and a stream sink's are open while the handler runs. */
+Test(secrets, the_handler_inherits_no_connection)
+{
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n{\"id\":\"b\"}\n");
+    cr_assert_eq(t_sh("cd '%s' && readlink /proc/$$/fd/* | grep socket: "
+                      "| sort > before; IDEM_REDIS_PASSWORD=" PW " "
+                      "\"$IDEM_CLI\" run --key id --key-space fds --store "
+                      "redis://%s --to redis-stream://%s/fds --exec "
+                      "'readlink /proc/$$/fd/* | grep socket: | sort > "
+                      "inside; exec \"$IDEM_PROGS/handler\"' in > out 2>&1",
+                      dir, addr, addr), 0, "%s",
+                 t_read(t_path(dir, "out"), NULL));
+    cr_assert_eq(t_sh("cd '%s' && test -f inside && comm -13 before "
+                      "inside > leaked && test ! -s leaked", dir), 0,
+                 "the handler holds idem's sockets: %s",
+                 t_read(t_path(dir, "leaked"), NULL));
+    t_rmdir(dir);
+    free(dir);
+}
+
 Test(secrets, password_from_a_file)
 {
     char *dir = t_tmpdir();

@@ -8,8 +8,16 @@
  * hiredis writes with write(2), which raises SIGPIPE on a closed socket;
  * a library may not change the process's signal dispositions, so the
  * caller blocks SIGPIPE in its own thread around the I/O and drops a
- * SIGPIPE that the I/O itself raised (idem__nosigpipe_begin/end). */
+ * SIGPIPE that the I/O itself raised (idem__nosigpipe_begin/end).
+ *
+ * A connection is close-on-exec: it is authenticated, and a program the
+ * caller starts (the handler of `idem run`) must not inherit it: it
+ * could send any command as us (CONFIG GET requirepass tells the
+ * password) and its bytes would break our replies' order. hiredis 0.14
+ * cannot ask socket(2) for SOCK_CLOEXEC, so the flag is set right after
+ * the connect, before any credentials are sent. */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -209,7 +217,10 @@ int idem__rconn_open(idem_store *s, idem__redis *r, idem__rnode *node,
     }
     conn->c = c;
     idem__rconn_deadline(conn, ms);
-    int code = idem__rconn_auth(s, r, node, conn);
+    int code = fcntl(c->fd, F_SETFD, FD_CLOEXEC)
+                   ? idem__fail(s, IDEM_ECONN, "%s: fcntl: %s", s->uri,
+                                strerror(errno))
+                   : idem__rconn_auth(s, r, node, conn);
     if (!code)
         code = idem__rconn_select(s, r, node, conn);
     if (code)

@@ -25,7 +25,9 @@
  *   extend=D      before that, ask for the lease to be extended by D
  *                 ({"extend":"D"}, e.g. 10s)
  *   reply=N:FILE  answer the Nth envelope with the first line of FILE,
- *                 as it is (answers that test the grammar) */
+ *                 as it is (answers that test the grammar)
+ *   twice=N       after the Nth envelope's answer, in the same write,
+ *                 {"ok":true}: an answer too many, with no key */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -104,6 +106,7 @@ int main(int argc, char **argv)
     long slow_ms = nth(argc, argv, "sleep");
     const char *big = action(argc, argv, "big");
     long reply = nth(argc, argv, "reply");
+    long twice = nth(argc, argv, "twice");
     static char line[1 << 22];
     char key[256], token[32], attempt[32], out[600];
     for (long i = 1; fgets(line, sizeof line, stdin); i++) {
@@ -156,6 +159,8 @@ int main(int argc, char **argv)
         } else {
             fputs(out, stdout);
         }
+        if (i == twice)
+            fputs("{\"ok\":true}\n", stdout);
         fflush(stdout);
     }
     return 0;

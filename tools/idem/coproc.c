@@ -188,12 +188,11 @@ static int start(coproc *c)
     return 0;
 }
 
-/* Why the child ended, for messages: "exited with status 3". Returns
- * its exit status, or -1 when it was killed. */
-static int reap(coproc *c, char *why, size_t n)
+/* Why the child ended (r: what waitpid returned, st its status), for
+ * messages: "exited with status 3". Returns its exit status, or -1 when
+ * it was killed. */
+static int describe(const coproc *c, pid_t r, int st, char *why, size_t n)
 {
-    int st = 0;
-    pid_t r = waitpid(c->pid, &st, 0);
     if (r != c->pid)
         snprintf(why, n, "ended");
     else if (WIFEXITED(st))
@@ -204,16 +203,58 @@ static int reap(coproc *c, char *why, size_t n)
     return r == c->pid && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+static int reap(coproc *c, char *why, size_t n)
+{
+    int st = 0;
+    pid_t r = waitpid(c->pid, &st, 0);
+    return describe(c, r, st, why, n);
+}
+
+/* Wait up to ms for the child to exit; then kill its group and reap it.
+ * What waitpid returned: 0 when it had to be killed. */
+static pid_t wait_or_kill(coproc *c, int64_t ms, int *st)
+{
+    int64_t end = cli_mono_ms() + ms;
+    pid_t r;
+    while ((r = waitpid(c->pid, st, WNOHANG)) == 0 && cli_mono_ms() < end)
+        poll(NULL, 0, 10);
+    if (r == 0) {
+        kill(-c->pid, SIGKILL);
+        waitpid(c->pid, st, 0);
+    }
+    return r;
+}
+
+/* The handler's output ended: it can answer no more. It has exited, or
+ * is about to; one that runs on without its output (exec >&-; sleep
+ * 999) must not hold idem in a wait where nothing renews the claims or
+ * hears a stop, while its effects go on: it gets a third of a lease (at
+ * most a second) to exit, then its group is killed. Its exit status, or
+ * -1; why says what happened. */
+static int reap_closed(coproc *c, char *why, size_t n)
+{
+    int st = 0;
+    int64_t ms = c->lease_ms / 3 < 1000 ? c->lease_ms / 3 : 1000;
+    pid_t r = wait_or_kill(c, ms, &st);
+    if (r)
+        return describe(c, r, st, why, n);
+    snprintf(why, n, "closed its output but did not exit (killed it)");
+    return -1;
+}
+
 /* End what is left of the handler's process group, once its leader has
  * been reaped, and wait (a second at most) until none of it runs
  * (zombies left to a PID 1 that does not reap do not count). The
- * watcher, in the group, is idem's child to reap. */
+ * watcher, in the group, is idem's child to reap; its pipe is closed
+ * first, so that it ends even if it joined the group only after the
+ * kill (a watcher slow to start, a group kept by such zombies): waiting
+ * for it with the pipe open waited for ever. */
 static void end_group(coproc *c)
 {
     kill(-c->pid, SIGKILL);
     if (c->watcher) {
-        waitpid(c->watcher, NULL, 0);
         close(c->life);
+        waitpid(c->watcher, NULL, 0);
         c->watcher = 0;
     }
     for (int i = 0; i < 100 && cli_group_runs(c->pid); i++)
@@ -487,7 +528,10 @@ static int take_answer(coproc *c, idem_task *t, const char *p, size_t n)
 /* Consume complete lines from rb for tasks[*got..n). A line is searched
  * for its end once, however it arrives, and may not grow past
  * answer_max: a handler that writes without end (exec cat /dev/zero)
- * costs neither memory nor time beyond that. */
+ * costs neither memory nor time beyond that. A line is an answer only
+ * to an envelope written whole: one read before (a line too many after
+ * the last batch) would otherwise pass for the next message's answer,
+ * and that message would be recorded done without being sent at all. */
 static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
 {
     while (*got < n && c->rpos < c->rb.len) {
@@ -505,6 +549,12 @@ static int parse_answers(coproc *c, idem_task *tasks, size_t n, size_t *got)
         c->rpos += len + 1;
         c->scanned = c->rpos;
         len -= len && s[len - 1] == '\r';
+        if (*got >= c->whole)
+            return broke(c, IDEM_EPROTO, "the handler wrote a line before "
+                         "it was sent the message it would answer (an "
+                         "answer too many, or output of its own on stdout?): "
+                         "%.*s%s", (int)(len < 80 ? len : 80), s,
+                         len > 80 ? "..." : "");
         int rc = take_answer(c, &tasks[*got], s, len);
         if (rc < 0)
             return rc;
@@ -522,6 +572,8 @@ static int pump(coproc *c, size_t *woff, const struct pollfd *pf)
         ssize_t w = write(c->to, c->wb.p + *woff, c->wb.len - *woff);
         if (w < 0 && errno != EAGAIN && errno != EINTR)
             return IDEM_EIO;
+        for (ssize_t k = 0; k < w; k++)  /* see parse_answers */
+            c->whole += c->wb.p[*woff + (size_t)k] == '\n';
         *woff += w > 0 ? (size_t)w : 0;
     }
     if (pf[1].revents & (POLLIN | POLLERR | POLLHUP)) {
@@ -562,14 +614,11 @@ static int tick(coproc *c, idem_task *tasks, size_t got)
                       "stopped it") : 0;
 }
 
-/* The envelopes in wb[0..woff), the last maybe in part. */
+/* The envelopes in wb[0..woff), the bytes written, the last maybe in
+ * part. */
 static size_t envelopes_in(const coproc *c, size_t woff)
 {
-    size_t sent = 0;
-    for (const char *p = c->wb.p; (p = memchr(p, '\n', woff -
-                                        (size_t)(p - c->wb.p))); p++)
-        sent++;
-    return sent + (woff && c->wb.p[woff - 1] != '\n');
+    return c->whole + (woff && c->wb.p[woff - 1] != '\n');
 }
 
 /* A stop was asked for: write no further than the end of the envelope
@@ -643,7 +692,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
     coproc *c = ctx;
     c->err[0] = '\0';
     c->wb.len = 0;
-    c->fixed = c->sent = 0;
+    c->fixed = c->sent = c->whole = 0;
     c->fault = 0;
     c->extended_until = 0;
     c->stopped = *c->stop != 0;
@@ -664,7 +713,7 @@ int coproc_handle(void *ctx, idem_task *tasks, size_t n)
         char why[96];
         close(c->to);
         close(c->from);
-        int st = reap(c, why, sizeof why);
+        int st = reap_closed(c, why, sizeof why);
         could_not_run = st == 126 || st == 127;
         end_group(c);
         c->pid = 0;
@@ -687,15 +736,8 @@ int coproc_stop(coproc *c, const char *cmdname)
     if (!c->pid)
         return 0;
     close(c->to);
-    int64_t deadline = cli_mono_ms() + (*c->stop ? c->grace_ms : c->lease_ms);
     int st = 0;
-    pid_t r;
-    while ((r = waitpid(c->pid, &st, WNOHANG)) == 0 && cli_mono_ms() < deadline)
-        poll(NULL, 0, 10);
-    if (r == 0) {
-        kill(-c->pid, SIGKILL);
-        waitpid(c->pid, &st, 0);
-    }
+    pid_t r = wait_or_kill(c, *c->stop ? c->grace_ms : c->lease_ms, &st);
     end_group(c);
     close(c->from);
     c->pid = 0;

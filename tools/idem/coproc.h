@@ -32,6 +32,8 @@ typedef struct coproc {
     int64_t extended_until; /* an "extend" line asks to wait till then */
     size_t sent;            /* envelopes of the last call the handler was
                              * given, whole or in part */
+    size_t whole;           /* envelopes of this call written whole: an
+                             * answer to any other is not one */
     int fault;              /* the last call failed through the handler:
                              * it crashed, hung or broke the grammar
                              * (not a stop, a store error, or a command

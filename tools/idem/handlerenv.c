@@ -13,7 +13,15 @@
  * its child may only make async-signal-safe calls until it execs, which
  * rules out unsetenv() (it locks, and may free) and leaves execve() with
  * an array made beforehand. Only the array is new: its strings are
- * environ's, which nothing changes while idem runs. */
+ * environ's, which nothing changes while idem runs.
+ *
+ * Leaving it out of the handler's environment is not enough. The kernel
+ * shows a process's environment as it was at exec, from the process's
+ * own memory (/proc/PID/environ, `ps e`), and the handler runs as idem's
+ * user: it reads idem's, and that of the watcher in its own process
+ * group (a fork of idem, coproc.c). unsetenv() would not change what is
+ * shown. So `run` first moves each secret to the heap and clears its
+ * bytes where the kernel looks (handler_env_hide). */
 #include "handlerenv.h"
 
 #include <stdlib.h>
@@ -68,4 +76,19 @@ char **handler_env_new(void)
             env[k++] = environ[i];
     env[k] = NULL;
     return env;
+}
+
+int handler_env_hide(void)
+{
+    for (size_t i = 0; environ && environ[i]; i++) {
+        if (!secret(environ[i]))
+            continue;
+        char *copy = strdup(environ[i]);
+        if (!copy)
+            return -1;
+        char *value = strchr(environ[i], '=') + 1;
+        memset(value, 0, strlen(value));
+        environ[i] = copy;  /* kept for getenv() until idem exits */
+    }
+    return 0;
 }

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "coproc.h"
+#include "handlerenv.h"
 #include "stream.h"
 
 static const char usage[] =
@@ -281,6 +282,8 @@ int cli_cmd_run(int argc, char **argv)
                     .handler = handle, .hctx = &r,
                     .handler_end = handler_end, .emit = emit_result,
                     .ectx = &r};
+    if (handler_env_hide())
+        return cli_fail(c.cmd, "out of memory");
     int ch;
     while ((ch = cli_getopt(c.cmd, argc, argv, opts)) != -1) {
         if (ch == 'h') {

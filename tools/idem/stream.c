@@ -188,6 +188,39 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     }
 }
 
+/* A file named like a URI ("SCHEME://...") is a mistake (redis:// for
+ * redis-stream://, a stream given to --output), and the messages about
+ * the file would repeat its password: refused, shown as URIs are. Where
+ * a stream may stand (streams: --from, --to), its URIs are not files.
+ * 0 or 2. */
+static int not_a_uri(const char *cmd, const char *opt, const char *path,
+                     int streams)
+{
+    size_t scheme = path ? strspn(path, "abcdefghijklmnopqrstuvwxyz"
+                                        "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                        "0123456789+-.")
+                         : 0;
+    if (!scheme || strncmp(path + scheme, "://", 3) ||
+        (streams && connect_is_uri(path)))
+        return 0;
+    return cli_usage_error(cmd, "%s %s: a URI where a file is meant (a "
+                           "stream is read with --from and written with "
+                           "--to redis-stream://...)", opt,
+                           cli_shown_uri(path));
+}
+
+/* Every file the job is given is named by a path. 0 or 2. */
+static int paths_not_uris(const stream_cfg *c)
+{
+    int rc = not_a_uri(c->cmd, "--from", c->from, 1);
+    rc = rc ? rc : not_a_uri(c->cmd, "--to", c->to, 1);
+    rc = rc ? rc : not_a_uri(c->cmd, "--output", c->output, 0);
+    rc = rc ? rc : not_a_uri(c->cmd, "--dead-letter", c->dead_letter, 0);
+    for (size_t i = 0; !rc && i < c->ninputs; i++)
+        rc = not_a_uri(c->cmd, "input", c->inputs[i], 0);
+    return rc;
+}
+
 /* --from and --to: a stream URI, or a file that stands for an input
  * and --output. 0 or 2. */
 static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
@@ -197,8 +230,12 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
     if (c->from && c->ninputs)
         return cli_usage_error(c->cmd, "--from and input files exclude each "
                                "other: give the input one way");
+    int rc = paths_not_uris(c);
+    if (rc)
+        return rc;
     if (c->from && !connect_is_uri(c->from)) {
-        c->inputs = (char **)&c->from;
+        c->from_file = (char *)c->from;  /* c->from is NULL from below */
+        c->inputs = &c->from_file;
         c->ninputs = 1;
     }
     if (c->to && c->output)

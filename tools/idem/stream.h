@@ -40,6 +40,7 @@ typedef struct stream_cfg {
     const char *uri, *key, *output, *job;
     const char *from, *to;       /* --from / --to URIs (a file: as an
                                   * input / --output) */
+    char *from_file;             /* --from FILE: the one input */
     int64_t idle_exit_ms;        /* --idle-exit; 0: a stream runs on */
     char to_ident[512];          /* --to's stream (connect_ident) */
     char sink_space[KS_NAME_MAX + 1];  /* the key space a stream sink

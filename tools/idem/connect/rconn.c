@@ -12,10 +12,12 @@
  * A connection is made on first use and again after it broke. Reads are
  * sent again on a fresh connection once; a write is not, since it may
  * have been applied: the caller fails the batch, and the next run reads
- * the sink back (rsink.c). */
+ * the sink back (rsink.c). It is close-on-exec, as the store's are
+ * (src/redis/conn.c says why): the handler must not inherit it. */
 #include "rconn.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,6 +427,11 @@ static int open_node(rs_conn *c, const char *host, int port)
     struct timeval tv = {(time_t)(u->timeout_ms / 1000),
                          (suseconds_t)(u->timeout_ms % 1000) * 1000};
     c->c = redisConnectWithTimeout(host, port, tv);
+    if (c->c && !c->c->err && fcntl(c->c->fd, F_SETFD, FD_CLOEXEC)) {
+        c->c->err = REDIS_ERR_IO;
+        snprintf(c->c->errstr, sizeof c->c->errstr, "fcntl: %s",
+                 strerror(errno));
+    }
     if (!c->c || c->c->err) {
         snprintf(c->err, sizeof c->err, "%.400s: cannot connect to "
                  "%.256s:%d: %.300s", u->display, host, port,
