@@ -302,6 +302,28 @@ Test(cli_run, a_poison_message_is_dead_lettered_and_the_stream_goes_on)
     t_expect("dl", DL_C(2, CRASHED));
 }
 
+/* A handler that answers nothing at all (it cannot start: a missing
+ * module, a database down) is broken, not the messages: after three set
+ * aside in a row the run stops rather than recording the whole stream as
+ * failed, and a rerun with a working handler runs the rest. */
+Test(cli_run, a_handler_that_fails_on_everything_stops_the_run)
+{
+    cr_assert_eq(t_cli(t_dir, "run --key id --job broken --dead-letter dl "
+                              "--max-attempts 1 --backoff 1ms --exec 'exit 3' "
+                              "--output out in 2> err"), 1, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "failed on 4 messages in a row without "
+                                  "answering any"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(t_sh("test $(wc -l < '%s') -eq 3", t_at("dl")), 0, "%s",
+                 t_read(t_at("dl"), NULL));
+    cr_assert_eq(t_cli(t_dir, "run --key id --job broken --dead-letter dl "
+                              "--exec '\"$IDEM_PROGS/handler\"' --quiet "
+                              "--output out in 2> err"), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("out"), R("d")), "%s", t_read(t_at("out"), NULL));
+}
+
 Test(cli_run, a_message_that_hangs_the_handler_is_dead_lettered)
 {
     cr_assert_eq(run_poison("--lease 300ms --quiet 2> err", "hangon=c"), 3,

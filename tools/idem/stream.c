@@ -127,6 +127,7 @@ typedef struct loop {
      * --backoff again. */
     int64_t restart_wait_ms;
     uint64_t answered;  /* answers of the handler since the last restart */
+    uint64_t dead_in_a_row;  /* set aside with no answer in between */
     int stopped;     /* a stop signal ended the run before its input */
     atomic_uint warnings;  /* both threads warn */
     double t0, last_progress;
@@ -996,6 +997,8 @@ static int run_handler(loop *lp, idem_task *tasks, size_t n)
     while (got < n && tasks[got].answer)
         got++;
     lp->answered += got;
+    if (got)
+        lp->dead_in_a_row = 0;
     if (!lp->handler_rc)
         return 0;
     const char *why = c->fault ? c->fault(c->hctx, &sent) : NULL;
@@ -1044,6 +1047,25 @@ static void say_set_aside(const loop *lp, const char *key, size_t keylen,
                 lp->dl.path);
 }
 
+/* A handler that fails on DEAD_IN_A_ROW_MAX messages in a row without
+ * answering any between them is broken, not the messages (it cannot
+ * start, its database is down): setting the whole stream aside would
+ * record every message as failed for good. The run stops instead, the
+ * message's claim released; a rerun goes on once the handler is fixed. */
+enum { DEAD_IN_A_ROW_MAX = 3 };
+
+static int broken_handler(loop *lp)
+{
+    if (++lp->dead_in_a_row <= DEAD_IN_A_ROW_MAX)
+        return 0;
+    fprintf(stderr, "%sidem %s: the handler failed on %d messages in a row "
+            "without answering any (the last: %s): it looks broken, not "
+            "the messages; stopping before setting more aside\n",
+            lp->tty ? "\r\033[K" : "", lp->st.cfg->cmd,
+            DEAD_IN_A_ROW_MAX + 1, lp->fault_why);
+    return IDEM_EIO;
+}
+
 /* Set t's message aside: its line in the dead-letter file (made durable
  * first, unless the file has it), and as its answer a permanent failure
  * that says so, recorded by a tick at once (dl_result is reused). */
@@ -1055,6 +1077,8 @@ static int set_aside(loop *lp, idem_task *t)
     size_t keylen = t->keylen - c->ks.len;
     const char *err = dl_find(&lp->dl, key, keylen, &len);
     int known = err != NULL;
+    if (!known && broken_handler(lp))
+        return IDEM_EIO;
     if (!known && dl_add(&lp->dl, c->cmd, key, keylen, t->msg, t->msglen,
                          lp->faults[i], lp->fault_err[i] ? lp->fault_err[i]
                                                          : "out of memory"))
