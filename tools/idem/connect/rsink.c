@@ -46,6 +46,7 @@
 
 #define PAGE "1000"  /* entries per XRANGE while reading back */
 #define PAGE_N 1000
+#define CLOCK_SLACK_MS 5000  /* two servers' clocks may differ this much */
 
 typedef struct rs_sink {
     sink base;
@@ -57,9 +58,12 @@ typedef struct rs_sink {
     char last[32];       /* ID of the last entry of the pipeline */
     size_t queued;       /* XADDs sent, replies not read */
     keymap back;         /* read back after the checkpoint */
-    keymap recent;       /* the last window_ms, for takeovers */
+    keymap recent;       /* entries since recent_from, for takeovers */
     int64_t recent_at;   /* when it was read whole (monotonic ms), 0:
                           * never */
+    uint64_t recent_from;  /* it holds every entry from this time on
+                            * (ms, the server's clock) ... */
+    uint64_t win_from;   /* ... and the window began here then */
     char recent_last[40];  /* the last entry ID read into it */
     /* One entry being built: fields as offsets into buf. */
     cli_buf buf;
@@ -165,18 +169,26 @@ static const redisReply *field(const redisReply *f, const char *name)
     return NULL;
 }
 
-/* Remember the keys of entries e[0..n) in m. 0 or -1. */
+/* Remember the keys of entries e[0..n) in m: per key its latest entry's
+ * time (ms of its ID, 8 bytes) and status as value a, its result as b.
+ * 0 or -1. */
 static int remember(keymap *m, const redisReply *entries)
 {
+    char a[8 + 16];
     for (size_t i = 0; i < entries->elements; i++) {
-        const redisReply *f = entries->element[i]->element[1];
-        if (f->type != REDIS_REPLY_ARRAY)
+        const redisReply *e = entries->element[i], *f = e->element[1];
+        uint64_t ms, seq;
+        if (f->type != REDIS_REPLY_ARRAY ||
+            rs_id_parse(e->element[0]->str, e->element[0]->len, &ms, &seq))
             continue;
         const redisReply *key = field(f, "idem-key"),
                          *st = field(f, "status"), *res = field(f, "result");
-        if (key && km_put(m, key->str, key->len, st ? st->str : "",
-                          st ? st->len : 0, res ? res->str : "",
-                          res ? res->len : 0))
+        size_t stl = st && st->len <= 16 ? st->len : 0;
+        memcpy(a, &ms, 8);
+        if (stl)
+            memcpy(a + 8, st->str, stl);
+        if (key && km_put(m, key->str, key->len, a, 8 + stl,
+                          res ? res->str : "", res ? res->len : 0))
             return -1;
     }
     return 0;
@@ -226,45 +238,86 @@ static int rs_read_back(sink *base, const char *pos)
     return scan_after(k, from, &k->back);
 }
 
-/* The last window_ms of entries, up to now: what came after the last
- * one read, and all of it again (to forget the older ones) once every
- * half window. */
-static int rs_catch_up(sink *base)
+/* The server's clock (TIME) in ms into *ms. 0 or -1. */
+static int server_ms(rs_sink *k, uint64_t *ms)
 {
-    rs_sink *k = (rs_sink *)base;
-    if (k->recent_at && cli_mono_ms() - k->recent_at < k->window_ms / 2)
-        return scan_after(k, k->recent_last, &k->recent);
     const char *argv[] = {"TIME"};
     redisReply *r = rs_call(&k->c, 1, argv, NULL, 0, 1);
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
+    int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[1]->type == REDIS_REPLY_STRING;
+    if (!ok)
         fail(k, "TIME", r && r->type == REDIS_REPLY_ERROR ? r : NULL);
-        if (r)
-            freeReplyObject(r);
+    else
+        *ms = strtoull(r->element[0]->str, NULL, 10) * 1000 +
+              strtoull(r->element[1]->str, NULL, 10) / 1000;
+    if (r)
+        freeReplyObject(r);
+    return ok ? 0 : -1;
+}
+
+/* Where a lookup for a takeover delivered at `since` starts: the clocks
+ * of the source's server and ours may differ by up to CLOCK_SLACK_MS. */
+static uint64_t since_start(uint64_t since)
+{
+    return since > CLOCK_SLACK_MS ? since - CLOCK_SLACK_MS : 0;
+}
+
+/* The recent entries up to now, and back to `from` (a takeover's
+ * since; 0: none): the last window_ms at least. What came after the last
+ * entry read, unless `from` is older than what the map holds, or half a
+ * window passed (to forget the older ones): then all of it again. */
+static int rs_catch_up(sink *base, uint64_t from)
+{
+    rs_sink *k = (rs_sink *)base;
+    int older = from && since_start(from) < k->recent_from;
+    if (k->recent_at && !older &&
+        cli_mono_ms() - k->recent_at < k->window_ms / 2)
+        return scan_after(k, k->recent_last, &k->recent);
+    uint64_t now;
+    if (server_ms(k, &now))
         return -1;
-    }
-    long long ms = strtoll(r->element[0]->str, NULL, 10) * 1000 +
-                   strtoll(r->element[1]->str, NULL, 10) / 1000;
-    freeReplyObject(r);
-    snprintf(k->recent_last, sizeof k->recent_last, "%lld",
-             ms > k->window_ms ? ms - k->window_ms : 0);
+    k->win_from = now > (uint64_t)k->window_ms ? now - (uint64_t)k->window_ms
+                                               : 0;
+    k->recent_from = from && since_start(from) < k->win_from
+                         ? since_start(from) : k->win_from;
+    /* "MS" as an ID is MS-0; scan_after starts after it. */
+    snprintf(k->recent_last, sizeof k->recent_last, "%" PRIu64,
+             k->recent_from ? k->recent_from - 1 : 0);
     km_clear(&k->recent);
     k->recent_at = cli_mono_ms();
     return scan_after(k, k->recent_last, &k->recent);
 }
 
+/* Is entry e of the recent map one the lookup (since, 0: the window
+ * only) is for? */
+static int recent_enough(const rs_sink *k, const km_entry *e,
+                         uint64_t since)
+{
+    uint64_t ms, from = k->win_from;
+    memcpy(&ms, km_a(e), 8);
+    if (since && since_start(since) < from)
+        from = since_start(since);
+    return ms >= from;
+}
+
 static int rs_has(sink *base, const void *key, size_t keylen, int recent,
-                  const char **status, const char **result, size_t *rlen)
+                  uint64_t since, const char **status, const char **result,
+                  size_t *rlen)
 {
     rs_sink *k = (rs_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);
-    e = e || !recent ? e : km_get(&k->recent, key, keylen);
+    if (!e && recent) {
+        e = km_get(&k->recent, key, keylen);
+        e = e && recent_enough(k, e, since) ? e : NULL;
+    }
     if (!e)
         return 0;
     static const char *const known[] = {"done", "failed", "gave_up"};
     const char *st = NULL;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (e->alen == strlen(known[i]) && !memcmp(km_a(e), known[i],
-                                                   e->alen))
+        if (e->alen - 8 == strlen(known[i]) &&
+            !memcmp(km_a(e) + 8, known[i], e->alen - 8))
             st = known[i];
     *status = st;
     *result = st && e->blen ? km_b(e) : NULL;
@@ -508,6 +561,26 @@ int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
     return rc;
 }
 
+/* MAXLEN ~ N below twice the batch is refused. A crash leaves at most
+ * one batch of entries past the checkpoint, and the rerun must find
+ * them all (read-back): trimmed, they are written again. Twice the
+ * batch leaves as much room again for what the other writers of the
+ * stream (the group's other workers) add before the rerun reads back;
+ * docs/streams.md says what more they need. */
+static int rs_check(sink *base, uint64_t batch)
+{
+    rs_sink *k = (rs_sink *)base;
+    if (!k->u.maxlen || k->u.maxlen >= 2 * batch)
+        return 0;
+    return cli_usage_error(k->cmd, "%s: maxlen=~%" PRIu64 " is below twice "
+                           "--batch (%" PRIu64 "): a crash leaves up to a "
+                           "batch of entries to read back, which the trim "
+                           "would delete first, and they would be written "
+                           "again. Give maxlen=~%" PRIu64 " or more, or a "
+                           "smaller --batch", k->u.display, k->u.maxlen,
+                           batch, 2 * batch);
+}
+
 static void rs_forget(sink *base, const void *key, size_t keylen)
 {
     km_del(&((rs_sink *)base)->back, key, keylen);
@@ -517,4 +590,4 @@ static const sink_ops rs_sink_ops = {
     .start = rs_start, .read_back = rs_read_back,
     .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
-    .close = rs_close};
+    .check = rs_check, .close = rs_close};
