@@ -1045,3 +1045,38 @@ Test(rstream, sigint_in_the_last_idle_wait_exits_130)
     cr_assert_eq(out_len(), 1);
     expect_nothing_pending("g");
 }
+
+/* Does a job lock of the output stream exist? */
+static int locked(void)
+{
+    redisReply *r = th_cmd(rc, "KEYS %s.idem-lock.*", out);
+    int n = (int)r->elements;
+    freeReplyObject(r);
+    return n;
+}
+
+/* The same command started twice at once (one consumer name, one
+ * checkpoint) is refused while the first runs, as a second --output
+ * writer is; once the first ended, the command runs again. */
+Test(rstream, the_same_job_twice_at_once_is_refused)
+{
+    int nkeys = fill(100);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--lease 1s --store 'redis://%s?prefix=%s'",
+             src("group=g&consumer=c"), dst(), addr, th_prefix());
+    pid_t a = t_cli_start(t_dir, "%s 2>err1", args);
+    for (int i = 0; i < 3000 && !locked(); i++)
+        usleep(20 * 1000);
+    cr_assert(locked(), "the first run took no lock");
+    cr_assert_eq(cli_at(NULL, args), 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "is being run by another idem process"),
+              "%s", t_read(t_at("err"), NULL));
+    kill(a, SIGTERM);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert(!locked(), "the lock outlived its run");
+    cr_assert_eq(t_cli(t_dir, "%s --idle-exit 300ms 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}

@@ -57,6 +57,11 @@ struct source {
 };
 
 typedef struct sink_ops {
+    /* Keep other runs of job (its checkpoint's name) out until close:
+     * two would move its position past each other's uncommitted
+     * entries. NULL: one writer is kept otherwise. 0, or an exit status
+     * after saying why. */
+    int (*lock)(sink *k, const char *job);
     /* Where a new job starts: the current end. 0 or -1. */
     int (*start)(sink *k);
     /* Remember the keys written after pos (a checkpoint's). 0 or -1. */

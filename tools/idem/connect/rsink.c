@@ -42,6 +42,7 @@
 #include "cli.h"
 #include "keymap.h"
 #include "rconn.h"
+#include "rlock.h"
 #include "rstream.h"
 
 #define PAGE "1000"  /* entries per XRANGE while reading back */
@@ -53,6 +54,8 @@ typedef struct rs_sink {
     const char *cmd;
     rs_uri u;
     rs_conn c;
+    rs_lock *lock;       /* the job's, while it runs (rlock.c) */
+    int64_t lease_ms;
     int64_t window_ms;
     char pos[32];
     char last[32];       /* ID of the last entry of the pipeline */
@@ -104,6 +107,7 @@ sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
         return NULL;
     }
     k->c.u = &k->u;
+    k->lease_ms = lease_ms;
     k->window_ms = k->u.readback_ms ? k->u.readback_ms
                                     : 2 * lease_ms + 10000;
     snprintf(k->pos, sizeof k->pos, "0-0");
@@ -113,6 +117,7 @@ sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 static void rs_close(sink *base)
 {
     rs_sink *k = (rs_sink *)base;
+    rs_lock_drop(k->lock);
     rs_conn_close(&k->c);
     rs_uri_free(&k->u);
     km_free(&k->back);
@@ -135,6 +140,12 @@ static const char *rs_pos(const sink *base)
 static const char *rs_name(const sink *base)
 {
     return ((const rs_sink *)base)->u.display;
+}
+
+static int rs_lock_job(sink *base, const char *job)
+{
+    rs_sink *k = (rs_sink *)base;
+    return rs_lock_take(k->cmd, &k->u, job, k->lease_ms, &k->lock);
 }
 
 /* A new job starts at the stream's last entry ("0-0" if empty). */
@@ -467,6 +478,11 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen)
 {
     rs_sink *k = (rs_sink *)base;
+    if (rs_lock_lost(k->lock))
+        return cli_fail(k->cmd, "%s: the job's lock was not renewed for "
+                        "--lease and may be another run's now (this one "
+                        "stalled, or lost the server): nothing more is "
+                        "written; run the job again", k->u.display), -1;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
         len--;
     if (to_fields(k, text, len) || set_key(k, key, keylen))
@@ -588,6 +604,6 @@ static void rs_forget(sink *base, const void *key, size_t keylen)
 
 static const sink_ops rs_sink_ops = {
     .start = rs_start, .read_back = rs_read_back,
-    .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
+    .lock = rs_lock_job, .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
     .check = rs_check, .close = rs_close};
