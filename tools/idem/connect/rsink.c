@@ -18,14 +18,17 @@
  *
  * Another worker's crash is the other case: a key it wrote and did not
  * commit is taken over here once its lease ran out. A claim that is not
- * a key's first (idem_msg.attempt > 1) therefore looks in the entries of
- * the last readback_ms (default: twice the lease and 10 s) before
- * writing. Those are kept up to date, never trusted from before the
+ * a key's first (idem_msg.attempt > 1), or of an entry handed out
+ * before, therefore looks among the entries written since the dead run
+ * could have written it: for an entry handed out before, since its
+ * first delivery (nd_line.since, from XPENDING: rsource.c), however long
+ * ago; otherwise (another entry of the key was held by the dead worker)
+ * within the last readback_ms (default: twice the lease and 10 s). The
+ * recent entries are kept up to date, never trusted from before the
  * question (rs_catch_up): the other worker may have written just before
- * it died, and the claim came after. A worker stalled longer than
- * readback_ms between its write and its commit (its commit then fails
- * with IDEM_ELOST) can still leave a second entry: docs/streams.md says
- * so.
+ * it died, and the claim came after. Each key keeps its latest entry's
+ * time, so that an entry older than the question (of the key's earlier
+ * life) is not taken for this one. docs/streams.md says what remains.
  *
  * Only a claim that may follow such a write asks (stream.c): not the
  * key's first, or of an entry handed out before, or of files read again
@@ -603,7 +606,7 @@ static void rs_forget(sink *base, const void *key, size_t keylen)
 }
 
 static const sink_ops rs_sink_ops = {
-    .start = rs_start, .read_back = rs_read_back,
-    .lock = rs_lock_job, .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
+    .lock = rs_lock_job, .start = rs_start, .read_back = rs_read_back,
+    .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
     .check = rs_check, .close = rs_close};
