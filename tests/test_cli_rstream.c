@@ -1080,3 +1080,24 @@ Test(rstream, the_same_job_twice_at_once_is_refused)
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }
+
+/* Entries a dead run wrote past the job's position and that a trim
+ * deleted before the rerun could read them back are written again: the
+ * rerun says so instead of hiding it. */
+Test(rstream, entries_trimmed_before_read_back_are_said)
+{
+    for (int i = 0; i < 20; i++)
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d", in, i));
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--batch 10 --idle-exit 200ms", src("group=g"), dst());
+    cr_assert_eq(cli_at("sink-written:1", args), 128 + SIGKILL);
+    cr_assert_eq(out_len(), 10);
+    freeReplyObject(th_cmd(rc, "XTRIM %s MAXLEN 0", out));
+    cr_assert_eq(cli_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "may have been deleted (a trim: maxlen, "
+                     "XTRIM, XDEL) before they could be read back"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 20);
+    expect_nothing_pending("g");
+}
