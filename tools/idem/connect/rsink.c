@@ -313,24 +313,6 @@ static int rs_read_back(sink *base, const char *pos)
     return scan_after(k, from, &k->back);
 }
 
-/* The server's clock (TIME) in ms into *ms. 0 or -1. */
-static int server_ms(rs_sink *k, uint64_t *ms)
-{
-    const char *argv[] = {"TIME"};
-    redisReply *r = rs_call(&k->c, 1, argv, NULL, 0, 1);
-    int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-             r->element[0]->type == REDIS_REPLY_STRING &&
-             r->element[1]->type == REDIS_REPLY_STRING;
-    if (!ok)
-        fail(k, "TIME", r && r->type == REDIS_REPLY_ERROR ? r : NULL);
-    else
-        *ms = strtoull(r->element[0]->str, NULL, 10) * 1000 +
-              strtoull(r->element[1]->str, NULL, 10) / 1000;
-    if (r)
-        freeReplyObject(r);
-    return ok ? 0 : -1;
-}
-
 /* Where a lookup for a takeover delivered at `since` starts: the clocks
  * of the source's server and ours may differ by up to CLOCK_SLACK_MS. */
 static uint64_t since_start(uint64_t since)
@@ -350,8 +332,8 @@ static int rs_catch_up(sink *base, uint64_t from)
         cli_mono_ms() - k->recent_at < k->window_ms / 2)
         return scan_after(k, k->recent_last, &k->recent);
     uint64_t now;
-    if (server_ms(k, &now))
-        return -1;
+    if (rs_server_ms(&k->c, &now))
+        return fail(k, "reading the server's clock", NULL);
     k->win_from = now > (uint64_t)k->window_ms ? now - (uint64_t)k->window_ms
                                                : 0;
     k->recent_from = from && since_start(from) < k->win_from

@@ -302,22 +302,6 @@ static int ack_trimmed(rs_source *s, const redisReply *id)
     return bad ? -1 : 0;
 }
 
-/* The server's clock (TIME) in ms, or 0. */
-static uint64_t server_ms(rs_source *s)
-{
-    const char *argv[] = {"TIME"};
-    redisReply *r = rs_call(&s->rd, 1, argv, NULL, 0, 1);
-    uint64_t ms = 0;
-    if (r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
-        r->element[0]->type == REDIS_REPLY_STRING &&
-        r->element[1]->type == REDIS_REPLY_STRING)
-        ms = strtoull(r->element[0]->str, NULL, 10) * 1000 +
-             strtoull(r->element[1]->str, NULL, 10) / 1000;
-    if (r)
-        freeReplyObject(r);
-    return ms;
-}
-
 /* One XPENDING line [id, consumer, idle, deliveries] into d. 0 or -1. */
 static int delivery_of(const redisReply *e, uint64_t now, struct delivery *d)
 {
@@ -356,8 +340,9 @@ static void deliveries(rs_source *s, const char *start, const char *idle,
     if (own)
         argv[n] = s->u.consumer, lens[n++] = strlen(s->u.consumer);
     s->ndlv = 0;
-    uint64_t now = server_ms(s);
-    redisReply *r = now ? rs_call(&s->rd, n, argv, lens, 0, 1) : NULL;
+    uint64_t now = 0;
+    redisReply *r = rs_server_ms(&s->rd, &now) == 0
+                        ? rs_call(&s->rd, n, argv, lens, 0, 1) : NULL;
     struct delivery *d = r && r->type == REDIS_REPLY_ARRAY && r->elements
                              ? realloc(s->dlv, r->elements * sizeof *d)
                              : NULL;
@@ -370,14 +355,22 @@ static void deliveries(rs_source *s, const char *start, const char *idle,
         freeReplyObject(r);
 }
 
+static int by_id(const void *a, const void *b)
+{
+    const struct delivery *x = a, *y = b;
+    return x->ms != y->ms ? (x->ms < y->ms ? -1 : 1)
+                          : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
 /* The earliest time the output of entry ms-seq, handed out before, can
- * have been written. */
+ * have been written. s->dlv is in ID order, as XPENDING lists. */
 static uint64_t since_of(const rs_source *s, uint64_t ms, uint64_t seq)
 {
-    for (size_t i = 0; i < s->ndlv; i++)
-        if (s->dlv[i].ms == ms && s->dlv[i].seq == seq)
-            return s->dlv[i].since < ms ? ms : s->dlv[i].since;
-    return ms ? ms : 1;
+    struct delivery want = {ms, seq, 0};
+    const struct delivery *d =
+        s->ndlv ? bsearch(&want, s->dlv, s->ndlv, sizeof *d, by_id) : NULL;
+    uint64_t t = d && d->since > ms ? d->since : ms;
+    return t ? t : 1;
 }
 
 /* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
