@@ -19,9 +19,10 @@
  * STREAM.idem-lock.HASH (HASH: of the job's name), so that a hash tag in
  * the stream's name puts it in the stream's slot of a cluster.
  *
- * SET NX PX --lease takes it, and a thread of its own renews it every
- * third of the lease on a connection of its own (only while the value
- * is still ours, by a script). The value names the holder: host, pid,
+ * SET NX PX --lease (1 s at least) takes it, and a thread of its own
+ * renews it every third of the lease on a connection of its own (only
+ * while the value is still ours, by a script). The value names the
+ * holder: host, pid,
  * the process's start time and a random nonce. Another run is refused at
  * start with who holds it, unless the holder is a process of this host
  * that is gone (a kill -9: then it is taken at once, not after the
@@ -46,6 +47,7 @@
 #include "cli.h"
 
 #define TAKE_TRIES 3
+#define MIN_LEASE_MS 1000
 
 struct rs_lock {
     rs_conn c;
@@ -263,7 +265,8 @@ int rs_lock_take(const char *cmd, const rs_uri *u, const char *job,
     if (!l)
         return cli_fail(cmd, "out of memory");
     l->c.u = u;
-    l->lease_ms = lease_ms > 0 ? lease_ms : 1;
+    /* Renewed every third of it: a lease of a few ms would spin. */
+    l->lease_ms = lease_ms > MIN_LEASE_MS ? lease_ms : MIN_LEASE_MS;
     snprintf(l->lease, sizeof l->lease, "%" PRId64, l->lease_ms);
     snprintf(l->key, sizeof l->key, "%.*s.idem-lock.%016" PRIx64,
              (int)(u->streamlen < 500 ? u->streamlen : 500), u->stream,
