@@ -78,9 +78,9 @@ typedef struct rs_source {
     size_t nack, capack;
     cli_buf ackids;
     uint64_t trimmed;
-    struct delivery {     /* before a round of entries handed out */
-        uint64_t ms, seq; /* before: their first delivery (XPENDING) */
-        uint64_t since;
+    struct delivery {     /* of the entries a round hands out again: */
+        uint64_t ms, seq; /* the entry's ID, and the earliest its */
+        uint64_t since;   /* output can have been written (XPENDING) */
     } *dlv;
     size_t ndlv;
     char err[1500];
