@@ -635,7 +635,7 @@ Test(rstream, the_output_keeps_its_keys_whatever_its_uri_parameters)
                        "--idle-exit 200ms 2>err", src("group=g"), dst()),
                  0);
     snprintf(to, sizeof to, "'redis-stream://%s/%s?timeout_ms="
-             "3000&maxlen=~100000'", addr, out);
+             "3000&maxlen=~200000'", addr, out);
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 200ms 2>err", src("group=g2"), to), 0,
                  "%s", t_read(t_at("err"), NULL));
@@ -966,4 +966,138 @@ Test(rstream, a_server_that_stops_answering_is_said_so)
     freeReplyObject(r);
     redisFree(c);
     th_stop(&own);
+}
+
+/* A worker writes its batch and dies before its commit; its entries are
+ * taken over by a worker of another name (a replaced pod) long after:
+ * later than the sink's window (readback_ms=1 here stands for a wait of
+ * minutes). The taker looks in the sink from the entries' first
+ * delivery, not from a window, finds them, and writes nothing twice:
+ * with a store shared by both, and with a store each. */
+Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
+{
+    for (int i = 0; i < 20; i++)
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d", in, i));
+    const char *stores[2][2] = {{"local:a", "local:b"}, {NULL, NULL}};
+    char shared[256], a[1024], b[1024], to[512];
+    snprintf(shared, sizeof shared, "'redis://%s?prefix=%s'", addr,
+             th_prefix());
+    stores[1][0] = stores[1][1] = shared;
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1'", addr,
+             out);
+    for (int v = 0; v < 2; v++) {
+        char g[32];
+        snprintf(g, sizeof g, "group=g%d", v);
+        freeReplyObject(th_cmd(rc, "DEL %s", out));
+        snprintf(a, sizeof a, "dedup --key event_id --from %s --to %s "
+                 "--lease 300ms --batch 10 --idle-exit 200ms --store %s "
+                 "--key-space s%d", src(g), dst(), stores[v][0], v);
+        cr_assert_eq(cli_at("sink-written:1", a), 128 + SIGKILL);
+        cr_assert_eq(out_len(), 10);
+        sleep(1);  /* past a's lease, and far past the 1 ms window */
+        snprintf(g, sizeof g, "group=g%d&consumer=b", v);
+        snprintf(b, sizeof b, "dedup --key event_id --from %s --to %s "
+                 "--lease 300ms --batch 10 --idle-exit 1s --store %s "
+                 "--key-space s%d", src(g), to, stores[v][1], v);
+        cr_assert_eq(cli_at(NULL, b), 0, "%s", t_read(t_at("err"), NULL));
+        cr_assert_eq(out_len(), 20, "store %s: %lld entries for 20 keys",
+                     stores[v][1], out_len());
+        snprintf(g, sizeof g, "g%d", v);
+        expect_nothing_pending(g);
+    }
+}
+
+/* maxlen=~N below twice --batch is refused before anything is read: the
+ * entries a crash leaves to read back would be trimmed first. */
+Test(rstream, a_maxlen_below_twice_the_batch_is_refused)
+{
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id a", in));
+    char to[512];
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~99'", addr, out);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--batch 50 --idle-exit 200ms 2>err", src("group=g"),
+                       to), 2);
+    cr_assert(t_grep(t_at("err"), "maxlen=~99 is below twice --batch "
+                     "(50)"), "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("g"), 0);
+    cr_assert_eq(out_len(), 0);
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~100'", addr,
+             out);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--batch 50 --idle-exit 200ms 2>err", src("group=g"),
+                       to), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 1);
+}
+
+/* SIGINT that lands in the last wait before --idle-exit fires (raised
+ * by the test hook at that very moment) is a stop: exit 130, said. */
+Test(rstream, sigint_in_the_last_idle_wait_exits_130)
+{
+    freeReplyObject(th_cmd(rc, "XADD %s * event_id a", in));
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 300ms", src("group=g"), dst());
+    char at[32];
+    snprintf(at, sizeof at, "idle-exit:1:%d", SIGINT);
+    cr_assert_eq(cli_at(at, args), 130, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGINT"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 1);
+    expect_nothing_pending("g");
+}
+
+/* Does a job lock of the output stream exist? */
+static int locked(void)
+{
+    redisReply *r = th_cmd(rc, "KEYS %s.idem-lock.*", out);
+    int n = (int)r->elements;
+    freeReplyObject(r);
+    return n;
+}
+
+/* The same command started twice at once (one consumer name, one
+ * checkpoint) is refused while the first runs, as a second --output
+ * writer is; once the first ended, the command runs again. */
+Test(rstream, the_same_job_twice_at_once_is_refused)
+{
+    int nkeys = fill(100);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--lease 1s --store 'redis://%s?prefix=%s'",
+             src("group=g&consumer=c"), dst(), addr, th_prefix());
+    pid_t a = t_cli_start(t_dir, "%s 2>err1", args);
+    for (int i = 0; i < 3000 && !locked(); i++)
+        usleep(20 * 1000);
+    cr_assert(locked(), "the first run took no lock");
+    cr_assert_eq(cli_at(NULL, args), 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "is being run by another idem process"),
+              "%s", t_read(t_at("err"), NULL));
+    kill(a, SIGTERM);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert(!locked(), "the lock outlived its run");
+    cr_assert_eq(t_cli(t_dir, "%s --idle-exit 300ms 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* Entries a dead run wrote past the job's position and that a trim
+ * deleted before the rerun could read them back are written again: the
+ * rerun says so instead of hiding it. */
+Test(rstream, entries_trimmed_before_read_back_are_said)
+{
+    for (int i = 0; i < 20; i++)
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d", in, i));
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--batch 10 --idle-exit 200ms", src("group=g"), dst());
+    cr_assert_eq(cli_at("sink-written:1", args), 128 + SIGKILL);
+    cr_assert_eq(out_len(), 10);
+    freeReplyObject(th_cmd(rc, "XTRIM %s MAXLEN 0", out));
+    cr_assert_eq(cli_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "may have been deleted (a trim: maxlen, "
+                     "XTRIM, XDEL) before they could be read back"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 20);
+    expect_nothing_pending("g");
 }

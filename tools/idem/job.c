@@ -576,6 +576,13 @@ int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
     size_t k = strlen(cmd) + 1;
     snprintf(j->name, sizeof j->name, "%s:", cmd);
     job_text_name(name, j->name + k, sizeof j->name - k);
+    /* One run of the job at a time, from before its checkpoint is read,
+     * as flock() on an --output file. */
+    if (out->ops->lock) {
+        int st = out->ops->lock(out, j->name);
+        if (st)
+            return st;
+    }
     int found = 0, rc = read_checkpoint(j, &found);
     if (rc)
         return rc;

@@ -16,6 +16,10 @@ typedef struct nd_line {
                          * another consumer): its output may be in the
                          * sink already, from a run that did not commit
                          * it. 0 for a file's line */
+    uint64_t since;     /* again: no run can have written its output
+                         * before this time (ms, the source server's
+                         * clock): its first delivery, else its entry's
+                         * own time. 0: not known */
 } nd_line;
 
 typedef struct nd_reader {

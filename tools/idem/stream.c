@@ -71,6 +71,7 @@ typedef struct batch {
     idem_msg *msgs;
     size_t nmsgs;
     unsigned char *again;  /* per message: its line's `again` (ndjson.h) */
+    uint64_t *since;       /* ... and `since` */
     cli_buf text;    /* copies of the lines */
     cli_buf keys;    /* the keys */
     size_t emitted;  /* items already written out */
@@ -464,6 +465,7 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
     if (kind == IT_MSG) {
         size_t mlen = l->len - (l->len && l->p[l->len - 1] == '\r');
         b->again[b->nmsgs] = l->again != 0;
+        b->since[b->nmsgs] = l->since;
         b->msgs[b->nmsgs++] = (idem_msg){
             .key = (const void *)(uintptr_t)koff,
             .keylen = b->keys.len - koff, .msg = (const void *)(uintptr_t)toff,
@@ -573,13 +575,34 @@ static int retried(const loop *lp, size_t i, uint32_t attempt)
     return attempt > 1 || lp->committing->again[i];
 }
 
+/* Since when message i's output may be in the sink (nd_line.since):
+ * known for an entry handed out before; 0 for a first delivery (the
+ * sink's window then). */
+static uint64_t since_of(const loop *lp, size_t i)
+{
+    return lp->committing->again[i] ? lp->committing->since[i] : 0;
+}
+
+/* Message i (attempt: its claim's) will be asked about: the earliest
+ * time its lookup goes back to joins *from (0: none yet). */
+static void note_retried(const loop *lp, size_t i, uint32_t attempt,
+                         int *any, uint64_t *from)
+{
+    if (!retried(lp, i, attempt))
+        return;
+    uint64_t t = since_of(lp, i);
+    *any = 1;
+    if (t && (!*from || t < *from))
+        *from = t;
+}
+
 /* Before the sink is asked about claims made until now, it reads what
- * other workers wrote since (`any`: one of them will be asked). 0 or
- * IDEM_EIO. */
-static int sink_catch_up(loop *lp, int any)
+ * other workers wrote since (`any`: one of them will be asked), back to
+ * `from`. 0 or IDEM_EIO. */
+static int sink_catch_up(loop *lp, int any, uint64_t from)
 {
     sink *k = lp->st.job.sink;
-    return k && any && k->ops->catch_up(k) ? IDEM_EIO : 0;
+    return k && any && k->ops->catch_up(k, from) ? IDEM_EIO : 0;
 }
 
 const char *stream_status(idem_msg_result r)
@@ -605,7 +628,8 @@ static int in_sink(loop *lp, const idem_msg *m, const item *it)
         !(again || lp->reread))
         return 0;
     sink *k = lp->st.job.sink;
-    int rc = k->ops->has(k, m->key, m->keylen, again, &st, &res, &rlen);
+    int rc = k->ops->has(k, m->key, m->keylen, again, since_of(lp, it->msg),
+                         &st, &res, &rlen);
     if (rc == 1 && st && strcmp(st, stream_status(m->result)))
         return 0;
     if (rc == 1)
@@ -633,17 +657,20 @@ static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
     return 0;
 }
 
-/* Is any message of items [from, upto) retried? msgs: the runner's. */
-static int any_retried(const loop *lp, const idem_msg *msgs, size_t from,
-                       size_t upto)
+/* The sink catches up for the retried messages of items [from, upto).
+ * msgs: the runner's. 0 or IDEM_EIO. */
+static int catch_up_items(loop *lp, const idem_msg *msgs, size_t from,
+                          size_t upto)
 {
     const batch *b = lp->committing;
+    int any = 0;
+    uint64_t since = 0;
     for (size_t i = from; i < upto; i++)
-        if (b->items[i].kind == IT_MSG &&
-            retried(lp, b->items[i].msg,
-                    msgs[b->items[i].msg - lp->base].attempt))
-            return 1;
-    return 0;
+        if (b->items[i].kind == IT_MSG)
+            note_retried(lp, b->items[i].msg,
+                         msgs[b->items[i].msg - lp->base].attempt, &any,
+                         &since);
+    return sink_catch_up(lp, any, since);
 }
 
 /* The runner's commit step: output of every line before the first
@@ -656,7 +683,7 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     while (upto < b->nitems && !(b->items[upto].kind == IT_MSG &&
                                  b->items[upto].msg >= lp->base + p))
         upto++;
-    int rc = sink_catch_up(lp, any_retried(lp, msgs, b->emitted, upto));
+    int rc = catch_up_items(lp, msgs, b->emitted, upto);
     for (size_t i = b->emitted; !rc && i < upto; i++) {
         item *it = &b->items[i];
         idem_msg user;  /* the key as the job found it */
@@ -1131,7 +1158,9 @@ static int from_sink(loop *lp, idem_task *t)
     if (!again && !lp->reread)
         return 0;
     int rc = k->ops->has(k, (const char *)t->key + ks->len,
-                         t->keylen - ks->len, again, &st, &res, &rlen);
+                         t->keylen - ks->len, again,
+                         since_of(lp, lp->base + t->index), &st, &res,
+                         &rlen);
     if (rc <= 0 || !st || !strcmp(st, "gave_up"))
         return rc < 0 ? -1 : 0;
     const char *copy = keep(lp, res ? res : "", rlen);
@@ -1158,9 +1187,11 @@ static int handle_tasks(void *ctx, idem_task *tasks, size_t n)
 {
     loop *lp = ctx;
     int any = 0;
+    uint64_t since = 0;
     for (size_t i = 0; i < n; i++)
-        any |= retried(lp, lp->base + tasks[i].index, tasks[i].attempt);
-    int rc = sink_catch_up(lp, any);
+        note_retried(lp, lp->base + tasks[i].index, tasks[i].attempt, &any,
+                     &since);
+    int rc = sink_catch_up(lp, any, since);
     for (size_t i = 0; !rc && i < n;) {
         size_t j = i;
         int kind = 0;
@@ -1210,7 +1241,9 @@ static int setup(loop *lp, const stream_cfg *c)
         lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
         lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
         lp->b[i].again = malloc(c->batch);
-        if (!lp->b[i].items || !lp->b[i].msgs || !lp->b[i].again)
+        lp->b[i].since = malloc(c->batch * sizeof *lp->b[i].since);
+        if (!lp->b[i].items || !lp->b[i].msgs || !lp->b[i].again ||
+            !lp->b[i].since)
             return cli_fail(c->cmd, "out of memory");
     }
     lp->s = cli_open(c->cmd, cli_store_uri(c->uri), 0, c->ttl_ms,
@@ -1360,6 +1393,10 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
     sink *k = sink_open(c->cmd, c->to, lease_ms, &rc);
     if (!k)
         return rc;
+    if (k->ops->check && (rc = k->ops->check(k, c->batch)) != 0) {
+        k->ops->close(k);
+        return rc;
+    }
     const char *worker = lp->src && lp->src->ops->worker
                              ? lp->src->ops->worker(lp->src) : NULL;
     char name[1200];
@@ -1506,6 +1543,7 @@ int stream_run(const stream_cfg *c)
         free(lp.b[i].items);
         free(lp.b[i].msgs);
         free(lp.b[i].again);
+        free(lp.b[i].since);
     }
     return rc ? rc : rc2;
 }

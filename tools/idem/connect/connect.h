@@ -57,21 +57,30 @@ struct source {
 };
 
 typedef struct sink_ops {
+    /* Keep other runs of job (its checkpoint's name) out until close:
+     * two would move its position past each other's uncommitted
+     * entries. NULL: one writer is kept otherwise. 0, or an exit status
+     * after saying why. */
+    int (*lock)(sink *k, const char *job);
     /* Where a new job starts: the current end. 0 or -1. */
     int (*start)(sink *k);
     /* Remember the keys written after pos (a checkpoint's). 0 or -1. */
     int (*read_back)(sink *k, const char *pos);
     /* Before has() is asked of claims made until now: read what other
      * workers wrote since the last time (the recent entries), since one
-     * that died may have written a key just before. 0 or -1. */
-    int (*catch_up)(sink *k);
+     * that died may have written a key just before; and back to `from`
+     * (ms, the source's clock; 0: none), the earliest `since` that has()
+     * will be asked with. 0 or -1. */
+    int (*catch_up)(sink *k, uint64_t from);
     /* Is key there already: read back, or with `recent` also among the
-     * recent entries? Asked only for a claim that may follow a write of
-     * a dead run (`recent`: of another worker too). Its status ("done",
-     * "failed", "gave_up": a run's entry) and result when it has them.
-     * 1, 0, or -1. */
+     * recent entries: those written since `since` (a message handed out
+     * before: nd_line.since) or within the sink's window? Asked only for
+     * a claim that may follow a write of a dead run (`recent`: of
+     * another worker too). Its status ("done", "failed", "gave_up": a
+     * run's entry) and result when it has them. 1, 0, or -1. */
     int (*has)(sink *k, const void *key, size_t keylen, int recent,
-               const char **status, const char **result, size_t *rlen);
+               uint64_t since, const char **status, const char **result,
+               size_t *rlen);
     /* key's entry read back is committed now as this run's output: it
      * stops being found, so that the key, new again after its TTL, is
      * written again. */
@@ -85,6 +94,11 @@ typedef struct sink_ops {
     const char *(*pos)(const sink *k);
     /* The sink for messages and job names (no password). */
     const char *(*name)(const sink *k);
+    /* Refuse a setting under which read-back cannot work with batches of
+     * `batch` lines (an output trimmed to fewer entries than a crash
+     * leaves uncommitted). NULL: nothing to check. 0, or 2 after saying
+     * why. */
+    int (*check)(sink *k, uint64_t batch);
     void (*close)(sink *k);
 } sink_ops;
 

@@ -527,6 +527,24 @@ static int connect_now(rs_conn *c)
     return -1;
 }
 
+int rs_server_ms(rs_conn *c, uint64_t *ms)
+{
+    const char *argv[] = {"TIME"};
+    redisReply *r = rs_call(c, 1, argv, NULL, 0, 1);
+    int ok = r && r->type == REDIS_REPLY_ARRAY && r->elements == 2 &&
+             r->element[0]->type == REDIS_REPLY_STRING &&
+             r->element[1]->type == REDIS_REPLY_STRING;
+    if (ok)
+        *ms = strtoull(r->element[0]->str, NULL, 10) * 1000 +
+              strtoull(r->element[1]->str, NULL, 10) / 1000;
+    else if (r)
+        snprintf(c->err, sizeof c->err, "TIME: %s",
+                 r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
+    if (r)
+        freeReplyObject(r);
+    return ok ? 0 : -1;
+}
+
 int rs_conn_ready(rs_conn *c)
 {
     if (!c->c && connect_now(c))

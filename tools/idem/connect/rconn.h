@@ -67,6 +67,11 @@ const char *rs_conn_why(const rs_conn *c);
  * (a pipeline). 0 or -1 with c->err set. */
 int rs_conn_ready(rs_conn *c);
 
+/* The server's clock (TIME) in ms into *ms: what stream IDs and
+ * XPENDING's idle times are measured by. 0, or -1 with c->err set (an
+ * error reply's text there too). */
+int rs_server_ms(rs_conn *c, uint64_t *ms);
+
 /* Parse an entry ID "MS-SEQ". 0 or -1. */
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq);
 

@@ -18,14 +18,17 @@
  *
  * Another worker's crash is the other case: a key it wrote and did not
  * commit is taken over here once its lease ran out. A claim that is not
- * a key's first (idem_msg.attempt > 1) therefore looks in the entries of
- * the last readback_ms (default: twice the lease and 10 s) before
- * writing. Those are kept up to date, never trusted from before the
+ * a key's first (idem_msg.attempt > 1), or of an entry handed out
+ * before, therefore looks among the entries written since the dead run
+ * could have written it: for an entry handed out before, since its
+ * first delivery (nd_line.since, from XPENDING: rsource.c), however long
+ * ago; otherwise (another entry of the key was held by the dead worker)
+ * within the last readback_ms (default: twice the lease and 10 s). The
+ * recent entries are kept up to date, never trusted from before the
  * question (rs_catch_up): the other worker may have written just before
- * it died, and the claim came after. A worker stalled longer than
- * readback_ms between its write and its commit (its commit then fails
- * with IDEM_ELOST) can still leave a second entry: docs/streams.md says
- * so.
+ * it died, and the claim came after. Each key keeps its latest entry's
+ * time, so that an entry older than the question (of the key's earlier
+ * life) is not taken for this one. docs/streams.md says what remains.
  *
  * Only a claim that may follow such a write asks (stream.c): not the
  * key's first, or of an entry handed out before, or of files read again
@@ -42,24 +45,31 @@
 #include "cli.h"
 #include "keymap.h"
 #include "rconn.h"
+#include "rlock.h"
 #include "rstream.h"
 
 #define PAGE "1000"  /* entries per XRANGE while reading back */
 #define PAGE_N 1000
+#define CLOCK_SLACK_MS 5000  /* two servers' clocks may differ this much */
 
 typedef struct rs_sink {
     sink base;
     const char *cmd;
     rs_uri u;
     rs_conn c;
+    rs_lock *lock;       /* the job's, while it runs (rlock.c) */
+    int64_t lease_ms;
     int64_t window_ms;
     char pos[32];
     char last[32];       /* ID of the last entry of the pipeline */
     size_t queued;       /* XADDs sent, replies not read */
     keymap back;         /* read back after the checkpoint */
-    keymap recent;       /* the last window_ms, for takeovers */
+    keymap recent;       /* entries since recent_from, for takeovers */
     int64_t recent_at;   /* when it was read whole (monotonic ms), 0:
                           * never */
+    uint64_t recent_from;  /* it holds every entry from this time on
+                            * (ms, the server's clock) ... */
+    uint64_t win_from;   /* ... and the window began here then */
     char recent_last[40];  /* the last entry ID read into it */
     /* One entry being built: fields as offsets into buf. */
     cli_buf buf;
@@ -100,6 +110,7 @@ sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
         return NULL;
     }
     k->c.u = &k->u;
+    k->lease_ms = lease_ms;
     k->window_ms = k->u.readback_ms ? k->u.readback_ms
                                     : 2 * lease_ms + 10000;
     snprintf(k->pos, sizeof k->pos, "0-0");
@@ -109,6 +120,7 @@ sink *rs_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 static void rs_close(sink *base)
 {
     rs_sink *k = (rs_sink *)base;
+    rs_lock_drop(k->lock);
     rs_conn_close(&k->c);
     rs_uri_free(&k->u);
     km_free(&k->back);
@@ -131,6 +143,12 @@ static const char *rs_pos(const sink *base)
 static const char *rs_name(const sink *base)
 {
     return ((const rs_sink *)base)->u.display;
+}
+
+static int rs_lock_job(sink *base, const char *job)
+{
+    rs_sink *k = (rs_sink *)base;
+    return rs_lock_take(k->cmd, &k->u, job, k->lease_ms, &k->lock);
 }
 
 /* A new job starts at the stream's last entry ("0-0" if empty). */
@@ -165,18 +183,26 @@ static const redisReply *field(const redisReply *f, const char *name)
     return NULL;
 }
 
-/* Remember the keys of entries e[0..n) in m. 0 or -1. */
+/* Remember the keys of entries e[0..n) in m: per key its latest entry's
+ * time (ms of its ID, 8 bytes) and status as value a, its result as b.
+ * 0 or -1. */
 static int remember(keymap *m, const redisReply *entries)
 {
+    char a[8 + 16];
     for (size_t i = 0; i < entries->elements; i++) {
-        const redisReply *f = entries->element[i]->element[1];
-        if (f->type != REDIS_REPLY_ARRAY)
+        const redisReply *e = entries->element[i], *f = e->element[1];
+        uint64_t ms, seq;
+        if (f->type != REDIS_REPLY_ARRAY ||
+            rs_id_parse(e->element[0]->str, e->element[0]->len, &ms, &seq))
             continue;
         const redisReply *key = field(f, "idem-key"),
                          *st = field(f, "status"), *res = field(f, "result");
-        if (key && km_put(m, key->str, key->len, st ? st->str : "",
-                          st ? st->len : 0, res ? res->str : "",
-                          res ? res->len : 0))
+        size_t stl = st && st->len <= 16 ? st->len : 0;
+        memcpy(a, &ms, 8);
+        if (stl)
+            memcpy(a + 8, st->str, stl);
+        if (key && km_put(m, key->str, key->len, a, 8 + stl,
+                          res ? res->str : "", res ? res->len : 0))
             return -1;
     }
     return 0;
@@ -217,54 +243,138 @@ static int scan_after(rs_sink *k, char *from, keymap *m)
     }
 }
 
+/* Is ID a (text) after ID b? */
+static int id_after(const char *a, size_t alen, const char *b)
+{
+    uint64_t ams, aseq, bms, bseq;
+    return !rs_id_parse(a, alen, &ams, &aseq) &&
+           !rs_id_parse(b, strlen(b), &bms, &bseq) &&
+           (ams > bms || (ams == bms && aseq > bseq));
+}
+
+/* XINFO STREAM's fields that tell a trim past a position. */
+typedef struct trim_info {
+    long long length, added;      /* added: -1 before Redis 7 */
+    const redisReply *first, *last;  /* first entry's ID, last ID made */
+} trim_info;
+
+static void trim_field(trim_info *t, const redisReply *n,
+                       const redisReply *v)
+{
+    if (n->type != REDIS_REPLY_STRING)
+        return;
+    if (!strcmp(n->str, "length") && v->type == REDIS_REPLY_INTEGER)
+        t->length = v->integer;
+    else if (!strcmp(n->str, "entries-added") &&
+             v->type == REDIS_REPLY_INTEGER)
+        t->added = v->integer;
+    else if (!strcmp(n->str, "last-generated-id") &&
+             v->type == REDIS_REPLY_STRING)
+        t->last = v;
+    else if (!strcmp(n->str, "first-entry") &&
+             v->type == REDIS_REPLY_ARRAY && v->elements == 2 &&
+             v->element[0]->type == REDIS_REPLY_STRING)
+        t->first = v->element[0];
+}
+
+/* Entries after pos deleted before they could be read back (a trim by
+ * maxlen, XTRIM or XDEL) may have been the dead run's: their keys are
+ * written again. Said, not hidden, when the stream has lost entries and
+ * none is left at or before pos (where a trim would have stopped), so
+ * that those right after pos may be among the lost; an older server
+ * (no entries-added count) says nothing. */
+static void say_trimmed(rs_sink *k, const char *pos)
+{
+    const char *argv[] = {"XINFO", "STREAM", k->u.stream};
+    size_t lens[] = {5, 6, k->u.streamlen};
+    redisReply *r = rs_call(&k->c, 3, argv, lens, 0, 1);
+    trim_info t = {0, -1, NULL, NULL};
+    for (size_t i = 0; r && r->type == REDIS_REPLY_ARRAY &&
+                       i + 1 < r->elements; i += 2)
+        trim_field(&t, r->element[i], r->element[i + 1]);
+    const redisReply *after = t.first ? t.first : t.last;
+    if (t.added > t.length && after && id_after(after->str, after->len, pos))
+        fprintf(stderr, "idem %s: %s: entries after this job's position %s "
+                "may have been deleted (a trim: maxlen, XTRIM, XDEL) before "
+                "they could be read back: a key the last run wrote there "
+                "without committing it is written again\n", k->cmd,
+                k->u.display, pos);
+    if (r)
+        freeReplyObject(r);
+}
+
 static int rs_read_back(sink *base, const char *pos)
 {
     rs_sink *k = (rs_sink *)base;
     char from[40];
     snprintf(k->pos, sizeof k->pos, "%s", pos);
     snprintf(from, sizeof from, "%s", pos);
+    say_trimmed(k, pos);
     return scan_after(k, from, &k->back);
 }
 
-/* The last window_ms of entries, up to now: what came after the last
- * one read, and all of it again (to forget the older ones) once every
- * half window. */
-static int rs_catch_up(sink *base)
+/* Where a lookup for a takeover delivered at `since` starts: the clocks
+ * of the source's server and ours may differ by up to CLOCK_SLACK_MS. */
+static uint64_t since_start(uint64_t since)
+{
+    return since > CLOCK_SLACK_MS ? since - CLOCK_SLACK_MS : 0;
+}
+
+/* The recent entries up to now, and back to `from` (a takeover's
+ * since; 0: none): the last window_ms at least. What came after the last
+ * entry read, unless `from` is older than what the map holds, or half a
+ * window passed (to forget the older ones): then all of it again. */
+static int rs_catch_up(sink *base, uint64_t from)
 {
     rs_sink *k = (rs_sink *)base;
-    if (k->recent_at && cli_mono_ms() - k->recent_at < k->window_ms / 2)
+    int older = from && since_start(from) < k->recent_from;
+    if (k->recent_at && !older &&
+        cli_mono_ms() - k->recent_at < k->window_ms / 2)
         return scan_after(k, k->recent_last, &k->recent);
-    const char *argv[] = {"TIME"};
-    redisReply *r = rs_call(&k->c, 1, argv, NULL, 0, 1);
-    if (!r || r->type != REDIS_REPLY_ARRAY || r->elements != 2) {
-        fail(k, "TIME", r && r->type == REDIS_REPLY_ERROR ? r : NULL);
-        if (r)
-            freeReplyObject(r);
-        return -1;
-    }
-    long long ms = strtoll(r->element[0]->str, NULL, 10) * 1000 +
-                   strtoll(r->element[1]->str, NULL, 10) / 1000;
-    freeReplyObject(r);
-    snprintf(k->recent_last, sizeof k->recent_last, "%lld",
-             ms > k->window_ms ? ms - k->window_ms : 0);
+    uint64_t now;
+    if (rs_server_ms(&k->c, &now))
+        return fail(k, "reading the server's clock", NULL);
+    k->win_from = now > (uint64_t)k->window_ms ? now - (uint64_t)k->window_ms
+                                               : 0;
+    k->recent_from = from && since_start(from) < k->win_from
+                         ? since_start(from) : k->win_from;
+    /* "MS" as an ID is MS-0; scan_after starts after it. */
+    snprintf(k->recent_last, sizeof k->recent_last, "%" PRIu64,
+             k->recent_from ? k->recent_from - 1 : 0);
     km_clear(&k->recent);
     k->recent_at = cli_mono_ms();
     return scan_after(k, k->recent_last, &k->recent);
 }
 
+/* Is entry e of the recent map one the lookup (since, 0: the window
+ * only) is for? */
+static int recent_enough(const rs_sink *k, const km_entry *e,
+                         uint64_t since)
+{
+    uint64_t ms, from = k->win_from;
+    memcpy(&ms, km_a(e), 8);
+    if (since && since_start(since) < from)
+        from = since_start(since);
+    return ms >= from;
+}
+
 static int rs_has(sink *base, const void *key, size_t keylen, int recent,
-                  const char **status, const char **result, size_t *rlen)
+                  uint64_t since, const char **status, const char **result,
+                  size_t *rlen)
 {
     rs_sink *k = (rs_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);
-    e = e || !recent ? e : km_get(&k->recent, key, keylen);
+    if (!e && recent) {
+        e = km_get(&k->recent, key, keylen);
+        e = e && recent_enough(k, e, since) ? e : NULL;
+    }
     if (!e)
         return 0;
     static const char *const known[] = {"done", "failed", "gave_up"};
     const char *st = NULL;
     for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (e->alen == strlen(known[i]) && !memcmp(km_a(e), known[i],
-                                                   e->alen))
+        if (e->alen - 8 == strlen(known[i]) &&
+            !memcmp(km_a(e) + 8, known[i], e->alen - 8))
             st = known[i];
     *status = st;
     *result = st && e->blen ? km_b(e) : NULL;
@@ -414,6 +524,11 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen)
 {
     rs_sink *k = (rs_sink *)base;
+    if (rs_lock_lost(k->lock))
+        return cli_fail(k->cmd, "%s: the job's lock was not renewed for "
+                        "--lease and may be another run's now (this one "
+                        "stalled, or lost the server): nothing more is "
+                        "written; run the job again", k->u.display), -1;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
         len--;
     if (to_fields(k, text, len) || set_key(k, key, keylen))
@@ -508,13 +623,33 @@ int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
     return rc;
 }
 
+/* MAXLEN ~ N below twice the batch is refused. A crash leaves at most
+ * one batch of entries past the checkpoint, and the rerun must find
+ * them all (read-back): trimmed, they are written again. Twice the
+ * batch leaves as much room again for what the other writers of the
+ * stream (the group's other workers) add before the rerun reads back;
+ * docs/streams.md says what more they need. */
+static int rs_check(sink *base, uint64_t batch)
+{
+    rs_sink *k = (rs_sink *)base;
+    if (!k->u.maxlen || k->u.maxlen >= 2 * batch)
+        return 0;
+    return cli_usage_error(k->cmd, "%s: maxlen=~%" PRIu64 " is below twice "
+                           "--batch (%" PRIu64 "): a crash leaves up to a "
+                           "batch of entries to read back, which the trim "
+                           "would delete first, and they would be written "
+                           "again. Give maxlen=~%" PRIu64 " or more, or a "
+                           "smaller --batch", k->u.display, k->u.maxlen,
+                           batch, 2 * batch);
+}
+
 static void rs_forget(sink *base, const void *key, size_t keylen)
 {
     km_del(&((rs_sink *)base)->back, key, keylen);
 }
 
 static const sink_ops rs_sink_ops = {
-    .start = rs_start, .read_back = rs_read_back,
+    .lock = rs_lock_job, .start = rs_start, .read_back = rs_read_back,
     .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
     .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
-    .close = rs_close};
+    .check = rs_check, .close = rs_close};

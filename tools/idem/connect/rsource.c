@@ -22,6 +22,16 @@
  * while pending) comes back without fields: it cannot be processed, so
  * it is acknowledged, counted and reported, never waited for.
  *
+ * An entry handed out before (rounds 1 and 2) may have its output in the
+ * sink already, written by a run that died before its commit, at any
+ * time after the entry was first delivered. So before such a round the
+ * entries' deliveries are asked for (XPENDING, after TIME): an entry
+ * delivered once was first delivered `idle` ms ago; one delivered more
+ * often, or not listed, at the earliest when it was added (its ID's
+ * milliseconds). That time goes with the line (nd_line.since), and the
+ * sink looks for its key among the entries written since (rsink.c),
+ * however long ago that was: no time window decides.
+ *
  * An entry becomes the JSON object of its fields in order, every value a
  * string: {"event_id":"e1","amount":"12"}. Names and values must be
  * UTF-8 (JSON has no other strings); an entry that is not is bad input
@@ -68,6 +78,11 @@ typedef struct rs_source {
     size_t nack, capack;
     cli_buf ackids;
     uint64_t trimmed;
+    struct delivery {     /* of the entries a round hands out again: */
+        uint64_t ms, seq; /* the entry's ID, and the earliest its */
+        uint64_t since;   /* output can have been written (XPENDING) */
+    } *dlv;
+    size_t ndlv;
     char err[1500];
     char worker[600];         /* rs_uri_ident() with group and consumer */
 } rs_source;
@@ -160,6 +175,7 @@ static void rs_close(source *base)
     free(s->ackv);
     free(s->ackl);
     cli_buf_free(&s->ackids);
+    free(s->dlv);
     free(s);
 }
 
@@ -286,6 +302,77 @@ static int ack_trimmed(rs_source *s, const redisReply *id)
     return bad ? -1 : 0;
 }
 
+/* One XPENDING line [id, consumer, idle, deliveries] into d. 0 or -1. */
+static int delivery_of(const redisReply *e, uint64_t now, struct delivery *d)
+{
+    if (e->type != REDIS_REPLY_ARRAY || e->elements != 4 ||
+        e->element[0]->type != REDIS_REPLY_STRING ||
+        e->element[2]->type != REDIS_REPLY_INTEGER ||
+        e->element[3]->type != REDIS_REPLY_INTEGER ||
+        rs_id_parse(e->element[0]->str, e->element[0]->len, &d->ms, &d->seq))
+        return -1;
+    uint64_t idle = (uint64_t)e->element[2]->integer;
+    /* Delivered once: then, at the earliest (TIME came first). */
+    d->since = e->element[3]->integer == 1 && now > idle ? now - idle
+                                                         : d->ms;
+    return 0;
+}
+
+/* Before a round of entries handed out before (from `start` on, idle for
+ * `idle` ms or more; `own`: this consumer's): when each was first
+ * delivered, into s->dlv. A failure only leaves the list empty: the
+ * entries' own times are the bound then, which is safe. */
+static void deliveries(rs_source *s, const char *start, const char *idle,
+                       int own)
+{
+    char count[24];
+    snprintf(count, sizeof count, "%" PRIu64, s->batch);
+    const char *argv[9] = {"XPENDING", s->u.stream, s->u.group};
+    size_t lens[9] = {8, s->u.streamlen, strlen(s->u.group)};
+    int n = 3;
+    if (idle) {
+        argv[n] = "IDLE", lens[n++] = 4;
+        argv[n] = idle, lens[n++] = strlen(idle);
+    }
+    argv[n] = start, lens[n++] = strlen(start);
+    argv[n] = "+", lens[n++] = 1;
+    argv[n] = count, lens[n++] = strlen(count);
+    if (own)
+        argv[n] = s->u.consumer, lens[n++] = strlen(s->u.consumer);
+    s->ndlv = 0;
+    uint64_t now = 0;
+    redisReply *r = rs_server_ms(&s->rd, &now) == 0
+                        ? rs_call(&s->rd, n, argv, lens, 0, 1) : NULL;
+    struct delivery *d = r && r->type == REDIS_REPLY_ARRAY && r->elements
+                             ? realloc(s->dlv, r->elements * sizeof *d)
+                             : NULL;
+    if (d)
+        s->dlv = d;
+    for (size_t i = 0; d && i < r->elements; i++)
+        if (delivery_of(r->element[i], now, &d[s->ndlv]) == 0)
+            s->ndlv++;
+    if (r)
+        freeReplyObject(r);
+}
+
+static int by_id(const void *a, const void *b)
+{
+    const struct delivery *x = a, *y = b;
+    return x->ms != y->ms ? (x->ms < y->ms ? -1 : 1)
+                          : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The earliest time the output of entry ms-seq, handed out before, can
+ * have been written. s->dlv is in ID order, as XPENDING lists. */
+static uint64_t since_of(const rs_source *s, uint64_t ms, uint64_t seq)
+{
+    struct delivery want = {ms, seq, 0};
+    const struct delivery *d =
+        s->ndlv ? bsearch(&want, s->dlv, s->ndlv, sizeof *d, by_id) : NULL;
+    uint64_t t = d && d->since > ms ? d->since : ms;
+    return t ? t : 1;
+}
+
 /* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
  * entry (no fields) is acknowledged at once instead. 0 or -1. */
 static int add_entry(rs_source *s, chunk *c, const redisReply *e,
@@ -315,7 +402,8 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
         return -1;
     c->lines[c->n++] = (nd_line){.p = (const char *)(uintptr_t)off,
                                  .len = c->text.len - off, .lineno = seq,
-                                 .end = ms, .again = again};
+                                 .end = ms, .again = again,
+                                 .since = again ? since_of(s, ms, seq) : 0};
     return 0;
 }
 
@@ -429,6 +517,7 @@ static long claim_idle(rs_source *s)
     size_t lens[] = {10, s->u.streamlen, strlen(s->u.group),
                      strlen(s->u.consumer), strlen(idle),
                      strlen(s->claim_cursor), 5, strlen(count)};
+    deliveries(s, s->claim_cursor, idle, 0);
     redisReply *r = rs_call(&s->rd, 8, argv, lens, 0, 0);
     long got = 0;
     if (!r)
@@ -459,6 +548,11 @@ static long own_round(rs_source *s)
 {
     if (s->own_done)
         return 0;
+    char start[50];
+    snprintf(start, sizeof start, "%s%s", strcmp(s->own_cursor, "0") ? "("
+                                                                     : "",
+             strcmp(s->own_cursor, "0") ? s->own_cursor : "-");
+    deliveries(s, start, NULL, 1);
     long got = read_group(s, s->own_cursor, -1);
     s->own_done = got == 0;
     return got;
@@ -503,8 +597,12 @@ static int rs_next(source *base, nd_line *l, int wait)
         if (got)
             continue;
         if (s->idle_exit_ms &&
-            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms)
-            return ND_END;
+            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms) {
+            cli_kill_point("idle-exit");
+            /* A stop signal in the last wait is a stop (130 after
+             * SIGINT), not an idle exit. */
+            return *s->stop ? ND_IDLE : ND_END;
+        }
         if (!wait)
             return ND_IDLE;
     }
