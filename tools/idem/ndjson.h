@@ -16,6 +16,11 @@ typedef struct nd_line {
                          * another consumer): its output may be in the
                          * sink already, from a run that did not commit
                          * it. 0 for a file's line */
+    const char *hdr;    /* a message's headers, for a sink to write
+                         * again and for --key header:NAME: pairs
+                         * NAME\0VALUE\0 (connect_header()); NULL
+                         * when it has none */
+    size_t hdrlen;
 } nd_line;
 
 typedef struct nd_reader {
