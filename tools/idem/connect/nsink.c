@@ -252,6 +252,7 @@ static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
     uint64_t lo, hi;
     if (stream_seqs(k, &lo, &hi))
         return -1;
+    lo += !lo;  /* an empty stream says 0; sequences start at 1 */
     hi++;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
@@ -266,7 +267,7 @@ static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
         else
             hi = mid;
     }
-    *seq = lo ? lo - 1 : 0;
+    *seq = lo - 1;
     return 0;
 }
 

@@ -133,8 +133,8 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
     if (st)
         return failed(s, "the durable consumer", st);
     s->ack_wait_ms = ci->Config->AckWait / 1000000;
-    if (ci->NumAckPending > 0)
-        s->start_after_ms = cli_mono_ms() + s->ack_wait_ms;
+    if (ci->NumAckPending > 0)  /* --idle-exit counts from then too */
+        s->start_after_ms = s->last_new_ms = cli_mono_ms() + s->ack_wait_ms;
     jsConsumerInfo_Destroy(ci);
     jsSubOptions so;
     jsSubOptions_Init(&so);
