@@ -51,7 +51,9 @@ restart)
     launch "$(cat "$dir/port")"
     ;;
 stop)
-    [ -f "$dir/pid" ] && kill -9 "$(cat "$dir/pid")" 2>/dev/null || true
+    if [ -f "$dir/pid" ]; then
+        kill -9 "$(cat "$dir/pid")" 2>/dev/null || true
+    fi
     ;;
 *)
     echo "usage: nats-test.sh start|restart|stop DIR" >&2
