@@ -51,6 +51,7 @@ typedef struct ns_sink {
     uint64_t recent_seq;   /* the last sequence read into them */
     int64_t recent_at;     /* when recent[0] was started; 0: never */
     jfields f;
+    int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
 } ns_sink;
 
@@ -128,9 +129,21 @@ sink *ns_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
     return &k->base;
 }
 
+/* Publishes still waiting for their PubAck (a failed batch) are given
+ * up: libnats would keep them, and its context, past the close. (Asked
+ * only after a publish: libnats 3.4.1 has no list to look in before.) */
+static void drop_pending(ns_sink *k)
+{
+    natsMsgList pend = {0};
+    if (k->published &&
+        js_PublishAsyncGetPendingList(&pend, k->l.js) == NATS_OK)
+        natsMsgList_Destroy(&pend);
+}
+
 static void ns_close(sink *base)
 {
     ns_sink *k = (ns_sink *)base;
+    drop_pending(k);
     nl_close(&k->l);  /* before the rest: no PubAck comes after it */
     nu_free(&k->u);
     free(k->stream);
@@ -359,6 +372,7 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     st = st ? st : natsMsgHeader_Set(m, "idem-key", k->key);
     st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
     natsMsg_Destroy(m);  /* NULL once published */
+    k->published |= !st;
     return st ? fail(k, "publishing", st) : 0;
 }
 
