@@ -434,6 +434,8 @@ Test(nats, bad_uris_say_what_is_wrong_and_hide_secrets)
         {"--from 'nats://u:secret@127.0.0.1:1/S?durable=d&x=1'",
          "unknown parameter"},
         {"--key header:x in", "--key header:NAME"},
+        {"--key @id --from 'nats://127.0.0.1:1/S?durable=d'",
+         "--key header:Nats-Msg-Id"},
     };
     t_put("in", "{}\n");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {

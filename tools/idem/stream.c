@@ -209,6 +209,11 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
                                "themselves");
     if (c->from && !connect_is_uri(c->from))
         c->from = NULL;
+    if (c->key && !strcmp(c->key, "@id") && c->from &&
+        !strncmp(c->from, "nats://", 7))
+        return cli_usage_error(c->cmd, "--key @id is a Redis entry ID; key "
+                               "a NATS message by a header instead: --key "
+                               "header:Nats-Msg-Id");
     if (c->key && !strncmp(c->key, "header:", 7) && (!c->from || !c->key[7]))
         return cli_usage_error(c->cmd, "--key header:NAME (a message "
                                "header) is for a stream source with "
