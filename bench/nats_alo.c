@@ -49,6 +49,7 @@ static natsStatus connect_to(const char *port, natsConnection **nc,
     jsOptions jo;
     jsOptions_Init(&jo);
     jo.PublishAsync.MaxPending = 4096;
+    jo.PublishAsync.StallWait = 30000;  /* a loaded machine */
     jo.Wait = 30000;
     natsStatus s = natsConnection_ConnectTo(nc, url);
     return s ? s : natsConnection_JetStream(js, *nc, &jo);
