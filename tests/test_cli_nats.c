@@ -385,11 +385,11 @@ Test(nats, two_workers_on_one_durable)
     const char *prefix = th_prefix();
 #define WORKER "dedup --key event_id --from %s --to %s --idle-exit 2s "  \
                "--batch 20 --lease 2s --store 'redis://%s?prefix=%s' " \
-               "--job w%d 2>err%d"
-    pid_t a = t_cli_start(t_dir, WORKER, src("durable=d"), dst(), redis,
-                          prefix, 1, 1);
-    pid_t b = t_cli_start(t_dir, WORKER, src("durable=d"), dst(), redis,
-                          prefix, 2, 2);
+               "2>err%d"
+    pid_t a = t_cli_start(t_dir, WORKER, src("durable=d&worker=a"), dst(),
+                          redis, prefix, 1);
+    pid_t b = t_cli_start(t_dir, WORKER, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2);
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     expect_output(nkeys, 1, 0);
@@ -407,15 +407,16 @@ Test(nats, a_message_redelivered_while_its_key_is_busy)
 #define SLOW "run --key event_id --from %s --to %s --idle-exit 3s "   \
              "--lease 20s --store 'redis://%s?prefix=%s' --job b%d "   \
              "--exec '\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
-    pid_t a = t_cli_start(t_dir, SLOW, src("durable=d&ack_wait_ms=1000"),
-                          dst(), redis, prefix, 1, 3000, 1);
+    pid_t a = t_cli_start(t_dir, SLOW,
+                          src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
+                          redis, prefix, 1, 3000, 1);
     /* a holds the message once the consumer counts it delivered. */
     for (int i = 0; i < 400 && unacked("d", 1) != 1; i++)
         t_sleep_ms(50);
     cr_assert_eq(unacked("d", 1), 1, "the first worker got nothing");
     kill(a, SIGSTOP);
-    pid_t b = t_cli_start(t_dir, SLOW, src("durable=d"), dst(), redis,
-                          prefix, 2, 0, 2);
+    pid_t b = t_cli_start(t_dir, SLOW, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2, 0, 2);
     t_sleep_ms(2500);  /* past AckWait: b has it, and waits on a's claim */
     kill(a, SIGCONT);
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "rconn.h"
@@ -105,6 +106,8 @@ static int parse_param(nats_uri *u, const char *cmd, int sink, const char *p,
         rc = take(&u->durable, v, vl);
     else if (!strcmp(name, "subject") && !sink)
         rc = take(&u->subject, v, vl);
+    else if (!strcmp(name, "worker") && !sink)
+        rc = take(&u->worker, v, vl);
     else if (!strcmp(name, "stream") && sink)
         rc = take(&u->stream, v, vl);
     else if (!strcmp(name, "creds"))
@@ -179,6 +182,14 @@ int nu_parse(const char *cmd, const char *uri, int sink, nats_uri *u)
                  "?durable=NAME");
     if (!rc && !sink && strpbrk(u->durable, ". *>"))
         rc = bad(u, cmd, "a durable name has no '.', '*', '>' or space");
+    if (!rc && !sink && !u->worker) {
+        char host[256];
+        if (gethostname(host, sizeof host) != 0)
+            snprintf(host, sizeof host, "idem");
+        host[sizeof host - 1] = 0;
+        if (!(u->worker = strdup(host)))
+            rc = bad(u, cmd, "out of memory");
+    }
     if (!u->timeout_ms)
         u->timeout_ms = 5000;
     return rc;
@@ -197,16 +208,18 @@ void nu_free(nats_uri *u)
     free(u->name);
     free(u->durable);
     free(u->subject);
+    free(u->worker);
     free(u->stream);
     memset(u, 0, sizeof *u);
 }
 
 void nu_ident(const nats_uri *u, int worker, char *buf, size_t size)
 {
-    snprintf(buf, size, "nats://%s:%d/%s%s%s%s%s", u->host, u->port,
+    snprintf(buf, size, "nats://%s:%d/%s%s%s%s%s%s%s", u->host, u->port,
              u->name, worker ? "?durable=" : "", worker ? u->durable : "",
              worker && u->subject ? "&subject=" : "",
-             worker && u->subject ? u->subject : "");
+             worker && u->subject ? u->subject : "",
+             worker ? "&worker=" : "", worker ? u->worker : "");
 }
 
 const char *nl_why(natsStatus s)

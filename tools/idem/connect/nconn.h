@@ -16,6 +16,8 @@ typedef struct nats_uri {
     char *name;          /* source: the stream; sink: the subject */
     char *durable;       /* source: the consumer */
     char *subject;       /* source: its filter; sink: NULL */
+    char *worker;        /* source: this worker's name, for its job (its
+                          * checkpoint): default the host name */
     char *stream;        /* sink: the stream holding the subject (NULL:
                           * asked of the server) */
     int64_t timeout_ms;  /* one request */
@@ -31,7 +33,7 @@ int nu_is_uri(const char *uri);
 int nu_parse(const char *cmd, const char *uri, int sink, nats_uri *u);
 void nu_free(nats_uri *u);
 /* What names jobs and key spaces: nats://HOST:PORT/NAME, with `worker`
- * the durable and filter too (into buf, size bytes). */
+ * the durable, filter and worker too (into buf, size bytes). */
 void nu_ident(const nats_uri *u, int worker, char *buf, size_t size);
 
 typedef struct nats_link {
