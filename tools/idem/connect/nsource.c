@@ -376,6 +376,19 @@ static long fetch(ns_source *s, int wait)
     return failed(s, "fetching messages", st);
 }
 
+static long long ns_lag(source *base);
+
+/* Before --idle-exit ends the run: does the consumer still have
+ * messages to deliver? A loaded server can let a fetch pass empty while
+ * it has some; then the idle clock starts again. */
+static int more_to_come(ns_source *s)
+{
+    if (ns_lag(&s->base) <= 0)
+        return 0;
+    s->last_new_ms = cli_mono_ms();
+    return 1;
+}
+
 static int ns_next(source *base, nd_line *l, int wait)
 {
     ns_source *s = (ns_source *)base;
@@ -401,7 +414,8 @@ static int ns_next(source *base, nd_line *l, int wait)
             continue;
         }
         if (s->idle_exit_ms &&
-            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms)
+            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms &&
+            !more_to_come(s))
             return ND_END;
         if (!wait)
             return ND_IDLE;
