@@ -23,6 +23,9 @@ INC = -Iinclude -Isrc
 CFLAGS_ALL = -std=c17 -D_GNU_SOURCE -g $(OPT) $(SAN) $(WARN) -fPIC \
              -fvisibility=hidden $(INC) $(CFLAGS)
 LIBS = -lhiredis -lxxhash -lcrypto -lpthread
+# The CLI's NATS connector (tools/idem/connect/n*.c) and its tests and
+# bench link libnats; libidem does not.
+NATS_LIBS = $(shell pkg-config --libs libnats 2>/dev/null || echo -lnats)
 
 # One folder per layer (docs/architecture.md): the core at the top of
 # src/, then each subsystem in its own folder.
@@ -70,11 +73,11 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl \
-	    -lmicrohttpd
+	    -lmicrohttpd $(NATS_LIBS)
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
-	    -lcriterion -lyajl
+	    -lcriterion -lyajl $(NATS_LIBS)
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
@@ -89,7 +92,7 @@ $(BUILD)/examples/%: examples/%.c $(BUILD)/libidem.a
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(BUILD)/libidem.a $(LIBS) -llmdb \
-	    -luuid
+	    -luuid $(NATS_LIBS)
 
 deps:
 	@sh scripts/deps.sh

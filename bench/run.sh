@@ -16,7 +16,8 @@
 # at-least-once consumer against `idem dedup --from/--to redis-stream://`.
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part
 # uses IDEM_BENCH_REDIS_N (default 200000), the Streams part
-# IDEM_BENCH_STREAM_N (default 1000000).
+# IDEM_BENCH_STREAM_N (default 1000000). Then NATS JetStream
+# (bench/nats.sh): IDEM_BENCH_NATS_N (default 1000000).
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_N:-1000000}
@@ -142,4 +143,7 @@ done
 
 if [ -x "$BUILD/bench/stream_alo" ]; then
     sh bench/streams.sh "$BUILD"
+fi
+if [ -x "$BUILD/bench/nats_alo" ]; then
+    sh bench/nats.sh "$BUILD"
 fi

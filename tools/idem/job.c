@@ -610,7 +610,8 @@ static int write_all(int fd, const char *p, size_t n)
     return 0;
 }
 
-int job_mark(job *j, size_t from, const void *key, size_t keylen)
+int job_mark(job *j, size_t from, const void *key, size_t keylen,
+             const char *hdr, size_t hdrlen)
 {
     if (!j->sink || j->obuf.len == from)
         return 0;
@@ -623,8 +624,12 @@ int job_mark(job *j, size_t from, const void *key, size_t keylen)
         j->caprecs = cap;
     }
     j->recs[j->nrecs++] = (job_rec){from, j->obuf.len - from, j->rkeys.len,
-                                    keylen};
-    return cli_buf_add(&j->rkeys, key, keylen) ? -1 : 0;
+                                    keylen, j->rkeys.len + keylen,
+                                    hdr ? hdrlen : 0};
+    return cli_buf_add(&j->rkeys, key, keylen) ||
+                   (hdr && cli_buf_add(&j->rkeys, hdr, hdrlen))
+               ? -1
+               : 0;
 }
 
 /* The batch's entries into the stream, flushed; its position kept. */
@@ -634,7 +639,9 @@ static int write_sink(job *j)
     for (size_t i = 0; !rc && i < j->nrecs; i++) {
         const job_rec *r = &j->recs[i];
         rc = j->sink->ops->put(j->sink, j->obuf.p + r->off, r->len,
-                               j->rkeys.p + r->koff, r->klen);
+                               j->rkeys.p + r->koff, r->klen,
+                               r->hlen ? j->rkeys.p + r->hoff : NULL,
+                               r->hlen);
     }
     rc = rc ? rc : j->sink->ops->flush(j->sink);
     if (!rc && j->nrecs)

@@ -28,6 +28,7 @@ struct sink;
 typedef struct job_rec {
     size_t off, len;       /* in obuf */
     size_t koff, klen;     /* in rkeys */
+    size_t hoff, hlen;     /* the input's headers, in rkeys */
 } job_rec;
 
 typedef struct job {
@@ -93,8 +94,10 @@ int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
                    struct sink *out);
 
 /* The output appended to obuf since `from` is the entry of key (a stream
- * sink needs it to write idem-key); nothing for a file. 0 or -1. */
-int job_mark(job *j, size_t from, const void *key, size_t keylen);
+ * sink needs it to write idem-key), with the input's headers hdr (NULL:
+ * none); nothing for a file. 0 or -1. */
+int job_mark(job *j, size_t from, const void *key, size_t keylen,
+             const char *hdr, size_t hdrlen);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it
  * durable, then put the checkpoint that says the input is consumed up to

@@ -20,6 +20,11 @@ typedef struct nd_line {
                          * before this time (ms, the source server's
                          * clock): its first delivery, else its entry's
                          * own time. 0: not known */
+    const char *hdr;    /* a message's headers, for a sink to write
+                         * again and for --key header:NAME: pairs
+                         * NAME\0VALUE\0 (connect_header()); NULL
+                         * when it has none */
+    size_t hdrlen;
 } nd_line;
 
 typedef struct nd_reader {

@@ -84,6 +84,7 @@ typedef struct loop {
     nd_reader rd;
     source *src;     /* files (rd) or a stream (--from) */
     int key_is_id;   /* --key @id: a stream entry's ID is its key */
+    const char *key_header;  /* --key header:NAME: NAME, else NULL */
     int sweeps;      /* the store wants sweeping between batches */
     jk_path path;
     jk *jk;
@@ -253,6 +254,16 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
                                "themselves");
     if (c->from && !connect_is_uri(c->from))
         c->from = NULL;
+    if (c->key && !strcmp(c->key, "@id") && c->from &&
+        !strncmp(c->from, "nats://", 7))
+        return cli_usage_error(c->cmd, "--key @id is a Redis entry ID; key "
+                               "a NATS message by a header instead: --key "
+                               "header:Nats-Msg-Id");
+    if (c->key && !strncmp(c->key, "header:", 7) && (!c->from || !c->key[7]))
+        return cli_usage_error(c->cmd, "--key header:NAME (a message "
+                               "header) is for a stream source with "
+                               "headers (--from nats://...); to key a "
+                               "field named so, write --key /header:...");
     if (c->key && !strcmp(c->key, "@id") && !c->from)
         return cli_usage_error(c->cmd, "--key @id (the entry's ID) is for "
                                "a stream source (--from redis-stream://"
@@ -415,6 +426,13 @@ static int classify(loop *lp, batch *b, const nd_line *l)
         klen = (size_t)snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64,
                                 l->end, l->lineno);
         key = id;
+    } else if (lp->key_header) {  /* a message header's value */
+        if (!connect_header(l->hdr, l->hdrlen, lp->key_header,
+                            strlen(lp->key_header), &key, &klen)) {
+            snprintf(what, sizeof what, "no header '%.200s'",
+                     lp->key_header);
+            return key_problem(lp, b, l, col, what, 0);
+        }
     } else if (lp->st.cfg->line_mode) {
         klen -= klen && key[klen - 1] == '\r';
         if (lp->line_hash) {
@@ -455,13 +473,16 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
     int kind = classify(lp, b, l);
     if (kind == -1)
         return -1;
-    if (kind < 0 || cli_buf_add(&b->text, l->p, l->len + (size_t)l->has_nl)) {
+    size_t hoff = b->text.len + l->len + (size_t)l->has_nl;
+    if (kind < 0 || cli_buf_add(&b->text, l->p, l->len + (size_t)l->has_nl) ||
+        (l->hdrlen && cli_buf_add(&b->text, l->hdr, l->hdrlen))) {
         b->stop = cli_fail(lp->st.cfg->cmd, "out of memory");
         return -1;
     }
     item *it = &b->items[b->nitems++];
     *it = (item){*l, kind, b->nmsgs};
     it->l.p = (const char *)(uintptr_t)toff;
+    it->l.hdr = (const char *)(uintptr_t)hoff;
     if (kind == IT_MSG) {
         size_t mlen = l->len - (l->len && l->p[l->len - 1] == '\r');
         b->again[b->nmsgs] = l->again != 0;
@@ -477,8 +498,11 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
 /* Offsets into the batch's buffers become pointers, now they stay put. */
 static void fix_pointers(batch *b)
 {
-    for (size_t i = 0; i < b->nitems; i++)
-        b->items[i].l.p = b->text.p + (uintptr_t)b->items[i].l.p;
+    for (size_t i = 0; i < b->nitems; i++) {
+        nd_line *l = &b->items[i].l;
+        l->p = b->text.p + (uintptr_t)l->p;
+        l->hdr = l->hdrlen ? b->text.p + (uintptr_t)l->hdr : NULL;
+    }
     for (size_t i = 0; i < b->nmsgs; i++) {
         b->msgs[i].key = b->keys.p + (uintptr_t)b->msgs[i].key;
         b->msgs[i].msg = b->text.p + (uintptr_t)b->msgs[i].msg;
@@ -495,7 +519,7 @@ static void read_batch(loop *lp, batch *b)
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
-        nd_line l;
+        nd_line l = {0};
         if (b->nitems == 0 && src->ops->wait(src))
             break;
         int rc = src->ops->next(src, &l, b->nitems == 0);
@@ -652,7 +676,8 @@ static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
     }
     size_t from = j->obuf.len;
     if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l) ||
-        job_mark(j, from, m ? m->key : "", m ? m->keylen : 0))
+        job_mark(j, from, m ? m->key : "", m ? m->keylen : 0,
+                 lp->st.cfg->handler ? NULL : it->l.hdr, it->l.hdrlen))
         return IDEM_ENOMEM;
     return 0;
 }
@@ -1221,7 +1246,9 @@ static int setup(loop *lp, const stream_cfg *c)
     lp->tty = isatty(2);
     lp->t0 = lp->last_progress = cli_mono_s();
     lp->key_is_id = c->key && !strcmp(c->key, "@id");
-    if (!c->line_mode && !lp->key_is_id) {
+    lp->key_header = c->key && !strncmp(c->key, "header:", 7) ? c->key + 7
+                                                              : NULL;
+    if (!c->line_mode && !lp->key_is_id && !lp->key_header) {
         if (jk_path_parse(c->key, &lp->path, err, sizeof err))
             return cli_usage_error(c->cmd, "--key %s: %s", c->key, err);
         if (!(lp->jk = jk_new(&lp->path)))

@@ -130,6 +130,12 @@ int stream_run(const stream_cfg *cfg);
     "                    Exactly once across kill -9: what a dead run wrote\n" \
     "                    and did not commit is read back, not written again\n" \
     "                    (docs/streams.md)\n" \
+    "                    NATS JetStream: --from nats://[USER:PASSWORD@]\n" \
+    "                    HOST:PORT/STREAM?durable=D[&subject=F] (a pull\n" \
+    "                    consumer), --to nats://HOST:PORT/SUBJECT (one\n" \
+    "                    message per line, Nats-Msg-Id = the key; dedup\n" \
+    "                    keeps data and headers); --key header:NAME keys\n" \
+    "                    by a header\n" \
     "  --idle-exit DURATION  a stream source runs until SIGTERM or SIGINT;\n" \
     "                    with this, also until nothing new came for DURATION\n"
 

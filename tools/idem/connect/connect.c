@@ -13,11 +13,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "nstream.h"
 #include "rstream.h"
 
 int connect_is_uri(const char *uri)
 {
-    return rs_is_uri(uri);
+    return rs_is_uri(uri) || ns_is_uri(uri);
 }
 
 int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
@@ -25,6 +26,8 @@ int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
 {
     if (rs_is_uri(uri))
         return rs_ident(cmd, uri, as_sink, buf, size);
+    if (ns_is_uri(uri))
+        return ns_ident(cmd, uri, as_sink, buf, size);
     return cli_usage_error(cmd, "%s: not a stream URI", uri);
 }
 
@@ -33,6 +36,8 @@ source *source_open(const char *cmd, const char *uri, const source_opts *o,
 {
     if (rs_is_uri(uri))
         return rs_source_open(cmd, uri, o, status);
+    if (ns_is_uri(uri))
+        return ns_source_open(cmd, uri, o, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
     return NULL;
 }
@@ -42,6 +47,8 @@ sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 {
     if (rs_is_uri(uri))
         return rs_sink_open(cmd, uri, lease_ms, status);
+    if (ns_is_uri(uri))
+        return ns_sink_open(cmd, uri, lease_ms, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
     return NULL;
 }
@@ -110,4 +117,25 @@ source *source_files(nd_reader *rd, const source_opts *o)
     f->rd = rd;
     f->stop = o->stop;
     return &f->base;
+}
+
+int connect_header(const char *hdr, size_t hdrlen, const char *name,
+                   size_t n, const char **v, size_t *vlen)
+{
+    const char *p = hdr, *end = hdr ? hdr + hdrlen : NULL;
+    while (p && p < end) {
+        const char *nul = memchr(p, 0, (size_t)(end - p));
+        const char *val = nul ? nul + 1 : end;
+        const char *vend = val < end ? memchr(val, 0, (size_t)(end - val))
+                                     : NULL;
+        if (!vend)
+            return 0;
+        if ((size_t)(nul - p) == n && !memcmp(p, name, n)) {
+            *v = val;
+            *vlen = (size_t)(vend - val);
+            return 1;
+        }
+        p = vend + 1;
+    }
+    return 0;
 }

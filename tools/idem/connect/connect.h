@@ -12,7 +12,8 @@
  * Files are the default source (ndjson.c behind source_files) and output
  * (job.c, which cuts a file back rather than reading it back: a file can
  * be cut, a stream cannot). Each broker adds one source and one sink
- * behind these tables: Redis Streams in rsource.c and rsink.c. */
+ * behind these tables: Redis Streams in rsource.c and rsink.c, NATS
+ * JetStream in nsource.c and nsink.c. */
 #ifndef IDEM_CONNECT_H
 #define IDEM_CONNECT_H
 
@@ -86,9 +87,10 @@ typedef struct sink_ops {
      * written again. */
     void (*forget)(sink *k, const void *key, size_t keylen);
     /* One output line of key, queued; then the queue written. 0 or -1
-     * after saying why. */
+     * after saying why. hdr: the input message's headers to write with
+     * it (nd_line.hdr; dedup only), or NULL. */
     int (*put)(sink *k, const char *text, size_t len, const void *key,
-               size_t keylen);
+               size_t keylen, const char *hdr, size_t hdrlen);
     int (*flush)(sink *k);
     /* The position after the last flush (text without spaces). */
     const char *(*pos)(const sink *k);
@@ -132,6 +134,11 @@ source *source_open(const char *cmd, const char *uri,
                     const source_opts *o, int *status);
 sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
                 int *status);
+
+/* The first value of header name[0..n) in hdr (nd_line.hdr), into *v
+ * and *vlen: 1, or 0 when it has none. */
+int connect_header(const char *hdr, size_t hdrlen, const char *name,
+                   size_t n, const char **v, size_t *vlen);
 
 /* Files as a source: rd, opened by the caller, stays the caller's. */
 source *source_files(nd_reader *rd, const source_opts *o);

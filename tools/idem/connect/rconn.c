@@ -36,7 +36,7 @@ static int hexval(char c)
 
 /* Percent-decode p[0..n) into a new string; NULL on a bad escape or
  * ENOMEM (*bad tells which). */
-static char *decode(const char *p, size_t n, size_t *outlen, int *bad)
+char *rs_decode(const char *p, size_t n, size_t *outlen, int *bad)
 {
     char *out = malloc(n + 1);
     size_t j = 0;
@@ -106,11 +106,11 @@ static int parse_authority(rs_uri *u, const char *cmd, const char *a,
     if (at) {
         const char *colon = memchr(a, ':', (size_t)(at - a));
         size_t ul = colon ? (size_t)(colon - a) : 0;
-        if (ul && !(u->user = decode(a, ul, NULL, &badesc)))
+        if (ul && !(u->user = rs_decode(a, ul, NULL, &badesc)))
             return bad(u, cmd, badesc ? "bad %-escape in the user"
                                       : "out of memory");
         const char *pw = colon ? colon + 1 : a;
-        if (at > pw && !(u->pass = decode(pw, (size_t)(at - pw), NULL,
+        if (at > pw && !(u->pass = rs_decode(pw, (size_t)(at - pw), NULL,
                                           &badesc)))
             return bad(u, cmd, badesc ? "bad %-escape in the password"
                                       : "out of memory");
@@ -143,7 +143,7 @@ static int parse_path(rs_uri *u, const char *cmd, const char *p, size_t n)
     int badesc;
     if (!n)
         return bad(u, cmd, "no stream name after the host");
-    if (!(u->stream = decode(p, n, &u->streamlen, &badesc)))
+    if (!(u->stream = rs_decode(p, n, &u->streamlen, &badesc)))
         return bad(u, cmd, badesc ? "bad %-escape in the stream name"
                                   : "out of memory");
     return 0;
@@ -153,7 +153,7 @@ static int take(char **dst, const char *v, size_t n)
 {
     int badesc;
     free(*dst);
-    *dst = decode(v, n, NULL, &badesc);
+    *dst = rs_decode(v, n, NULL, &badesc);
     return *dst ? 0 : -1;
 }
 
@@ -174,21 +174,29 @@ static int number(const rs_uri *u, const char *cmd, const char *name,
     return 0;
 }
 
-static int read_password_file(rs_uri *u, const char *cmd, const char *path)
+char *rs_read_secret(const char *path)
 {
     FILE *f = fopen(path, "r");
     char buf[1024];
     size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f)
-        fclose(f);
     if (!f)
-        return cli_usage_error(cmd, "%s: password_file %s: %s", u->display,
-                               path, strerror(errno));
+        return NULL;
+    fclose(f);
     while (n && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
         n--;
+    char *s = strndup(buf, n);
+    if (!s)
+        errno = ENOMEM;
+    return s;
+}
+
+static int read_password_file(rs_uri *u, const char *cmd, const char *path)
+{
     free(u->pass);
-    u->pass = strndup(buf, n);
-    return u->pass ? 0 : bad(u, cmd, "out of memory");
+    if (!(u->pass = rs_read_secret(path)))
+        return cli_usage_error(cmd, "%s: password_file %s: %s", u->display,
+                               path, strerror(errno));
+    return 0;
 }
 
 /* One NAME=VALUE of the query. */

@@ -71,6 +71,12 @@ int rs_conn_ready(rs_conn *c);
  * XPENDING's idle times are measured by. 0, or -1 with c->err set (an
  * error reply's text there too). */
 int rs_server_ms(rs_conn *c, uint64_t *ms);
+/* Percent-decode p[0..n) into a new string (*outlen: its length, when
+ * not NULL); NULL with *bad set on a bad escape, or on ENOMEM. */
+char *rs_decode(const char *p, size_t n, size_t *outlen, int *bad);
+/* The first line of a file holding a secret (a password, a token),
+ * without its line end; NULL with errno set. */
+char *rs_read_secret(const char *path);
 
 /* Parse an entry ID "MS-SEQ". 0 or -1. */
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq);

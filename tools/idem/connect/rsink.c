@@ -40,9 +40,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <yajl/yajl_parse.h>
 
 #include "cli.h"
+#include "jfields.h"
 #include "keymap.h"
 #include "rconn.h"
 #include "rlock.h"
@@ -71,17 +71,11 @@ typedef struct rs_sink {
                             * (ms, the server's clock) ... */
     uint64_t win_from;   /* ... and the window began here then */
     char recent_last[40];  /* the last entry ID read into it */
-    /* One entry being built: fields as offsets into buf. */
-    cli_buf buf;
-    size_t *off, *len, nf, capf;
+    jfields f;           /* the entry being built */
     const char **argv;   /* XADD's arguments, reused */
     size_t *argl, capargv;
     int has_key;
     size_t key_field;    /* its index in off/len */
-    int depth;
-    size_t vstart;
-    const char *text;
-    yajl_handle y;
 } rs_sink;
 
 static void rs_close(sink *base);
@@ -125,13 +119,9 @@ static void rs_close(sink *base)
     rs_uri_free(&k->u);
     km_free(&k->back);
     km_free(&k->recent);
-    cli_buf_free(&k->buf);
-    free(k->off);
-    free(k->len);
+    jf_free(&k->f);
     free(k->argv);
     free(k->argl);
-    if (k->y)
-        yajl_free(k->y);
     free(k);
 }
 
@@ -382,107 +372,19 @@ static int rs_has(sink *base, const void *key, size_t keylen, int recent,
     return 1;
 }
 
-/* ---- turning a JSON line into fields */
-
-static int push(rs_sink *k, const void *p, size_t n)
-{
-    if (k->nf == k->capf) {
-        size_t cap = k->capf ? 2 * k->capf : 64;
-        size_t *o = realloc(k->off, cap * sizeof *o);
-        if (o)
-            k->off = o;
-        size_t *l = o ? realloc(k->len, cap * sizeof *l) : NULL;
-        if (!l)
-            return 0;
-        k->len = l;
-        k->capf = cap;
-    }
-    k->off[k->nf] = k->buf.len;
-    k->len[k->nf++] = n;
-    return cli_buf_add(&k->buf, p, n) == 0;
-}
-
-/* A scalar or a whole nested value at depth 1 is a field's value. */
-static int on_scalar(void *ctx, const char *p, size_t n)
-{
-    rs_sink *k = ctx;
-    return k->depth != 1 || push(k, p, n);
-}
-
-static int on_string(void *ctx, const unsigned char *p, size_t n)
-{
-    return on_scalar(ctx, (const char *)p, n);
-}
-
-static int on_number(void *ctx, const char *p, size_t n)
-{
-    return on_scalar(ctx, p, n);
-}
-
-static int on_bool(void *ctx, int b)
-{
-    return on_scalar(ctx, b ? "true" : "false", b ? 4 : 5);
-}
-
-static int on_null(void *ctx)
-{
-    return on_scalar(ctx, "null", 4);
-}
-
-static int on_key(void *ctx, const unsigned char *p, size_t n)
-{
-    rs_sink *k = ctx;
-    if (k->depth != 1)
-        return 1;
-    if (n == 8 && !memcmp(p, "idem-key", 8)) {
-        k->has_key = 1;
-        k->key_field = k->nf + 1;  /* its value comes next */
-    }
-    return push(k, p, n);
-}
-
-static int on_open(void *ctx)
-{
-    rs_sink *k = ctx;
-    if (k->depth++ == 1)
-        k->vstart = yajl_get_bytes_consumed(k->y) - 1;
-    return 1;
-}
-
-static int on_close(void *ctx)
-{
-    rs_sink *k = ctx;
-    if (--k->depth == 1)
-        return push(k, k->text + k->vstart,
-                    yajl_get_bytes_consumed(k->y) - k->vstart);
-    return 1;
-}
-
-static const yajl_callbacks fields_cb = {
-    on_null, on_bool, NULL, NULL, on_number, on_string,
-    on_open, on_key, on_close, on_open, on_close};
-
-/* Fields of text[0..len): its members, or one field "data". */
+/* Fields of text[0..len): its members, or one field "data"; the index
+ * of idem-key's value, if it has one. */
 static int to_fields(rs_sink *k, const char *text, size_t len)
 {
-    k->buf.len = k->nf = 0;
-    k->has_key = k->depth = 0;
-    k->text = text;
-    if (k->y)
-        yajl_free(k->y);
-    k->y = yajl_alloc(&fields_cb, NULL, k);
-    if (!k->y)
+    int rc = jf_parse(&k->f, text, len);
+    if (rc < 0)
         return -1;
-    size_t lead = strspn(text, " \t");
-    int object = lead < len && text[lead] == '{' &&
-                 yajl_parse(k->y, (const unsigned char *)text, len) ==
-                     yajl_status_ok &&
-                 yajl_complete_parse(k->y) == yajl_status_ok;
-    if (object)
-        return 0;
-    k->buf.len = k->nf = 0;
-    k->has_key = 0;
-    return push(k, "data", 4) && push(k, text, len) ? 0 : -1;
+    if (!rc && (jf_push(&k->f, "data", 4) || jf_push(&k->f, text, len)))
+        return -1;
+    long i = rc ? jf_find(&k->f, "idem-key") : -1;
+    k->has_key = i >= 0;
+    k->key_field = i >= 0 ? (size_t)i : 0;
+    return 0;
 }
 
 /* The entry's idem-key is this job's key: added, or, when the line
@@ -490,16 +392,17 @@ static int to_fields(rs_sink *k, const char *text, size_t len)
  * replaced, since read-back looks for this job's keys. 0 or -1. */
 static int set_key(rs_sink *k, const void *key, size_t keylen)
 {
+    jfields *f = &k->f;
     if (!k->has_key)
-        return push(k, "idem-key", 8) && push(k, key, keylen) ? 0 : -1;
+        return jf_push(f, "idem-key", 8) || jf_push(f, key, keylen) ? -1 : 0;
     size_t i = k->key_field;
-    if (k->len[i] == keylen && !memcmp(k->buf.p + k->off[i], key, keylen))
+    if (f->len[i] == keylen && !memcmp(f->buf.p + f->off[i], key, keylen))
         return 0;
-    size_t off = k->buf.len;
-    if (cli_buf_add(&k->buf, key, keylen))
+    size_t off = f->buf.len;
+    if (cli_buf_add(&f->buf, key, keylen))
         return -1;
-    k->off[i] = off;
-    k->len[i] = keylen;
+    f->off[i] = off;
+    f->len[i] = keylen;
     return 0;
 }
 
@@ -521,8 +424,10 @@ static int argv_room(rs_sink *k, size_t n)
 }
 
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
-                  size_t keylen)
+                  size_t keylen, const char *hdr, size_t hdrlen)
 {
+    (void)hdr;  /* Redis entries are read without headers */
+    (void)hdrlen;
     rs_sink *k = (rs_sink *)base;
     if (rs_lock_lost(k->lock))
         return cli_fail(k->cmd, "%s: the job's lock was not renewed for "
@@ -536,7 +441,7 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
     char maxlen[24];
     snprintf(maxlen, sizeof maxlen, "%" PRIu64, k->u.maxlen);
     size_t n = 0;
-    if (argv_room(k, k->nf + 6))
+    if (argv_room(k, k->f.nf + 6))
         return cli_fail(k->cmd, "out of memory"), -1;
     const char **argv = k->argv;
     size_t *lens = k->argl;
@@ -548,8 +453,8 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
         argv[n] = maxlen, lens[n++] = strlen(maxlen);
     }
     argv[n] = "*", lens[n++] = 1;
-    for (size_t i = 0; i < k->nf; i++)
-        argv[n] = k->buf.p + k->off[i], lens[n++] = k->len[i];
+    for (size_t i = 0; i < k->f.nf; i++)
+        argv[n] = k->f.buf.p + k->f.off[i], lens[n++] = k->f.len[i];
     int rc = rs_conn_ready(&k->c) ? fail(k, "connecting", NULL)
              : redisAppendCommandArgv(k->c.c, (int)n, argv, lens) != REDIS_OK
                  ? fail(k, "XADD", NULL)

@@ -1,0 +1,461 @@
+/* tests/test_cli_nats.c - `idem dedup` and `idem run` between NATS
+ * JetStream streams, on a real nats-server (one per test, started by
+ * scripts/nats-test.sh in the test's directory): order, data and headers
+ * kept, nothing pending on the durable consumer at the end, kill -9 at
+ * random moments and just after the sink's write, a restart past the
+ * output stream's duplicate window, the server restarted under load, two
+ * workers on one durable, and a message redelivered while its key is
+ * BUSY.
+ *
+ * Every check reads the output stream itself (js_GetMsg, sequence by
+ * sequence): each key's first message exactly once, in input order. */
+#include <nats/nats.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "redis_harness.h"
+
+static char ndir[512];
+static int port;
+static natsConnection *nc;
+static jsCtx *js;
+
+static void sh_nats(const char *what)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "sh \"$IDEM_SCRIPTS/nats-test.sh\" %s '%s' "
+             ">'%s/port.out'", what, ndir, t_dir);
+    cr_assert_eq(system(cmd), 0, "nats-test.sh %s failed", what);
+}
+
+static void connect_js(void)
+{
+    char url[64];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+    cr_assert_eq(natsConnection_ConnectTo(&nc, url), NATS_OK);
+    cr_assert_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+}
+
+/* A stream name with its one subject. */
+static void add_stream(const char *name, const char *subject,
+                       int64_t dup_window_ms)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    sc.Name = name;
+    sc.Subjects = &subject;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = dup_window_ms * 1000000;
+    cr_assert_eq(js_AddStream(NULL, js, &sc, NULL, NULL), NATS_OK, "%s",
+                 nats_GetLastError(NULL));
+}
+
+static void setup(void)
+{
+    t_dir_init();
+    const char *root = getenv("IDEM_REDIS_ROOT");
+    snprintf(ndir, sizeof ndir, "%s/nats", root ? root : t_dir);
+    if (root) {  /* unique under the shared root, killed at its end */
+        char *d = t_tmpdir();
+        snprintf(ndir, sizeof ndir, "%s/nats", d);
+        free(d);
+    }
+    sh_nats("start");
+    char *p = t_read(t_at("port.out"), NULL);
+    port = (int)strtol(p, NULL, 10);
+    free(p);
+    connect_js();
+    add_stream("IN", "in", 0);
+    add_stream("OUT", "out", 120000);
+}
+
+static void teardown(void)
+{
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    sh_nats("stop");
+    t_dir_fini();
+}
+
+TestSuite(nats, .init = setup, .fini = teardown, .timeout = 240);
+
+#define MAXN 5000
+static int note_of[MAXN];
+
+/* n messages on "in": data {"event_id":"eK","amount":"A","note":"nI"},
+ * headers Nats-Msg-Id mI (unique), x-key eK and x-note nI; one in five
+ * repeats an earlier key. Returns the number of distinct keys. */
+static int fill(int n)
+{
+    int fresh = 0;
+    unsigned x = 777;
+    cr_assert_leq(n, MAXN);
+    for (int i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        int repeat = (x >> 8) % 5 == 0 && fresh;
+        int k = repeat ? (int)((x >> 12) % fresh) : fresh++;
+        if (!repeat)
+            note_of[k] = i;
+        char data[128], v[32];
+        snprintf(data, sizeof data, "{\"event_id\":\"e%d\",\"amount\":\"%d\","
+                 "\"note\":\"n%d\"}", k, k * 7 % 1000, i);
+        natsMsg *m = NULL;
+        cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)strlen(data)),
+                     NATS_OK);
+        snprintf(v, sizeof v, "m%d", i);
+        natsMsgHeader_Set(m, "Nats-Msg-Id", v);
+        snprintf(v, sizeof v, "e%d", k);
+        natsMsgHeader_Set(m, "x-key", v);
+        snprintf(v, sizeof v, "n%d", i);
+        natsMsgHeader_Set(m, "x-note", v);
+        cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK);
+        natsMsg_Destroy(m);
+    }
+    return fresh;
+}
+
+static uint64_t last_seq(const char *stream)
+{
+    jsStreamInfo *si = NULL;
+    cr_assert_eq(js_GetStreamInfo(&si, js, stream, NULL, NULL), NATS_OK);
+    uint64_t n = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return n;
+}
+
+static int key_number(const char *s)
+{
+    return s && s[0] == 'e' ? (int)strtol(s + 1, NULL, 10) : -1;
+}
+
+static const char *header(natsMsg *m, const char *name)
+{
+    const char *v = NULL;
+    return natsMsgHeader_Get(m, name, &v) == NATS_OK ? v : NULL;
+}
+
+/* OUT holds keys e0 .. e(nkeys-1) once each, in order unless any_order,
+ * each with its first input message's data and headers (dedup), or a
+ * done result (run). */
+static void expect_output(int nkeys, int any_order, int run)
+{
+    uint64_t n = last_seq("OUT");
+    cr_assert_eq(n, (uint64_t)nkeys, "%llu messages for %d keys",
+                 (unsigned long long)n, nkeys);
+    char *seen = calloc((size_t)nkeys, 1);
+    for (uint64_t seq = 1; seq <= n; seq++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", seq, NULL, NULL), NATS_OK);
+        const char *key = header(m, "idem-key");
+        int k = key_number(key);
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "message %llu: key %s "
+                  "twice or unknown", (unsigned long long)seq,
+                  key ? key : "(none)");
+        seen[k] = 1;
+        cr_assert(any_order || k == (int)seq - 1, "message %llu holds %s",
+                  (unsigned long long)seq, key);
+        cr_assert_str_eq(header(m, "Nats-Msg-Id"), key);
+        char want[160];
+        if (run) {
+            snprintf(want, sizeof want, "{\"key\":\"e%d\",\"status\":"
+                     "\"done\",", k);
+            cr_assert(!strncmp(natsMsg_GetData(m), want, strlen(want)), "%s",
+                      natsMsg_GetData(m));
+        } else {
+            snprintf(want, sizeof want, "{\"event_id\":\"e%d\",\"amount\":"
+                     "\"%d\",\"note\":\"n%d\"}", k, k * 7 % 1000, note_of[k]);
+            cr_assert(any_order || !strcmp(natsMsg_GetData(m), want),
+                      "%s, not %s", natsMsg_GetData(m), want);
+            snprintf(want, sizeof want, "n%d", note_of[k]);
+            cr_assert(any_order || !strcmp(header(m, "x-note"), want));
+        }
+        natsMsg_Destroy(m);
+    }
+    free(seen);
+}
+
+/* Messages of durable d not acknowledged (all: `held` 0; or only those
+ * delivered, `held` 1), or -1 when d does not exist yet. */
+static int unacked(const char *d, int held)
+{
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, js, "IN", d, NULL, NULL) != NATS_OK)
+        return -1;
+    int n = (int)(ci->NumAckPending + (held ? 0 : (int64_t)ci->NumPending));
+    jsConsumerInfo_Destroy(ci);
+    return n;
+}
+
+/* Nothing pending on durable d: all delivered and acknowledged. */
+static int pending(const char *d)
+{
+    int n = unacked(d, 0);
+    cr_assert_geq(n, 0, "no durable %s", d);
+    return n;
+}
+
+static const char *src(const char *params)
+{
+    static char b[2][256];
+    static int t;
+    t ^= 1;
+    snprintf(b[t], sizeof b[t], "'nats://127.0.0.1:%d/IN?%s'", port, params);
+    return b[t];
+}
+
+static const char *dst(void)
+{
+    static char b[256];
+    snprintf(b, sizeof b, "'nats://127.0.0.1:%d/out'", port);
+    return b;
+}
+
+/* Run args until the durable has nothing pending (a killed run's
+ * messages come back after AckWait), at most 20 times. */
+static void finish(const char *args, const char *durable)
+{
+    for (int i = 0; i < 20; i++) {
+        cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                     t_read(t_at("err"), NULL));
+        if (!pending(durable))
+            return;
+    }
+    cr_assert_fail("%d messages still pending", pending(durable));
+}
+
+Test(nats, dedup_keeps_first_messages_in_order_with_data_and_headers)
+{
+    int nkeys = fill(300);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --batch 64", src("durable=d"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+    /* Again on another durable, keyed by a header: all duplicates. */
+    snprintf(args, sizeof args, "dedup --key header:x-key --from %s --to %s "
+             "--idle-exit 1s --job h", src("durable=d2"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "%s --store local:s2 2>err", args), 0);
+    cr_assert_eq(last_seq("OUT"), (uint64_t)nkeys + 0 * 1,
+                 "the header-keyed run wrote again");
+    cr_assert_eq(pending("d2"), 0);
+}
+
+/* Random kills land within this many seconds: a rerun after a kill
+ * waits out AckWait (2 s with --lease 1s) before its first fetch, so
+ * the span goes past it. */
+#define SPAN 4.0
+
+static long kills(long dflt)
+{
+    const char *e = getenv("IDEM_CLI_KILLS");
+    return e ? strtol(e, NULL, 10) : dflt;
+}
+
+/* Start `idem ARGS` and kill -9 it, until nkills kills landed: every
+ * other run after a random time within span seconds, the others by
+ * themselves just after the sink's write and before the commit
+ * (IDEM_TEST_KILL_AT). Then run to the end. Returns the kills landed. */
+static long kill_loop(const char *args, const char *durable, double span,
+                      long nkills)
+{
+    long landed = 0;
+    for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
+        char at[64];
+        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 4);
+        if (tries % 2)
+            setenv("IDEM_TEST_KILL_AT", at, 1);
+        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
+        unsetenv("IDEM_TEST_KILL_AT");
+        long us = (long)((double)rand() / RAND_MAX * span * 1e6);
+        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+        nanosleep(&ts, NULL);
+        int hit = kill(pid, SIGKILL) == 0;
+        int st = t_wait(pid);
+        if (hit && st == 128 + SIGKILL)
+            landed++;
+        else
+            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
+                         t_read(t_at("err"), NULL));
+    }
+    finish(args, durable);
+    return landed;
+}
+
+Test(nats, dedup_kill9_keeps_each_first_message_once_in_order)
+{
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int nkeys = fill(1500);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 50 --lease 1s --commit-interval "
+             "20ms --store local:store --job k9", src("durable=d"), dst());
+    long landed = kill_loop(args, "d", SPAN, kills(15));
+    cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3, "only %ld kills "
+                  "landed", landed);
+    expect_output(nkeys, 0, 0);
+    cr_log_info("nats dedup: %ld kills (seed %u)", landed, seed);
+}
+
+Test(nats, run_kill9_results_once_in_order)
+{
+    srand((unsigned)time(NULL));
+    int nkeys = fill(400);
+    char args[1024];
+    snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 20 --lease 1s --commit-interval "
+             "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
+             src("durable=d"), dst());
+    long landed = kill_loop(args, "d", SPAN, kills(10));
+    cr_assert_geq(landed, kills(10) < 3 ? kills(10) : 3);
+    expect_output(nkeys, 0, 1);
+    cr_log_info("nats run: %ld kills", landed);
+}
+
+/* Killed just after writing a batch, rerun after the output stream's
+ * duplicate window (1 s) has passed: the server would take the messages
+ * again, so only read-back keeps them once. */
+Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    int nkeys = fill(200);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 30 --lease 1s --commit-interval "
+             "10ms --store local:store --job w", src("durable=d"), dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_geq(last_seq("OUT"), 31, "the killed batch was not written");
+    t_sleep_ms(1500);  /* past the window: the server's fence is gone */
+    finish(args, "d");
+    expect_output(nkeys, 0, 0);
+    cr_assert(t_grep(t_at("err"), "found already written"), "%s",
+              t_read(t_at("err"), NULL));
+}
+
+/* nats-server killed and started again while dedup runs: the run goes
+ * on or fails; rerun, the output is exact. */
+Test(nats, the_server_restarted_under_load)
+{
+    int nkeys = fill(3000);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 3s --batch 50 --lease 1s --commit-interval 10ms "
+             "--store local:store --job sr", src("durable=d"), dst());
+    pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
+    t_sleep_ms(300);
+    sh_nats("stop");
+    t_sleep_ms(500);
+    sh_nats("restart");
+    int st = t_wait(pid);
+    cr_assert(st == 0 || st == 1, "exit %d: %s", st,
+              t_read(t_at("err"), NULL));
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    connect_js();
+    finish(args, "d");
+    expect_output(nkeys, 0, 0);
+}
+
+/* Two workers on one durable, one Redis store: each key once. */
+Test(nats, two_workers_on_one_durable)
+{
+    int nkeys = fill(2000);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define WORKER "dedup --key event_id --from %s --to %s --idle-exit 2s "  \
+               "--batch 20 --lease 2s --store 'redis://%s?prefix=%s' " \
+               "2>err%d"
+    pid_t a = t_cli_start(t_dir, WORKER, src("durable=d&worker=a"), dst(),
+                          redis, prefix, 1);
+    pid_t b = t_cli_start(t_dir, WORKER, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    expect_output(nkeys, 1, 0);
+    cr_assert_eq(pending("d"), 0);
+}
+
+/* A worker stalled (SIGSTOP) past AckWait: its message goes to a
+ * second worker while the first one's claim is live (BUSY); the second
+ * waits, the first resumes and commits, the second finds it done. */
+Test(nats, a_message_redelivered_while_its_key_is_busy)
+{
+    fill(1);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define SLOW "run --key event_id --from %s --to %s --idle-exit 3s "   \
+             "--lease 20s --store 'redis://%s?prefix=%s' --job b%d "   \
+             "--exec '\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
+    pid_t a = t_cli_start(t_dir, SLOW,
+                          src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
+                          redis, prefix, 1, 3000, 1);
+    /* a holds the message once the consumer counts it delivered. */
+    for (int i = 0; i < 400 && unacked("d", 1) != 1; i++)
+        t_sleep_ms(50);
+    cr_assert_eq(unacked("d", 1), 1, "the first worker got nothing");
+    kill(a, SIGSTOP);
+    pid_t b = t_cli_start(t_dir, SLOW, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2, 0, 2);
+    t_sleep_ms(2500);  /* past AckWait: b has it, and waits on a's claim */
+    kill(a, SIGCONT);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1, "the result was written twice");
+    cr_assert_eq(pending("d"), 0);
+}
+
+Test(nats, bad_uris_say_what_is_wrong_and_hide_secrets)
+{
+    struct {
+        const char *args, *says;
+    } cases[] = {
+        {"--from 'nats://127.0.0.1:1/S'", "?durable=NAME"},
+        {"--from 'nats://127.0.0.1:1/S?durable=d&bogus=1'",
+         "unknown parameter 'bogus'"},
+        {"--from 'nats://127.0.0.1:99999/S?durable=d'", "port"},
+        {"--from 'nats://127.0.0.1:1?durable=d'", "no stream name"},
+        {"--from 'nats://127.0.0.1:1/S?durable=a.b'", "durable name"},
+        {"--to 'nats://127.0.0.1:1/s?durable=d'",
+         "unknown parameter 'durable'"},
+        {"--from 'nats://u:secret@127.0.0.1:1/S?durable=d&x=1'",
+         "unknown parameter"},
+        {"--key header:x in", "--key header:NAME"},
+        {"--key @id --from 'nats://127.0.0.1:1/S?durable=d'",
+         "--key header:Nats-Msg-Id"},
+    };
+    t_put("in", "{}\n");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int st = t_cli(t_dir, "dedup %s%s 2>err", strstr(cases[i].args,
+                       "--key") ? "" : "--key id ", cases[i].args);
+        cr_assert_eq(st, 2, "%s", cases[i].args);
+        cr_assert(t_grep(t_at("err"), cases[i].says), "%s: %s",
+                  cases[i].args, t_read(t_at("err"), NULL));
+        cr_assert(!t_grep(t_at("err"), "secret"));
+    }
+    /* A server that refuses the password: exit 1, no password shown. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --from "
+                       "'nats://u:secret@127.0.0.1:1/S?durable=d' 2>err"), 1);
+    cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
+    cr_assert(!t_grep(t_at("err"), "secret"));
+}

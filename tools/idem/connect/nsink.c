@@ -1,0 +1,416 @@
+/* nsink.c - a JetStream subject as the output of dedup and run.
+ *
+ * Each output line is published as one message (asynchronously, the
+ * batch's PubAcks awaited at flush): its data the line without its line
+ * end, its headers those of the input message (dedup), with Nats-Msg-Id
+ * and idem-key set to the message's key. Nats-Msg-Id is the broker's own
+ * fence: a republish of a key within the stream's duplicate window is
+ * dropped by the server (its PubAck says duplicate).
+ *
+ * Outside that window the fence is read-back, as for Redis Streams
+ * (rsink.c): the position kept in the job's checkpoint is the stream
+ * sequence of the last message published before the commit (the
+ * greatest PubAck sequence), and after a crash the messages of the
+ * stream after it, on this subject, are read back (ns_read_back): their
+ * idem-key (and, for run, the status and result members of their data)
+ * say what the dead run wrote and did not commit. A takeover of another
+ * worker's key looks in the recent messages (ns_catch_up): everything
+ * after a sequence found by time (readback window: twice the lease and
+ * 10 s), kept in two generations so that it stays about that long.
+ *
+ * Reading back is one request per message (js_GetMsg, which any stream
+ * answers; direct gets need allow_direct): cheap for the batch or two in
+ * doubt after a crash, slow for a window of a busy stream. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "jfields.h"
+#include "keymap.h"
+#include "nconn.h"
+#include "nstream.h"
+
+typedef struct ns_sink {
+    sink base;
+    const char *cmd;
+    nats_uri u;
+    nats_link l;
+    char *stream;          /* the stream holding the subject */
+    int64_t window_ms;
+    char pos[32];
+    pthread_mutex_t mu;    /* PubAcks come on libnats's thread */
+    uint64_t acked_max;    /* the greatest sequence PubAcked */
+    uint64_t nerr;
+    char pub_err[512];
+    keymap back;           /* read back after the checkpoint */
+    keymap recent[2];      /* the recent messages: now, and before */
+    uint64_t recent_seq;   /* the last sequence read into them */
+    int64_t recent_at;     /* when recent[0] was started; 0: never */
+    jfields f;
+    int published;         /* any message yet */
+    char key[1024];        /* the key as a header value */
+} ns_sink;
+
+static const sink_ops ns_sink_ops;
+
+static int fail(ns_sink *k, const char *what, natsStatus st)
+{
+    cli_fail(k->cmd, "%s: %s: %s", k->u.display, what, nl_why(st));
+    return -1;
+}
+
+static void on_pub_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae,
+                       void *closure)
+{
+    (void)js;
+    ns_sink *k = closure;
+    pthread_mutex_lock(&k->mu);
+    if (pa && pa->Sequence > k->acked_max)
+        k->acked_max = pa->Sequence;
+    if (!pa && !k->nerr++)
+        snprintf(k->pub_err, sizeof k->pub_err, "%s",
+                 pae && pae->ErrText ? pae->ErrText
+                 : pae ? natsStatus_GetText(pae->Err) : "no PubAck");
+    pthread_mutex_unlock(&k->mu);
+    natsMsg_Destroy(m);
+}
+
+/* The stream that holds the subject: ?stream=, else asked of the
+ * server. 0 or -1. */
+static int find_stream(ns_sink *k)
+{
+    if (k->u.stream)
+        return (k->stream = strdup(k->u.stream)) ? 0 : -1;
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Stream.Info.SubjectsFilter = k->u.name;
+    jsStreamNamesList *names = NULL;
+    natsStatus st = js_StreamNames(&names, k->l.js, &jo, NULL);
+    if (st == NATS_NOT_FOUND || (!st && names->Count != 1)) {
+        cli_fail(k->cmd, "%s: %s stream holds subject %s: create one "
+                 "(with a duplicate window), or name it with ?stream=",
+                 k->u.display, !st && names->Count ? "more than one"
+                                                   : "no", k->u.name);
+        jsStreamNamesList_Destroy(names);
+        return -1;
+    }
+    if (st)
+        return fail(k, "finding the stream of the subject", st);
+    k->stream = strdup(names->List[0]);
+    jsStreamNamesList_Destroy(names);
+    return k->stream ? 0 : -1;
+}
+
+static void ns_close(sink *base);
+
+sink *ns_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
+                   int *status)
+{
+    ns_sink *k = calloc(1, sizeof *k);
+    if (!k) {
+        *status = cli_fail(cmd, "out of memory");
+        return NULL;
+    }
+    k->base.ops = &ns_sink_ops;
+    k->cmd = cmd;
+    pthread_mutex_init(&k->mu, NULL);
+    k->window_ms = 2 * lease_ms + 10000;
+    snprintf(k->pos, sizeof k->pos, "0");
+    if ((*status = nu_parse(cmd, uri, 1, &k->u)) != 0 ||
+        (*status = nl_open(cmd, &k->u, &k->l, on_pub_ack, k)) != 0 ||
+        (*status = find_stream(k) ? 1 : 0) != 0) {
+        ns_close(&k->base);
+        return NULL;
+    }
+    return &k->base;
+}
+
+/* Publishes still waiting for their PubAck (a failed batch) are given
+ * up: libnats would keep them, and its context, past the close. (Asked
+ * only after a publish: libnats 3.4.1 has no list to look in before.) */
+static void drop_pending(ns_sink *k)
+{
+    natsMsgList pend = {0};
+    if (k->published &&
+        js_PublishAsyncGetPendingList(&pend, k->l.js) == NATS_OK)
+        natsMsgList_Destroy(&pend);
+}
+
+static void ns_close(sink *base)
+{
+    ns_sink *k = (ns_sink *)base;
+    drop_pending(k);
+    nl_close(&k->l);  /* before the rest: no PubAck comes after it */
+    nu_free(&k->u);
+    free(k->stream);
+    km_free(&k->back);
+    km_free(&k->recent[0]);
+    km_free(&k->recent[1]);
+    jf_free(&k->f);
+    pthread_mutex_destroy(&k->mu);
+    free(k);
+}
+
+static const char *ns_pos(const sink *base)
+{
+    return ((const ns_sink *)base)->pos;
+}
+
+static const char *ns_name(const sink *base)
+{
+    return ((const ns_sink *)base)->u.display;
+}
+
+/* The stream's last sequence and first. 0 or -1. */
+static int stream_seqs(ns_sink *k, uint64_t *first, uint64_t *last)
+{
+    jsStreamInfo *si = NULL;
+    natsStatus st = js_GetStreamInfo(&si, k->l.js, k->stream, NULL, NULL);
+    if (st)
+        return fail(k, "reading the stream's state", st);
+    *first = si->State.FirstSeq;
+    *last = si->State.LastSeq;
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+/* A new job starts at the stream's last message. */
+static int ns_start(sink *base)
+{
+    ns_sink *k = (ns_sink *)base;
+    uint64_t first, last;
+    if (stream_seqs(k, &first, &last))
+        return -1;
+    snprintf(k->pos, sizeof k->pos, "%" PRIu64, last);
+    return 0;
+}
+
+/* Message seq of the stream, or NULL (deleted: *gone). */
+static natsMsg *get(ns_sink *k, uint64_t seq, int *gone)
+{
+    natsMsg *m = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = js_GetMsg(&m, k->l.js, k->stream, seq, NULL, &jerr);
+    *gone = st == NATS_NOT_FOUND;
+    if (st && !*gone)
+        fail(k, "reading the stream back", st);
+    return st ? NULL : m;
+}
+
+/* Remember m's key (with its status and result, if its data has them)
+ * in map, when it is of our subject. 0 or -1. */
+static int remember(ns_sink *k, natsMsg *m, keymap *map)
+{
+    const char *key = NULL;
+    if (strcmp(natsMsg_GetSubject(m), k->u.name) ||
+        natsMsgHeader_Get(m, "idem-key", &key) != NATS_OK || !key)
+        return 0;
+    int rc = jf_parse(&k->f, natsMsg_GetData(m),
+                      (size_t)natsMsg_GetDataLength(m));
+    long st = rc > 0 ? jf_find(&k->f, "status") : -1;
+    long res = rc > 0 ? jf_find(&k->f, "result") : -1;
+    const jfields *f = &k->f;
+    if (rc < 0 ||
+        km_put(map, key, strlen(key), st >= 0 ? f->buf.p + f->off[st] : "",
+               st >= 0 ? f->len[st] : 0,
+               res >= 0 ? f->buf.p + f->off[res] : "",
+               res >= 0 ? f->len[res] : 0))
+        return cli_fail(k->cmd, "out of memory"), -1;
+    return 0;
+}
+
+/* The messages after sequence *from up to the stream's last into map;
+ * *from becomes the last read. 0 or -1. */
+static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
+{
+    uint64_t first, last;
+    if (stream_seqs(k, &first, &last))
+        return -1;
+    for (uint64_t seq = *from + 1 > first ? *from + 1 : first; seq <= last;
+         seq++) {
+        int gone;
+        natsMsg *m = get(k, seq, &gone);
+        if (!m && !gone)
+            return -1;
+        int rc = m ? remember(k, m, map) : 0;
+        natsMsg_Destroy(m);
+        if (rc)
+            return -1;
+        *from = seq;
+    }
+    return 0;
+}
+
+static int ns_read_back(sink *base, const char *pos)
+{
+    ns_sink *k = (ns_sink *)base;
+    char *end;
+    uint64_t from = strtoull(pos, &end, 10);
+    if (*end || !*pos)
+        return cli_fail(k->cmd, "%s: the checkpoint's position '%s' is not "
+                        "a stream sequence", k->u.display, pos), -1;
+    snprintf(k->pos, sizeof k->pos, "%" PRIu64, from);
+    k->recent_seq = from;
+    return scan_after(k, &from, &k->back);
+}
+
+/* The first sequence stored at or after wall time t_ns (a binary
+ * search; a deleted message counts as older). *seq, 0 or -1. */
+static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
+{
+    uint64_t lo, hi;
+    if (stream_seqs(k, &lo, &hi))
+        return -1;
+    lo += !lo;  /* an empty stream says 0; sequences start at 1 */
+    hi++;
+    while (lo < hi) {
+        uint64_t mid = lo + (hi - lo) / 2;
+        int gone;
+        natsMsg *m = get(k, mid, &gone);
+        if (!m && !gone)
+            return -1;
+        int older = !m || natsMsg_GetTime(m) < t_ns;
+        natsMsg_Destroy(m);
+        if (older)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    *seq = lo - 1;
+    return 0;
+}
+
+/* The recent messages, up to now: what came after the last one read,
+ * into the current generation; every half window a new generation
+ * starts and the one before the last is dropped. The first time, from
+ * the start of the window. */
+static int ns_catch_up(sink *base)
+{
+    ns_sink *k = (ns_sink *)base;
+    int64_t now = cli_mono_ms();
+    if (!k->recent_at) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        int64_t t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec -
+                    k->window_ms * 1000000;
+        uint64_t s;
+        if (seq_at(k, t, &s))
+            return -1;
+        k->recent_seq = s < k->recent_seq ? s : k->recent_seq;
+        k->recent_at = now;
+    } else if (now - k->recent_at >= k->window_ms / 2) {
+        keymap old = k->recent[1];
+        k->recent[1] = k->recent[0];
+        k->recent[0] = old;
+        km_clear(&k->recent[0]);
+        k->recent_at = now;
+    }
+    return scan_after(k, &k->recent_seq, &k->recent[0]);
+}
+
+static int ns_has(sink *base, const void *key, size_t keylen, int recent,
+                  const char **status, const char **result, size_t *rlen)
+{
+    ns_sink *k = (ns_sink *)base;
+    const km_entry *e = km_get(&k->back, key, keylen);
+    for (int g = 0; !e && recent && g < 2; g++)
+        e = km_get(&k->recent[g], key, keylen);
+    if (!e)
+        return 0;
+    static const char *const known[] = {"done", "failed", "gave_up"};
+    const char *st = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (e->alen == strlen(known[i]) && !memcmp(km_a(e), known[i],
+                                                   e->alen))
+            st = known[i];
+    *status = st;
+    *result = st && e->blen ? km_b(e) : NULL;
+    *rlen = st ? e->blen : 0;
+    return 1;
+}
+
+static void ns_forget(sink *base, const void *key, size_t keylen)
+{
+    km_del(&((ns_sink *)base)->back, key, keylen);
+}
+
+/* The input's headers on m, but for the two this sink sets. */
+static natsStatus copy_headers(natsMsg *m, const char *hdr, size_t hdrlen)
+{
+    natsStatus st = NATS_OK;
+    for (const char *p = hdr, *end = hdr + hdrlen; !st && p && p < end;) {
+        const char *v = p + strlen(p) + 1;
+        if (v >= end)
+            break;
+        if (strcmp(p, "Nats-Msg-Id") && strcmp(p, "idem-key"))
+            st = natsMsgHeader_Add(m, p, v);
+        p = v + strlen(v) + 1;
+    }
+    return st;
+}
+
+static int ns_put(sink *base, const char *text, size_t len, const void *key,
+                  size_t keylen, const char *hdr, size_t hdrlen)
+{
+    ns_sink *k = (ns_sink *)base;
+    len -= len && text[len - 1] == '\n';  /* the loop's line end */
+    if (keylen >= sizeof k->key || memchr(key, 0, keylen) ||
+        memchr(key, '\r', keylen) || memchr(key, '\n', keylen))
+        return cli_fail(k->cmd, "%s: a key of %zu bytes, or with a NUL or "
+                        "line break, cannot be a NATS header value",
+                        k->u.display, keylen), -1;
+    memcpy(k->key, key, keylen);
+    k->key[keylen] = 0;
+    natsMsg *m = NULL;
+    natsStatus st = natsMsg_Create(&m, k->u.name, NULL, text, (int)len);
+    st = st ? st : copy_headers(m, hdr, hdrlen);
+    st = st ? st : natsMsgHeader_Set(m, "Nats-Msg-Id", k->key);
+    st = st ? st : natsMsgHeader_Set(m, "idem-key", k->key);
+    st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+    natsMsg_Destroy(m);  /* NULL once published */
+    k->published |= !st;
+    return st ? fail(k, "publishing", st) : 0;
+}
+
+static int ns_flush(sink *base)
+{
+    ns_sink *k = (ns_sink *)base;
+    jsPubOptions po;
+    jsPubOptions_Init(&po);
+    po.MaxWait = k->u.timeout_ms;
+    natsStatus st = js_PublishAsyncComplete(k->l.js, &po);
+    pthread_mutex_lock(&k->mu);
+    uint64_t nerr = k->nerr, seq = k->acked_max;
+    k->nerr = 0;
+    pthread_mutex_unlock(&k->mu);
+    if (st)
+        return fail(k, "waiting for the PubAcks", st);
+    if (nerr)
+        return cli_fail(k->cmd, "%s: %" PRIu64 " publish%s failed: %s",
+                        k->u.display, nerr, nerr == 1 ? "" : "es",
+                        k->pub_err), -1;
+    if (seq > strtoull(k->pos, NULL, 10))
+        snprintf(k->pos, sizeof k->pos, "%" PRIu64, seq);
+    return 0;
+}
+
+int ns_ident(const char *cmd, const char *uri, int as_sink, char *buf,
+             size_t size)
+{
+    nats_uri u;
+    int rc = nu_parse(cmd, uri, as_sink, &u);
+    if (!rc)
+        nu_ident(&u, 0, buf, size);
+    nu_free(&u);
+    return rc;
+}
+
+static const sink_ops ns_sink_ops = {
+    .start = ns_start, .read_back = ns_read_back,
+    .catch_up = ns_catch_up, .has = ns_has, .forget = ns_forget,
+    .put = ns_put, .flush = ns_flush, .pos = ns_pos, .name = ns_name,
+    .close = ns_close};

@@ -1,0 +1,447 @@
+/* nsource.c - a JetStream durable pull consumer as the input of dedup and
+ * run.
+ *
+ * The consumer is made if missing: explicit acks, AckWait longer than the
+ * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of three
+ * batches (one committing, one being read, one fetched ahead). Messages
+ * are fetched up to a batch at a time; each is handed out as its data,
+ * one line, with its headers beside it (nd_line.hdr, pairs NAME\0VALUE\0)
+ * and its stream sequence as its position.
+ *
+ * A message is acknowledged only after the commit that covers it, by the
+ * committing thread (ns_ack, ns_ack_flush, which flushes the connection
+ * so the acks reach the server before the next batch). Until then it is
+ * held, and a timer thread of the source sends +WPI (in progress) for
+ * every message held each AckWait/3, so that a slow handler, or a key
+ * another worker holds BUSY, does not get the message redelivered to
+ * another worker mid-flight. The runner renews its claims every lease/3
+ * on its own; the source keeps to the same rhythm with its own clock,
+ * which needs no hook into the runner: what it must keep alive is simply
+ * what it handed out and was not told is committed.
+ *
+ * A message a killed run held comes back only once AckWait has passed
+ * (JetStream has no "my own pending list" to read first, as a Redis
+ * consumer group has). So that it still comes before newer messages, and
+ * each key's first message stays first, a run that finds messages
+ * pending on the consumer when it starts waits AckWait before its first
+ * fetch: the server hands redeliveries out before new messages. A run
+ * that stops cleanly NAKs what it holds uncommitted, which the server
+ * redelivers at once. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "nconn.h"
+#include "nstream.h"
+
+#define FETCH_SLICE_MS 250
+#define FETCH_MAX 4096
+
+/* One message handed out: held until acknowledged. */
+typedef struct held {
+    natsMsg *m;
+    char *hdr;
+    size_t hdrlen;
+} held;
+
+typedef struct ns_source {
+    source base;
+    const char *cmd;
+    nats_uri u;
+    nats_link l;
+    natsSubscription *sub;
+    uint64_t batch;
+    int64_t ack_wait_ms, idle_exit_ms, last_new_ms, start_after_ms;
+    volatile const sig_atomic_t *stop;
+    natsMsgList got;          /* fetched, not handed out yet */
+    int next_got;
+    /* Held messages by handout number: hv[i - hbase]; NULL once acked. */
+    pthread_mutex_t mu;
+    held *hv;
+    size_t hn, hcap;
+    uint64_t hbase;
+    size_t acked_front;
+    /* The +WPI timer. */
+    pthread_t timer;
+    pthread_cond_t cv;
+    int timer_on, quit;
+    char err[1500];
+    char worker[600];
+} ns_source;
+
+static const source_ops ns_source_ops;
+
+int ns_is_uri(const char *uri)
+{
+    return nu_is_uri(uri);
+}
+
+static int failed(ns_source *s, const char *what, natsStatus st)
+{
+    snprintf(s->err, sizeof s->err, "%.400s: %.100s: %.900s", s->u.display,
+             what, nl_why(st));
+    return ND_ERR;
+}
+
+/* Every held message is in progress: the server restarts its AckWait. */
+static void *wpi_timer(void *arg)
+{
+    ns_source *s = arg;
+    int64_t period = s->ack_wait_ms / 3 > 0 ? s->ack_wait_ms / 3 : 1;
+    pthread_mutex_lock(&s->mu);
+    while (!s->quit) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += period / 1000;
+        ts.tv_nsec += (period % 1000) * 1000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+        for (size_t i = 0; !s->quit && i < s->hn; i++)
+            if (s->hv[i].m)
+                natsMsg_InProgress(s->hv[i].m, NULL);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* The consumer: made when missing; its AckWait sets the timer's pace,
+ * and messages pending on it (a dead run's) delay the first fetch. */
+static int bind_consumer(ns_source *s, int64_t lease_ms)
+{
+    jsConsumerInfo *ci = NULL;
+    jsErrCode jerr = 0;
+    natsStatus st = js_GetConsumerInfo(&ci, s->l.js, s->u.name, s->u.durable,
+                                       NULL, &jerr);
+    if (st == NATS_NOT_FOUND) {
+        jsConsumerConfig cc;
+        jsConsumerConfig_Init(&cc);
+        cc.Durable = s->u.durable;
+        cc.AckPolicy = js_AckExplicit;
+        cc.AckWait = (s->u.ack_wait_ms ? s->u.ack_wait_ms : 2 * lease_ms) *
+                     1000000;
+        cc.MaxAckPending = (int64_t)(3 * s->batch);
+        cc.FilterSubject = s->u.subject;
+        st = js_AddConsumer(&ci, s->l.js, s->u.name, &cc, NULL, &jerr);
+    }
+    if (st)
+        return failed(s, "the durable consumer", st);
+    s->ack_wait_ms = ci->Config->AckWait / 1000000;
+    if (ci->NumAckPending > 0)  /* --idle-exit counts from then too */
+        s->start_after_ms = s->last_new_ms = cli_mono_ms() + s->ack_wait_ms;
+    jsConsumerInfo_Destroy(ci);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = s->u.name;
+    so.Consumer = s->u.durable;
+    st = js_PullSubscribe(&s->sub, s->l.js, NULL, s->u.durable, NULL, &so,
+                          &jerr);
+    return st ? failed(s, "subscribing to the durable consumer", st) : 0;
+}
+
+static void ns_close(source *base);
+
+source *ns_source_open(const char *cmd, const char *uri,
+                       const source_opts *o, int *status)
+{
+    ns_source *s = calloc(1, sizeof *s);
+    if (!s) {
+        *status = cli_fail(cmd, "out of memory");
+        return NULL;
+    }
+    s->cmd = cmd;
+    s->base.ops = &ns_source_ops;
+    s->batch = o->batch;
+    s->idle_exit_ms = o->idle_exit_ms;
+    s->stop = o->stop;
+    s->last_new_ms = cli_mono_ms();
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if ((*status = nu_parse(cmd, uri, 0, &s->u)) != 0 ||
+        (*status = nl_open(cmd, &s->u, &s->l, NULL, NULL)) != 0) {
+        ns_close(&s->base);
+        return NULL;
+    }
+    nu_ident(&s->u, 1, s->worker, sizeof s->worker);
+    if (bind_consumer(s, o->lease_ms)) {
+        *status = cli_fail(cmd, "%s", s->err);
+        ns_close(&s->base);
+        return NULL;
+    }
+    s->timer_on = pthread_create(&s->timer, NULL, wpi_timer, s) == 0;
+    return &s->base;
+}
+
+/* Messages held and not committed go back to the server at once (NAK):
+ * a clean stop leaves nothing waiting out AckWait. */
+static void ns_close(source *base)
+{
+    ns_source *s = (ns_source *)base;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_signal(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    if (s->timer_on)
+        pthread_join(s->timer, NULL);
+    for (size_t i = 0; i < s->hn; i++) {
+        if (s->hv[i].m && s->l.nc)
+            natsMsg_Nak(s->hv[i].m, NULL);
+        natsMsg_Destroy(s->hv[i].m);
+        free(s->hv[i].hdr);
+    }
+    for (int i = s->next_got; i < s->got.Count; i++)
+        if (s->got.Msgs[i] && s->l.nc)
+            natsMsg_Nak(s->got.Msgs[i], NULL);
+    natsMsgList_Destroy(&s->got);
+    if (s->l.nc)
+        natsConnection_FlushTimeout(s->l.nc, s->u.timeout_ms);
+    natsSubscription_Destroy(s->sub);
+    nl_close(&s->l);
+    nu_free(&s->u);
+    free(s->hv);
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+}
+
+/* Lines point into held messages, which live until acknowledged. */
+static void ns_release(source *base)
+{
+    (void)base;
+}
+
+static const char *ns_worker(const source *base)
+{
+    return ((const ns_source *)base)->worker;
+}
+
+static const char *ns_err(const source *base)
+{
+    return ((const ns_source *)base)->err;
+}
+
+static void ns_where(const source *base, const nd_line *l, char *buf,
+                     size_t n)
+{
+    const ns_source *s = (const ns_source *)base;
+    snprintf(buf, n, "%s message %" PRIu64, s->u.display, l->lineno);
+}
+
+/* m's headers as pairs NAME\0VALUE\0, into a new buffer (NULL: none). */
+static char *headers(natsMsg *m, size_t *len)
+{
+    const char **keys = NULL;
+    int nk = 0;
+    cli_buf b = {0};
+    *len = 0;
+    if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK)
+        return NULL;
+    int rc = 0;
+    for (int i = 0; !rc && i < nk; i++) {
+        const char **vals = NULL;
+        int nv = 0;
+        if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)
+            continue;
+        for (int j = 0; !rc && j < nv; j++)
+            rc = cli_buf_add(&b, keys[i], strlen(keys[i]) + 1) ||
+                 cli_buf_add(&b, vals[j], strlen(vals[j]) + 1);
+        free((void *)vals);
+    }
+    free((void *)keys);
+    if (rc) {
+        cli_buf_free(&b);
+        return NULL;
+    }
+    *len = b.len;
+    return b.p;
+}
+
+/* Hold m (its handout number: the line's end) and make its line. 0 or
+ * -1. */
+static int hand_out(ns_source *s, natsMsg *m, nd_line *l)
+{
+    jsMsgMetaData *md = NULL;
+    if (natsMsg_GetMetaData(&md, m) != NATS_OK)
+        return -1;
+    held h = {m, NULL, 0};
+    h.hdr = headers(m, &h.hdrlen);
+    pthread_mutex_lock(&s->mu);
+    if (s->hn == s->hcap) {
+        size_t cap = s->hcap ? 2 * s->hcap : 1024;
+        held *v = realloc(s->hv, cap * sizeof *v);
+        if (v) {
+            s->hv = v;
+            s->hcap = cap;
+        }
+    }
+    int ok = s->hn < s->hcap;
+    uint64_t no = s->hbase + s->hn;
+    if (ok)
+        s->hv[s->hn++] = h;
+    pthread_mutex_unlock(&s->mu);
+    *l = (nd_line){.p = natsMsg_GetData(m),
+                   .len = (size_t)natsMsg_GetDataLength(m),
+                   .lineno = md->Sequence.Stream, .end = no,
+                   .again = md->NumDelivered > 1, .hdr = h.hdr,
+                   .hdrlen = h.hdrlen};
+    jsMsgMetaData_Destroy(md);
+    if (!ok)
+        free(h.hdr);
+    return ok ? 0 : -1;
+}
+
+/* The front of the held list loses its acknowledged messages once they
+ * are half of it, so that the list stays the size of what is in hand.
+ * Under mu. */
+static void compact(ns_source *s)
+{
+    size_t k = 0;
+    while (k < s->hn && !s->hv[k].m)
+        k++;
+    if (k < 1024 || 2 * k < s->hn)
+        return;
+    memmove(s->hv, s->hv + k, (s->hn - k) * sizeof *s->hv);
+    s->hn -= k;
+    s->hbase += k;
+}
+
+static int ns_ack(source *base, const nd_line *l)
+{
+    ns_source *s = (ns_source *)base;
+    pthread_mutex_lock(&s->mu);
+    held *h = l->end >= s->hbase && l->end - s->hbase < s->hn
+                  ? &s->hv[l->end - s->hbase] : NULL;
+    if (h && h->m) {
+        /* A lost ack is a redelivery, a duplicate; a lost connection is
+         * said by the flush. */
+        (void)natsMsg_Ack(h->m, NULL);
+        natsMsg_Destroy(h->m);
+        free(h->hdr);
+        *h = (held){0};
+    }
+    compact(s);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static int ns_ack_flush(source *base)
+{
+    ns_source *s = (ns_source *)base;
+    natsStatus st = natsConnection_FlushTimeout(s->l.nc, s->u.timeout_ms);
+    if (!st)
+        return 0;
+    fprintf(stderr, "idem %s: %s: acknowledging: %s; the messages come "
+            "again after AckWait, as duplicates\n", s->cmd, s->u.display,
+            nl_why(st));
+    return -1;
+}
+
+/* One fetch of up to a batch (at most FETCH_MAX): waiting a slice when
+ * `wait`, else only what is there. A lost connection (the server
+ * restarting) reads as nothing yet: libnats reconnects on its own.
+ * Messages fetched, or ND_ERR. */
+static long fetch(ns_source *s, int wait)
+{
+    natsMsgList_Destroy(&s->got);
+    memset(&s->got, 0, sizeof s->got);
+    s->next_got = 0;
+    if (cli_mono_ms() < s->start_after_ms) {
+        struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
+        if (wait)
+            nanosleep(&ts, NULL);
+        return 0;
+    }
+    jsFetchRequest fr;
+    jsFetchRequest_Init(&fr);
+    fr.Batch = (int)(s->batch < FETCH_MAX ? s->batch : FETCH_MAX);
+    fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
+    fr.NoWait = !wait;
+    natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
+    if (s->got.Count > 0)
+        return s->got.Count;
+    if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
+        return 0;
+    if (natsConnection_Status(s->l.nc) != NATS_CONN_STATUS_CONNECTED ||
+        st == NATS_CONNECTION_CLOSED || st == NATS_NO_RESPONDERS) {
+        struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    return failed(s, "fetching messages", st);
+}
+
+static long long ns_lag(source *base);
+
+/* Before --idle-exit ends the run: does the consumer still have
+ * messages to deliver? A loaded server can let a fetch pass empty while
+ * it has some; then the idle clock starts again. */
+static int more_to_come(ns_source *s)
+{
+    if (ns_lag(&s->base) <= 0)
+        return 0;
+    s->last_new_ms = cli_mono_ms();
+    return 1;
+}
+
+static int ns_next(source *base, nd_line *l, int wait)
+{
+    ns_source *s = (ns_source *)base;
+    for (;;) {
+        if (s->next_got < s->got.Count) {
+            natsMsg *m = s->got.Msgs[s->next_got];
+            s->got.Msgs[s->next_got++] = NULL;  /* held now */
+            if (hand_out(s, m, l)) {
+                natsMsg_Destroy(m);
+                snprintf(s->err, sizeof s->err, "%s: out of memory",
+                         s->u.display);
+                return ND_ERR;
+            }
+            return ND_LINE;
+        }
+        if (*s->stop)
+            return ND_IDLE;
+        long got = fetch(s, wait);
+        if (got < 0)
+            return ND_ERR;
+        if (got) {
+            s->last_new_ms = cli_mono_ms();
+            continue;
+        }
+        if (s->idle_exit_ms &&
+            cli_mono_ms() - s->last_new_ms >= s->idle_exit_ms &&
+            !more_to_come(s))
+            return ND_END;
+        if (!wait)
+            return ND_IDLE;
+    }
+}
+
+static long long ns_lag(source *base)
+{
+    ns_source *s = (ns_source *)base;
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, s->l.js, s->u.name, s->u.durable, NULL,
+                           NULL) != NATS_OK)
+        return -1;
+    long long lag = (long long)ci->NumPending;
+    jsConsumerInfo_Destroy(ci);
+    return lag;
+}
+
+/* Its fetches wait in short slices and look at the stop themselves. */
+static int ns_wait(source *base)
+{
+    return *((ns_source *)base)->stop != 0;
+}
+
+static const source_ops ns_source_ops = {
+    .next = ns_next, .release = ns_release, .wait = ns_wait,
+    .err = ns_err, .where = ns_where, .ack = ns_ack,
+    .ack_flush = ns_ack_flush, .lag = ns_lag, .worker = ns_worker,
+    .close = ns_close};
