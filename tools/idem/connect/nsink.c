@@ -50,6 +50,7 @@ typedef struct ns_sink {
     keymap recent[2];      /* the recent messages: now, and before */
     uint64_t recent_seq;   /* the last sequence read into them */
     int64_t recent_at;     /* when recent[0] was started; 0: never */
+    uint64_t deep_ms;      /* the earliest time asked for (catch_up) */
     jfields f;
     int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
@@ -284,13 +285,32 @@ static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
     return 0;
 }
 
+/* Read from wall time from_ms (less 5 s for two servers' clocks) on,
+ * if that is earlier than asked before: the messages handed out since
+ * then may have outputs of a dead run older than the window. */
+static int reach_back(ns_sink *k, uint64_t from_ms)
+{
+    uint64_t t = from_ms > 5000 ? from_ms - 5000 : 1, s;
+    if (k->deep_ms && t >= k->deep_ms)
+        return 0;
+    if (seq_at(k, (int64_t)t * 1000000, &s))
+        return -1;
+    k->deep_ms = t;
+    if (s && s - 1 < k->recent_seq)
+        k->recent_seq = s - 1;  /* read again from there, into recent[0] */
+    return 0;
+}
+
 /* The recent messages, up to now: what came after the last one read,
  * into the current generation; every half window a new generation
  * starts and the one before the last is dropped. The first time, from
- * the start of the window. */
-static int ns_catch_up(sink *base)
+ * the start of the window; and back to from_ms (0: none), the earliest
+ * first delivery of the messages asked about. */
+static int ns_catch_up(sink *base, uint64_t from_ms)
 {
     ns_sink *k = (ns_sink *)base;
+    if (from_ms && reach_back(k, from_ms))
+        return -1;
     int64_t now = cli_mono_ms();
     if (!k->recent_at) {
         struct timespec ts;
@@ -312,8 +332,10 @@ static int ns_catch_up(sink *base)
     return scan_after(k, &k->recent_seq, &k->recent[0]);
 }
 
+/* since is not needed: what catch_up read back to it is in recent. */
 static int ns_has(sink *base, const void *key, size_t keylen, int recent,
-                  const char **status, const char **result, size_t *rlen)
+                  uint64_t since, const char **status, const char **result,
+                  size_t *rlen)
 {
     ns_sink *k = (ns_sink *)base;
     const km_entry *e = km_get(&k->back, key, keylen);

@@ -289,6 +289,7 @@ static int hand_out(ns_source *s, natsMsg *m, nd_line *l)
                    .len = (size_t)natsMsg_GetDataLength(m),
                    .lineno = md->Sequence.Stream, .end = no,
                    .again = md->NumDelivered > 1, .hdr = h.hdr,
+                   .since = (uint64_t)(md->Timestamp / 1000000),
                    .hdrlen = h.hdrlen};
     jsMsgMetaData_Destroy(md);
     if (!ok)
