@@ -240,6 +240,10 @@ Test(cli_run, usage)
     cr_assert_eq(t_cli(t_dir, "run --key id --exec x --replay twice in "
                               "2> err"), 2);
     cr_assert(t_grep(t_at("err"), "skip|emit"));
+    cr_assert_eq(t_cli(t_dir, "run --key id --exec cat --dead-letter - in "
+                              "2> err"), 2);
+    cr_assert(t_grep(t_at("err"), "--dead-letter -: the dead-letter file"));
+    cr_assert_eq(t_sh("test ! -e '%s'", t_at("-")), 0);
 }
 
 Test(cli_run, policies_and_a_missing_handler)

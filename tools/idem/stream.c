@@ -219,6 +219,12 @@ static int paths_not_uris(const stream_cfg *c)
     rc = rc ? rc : not_a_uri(c->cmd, "--to", c->to, 1);
     rc = rc ? rc : not_a_uri(c->cmd, "--output", c->output, 0);
     rc = rc ? rc : not_a_uri(c->cmd, "--dead-letter", c->dead_letter, 0);
+    if (!rc && c->dead_letter && !strcmp(c->dead_letter, "-"))
+        rc = cli_usage_error(c->cmd, "--dead-letter -: the dead-letter file "
+                             "is read at the start and made durable line "
+                             "by line, which standard output cannot be; "
+                             "name a file (--dead-letter ./- if that is "
+                             "its name)");
     for (size_t i = 0; !rc && i < c->ninputs; i++)
         rc = not_a_uri(c->cmd, "input", c->inputs[i], 0);
     return rc;
