@@ -884,6 +884,17 @@ typedef struct idem_stats {
     uint64_t expired_total;    /* records removed by sweeps */
     uint64_t segments_dropped; /* whole segments dropped */
     uint64_t records_copied;   /* records moved by compaction */
+    /* Fields are only ever added here, at the end. The rest is the
+     * local: engine's hot budget (docs/internals.md, "Cold segments"). */
+    uint64_t hot_keys;         /* keys in the RAM index */
+    uint64_t cold_keys;        /* keys in cold segments (at most) */
+    uint64_t cold_segments;    /* segments whose keys left RAM */
+    uint64_t cold_index_bytes; /* their Bloom filters (file pages) */
+    uint64_t cold_lookups;     /* lookups RAM did not answer */
+    uint64_t filter_probes;    /* Bloom filters asked by those */
+    uint64_t filter_false_positives;  /* filter hits the index denied */
+    uint64_t cold_reads;       /* frames read from cold segments */
+    uint64_t cold_rebuilt;     /* key indexes built again at open */
 } idem_stats;
 
 /* Fill *out. Counting by state visits every entry: O(keys). */
