@@ -83,6 +83,11 @@ int idem__cold_maybe(const idem__cold *c, const uint64_t h[2])
     return 1;
 }
 
+void idem__cold_prefetch(const idem__cold *c, const uint64_t h[2])
+{
+    __builtin_prefetch(c->blocks + 8 * idem__block_of(c->nblocks, h));
+}
+
 static void idem__bloom_add(uint64_t *blocks, uint64_t nblocks,
                             const uint64_t h[2])
 {

@@ -72,6 +72,10 @@ void idem__key_hash(const unsigned char *secret, const void *key,
 /* Might the segment hold a frame of the key whose hash is h? */
 int idem__cold_maybe(const idem__cold *c, const uint64_t h[2]);
 
+/* Start loading the filter block a probe of h will read: a lookup asks
+ * every cold segment, and the loads overlap when started together. */
+void idem__cold_prefetch(const idem__cold *c, const uint64_t h[2]);
+
 /* The first entry whose h0 is not below h[0] (nents if none). */
 uint64_t idem__cold_lower(const idem__cold *c, const uint64_t h[2]);
 

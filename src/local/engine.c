@@ -153,6 +153,8 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
     en->cold_lookups += lg->ncold != 0;
+    for (size_t i = lg->ncold; i-- > 0;)
+        idem__cold_prefetch(lg->segs[i].cold, fo->h);
     for (size_t i = lg->ncold; i-- > 0;) {
         en->filter_probes++;
         if (!idem__cold_maybe(lg->segs[i].cold, fo->h))
@@ -492,11 +494,49 @@ static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
     return 0;
 }
 
-/* Every entry of the index whose record is live, whatever its hash. */
+/* Is the key's newest frame, as fo found it, at (seg, off)? */
+static int idem__found_at(const idem__found *fo, uint32_t seg, uint32_t off)
+{
+    return fo->e ? fo->e->seg == seg && fo->e->off == off
+                 : fo->cold_seg == seg && fo->cold_off == off;
+}
+
+/* The live keys of cold segment g whose newest frame it holds (a lookup
+ * of each says so: a newer segment or RAM may hold a newer one). */
+static int idem__scan_cold(idem_store *s, idem__seg *g, int64_t now,
+                           idem_scan_fn fn, void *ctx)
+{
+    for (uint64_t j = 0; j < g->cold->nents; j++) {
+        uint32_t off = g->cold->ents[j].off;
+        idem__frame f;
+        idem__found fo;
+        int rc = idem__read_frame(s, g->id, off, &f);
+        if (!rc && (f.type == IDEM__R_FORGET || now >= f.rec.expires))
+            continue;
+        if (!rc)
+            rc = idem__lookup(s, f.key, f.keylen, now, &fo);
+        if (rc)
+            return rc;
+        if (!fo.live || !idem__found_at(&fo, g->id, off))
+            continue;
+        idem_record r;
+        idem__to_record(&fo.f, &r);
+        if ((rc = fn(ctx, fo.f.key, fo.f.keylen, &r)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Every live record, whatever its hash: the cold ones, then RAM's. */
 static int idem__eng_scan(idem_store *s, idem_scan_fn fn, void *ctx)
 {
     idem__engine *en = idem__eng(s);
     int64_t now = idem__now(s);
+    for (size_t i = en->log.ncold; i-- > 0;) {
+        int rc = idem__scan_cold(s, &en->log.segs[i], now, fn, ctx);
+        if (rc)
+            return rc;
+    }
     for (uint32_t id = 0; id < en->ix.hw; id++) {
         idem__ient *e = idem__index_at(&en->ix, id);
         idem__frame f;
@@ -671,13 +711,6 @@ static uint64_t idem__ckpt_pins(const idem__engine *en, uint32_t seg)
     for (size_t i = 0; i < en->nckpts; i++)
         n += en->ckpts[i].seg == seg;
     return n;
-}
-
-/* Is the key's newest frame, as fo found it, at (seg, off)? */
-static int idem__found_at(const idem__found *fo, uint32_t seg, uint32_t off)
-{
-    return fo->e ? fo->e->seg == seg && fo->e->off == off
-                 : fo->cold_seg == seg && fo->cold_off == off;
 }
 
 /* Copy every live record and checkpoint out of the oldest segment into

@@ -720,6 +720,42 @@ static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
     return idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
 }
 
+/* Segment id's key index, if it has one: does it check out whole, and
+ * was it built from the segment as it is? Check counts one that does not
+ * as damage (open would build it again); repair deletes it, and open
+ * builds it again from the repaired segment. */
+static int idem__check_kix(idem__log *lg, uint32_t id, int repair,
+                           idem_check_report *r)
+{
+    char name[32];
+    idem__kix_name(name, sizeof name, id);
+    if (faccessat(lg->dirfd, name, F_OK, 0) != 0)
+        return 0;
+    idem__seg g;
+    idem__cold c;
+    int rc = idem__open_seg(lg, id, &g, 0, 0);
+    if (rc)
+        return rc;
+    idem__segid sg = {id, g.size, 0, g.base};
+    int sound = idem__seg_header_ok(g.base, (size_t)g.size, id,
+                                    &sg.created) == 0 &&
+                idem__cold_load(lg->dirfd, &sg, &c) == 0;
+    idem__close_seg(&g);
+    if (sound) {
+        idem__cold_free(&c);
+        return 0;
+    }
+    if (repair && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd)))
+        return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
+                          strerror(errno));
+    r->damaged++;
+    if (!r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "%.120s/%s: the key index does not check out (open "
+                 "builds it again from its segment)", lg->dir, name);
+    return 0;
+}
+
 /* Run fn on segments ids[from, n) of lg's directory. */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
@@ -729,11 +765,14 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
         rc = idem__open_seg(lg, ids[i], &g, repair, 1);
+        uint32_t want = ids[from] + (uint32_t)(i - from);
         if (!rc) {
             r->segments++;
-            rc = fn(lg, &g, ids[from] + (uint32_t)(i - from), i + 1 == n, r);
+            rc = fn(lg, &g, want, i + 1 == n, r);
             idem__close_seg(&g);
         }
+        if (!rc)
+            rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
     }
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);

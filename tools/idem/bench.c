@@ -38,7 +38,11 @@ static const char bench_usage[] =
     "  --batch B          keys per claim_many/complete_many (default 1000)\n"
     "  --value-size BYTES response size for completions (default 16)\n"
     "  --reopen           then close the store, time reopening it, and\n"
-    "                     check one key is there\n";
+    "                     check one key is there\n"
+    "\n"
+    "A store past its hot budget (local:PATH?hot=SIZE) also reports its\n"
+    "hot and cold keys, and the filter probes, disk reads and false\n"
+    "positives of the lookups RAM did not answer.\n";
 
 typedef struct bench_cfg {
     const char *uri, *workload;
@@ -186,6 +190,30 @@ static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
     return rc;
 }
 
+/* What a store past its hot budget did (local:PATH?hot=SIZE): the keys
+ * it holds in RAM and on disk, and what a lookup RAM did not answer cost:
+ * Bloom filters asked, frames read, and the false positives among the
+ * filters asked about a key they do not hold. */
+static void print_cold(const idem_stats *st)
+{
+    if (!st->cold_segments)
+        return;
+    double q = st->cold_lookups ? (double)st->cold_lookups : 1.0;
+    uint64_t hits = st->cold_reads - st->filter_false_positives;
+    uint64_t misses = st->filter_probes > hits ? st->filter_probes - hits : 0;
+    printf(" hot_keys=%" PRIu64 " cold_keys=%" PRIu64 " cold_segments=%" PRIu64
+           " filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
+           " filter_probes_per_lookup=%.2f disk_reads_per_lookup=%.4f"
+           " false_positives=%" PRIu64 " false_positive_rate=%.2e",
+           st->hot_keys, st->cold_keys, st->cold_segments,
+           (double)st->cold_index_bytes /
+               (double)(st->cold_keys ? st->cold_keys : 1),
+           st->cold_lookups, (double)st->filter_probes / q,
+           (double)st->cold_reads / q, st->filter_false_positives,
+           (double)st->filter_false_positives /
+               (double)(misses ? misses : 1));
+}
+
 int cli_cmd_bench(int argc, char **argv)
 {
     bench_cfg c;
@@ -228,6 +256,9 @@ int cli_cmd_bench(int argc, char **argv)
                st.live_keys ? (double)st.index_bytes / (double)st.live_keys
                             : 0.0,
                (double)(rss1 - rss0) * 1024.0 / (double)c.n);
+        printf(" disk_bytes_per_key=%.1f",
+               (double)st.disk_bytes / (double)(c.n ? c.n : 1));
+        print_cold(&st);
         if (c.reopen)
             printf(" reopen_seconds=%.3f", reopen);
         printf("\n");
