@@ -336,3 +336,24 @@ Test(cold, scan_sees_every_live_key_once)
         cr_assert_eq(seen[i], i != 7, "order-%d seen %d times", i, seen[i]);
     cr_assert_eq(idem_close(s), 0);
 }
+
+Test(cold, size_parameters_are_checked)
+{
+    static const char *const bad[] = {"hot=", "hot=x", "hot=1x", "hot=1kk",
+                                      "segment=0", "segment=3G",
+                                      "hot=99999999999999999999", "hots=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char u[4500];
+        snprintf(u, sizeof u, "%s?%s", t_local_uri(dir), bad[i]);
+        idem_store *s;
+        idem_opts o = t_options();
+        cr_assert_eq(idem_open(u, &o, &s), IDEM_EINVAL, "%s", u);
+        cr_assert(strstr(idem_errdetail(s), bad[i]), "%s: %s", u,
+                  idem_errdetail(s));
+        idem_close(s);
+    }
+    char u[4500];
+    snprintf(u, sizeof u, "%s?hot=1k&segment=2G&mode=private",
+             t_local_uri(dir));
+    idem_close(t_open(u));
+}

@@ -892,6 +892,7 @@ typedef struct idem_stats {
     uint64_t cold_index_bytes; /* their Bloom filters (file pages) */
     uint64_t cold_lookups;     /* lookups RAM did not answer */
     uint64_t filter_probes;    /* Bloom filters asked by those */
+    uint64_t index_searches;   /* filter hits: key indexes searched */
     uint64_t filter_false_positives;  /* filter hits the index denied */
     uint64_t cold_reads;       /* frames read from cold segments */
     uint64_t cold_rebuilt;     /* key indexes built again at open */

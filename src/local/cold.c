@@ -184,17 +184,53 @@ static int idem__gather_seg(const idem__segid *sg, const unsigned char *secret,
     return 0;
 }
 
-/* Sort, and keep each key's newest frame only. */
-static size_t idem__dedupe(idem__kseen *k, size_t n)
+/* Sort by (hash, offset): the hashes are uniform, so a scatter by their
+ * top 16 bits leaves buckets of a few keys each, which an insertion sort
+ * finishes; linear time where qsort took a tenth of a cold segment's
+ * claims. tmp has room for n. */
+static void idem__kseen_sort(idem__kseen *k, size_t n, idem__kseen *tmp,
+                             size_t *start)
 {
-    qsort(k, n, sizeof *k, idem__kseen_cmp);
+    memset(start, 0, (65536 + 1) * sizeof *start);
+    for (size_t i = 0; i < n; i++)
+        start[(k[i].h[0] >> 48) + 1]++;
+    for (size_t b = 0; b < 65536; b++)
+        start[b + 1] += start[b];
+    for (size_t i = 0; i < n; i++)
+        tmp[start[k[i].h[0] >> 48]++] = k[i];
+    /* start[b] is now where bucket b + 1 begins. */
+    for (size_t b = 0, from = 0; b < 65536; from = start[b++])
+        for (size_t i = from + 1; i < start[b]; i++) {
+            idem__kseen x = tmp[i];
+            size_t j = i;
+            for (; j > from && idem__kseen_cmp(&tmp[j - 1], &x) > 0; j--)
+                tmp[j] = tmp[j - 1];
+            tmp[j] = x;
+        }
+    memcpy(k, tmp, n * sizeof *k);
+}
+
+/* Sort, and keep each key's newest frame only. 0 or IDEM_ENOMEM. */
+static int idem__dedupe(idem__kseen *k, size_t n, size_t *kept)
+{
+    idem__kseen *tmp = malloc((n ? n : 1) * sizeof *tmp);
+    size_t *start = malloc((65536 + 1) * sizeof *start);
+    if (!tmp || !start) {
+        free(tmp);
+        free(start);
+        return IDEM_ENOMEM;
+    }
+    idem__kseen_sort(k, n, tmp, start);
+    free(tmp);
+    free(start);
     size_t m = 0;
     for (size_t i = 0; i < n; i++) {
         if (m && k[m - 1].h[0] == k[i].h[0] && k[m - 1].h[1] == k[i].h[1])
             m--;
         k[m++] = k[i];
     }
-    return m;
+    *kept = m;
+    return 0;
 }
 
 static void idem__put64(unsigned char *p, uint64_t v)
@@ -296,9 +332,12 @@ int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
                      idem__cold *c)
 {
     idem__gather g = {.max_expires = 0};
+    size_t kept = 0;
     int rc = idem__gather_seg(sg, secret, &g);
     if (!rc)
-        rc = idem__cold_image(sg, &g, idem__dedupe(g.keys, g.nkeys), c);
+        rc = idem__dedupe(g.keys, g.nkeys, &kept);
+    if (!rc)
+        rc = idem__cold_image(sg, &g, kept, c);
     free(g.keys);
     free(g.ckpts);
     return rc;

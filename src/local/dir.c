@@ -135,10 +135,12 @@ static int idem__knob(idem_store *s, const char *rest, const char *p,
     if (!dst)
         return 1;
     size_t name = (size_t)(strchr(p, '=') - p) + 1;
-    if (idem__size_param(p + name, len - name, dst) || (dst == &k->segment &&
-                                                        !*dst))
+    int bad = idem__size_param(p + name, len - name, dst);
+    /* Offsets in a segment are 32-bit: idem_opts stops at 2 GiB too. */
+    if (bad || (dst == &k->segment && (!*dst || *dst > (1ull << 31))))
         return idem__fail(s, IDEM_EINVAL, "local:%s: '%.*s' is not a size "
-                          "(digits, then k, M or G)", rest, (int)len, p);
+                          "(digits, then k, M or G; segment= 1 to 2G)",
+                          rest, (int)len, p);
     if (dst == &k->hot)
         k->hot_set = 1;
     return 0;
@@ -156,11 +158,10 @@ int idem__dir_uri(idem_store *s, const char *rest, char **path,
         p++;
         size_t len = strcspn(p, "&");
         int rc = len ? idem__knob(s, rest, p, len, k) : 0;
-        if (rc < 0)
-            return rc;
-        if (!rc)
-            ;
-        else if (len == 10 && !memcmp(p, "mode=group", 10))
+        if (rc <= 0) {  /* an empty one, a size, or its error */
+            if (rc)
+                return rc;
+        } else if (len == 10 && !memcmp(p, "mode=group", 10))
             *how |= IDEM__DIR_GROUP;
         else if (len == 12 && !memcmp(p, "mode=private", 12))
             *how &= ~IDEM__DIR_GROUP;

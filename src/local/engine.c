@@ -56,7 +56,7 @@ typedef struct idem__engine {
     uint64_t hot_keys;       /* keys the RAM index may hold before the
                               * oldest hot sealed segment goes cold */
     int hot_limited;         /* hot_keys is a limit (local:, not mem:) */
-    uint64_t cold_lookups, filter_probes, bloom_fp, cold_reads;
+    uint64_t cold_lookups, filter_probes, searches, bloom_fp, cold_reads;
 } idem__engine;
 
 /* RAM an index entry costs, slot included (index.h): what hot=BYTES is
@@ -159,6 +159,7 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
         en->filter_probes++;
         if (!idem__cold_maybe(lg->segs[i].cold, fo->h))
             continue;
+        en->searches++;
         int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
         if (rc < 0)
             return rc;
@@ -931,6 +932,7 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
     out->live_keys += out->cold_keys;
     out->cold_lookups = en->cold_lookups;
     out->filter_probes = en->filter_probes;
+    out->index_searches = en->searches;
     out->filter_false_positives = en->bloom_fp;
     out->cold_reads = en->cold_reads;
     out->cold_rebuilt = lg->kix_rebuilt;

@@ -199,17 +199,21 @@ static void print_cold(const idem_stats *st)
     if (!st->cold_segments)
         return;
     double q = st->cold_lookups ? (double)st->cold_lookups : 1.0;
-    uint64_t hits = st->cold_reads - st->filter_false_positives;
-    uint64_t misses = st->filter_probes > hits ? st->filter_probes - hits : 0;
+    /* Probes of filters that do not hold the key: all but the hits
+     * that found it. */
+    uint64_t hits = st->index_searches - st->filter_false_positives;
+    uint64_t misses = st->filter_probes - hits;
     printf(" hot_keys=%" PRIu64 " cold_keys=%" PRIu64 " cold_segments=%" PRIu64
            " filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
-           " filter_probes_per_lookup=%.2f disk_reads_per_lookup=%.4f"
+           " filter_probes_per_lookup=%.2f index_searches_per_lookup=%.4f"
+           " frame_reads_per_lookup=%.4f"
            " false_positives=%" PRIu64 " false_positive_rate=%.2e",
            st->hot_keys, st->cold_keys, st->cold_segments,
            (double)st->cold_index_bytes /
                (double)(st->cold_keys ? st->cold_keys : 1),
            st->cold_lookups, (double)st->filter_probes / q,
-           (double)st->cold_reads / q, st->filter_false_positives,
+           (double)st->index_searches / q, (double)st->cold_reads / q,
+           st->filter_false_positives,
            (double)st->filter_false_positives /
                (double)(misses ? misses : 1));
 }
