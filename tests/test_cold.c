@@ -357,3 +357,54 @@ Test(cold, size_parameters_are_checked)
              t_local_uri(dir));
     idem_close(t_open(u));
 }
+
+/* idem stats shows the cold keys and what their lookups cost; it opens
+ * the store read-only, so it reads the key indexes as they are. */
+Test(cold, cli_stats_shows_the_cold_keys)
+{
+    idem_store *s;  /* the real clock: the CLI will read these records */
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(t_cli(dir, "stats --store '%s' > out", uri), 0);
+    char out[4500];
+    snprintf(out, sizeof out, "%s/out", dir);
+    cr_assert(t_grep(out, "hot keys       10\n"), "%s", t_read(out, NULL));
+    cr_assert(t_grep(out, "cold keys      190 (at most) in 20 segments"));
+    cr_assert(t_grep(out, "RAM (filters)"));
+    cr_assert_eq(t_cli(dir, "stats --json --store '%s' > out", uri), 0);
+    cr_assert(t_grep(out, "\"cold_segments\":20,"));
+    cr_assert_eq(t_cli(dir, "get order-5 --store '%s' > out", uri), 0);
+    cr_assert(t_grep(out, "response   order-5"));
+}
+
+static int exists(const char *name)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* Expired segments go whole, their key index first. */
+Test(cold, expired_segments_drop_with_their_index)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert(exists("seg-00000002.kix"));
+    idem_stats st = stats_of(s);
+    cr_assert_geq(st.cold_segments, GROUPS - 2);
+    t_clock_ms += 30LL * 24 * 3600 * 1000;
+    uint64_t expired;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0);
+    st = stats_of(s);
+    cr_assert_eq(st.cold_segments, 0, "%llu",
+                 (unsigned long long)st.cold_segments);
+    cr_assert(!exists("seg-00000002.kix"));
+    cr_assert(!exists("seg-00000002.log"));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "order-5", 7, &r), IDEM_ENOTFOUND);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    cr_assert_eq(stats_of(s).cold_segments, 0);
+    cr_assert_eq(idem_close(s), 0);
+}

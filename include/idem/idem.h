@@ -875,8 +875,10 @@ IDEM_EXPORT int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 /* Counters and gauges of a store. */
 typedef struct idem_stats {
     uint64_t live_keys;        /* records in the index, incl. expired ones
-                                * no sweep has removed yet */
-    uint64_t pending, done, failed;  /* live (unexpired) records by state */
+                                * no sweep has removed yet, plus
+                                * cold_keys */
+    uint64_t pending, done, failed;  /* live (unexpired) records by state
+                                * (local:, mem:: of the hot keys) */
     uint64_t segments;         /* log segments (files for local:) */
     uint64_t disk_bytes;       /* bytes in segments, incl. buffered */
     uint64_t index_bytes;      /* RAM held by the index */
