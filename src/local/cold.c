@@ -72,15 +72,31 @@ static void idem__bits_of(const uint64_t h[2], unsigned pos[IDEM__BLOOM_K])
     }
 }
 
-int idem__cold_maybe(const idem__cold *c, const uint64_t h[2])
+void idem__probe_init(idem__probe *p, const uint64_t h[2])
 {
-    const uint64_t *blk = c->blocks + 8 * idem__block_of(c->nblocks, h);
     unsigned pos[IDEM__BLOOM_K];
     idem__bits_of(h, pos);
+    memset(p, 0, sizeof *p);
+    p->h[0] = h[0];
+    p->h[1] = h[1];
     for (unsigned i = 0; i < IDEM__BLOOM_K; i++)
-        if (!(blk[pos[i] >> 6] & (1ull << (pos[i] & 63))))
-            return 0;
-    return 1;
+        p->mask[pos[i] >> 6] |= 1ull << (pos[i] & 63);
+}
+
+int idem__cold_has(const idem__cold *c, const idem__probe *p)
+{
+    const uint64_t *blk = c->blocks + 8 * idem__block_of(c->nblocks, p->h);
+    uint64_t missing = 0;
+    for (unsigned w = 0; w < 8; w++)
+        missing |= p->mask[w] & ~blk[w];
+    return missing == 0;
+}
+
+int idem__cold_maybe(const idem__cold *c, const uint64_t h[2])
+{
+    idem__probe p;
+    idem__probe_init(&p, h);
+    return idem__cold_has(c, &p);
 }
 
 void idem__cold_prefetch(const idem__cold *c, const uint64_t h[2])

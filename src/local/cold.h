@@ -72,6 +72,16 @@ void idem__key_hash(const unsigned char *secret, const void *key,
 /* Might the segment hold a frame of the key whose hash is h? */
 int idem__cold_maybe(const idem__cold *c, const uint64_t h[2]);
 
+/* The same question put to many segments: the key's bits in a block,
+ * worked out once (a lookup asks every cold segment). */
+typedef struct idem__probe {
+    uint64_t h[2];
+    uint64_t mask[8];
+} idem__probe;
+
+void idem__probe_init(idem__probe *p, const uint64_t h[2]);
+int idem__cold_has(const idem__cold *c, const idem__probe *p);
+
 /* Start loading the filter block a probe of h will read: a lookup asks
  * every cold segment, and the loads overlap when started together. */
 void idem__cold_prefetch(const idem__cold *c, const uint64_t h[2]);

@@ -153,11 +153,13 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
     en->cold_lookups += lg->ncold != 0;
+    idem__probe p;
+    idem__probe_init(&p, fo->h);
     for (size_t i = lg->ncold; i-- > 0;)
         idem__cold_prefetch(lg->segs[i].cold, fo->h);
     for (size_t i = lg->ncold; i-- > 0;) {
         en->filter_probes++;
-        if (!idem__cold_maybe(lg->segs[i].cold, fo->h))
+        if (!idem__cold_has(lg->segs[i].cold, &p))
             continue;
         en->searches++;
         int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);

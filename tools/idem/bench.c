@@ -22,7 +22,7 @@
 static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
     "                  [--keys random|ordered] [-n N] [--batch B]\n"
-    "                  [--value-size BYTES] [--reopen]\n"
+    "                  [--value-size BYTES] [--reopen] [--skip N]\n"
     "\n"
     "Measures a store. Prints one line of name=value pairs, among them\n"
     "ops_per_sec. Every batch is synced (durable).\n"
@@ -39,6 +39,8 @@ static const char bench_usage[] =
     "  --value-size BYTES response size for completions (default 16)\n"
     "  --reopen           then close the store, time reopening it, and\n"
     "                     check one key is there\n"
+    "  --skip N           start at key N (default 0): new keys for a store\n"
+    "                     that holds keys 0..N-1 from an earlier run\n"
     "\n"
     "A store past its hot budget (local:PATH?hot=SIZE) also reports its\n"
     "hot and cold keys, and the filter probes, disk reads and false\n"
@@ -47,13 +49,13 @@ static const char bench_usage[] =
 typedef struct bench_cfg {
     const char *uri, *workload;
     int random_keys, reopen;
-    size_t n, batch, value_size;
+    size_t n, batch, value_size, skip;
 } bench_cfg;
 
 /* Key i, deterministic: the replay workload regenerates the same keys. */
 static void make_key(const bench_cfg *c, size_t i, char *k)
 {
-    bench_key(c->random_keys, i, k);
+    bench_key(c->random_keys, c->skip + i, k);
 }
 
 
@@ -135,13 +137,15 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"store", 1, 0, 's'},      {"workload", 1, 0, 'w'},
         {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
         {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
-        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+        {"skip", 1, 0, 'S'},       {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
                                             "replay", NULL};
     static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
-                     16};
+                     16, 0};
     int ch, rc = 0, i = 0;
+    uint64_t v = 0;
     while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
                                           opts)) != -1) {
         switch (ch) {
@@ -163,6 +167,10 @@ static int parse(int argc, char **argv, bench_cfg *c)
                             &c->value_size);
             break;
         case 'r': c->reopen = 1; break;
+        case 'S':
+            rc = cli_number("bench", "--skip", optarg, 0, BENCH_N_MAX, &v);
+            c->skip = (size_t)v;
+            break;
         case 'h': fputs(bench_usage, stdout); return -1;
         default: rc = CLI_EXIT_USAGE;
         }
