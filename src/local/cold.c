@@ -38,15 +38,6 @@
 
 static const unsigned char idem__kix_magic[8] = "IDEMKIX";
 
-void idem__key_hash(const unsigned char *secret, const void *key,
-                    size_t len, uint64_t h[2])
-{
-    XXH128_hash_t x =
-        XXH3_128bits_withSecret(key, len, secret, IDEM__SECRET_LEN);
-    h[0] = x.low64;
-    h[1] = x.high64;
-}
-
 void idem__kix_name(char *buf, size_t n, uint32_t id)
 {
     snprintf(buf, n, "seg-%08u.kix", id);

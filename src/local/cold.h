@@ -37,6 +37,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <xxhash.h>
 
 #include "dir.h"
 
@@ -65,9 +66,16 @@ typedef struct idem__cold {
     uint64_t records;
 } idem__cold;
 
-/* The keyed 128-bit hash every index of the store uses. */
-void idem__key_hash(const unsigned char *secret, const void *key,
-                    size_t len, uint64_t h[2]);
+/* The keyed 128-bit hash every index of the store uses (inline: the
+ * RAM index hashes every key of every call with it). */
+static inline void idem__key_hash(const unsigned char *secret,
+                                  const void *key, size_t len, uint64_t h[2])
+{
+    XXH128_hash_t x =
+        XXH3_128bits_withSecret(key, len, secret, IDEM__SECRET_LEN);
+    h[0] = x.low64;
+    h[1] = x.high64;
+}
 
 /* Might the segment hold a frame of the key whose hash is h? */
 int idem__cold_maybe(const idem__cold *c, const uint64_t h[2]);

@@ -152,7 +152,9 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
-    en->cold_lookups += lg->ncold != 0;
+    if (!lg->ncold)
+        return 0;
+    en->cold_lookups++;
     idem__probe p;
     idem__probe_init(&p, fo->h);
     for (size_t i = lg->ncold; i-- > 0;)
