@@ -886,8 +886,11 @@ typedef struct idem_stats {
     uint64_t expired_total;    /* records removed by sweeps */
     uint64_t segments_dropped; /* whole segments dropped */
     uint64_t records_copied;   /* records moved by compaction */
-    /* Fields are only ever added here, at the end. The rest is the
-     * local: engine's hot budget (docs/internals.md, "Cold segments"). */
+    /* Fields are only ever added here, at the end, and only
+     * idem_stats_read() fills them: a program built before they were
+     * added passes idem_stats_get() a struct that ends here. The rest is
+     * the local: engine's hot budget (docs/internals.md, "Cold
+     * segments"). */
     uint64_t hot_keys;         /* keys in the RAM index */
     uint64_t cold_keys;        /* keys in cold segments (at most) */
     uint64_t cold_segments;    /* segments whose keys left RAM */
@@ -900,8 +903,16 @@ typedef struct idem_stats {
     uint64_t cold_rebuilt;     /* key indexes built again at open */
 } idem_stats;
 
-/* Fill *out. Counting by state visits every entry: O(keys). */
+/* Fill *out up to records_copied, the fields idem_stats had when this
+ * function came (the rest is left as it was). Counting by state visits
+ * every entry: O(keys). */
 IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
+
+/* Fill the first size bytes of *out, every field up to there, so that
+ * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
+ * less than idem_stats_get() fills. */
+IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
+                                size_t size);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {

@@ -255,7 +255,7 @@ int cli_cmd_bench(int argc, char **argv)
     long rss1 = rss_kib();
     idem_stats st = {0};
     if (!rc)
-        idem_stats_get(s, &st);
+        idem_stats_read(s, &st, sizeof st);
     if (!rc && c.reopen)
         rc = reopen_check(&c, &s, &reopen);
     if (!rc) {

@@ -131,7 +131,7 @@ int cli_cmd_stats(int argc, char **argv)
     if (!s)
         return cli_open_status();
     idem_stats st;
-    rc = idem_stats_get(s, &st);
+    rc = idem_stats_read(s, &st, sizeof st);
     if (rc) {
         rc = cli_store_fail("stats", s, rc, "stats");
         idem_close(s);
