@@ -612,13 +612,24 @@ int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired)
     return idem__counted(s, rc);
 }
 
-int idem_stats_get(idem_store *s, idem_stats *out)
+/* What idem_stats_get() fills: the struct as it first was. */
+#define IDEM__STATS_V1 offsetof(idem_stats, hot_keys)
+
+int idem_stats_read(idem_store *s, idem_stats *out, size_t size)
 {
     IDEM__ENTER(s);
-    if (!out)
-        return idem__fail(s, IDEM_EINVAL, "out is NULL");
-    memset(out, 0, sizeof *out);
-    return s->be->stats(s, out);
+    if (!out || size < IDEM__STATS_V1)
+        return idem__fail(s, IDEM_EINVAL, "out is NULL or too small");
+    idem_stats all;
+    memset(&all, 0, sizeof all);
+    int rc = s->be->stats(s, &all);
+    memcpy(out, &all, size < sizeof all ? size : sizeof all);
+    return rc;
+}
+
+int idem_stats_get(idem_store *s, idem_stats *out)
+{
+    return idem_stats_read(s, out, IDEM__STATS_V1);
 }
 
 int idem_scan(idem_store *s, idem_scan_fn fn, void *ctx)

@@ -1,8 +1,10 @@
 /* tests/conformance.h - one suite, every backend.
  *
  * CONF_TEST(name) { ... } defines a test body that runs once per backend
- * (mem:, local:, redis://, redis-cluster://, the last two also in their
- * day-bucketed layout, and redis-sentinel://), each in its own process,
+ * (mem:, local:, local: with no hot budget and a segment per commit (so
+ * that keys are looked up through cold segments), redis://,
+ * redis-cluster://, the last two also in their day-bucketed layout, and
+ * redis-sentinel://), each in its own process,
  * against a fresh store whose URI is conf_uri. A new backend joins by
  * adding a Test() line per test in CONF_TEST and a suite init that sets
  * conf_uri. The Redis suites share servers (tests/redis_harness.h); a
@@ -16,6 +18,7 @@
 extern const char *conf_uri;
 void conf_setup_mem(void);
 void conf_setup_local(void);
+void conf_setup_cold(void);
 void conf_setup_redis(void);
 void conf_setup_cluster(void);
 void conf_setup_redis_day(void);
@@ -32,6 +35,11 @@ void conf_teardown(void);
     }                                                                      \
     Test(conf_local, name, .init = conf_setup_local,                       \
          .fini = conf_teardown, .timeout = 60)                             \
+    {                                                                      \
+        conf_##name();                                                     \
+    }                                                                      \
+    Test(conf_cold, name, .init = conf_setup_cold, .fini = conf_teardown,  \
+         .timeout = 60)                                                    \
     {                                                                      \
         conf_##name();                                                     \
     }                                                                      \

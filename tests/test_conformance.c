@@ -27,6 +27,16 @@ void conf_setup_local(void)
 
 static char conf_uri_buf[1024];
 
+/* Every commit seals its segment and every sealed segment goes cold: a
+ * key is in RAM only until the next commit, then in a key index file. */
+void conf_setup_cold(void)
+{
+    conf_dir = t_tmpdir();
+    snprintf(conf_uri_buf, sizeof conf_uri_buf, "%s?hot=0&segment=1",
+             t_local_uri(conf_dir));
+    conf_uri = conf_uri_buf;
+}
+
 void conf_setup_redis(void)
 {
     snprintf(conf_uri_buf, sizeof conf_uri_buf,

@@ -876,8 +876,10 @@ IDEM_EXPORT int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired);
 /* Counters and gauges of a store. */
 typedef struct idem_stats {
     uint64_t live_keys;        /* records in the index, incl. expired ones
-                                * no sweep has removed yet */
-    uint64_t pending, done, failed;  /* live (unexpired) records by state */
+                                * no sweep has removed yet, plus
+                                * cold_keys */
+    uint64_t pending, done, failed;  /* live (unexpired) records by state
+                                * (local:, mem:: of the hot keys) */
     uint64_t segments;         /* log segments (files for local:) */
     uint64_t disk_bytes;       /* bytes in segments, incl. buffered */
     uint64_t index_bytes;      /* RAM held by the index */
@@ -885,9 +887,26 @@ typedef struct idem_stats {
     uint64_t expired_total;    /* records removed by sweeps */
     uint64_t segments_dropped; /* whole segments dropped */
     uint64_t records_copied;   /* records moved by compaction */
+    /* Fields are only ever added here, at the end, and only
+     * idem_stats_read() fills them: a program built before they were
+     * added passes idem_stats_get() a struct that ends here. The rest is
+     * the local: engine's hot budget (docs/internals.md, "Cold
+     * segments"). */
+    uint64_t hot_keys;         /* keys in the RAM index */
+    uint64_t cold_keys;        /* keys in cold segments (at most) */
+    uint64_t cold_segments;    /* segments whose keys left RAM */
+    uint64_t cold_index_bytes; /* their Bloom filters (file pages) */
+    uint64_t cold_lookups;     /* lookups RAM did not answer */
+    uint64_t filter_probes;    /* Bloom filters asked by those */
+    uint64_t index_searches;   /* filter hits: key indexes searched */
+    uint64_t filter_false_positives;  /* filter hits the index denied */
+    uint64_t cold_reads;       /* frames read from cold segments */
+    uint64_t cold_rebuilt;     /* key indexes built again at open */
 } idem_stats;
 
-/* Fill *out. Counting by state visits every entry: O(keys). */
+/* Fill *out up to records_copied, the fields idem_stats had when this
+ * function came (the rest is left as it was). Counting by state visits
+ * every entry: O(keys). */
 IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
 
 /* ------------------------------------------------------------------------
@@ -1017,6 +1036,12 @@ IDEM_EXPORT int idem_server_metrics_get(idem_store *s,
 IDEM_EXPORT size_t idem_metrics_format(const idem_metrics *m,
                                        const char *job, const char *store,
                                        char *buf, size_t size);
+
+/* Fill the first size bytes of *out, every field up to there, so that
+ * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
+ * less than idem_stats_get() fills. */
+IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
+                                size_t size);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {

@@ -104,21 +104,71 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
     return 0;
 }
 
+/* A size parameter's value: digits, then k, M or G (powers of 1024).
+ * 0, or -1 when it is not one. */
+static int idem__size_param(const char *p, size_t len, uint64_t *out)
+{
+    uint64_t v = 0;
+    size_t i = 0;
+    for (; i < len && p[i] >= '0' && p[i] <= '9'; i++) {
+        if (v > (UINT64_MAX - 9) / 10)
+            return -1;
+        v = v * 10 + (uint64_t)(p[i] - '0');
+    }
+    unsigned shift = 0;
+    if (i + 1 == len)
+        shift = p[i] == 'k' ? 10 : p[i] == 'M' ? 20 : p[i] == 'G' ? 30 : 99;
+    if (!i || shift == 99 || i + (shift != 0) != len ||
+        (shift && v > (UINT64_MAX >> shift)))
+        return -1;
+    *out = v << shift;
+    return 0;
+}
+
+/* hot=SIZE or segment=SIZE into *k; 1 if p[0, len) is neither. */
+static int idem__knob(idem_store *s, const char *rest, const char *p,
+                      size_t len, idem__dir_knobs *k)
+{
+    uint64_t *dst = len > 4 && !memcmp(p, "hot=", 4) ? &k->hot
+                    : len > 8 && !memcmp(p, "segment=", 8) ? &k->segment
+                                                           : NULL;
+    if (!dst)
+        return 1;
+    size_t name = (size_t)(strchr(p, '=') - p) + 1;
+    int bad = idem__size_param(p + name, len - name, dst);
+    /* Offsets in a segment are 32-bit: idem_opts stops at 2 GiB too. */
+    if (bad || (dst == &k->segment && (!*dst || *dst > (1ull << 31))))
+        return idem__fail(s, IDEM_EINVAL, "local:%s: '%.*s' is not a size "
+                          "(digits, then k, M or G; segment= 1 to 2G)",
+                          rest, (int)len, p);
+    if (dst == &k->hot)
+        k->hot_set = 1;
+    return 0;
+}
+
 int idem__dir_uri(idem_store *s, const char *rest, char **path,
-                  unsigned *how)
+                  unsigned *how, idem__dir_knobs *knobs)
 {
     size_t n = strcspn(rest, "?");
+    idem__dir_knobs unused;
+    idem__dir_knobs *k = knobs ? knobs : &unused;
+    memset(k, 0, sizeof *k);
     *path = NULL;
     for (const char *p = rest + n; *p;) {
         p++;
         size_t len = strcspn(p, "&");
-        if (len == 10 && !memcmp(p, "mode=group", 10))
+        int rc = len ? idem__knob(s, rest, p, len, k) : 0;
+        if (rc <= 0) {  /* an empty one, a size, or its error */
+            if (rc)
+                return rc;
+        } else if (len == 10 && !memcmp(p, "mode=group", 10))
             *how |= IDEM__DIR_GROUP;
         else if (len == 12 && !memcmp(p, "mode=private", 12))
             *how &= ~IDEM__DIR_GROUP;
-        else if (len)
+        else
             return idem__fail(s, IDEM_EINVAL, "local:%s: unknown parameter "
-                              "'%.*s' (known: mode=private, mode=group)",
+                              "'%.*s' (known: mode=private, mode=group, "
+                              "hot=SIZE, segment=SIZE)",
                               rest, (int)len, p);
         p += len;
     }
@@ -210,9 +260,8 @@ static int idem__meta_parse(idem_store *s, const char *path,
 /* Replace PATH/name with len bytes, whole or not at all: write a
  * temporary, fsync it, rename it over name, fsync the directory. A crash
  * leaves the old file or the new one, never a mix. */
-static int idem__replace_file(idem_store *s, int dirfd, const char *path,
-                              const char *name, const void *data,
-                              size_t len)
+int idem__dir_replace(idem_store *s, int dirfd, const char *path,
+                      const char *name, const void *data, size_t len)
 {
     char tmp[32];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
@@ -246,7 +295,7 @@ int idem__dir_meta_create(idem_store *s, int dirfd, const char *path,
     memcpy(m + 16, secret, IDEM__SECRET_LEN);
     uint64_t check = XXH3_64bits(m, IDEM__META_LEN - 8);
     memcpy(m + IDEM__META_LEN - 8, &check, 8);
-    return idem__replace_file(s, dirfd, path, IDEM__META, m, sizeof m);
+    return idem__dir_replace(s, dirfd, path, IDEM__META, m, sizeof m);
 }
 
 /* Does the directory hold a segment? A failed listing says no: the
@@ -392,5 +441,5 @@ int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
     memcpy(m + 24, &t->end, 8);
     uint64_t check = XXH3_64bits(m, IDEM__TAIL_LEN - 8);
     memcpy(m + IDEM__TAIL_LEN - 8, &check, 8);
-    return idem__replace_file(s, dirfd, path, IDEM__TAIL, m, sizeof m);
+    return idem__dir_replace(s, dirfd, path, IDEM__TAIL, m, sizeof m);
 }

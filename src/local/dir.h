@@ -20,11 +20,19 @@
 #define IDEM__DIR_GROUP 2u     /* create it 0750, not 0700 */
 #define IDEM__DIR_NOLOCK 4u    /* a reader: take no lock, write nothing */
 
+/* The engine's size parameters of a local: URI (docs/uri.md). */
+typedef struct idem__dir_knobs {
+    uint64_t hot;       /* hot=SIZE: RAM for the index of hot keys */
+    int hot_set;
+    uint64_t segment;   /* segment=SIZE: seal segments past this; 0 unset */
+} idem__dir_knobs;
+
 /* What follows "local:": the directory (*path, malloc'ed) and the
- * parameters after a '?' (mode=group or mode=private) added to *how.
- * IDEM_EINVAL names a parameter it does not know. */
+ * parameters after a '?': mode=group or mode=private added to *how,
+ * hot= and segment= into *knobs (may be NULL). IDEM_EINVAL names a
+ * parameter it does not know. */
 int idem__dir_uri(idem_store *s, const char *rest, char **path,
-                  unsigned *how);
+                  unsigned *how, idem__dir_knobs *knobs);
 
 /* Open (creating as how says) the directory and lock it, unless
  * IDEM__DIR_NOLOCK. *dirfd, *lockfd (-1 without a lock) are set on
@@ -67,6 +75,11 @@ typedef struct idem__tail {
  * IDEM_ECORRUPT or IDEM_EVERSION with the detail. */
 int idem__dir_tail_read(idem_store *s, int dirfd, const char *path,
                         idem__tail *t);
+
+/* Replace PATH/name with len bytes, whole or not at all: temporary
+ * file, fsync, rename, directory fsync. */
+int idem__dir_replace(idem_store *s, int dirfd, const char *path,
+                      const char *name, const void *data, size_t len);
 
 /* Replace PATH/TAIL with *t, durably (see dir.c). */
 int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,

@@ -53,7 +53,18 @@ typedef struct idem__engine {
     uint32_t sweep_cursor;   /* next entry id an incremental sweep visits */
     uint64_t token_hw;       /* the greatest token issued or found */
     uint64_t expired_total, dropped_total, copied_total;
+    uint64_t hot_keys;       /* keys the RAM index may hold before the
+                              * oldest hot sealed segment goes cold */
+    int hot_limited;         /* hot_keys is a limit (local:, not mem:) */
+    uint64_t cold_lookups, filter_probes, searches, bloom_fp, cold_reads;
 } idem__engine;
+
+/* RAM an index entry costs, slot included (index.h): what hot=BYTES is
+ * divided by. */
+#define IDEM__HOT_KEY_BYTES 48u
+/* The hot budget when the URI names none: 2 GiB of index, some 45
+ * million keys, past any store whose figures the README gives as small. */
+#define IDEM__HOT_DEFAULT (2ull << 30)
 
 /* A key's current state, as found by idem__lookup(). */
 typedef struct idem__found {
@@ -61,6 +72,9 @@ typedef struct idem__found {
     idem__ient *e;           /* the entry, live or expired, or NULL */
     int live;                /* e holds a live record: f is its frame */
     idem__frame f;
+    uint32_t cold_seg;       /* no e: the cold segment holding the key's
+                              * newest frame (0: none) */
+    uint32_t cold_off;       /* and that frame's offset */
 } idem__found;
 
 static idem__engine *idem__eng(idem_store *s)
@@ -77,19 +91,7 @@ idem__log *idem__engine_log(idem_store *s)
 static void idem__hash(const idem__engine *en, const void *key, size_t len,
                        uint64_t h[2])
 {
-    XXH128_hash_t x = XXH3_128bits_withSecret(key, len, en->secret,
-                                              sizeof en->secret);
-    h[0] = x.low64;
-    h[1] = x.high64;
-}
-
-/* Forget an entry: its segment loses a live reference. */
-static void idem__unlink_entry(idem__engine *en, idem__ient *e)
-{
-    idem__seg *g = idem__log_seg(&en->log, e->seg);
-    if (g)
-        g->live--;
-    idem__index_remove(&en->ix, e);
+    idem__key_hash(en->secret, key, len, h);
 }
 
 /* Decode the frame at (seg, off) into *f. 0; IDEM_ENOTFOUND if its
@@ -103,7 +105,9 @@ static int idem__read_frame(idem_store *s, uint32_t seg, uint32_t off,
     const unsigned char *p;
     size_t avail;
     int rc = idem__log_at(lg, seg, off, &p, &avail);
-    if (!rc && idem__frame_decode(p, avail, f, 0))
+    /* A cold segment's frames were not verified when the store opened. */
+    idem__seg *g = rc ? NULL : idem__log_seg(lg, seg);
+    if (!rc && idem__frame_decode(p, avail, f, g && g->cold))
         rc = IDEM_ECORRUPT;
     if (rc == IDEM_ECORRUPT) {
         char name[32];
@@ -115,16 +119,79 @@ static int idem__read_frame(idem_store *s, uint32_t seg, uint32_t off,
     return rc == IDEM_ENOMEM ? idem__fail(s, rc, "out of memory") : rc;
 }
 
+/* Is the key in cold segment g? 1 (fo->f, cold_seg, cold_off set), 0,
+ * or why its frame could not be read. Entries share the first 96 bits
+ * of a hash by chance: the full key tells them apart. */
+static int idem__cold_find(idem_store *s, const idem__seg *g,
+                           const void *key, size_t len, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    const idem__cold *c = g->cold;
+    uint64_t j = idem__cold_lower(c, fo->h);
+    for (; j < c->nents && c->ents[j].h0 == fo->h[0]; j++) {
+        if (c->ents[j].h1 != (uint32_t)fo->h[1])
+            continue;
+        en->cold_reads++;
+        int rc = idem__read_frame(s, g->id, c->ents[j].off, &fo->f);
+        if (rc)
+            return rc;
+        if (fo->f.keylen == len && memcmp(fo->f.key, key, len) == 0) {
+            fo->cold_seg = g->id;
+            fo->cold_off = c->ents[j].off;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* A key RAM does not hold: the cold segments, newest first, hold its
+ * newest frame, if any. A filter's false positive costs a search of that
+ * segment's index, never an answer. */
+static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
+                             int64_t now, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    if (!lg->ncold)
+        return 0;
+    en->cold_lookups++;
+    idem__probe p;
+    idem__probe_init(&p, fo->h);
+    for (size_t i = lg->ncold; i-- > 0;)
+        idem__cold_prefetch(lg->segs[i].cold, fo->h);
+    for (size_t i = lg->ncold; i-- > 0;) {
+        en->filter_probes++;
+        if (!idem__cold_has(lg->segs[i].cold, &p))
+            continue;
+        en->searches++;
+        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            en->bloom_fp++;
+            continue;
+        }
+        fo->live = fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
+        return 0;
+    }
+    return 0;
+}
+
 /* Find key's record, whose hash is in fo->h. Returns 0 (see *fo),
  * IDEM_ECOLLISION, or why the record could not be read. An entry whose
- * frame was dropped with its expired segment counts as absent. */
+ * frame was dropped with its expired segment counts as absent. An entry
+ * in RAM is the key's newest frame, live or not; without one, the cold
+ * segments are asked. */
 static int idem__lookup_hashed(idem_store *s, const void *key, size_t len,
                                int64_t now, idem__found *fo)
 {
     idem__engine *en = idem__eng(s);
     fo->e = idem__index_find(&en->ix, fo->h);
     fo->live = 0;
-    if (!fo->e || now >= fo->e->expires)
+    fo->cold_seg = 0;
+    if (!fo->e)
+        return idem__lookup_cold(s, key, len, now, fo);
+    if (now >= fo->e->expires)
         return 0;
     int rc = idem__read_frame(s, fo->e->seg, fo->e->off, &fo->f);
     if (rc)
@@ -143,6 +210,50 @@ static int idem__lookup(idem_store *s, const void *key, size_t len,
     return idem__lookup_hashed(s, key, len, now, fo);
 }
 
+/* The key's newest frame, which fo found, is about to be superseded: its
+ * segment loses a live reference. */
+static void idem__seg_unref(idem__engine *en, const idem__found *fo)
+{
+    /* A tombstone holds no reference; a cold frame counted in its
+     * segment's live ones only while live (see idem__cold_out). */
+    int ref = fo->e ? fo->e->expires != INT64_MIN : fo->cold_seg && fo->live;
+    idem__seg *old =
+        ref ? idem__log_seg(&en->log, fo->e ? fo->e->seg : fo->cold_seg)
+            : NULL;
+    if (old && old->live)
+        old->live--;
+}
+
+/* Might a frame of the key whose hash is h, older than segment seg, be
+ * found by a cold lookup, now or once its segment goes cold? Then the
+ * key's entry must stay in RAM (expired, or a tombstone) to hide it. A
+ * segment whose records have all expired hides nothing worth hiding. */
+static int idem__may_shadow(const idem__engine *en, const uint64_t h[2],
+                            uint32_t seg, int64_t now)
+{
+    const idem__log *lg = &en->log;
+    if (!en->hot_limited && !lg->ncold)
+        return 0;
+    for (size_t i = 0; i < lg->nsegs && lg->segs[i].id < seg; i++) {
+        const idem__seg *g = &lg->segs[i];
+        if (g->max_expires <= now)
+            continue;
+        if (g->cold ? idem__cold_maybe(g->cold, h) : en->hot_limited)
+            return 1;
+    }
+    return 0;
+}
+
+/* The key of entry e has no live record any more (expired, forgotten):
+ * drop e, or keep it as a tombstone when an older frame could show. */
+static void idem__bury(idem__engine *en, idem__ient *e, int64_t now)
+{
+    if (idem__may_shadow(en, e->h, e->seg, now))
+        e->expires = INT64_MIN;
+    else
+        idem__index_remove(&en->ix, e);
+}
+
 /* Append frame (type, r, key, val) and point the key's entry at it. */
 static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
                      const idem__rec *r, const void *key, size_t keylen,
@@ -158,13 +269,9 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
     if (rc)
         return rc;
     idem__frame_encode(dst, type, r, key, keylen, val, vallen);
-    if (fo->e) {
-        idem__seg *old = idem__log_seg(&en->log, fo->e->seg);
-        if (old)
-            old->live--;
-    } else {
+    idem__seg_unref(en, fo);
+    if (!fo->e)
         fo->e = idem__index_insert(&en->ix, fo->h);
-    }
     idem__seg *g = idem__log_seg(&en->log, seg);
     fo->e->seg = seg;
     fo->e->off = off;
@@ -395,11 +502,49 @@ static int idem__eng_get(idem_store *s, const void *key, size_t keylen,
     return 0;
 }
 
-/* Every entry of the index whose record is live, whatever its hash. */
+/* Is the key's newest frame, as fo found it, at (seg, off)? */
+static int idem__found_at(const idem__found *fo, uint32_t seg, uint32_t off)
+{
+    return fo->e ? fo->e->seg == seg && fo->e->off == off
+                 : fo->cold_seg == seg && fo->cold_off == off;
+}
+
+/* The live keys of cold segment g whose newest frame it holds (a lookup
+ * of each says so: a newer segment or RAM may hold a newer one). */
+static int idem__scan_cold(idem_store *s, idem__seg *g, int64_t now,
+                           idem_scan_fn fn, void *ctx)
+{
+    for (uint64_t j = 0; j < g->cold->nents; j++) {
+        uint32_t off = g->cold->ents[j].off;
+        idem__frame f;
+        idem__found fo;
+        int rc = idem__read_frame(s, g->id, off, &f);
+        if (!rc && (f.type == IDEM__R_FORGET || now >= f.rec.expires))
+            continue;
+        if (!rc)
+            rc = idem__lookup(s, f.key, f.keylen, now, &fo);
+        if (rc)
+            return rc;
+        if (!fo.live || !idem__found_at(&fo, g->id, off))
+            continue;
+        idem_record r;
+        idem__to_record(&fo.f, &r);
+        if ((rc = fn(ctx, fo.f.key, fo.f.keylen, &r)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Every live record, whatever its hash: the cold ones, then RAM's. */
 static int idem__eng_scan(idem_store *s, idem_scan_fn fn, void *ctx)
 {
     idem__engine *en = idem__eng(s);
     int64_t now = idem__now(s);
+    for (size_t i = en->log.ncold; i-- > 0;) {
+        int rc = idem__scan_cold(s, &en->log.segs[i], now, fn, ctx);
+        if (rc)
+            return rc;
+    }
     for (uint32_t id = 0; id < en->ix.hw; id++) {
         idem__ient *e = idem__index_at(&en->ix, id);
         idem__frame f;
@@ -455,6 +600,8 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
         return rc;
     if (!fo.live)
         return idem__fail(s, IDEM_ENOTFOUND, "no live record for the key");
+    if (!fo.e && idem__index_reserve(&en->ix, 1))
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
     rc = idem__log_append(&en->log, now, idem__frame_size(keylen, 0), &dst,
@@ -462,7 +609,14 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
     if (rc)
         return rc;
     idem__frame_encode(dst, IDEM__R_FORGET, &fo.f.rec, key, keylen, NULL, 0);
-    idem__unlink_entry(en, fo.e);
+    /* The tombstone's entry points at the FORGET frame, which is what a
+     * cold index will name once its segment goes cold. */
+    idem__seg_unref(en, &fo);
+    if (!fo.e)
+        fo.e = idem__index_insert(&en->ix, fo.h);
+    fo.e->seg = seg;
+    fo.e->off = off;
+    idem__bury(en, fo.e, now);
     return 0;
 }
 
@@ -473,9 +627,12 @@ static void idem__eng_poison(idem_store *s, int code)
         lg->broken = code;
 }
 
+static int idem__evict(idem_store *s);
+
 static int idem__eng_sync(idem_store *s)
 {
-    return idem__log_commit(&idem__eng(s)->log);
+    int rc = idem__log_commit(&idem__eng(s)->log);
+    return rc ? rc : idem__evict(s);
 }
 
 /* ------------------------------------------------------------------------
@@ -589,11 +746,15 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
         if (f.type == IDEM__R_COMMIT || f.type == IDEM__R_FORGET ||
             f.type == IDEM__R_CHECKPOINT || now >= f.rec.expires)
             continue;
-        idem__found fo = {.live = 1};
-        idem__hash(en, f.key, f.keylen, fo.h);
-        fo.e = idem__index_find(&en->ix, fo.h);
-        if (!fo.e || fo.e->seg != id || fo.e->off != at)
+        idem__found fo;
+        rc = idem__lookup(s, f.key, f.keylen, now, &fo);
+        if (rc)
+            return rc;
+        if (!fo.live || !idem__found_at(&fo, id, (uint32_t)at))
             continue;
+        rc = idem__read_frame(s, id, (uint32_t)at, &f);
+        if (rc)
+            return rc;
         /* f points into the log; copy what put needs before appending. */
         idem__rec r = f.rec;
         uint8_t type = f.type;
@@ -659,8 +820,13 @@ static int idem__eng_sweep(idem_store *s, size_t max_work,
             en->sweep_cursor = 0;
         idem__ient *e = idem__index_at(&en->ix, en->sweep_cursor++);
         if (e->seg != IDEM__IENT_FREE && now >= e->expires) {
-            idem__unlink_entry(en, e);
-            (*expired)++;
+            *expired += e->expires != INT64_MIN;
+            idem__seg *g = e->expires != INT64_MIN
+                               ? idem__log_seg(&en->log, e->seg)
+                               : NULL;
+            if (g && g->live)
+                g->live--;
+            idem__bury(en, e, now);
         }
     }
     en->expired_total += *expired;
@@ -668,17 +834,92 @@ static int idem__eng_sweep(idem_store *s, size_t max_work,
     return rc ? rc : idem__retire_segments(s, now);
 }
 
-/* The O(1) figures of idem_stats, for the metrics after each sync. */
+/* The figures of idem_stats the metrics keep, after each sync: O(1) in
+ * keys (a loop over the segments). */
 static void idem__eng_gauges(idem_store *s)
 {
     idem__engine *en = idem__eng(s);
     const idem__log *lg = &en->log;
-    uint64_t bytes = lg->wbuf.len;
+    uint64_t bytes = lg->wbuf.len, keys = en->ix.count;
     for (size_t i = 0; i < lg->nsegs; i++)
         bytes += lg->segs[i].size;
-    idem__gauge_set(&s->m.live_keys, (int64_t)en->ix.count);
+    for (size_t i = 0; i < lg->ncold; i++) {  /* as idem_stats counts */
+        bytes += lg->segs[i].cold->len;
+        keys += lg->segs[i].live;
+    }
+    idem__gauge_set(&s->m.live_keys, (int64_t)keys);
     idem__gauge_set(&s->m.store_bytes, (int64_t)bytes);
     idem__gauge_set(&s->m.segments, (int64_t)lg->nsegs);
+}
+
+/* ------------------------------------------------------------------------
+ * The hot budget: sealed segments going cold, oldest first. */
+
+/* Write g's key index beside it and drop from RAM the entries that point
+ * into it; the index names each of those keys' newest frame. g->live
+ * keeps counting them (a cold lookup that finds one live and supersedes
+ * it counts it down). */
+static int idem__cold_out(idem_store *s, idem__seg *g)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    idem__cold *c = calloc(1, sizeof *c);
+    if (!c)
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    int rc = idem__log_map(lg, g, (size_t)g->size);
+    idem__segid sg = {g->id, g->size, g->created, g->base};
+    if (!rc)
+        rc = idem__cold_make(s, lg->dirfd, lg->dir, &sg, en->secret, 1, c);
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    g->cold = c;
+    lg->ncold++;
+    for (uint32_t id = 0; id < en->ix.hw; id++)
+        if (idem__index_at(&en->ix, id)->seg == g->id)
+            idem__index_remove_id(&en->ix, id);
+    return 0;
+}
+
+/* While the RAM index holds more keys than the budget, the oldest hot
+ * sealed segment goes cold. Sealed segments are durable, and only
+ * between groups does the RAM index settle. A failure (a full disk)
+ * leaves the segment hot, which is always correct: the next commit tries
+ * again. */
+static int idem__evict(idem_store *s)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    while (en->hot_limited && !lg->readonly && !lg->in_group &&
+           !lg->broken && en->ix.count > en->hot_keys &&
+           lg->ncold + 1 < lg->nsegs)
+        if (idem__cold_out(s, &lg->segs[lg->ncold]))
+            return 0;
+    return 0;
+}
+
+/* After open: what cold segments hold that RAM must know, the greatest
+ * token and checkpoints no newer frame replaced, newest first. */
+static int idem__cold_import(idem_store *s)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    for (size_t i = lg->ncold; i-- > 0;) {
+        idem__seg *g = &lg->segs[i];
+        idem__token_seen(en, g->cold->max_token);
+        for (uint32_t j = g->cold->nckpts; j-- > 0;) {
+            idem__frame f;
+            uint32_t off = g->cold->ckpts[j];
+            int rc = idem__read_frame(s, g->id, off, &f);
+            if (rc)
+                return rc;
+            if (!idem__ckpt_find(en, f.key, f.keylen) &&
+                idem__ckpt_set(en, f.key, f.keylen, g->id, off))
+                return idem__fail(s, IDEM_ENOMEM, "out of memory");
+        }
+    }
+    return 0;
 }
 
 static int idem__eng_stats(idem_store *s, idem_stats *out)
@@ -701,10 +942,25 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
     }
     const idem__log *lg = &en->log;
     out->segments = lg->nsegs;
+    for (size_t i = 0; i < lg->ncold; i++)
+        out->disk_bytes += lg->segs[i].cold->len;
     for (size_t i = 0; i < lg->nsegs; i++)
         out->disk_bytes += lg->segs[i].size;
     out->disk_bytes += lg->wbuf.len;
     out->index_bytes = idem__index_bytes(&en->ix);
+    out->hot_keys = en->ix.count;
+    for (size_t i = 0; i < lg->ncold; i++) {
+        out->cold_keys += lg->segs[i].live;
+        out->cold_index_bytes += idem__cold_bytes(lg->segs[i].cold);
+        out->cold_segments++;
+    }
+    out->live_keys += out->cold_keys;
+    out->cold_lookups = en->cold_lookups;
+    out->filter_probes = en->filter_probes;
+    out->index_searches = en->searches;
+    out->filter_false_positives = en->bloom_fp;
+    out->cold_reads = en->cold_reads;
+    out->cold_rebuilt = lg->kix_rebuilt;
     out->oldest_ms = lg->nsegs ? lg->segs[0].created : 0;
     out->newest_ms = lg->nsegs ? lg->segs[lg->nsegs - 1].created : 0;
     out->expired_total = en->expired_total;
@@ -728,15 +984,23 @@ static int idem__apply_one(idem_store *s, idem__seg *g, uint32_t off,
                    ? idem__fail(s, IDEM_ENOMEM, "out of memory")
                    : 0;
     idem__ient *e = idem__index_find(&en->ix, h);
-    if (e) {
+    if (e && e->expires != INT64_MIN) {
         /* Older frame of the key: in g itself (not yet in the log) or in
          * an earlier segment. */
         idem__seg *old = idem__log_seg(&en->log, e->seg);
         (old ? old : g)->live--;
     }
     if (f->type == IDEM__R_FORGET || f->rec.expires <= now) {
-        if (e)
-            idem__index_remove(&en->ix, e);
+        if (!e && idem__may_shadow(en, h, g->id, now)) {
+            if (idem__index_reserve(&en->ix, 1))
+                return idem__fail(s, IDEM_ENOMEM, "out of memory");
+            e = idem__index_insert(&en->ix, h);
+        }
+        if (e) {
+            e->seg = g->id;
+            e->off = off;
+            idem__bury(en, e, now);
+        }
     } else {
         if (!e && idem__index_reserve(&en->ix, 1))
             return idem__fail(s, IDEM_ENOMEM, "out of memory");
@@ -805,6 +1069,7 @@ static int idem__engine_new(idem_store *s, int memory)
     en->log.dirfd = -1;
     en->log.segment_bytes = s->opts.segment_bytes;
     en->log.segment_span_ms = s->opts.segment_span_ms;
+    en->log.secret = en->secret;
     idem__index_init(&en->ix);
     s->impl = en;
     return 0;
@@ -843,6 +1108,18 @@ static int idem__tail_moved(int dirfd, const struct stat *was)
            now.st_ctim.tv_nsec != was->st_ctim.tv_nsec;
 }
 
+/* The URI's hot= and segment= (docs/uri.md); a segment size there may
+ * be below what idem_opts allows, down to 1 byte (a segment per commit),
+ * which is how the tests send every key through cold segments. */
+static void idem__knobs_apply(idem__engine *en, const idem__dir_knobs *k)
+{
+    uint64_t hot = k->hot_set ? k->hot : IDEM__HOT_DEFAULT;
+    en->hot_limited = 1;
+    en->hot_keys = hot / IDEM__HOT_KEY_BYTES;
+    if (k->segment)
+        en->log.segment_bytes = k->segment;
+}
+
 /* Open the store at rest once; *moved (readers only) says whether
  * PATH/TAIL was replaced while it was read. */
 static int idem__load_local(idem_store *s, const char *rest, int *moved)
@@ -857,7 +1134,9 @@ static int idem__load_local(idem_store *s, const char *rest, int *moved)
                    : s->opts.flags & IDEM_O_NOCREATE ? IDEM__DIR_NOCREATE
                                                      : 0;
     en->log.readonly = readonly;
-    rc = idem__dir_uri(s, rest, &en->log.dir, &how);
+    idem__dir_knobs k;
+    rc = idem__dir_uri(s, rest, &en->log.dir, &how, &k);
+    idem__knobs_apply(en, &k);
     const char *path = en->log.dir;
     if (!rc)
         rc = idem__dir_open(s, path, how, &en->log.dirfd, &en->lockfd);
@@ -869,6 +1148,10 @@ static int idem__load_local(idem_store *s, const char *rest, int *moved)
     if (!rc)
         rc = idem__recover(&en->log, idem__now(s), idem__apply,
                            idem__reserve, s);
+    if (!rc)
+        rc = idem__cold_import(s);
+    if (!rc)
+        rc = idem__evict(s);
     if (!rc)
         idem__dir_warn_open(s, en->log.dirfd, path);
     if (rc) {

@@ -205,7 +205,12 @@ static uint32_t idem__id_of(const idem__index *ix, const idem__ient *e)
 
 void idem__index_remove(idem__index *ix, idem__ient *e)
 {
-    uint32_t id = idem__id_of(ix, e);
+    idem__index_remove_id(ix, idem__id_of(ix, e));
+}
+
+void idem__index_remove_id(idem__index *ix, uint32_t id)
+{
+    idem__ient *e = idem__index_at(ix, id);
     size_t i = idem__home(ix, e->h);
     while ((uint32_t)(ix->slots[i] & 0xffffffffu) != id + 1)
         i = (i + 1) & ix->mask;

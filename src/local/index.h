@@ -69,6 +69,10 @@ idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2]);
 /* Remove e, which is in the index. */
 void idem__index_remove(idem__index *ix, idem__ient *e);
 
+/* Remove the entry with id `id`, which is in use (walks know the id;
+ * finding it from the pointer costs a look through the chunks). */
+void idem__index_remove_id(idem__index *ix, uint32_t id);
+
 /* The entry with id `id` (< ix->hw); its seg is IDEM__IENT_FREE when
  * unused. For walks over the whole index. */
 idem__ient *idem__index_at(const idem__index *ix, uint32_t id);

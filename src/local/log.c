@@ -357,8 +357,13 @@ static void idem__seg_release(idem__log *lg, idem__seg *g)
         munmap(g->base, g->maplen);
     if (g->fd >= 0)
         close(g->fd);
+    if (g->cold) {
+        idem__cold_free(g->cold);
+        free(g->cold);
+    }
     g->base = NULL;
     g->fd = -1;
+    g->cold = NULL;
 }
 
 int idem__log_drop_oldest(idem__log *lg)
@@ -373,11 +378,14 @@ int idem__log_drop_oldest(idem__log *lg)
     if (rc)
         return rc;
     if (!lg->memory) {
-        char name[32];
+        char name[32], kix[32];
         idem__seg_name(name, sizeof name, g->id);
-        if (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0)
+        idem__kix_name(kix, sizeof kix, g->id);
+        if ((unlinkat(lg->dirfd, kix, 0) != 0 && errno != ENOENT) ||
+            unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0)
             return idem__log_ioerr(lg, "unlink", g->id, errno);
     }
+    lg->ncold -= g->cold != NULL;
     idem__seg_release(lg, g);
     memmove(lg->segs, lg->segs + 1, (lg->nsegs - 1) * sizeof *lg->segs);
     lg->nsegs--;

@@ -27,6 +27,7 @@
 #ifndef IDEM_LOG_H
 #define IDEM_LOG_H
 
+#include "cold.h"
 #include "common.h"
 #include "dir.h"
 #include "store.h"
@@ -47,6 +48,7 @@ typedef struct idem__seg {
     int64_t max_expires;    /* newest expiry of any record written here */
     uint64_t live;          /* index entries pointing into it */
     uint64_t records;       /* key frames in it */
+    idem__cold *cold;       /* its keys left RAM: their index (cold.h) */
 } idem__seg;
 
 typedef struct idem__log {
@@ -64,6 +66,9 @@ typedef struct idem__log {
     idem__tail tail;
     uint64_t segment_bytes;
     int64_t segment_span_ms;
+    size_t ncold;           /* segs[0, ncold) are cold, the rest hot */
+    uint64_t kix_rebuilt;   /* key indexes built again at open */
+    const unsigned char *secret;  /* the store's key hash secret */
 } idem__log;
 
 /* Reserve room for an n-byte frame at the end of the log and return where
@@ -94,7 +99,8 @@ int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
 /* Start a new active segment whose bucket begins at now. */
 int idem__log_new_segment(idem__log *lg, int64_t now);
 
-/* Delete the oldest segment (never the active one). */
+/* Delete the oldest segment (never the active one), its key index
+ * first if it has one. */
 int idem__log_drop_oldest(idem__log *lg);
 
 /* Map (more of) a file segment so that `need` bytes are readable. */

@@ -135,9 +135,10 @@ static int idem__seg_fail(idem__log *lg, int code, uint32_t id,
                       (unsigned long long)size, lg->dir);
 }
 
-/* Open segment id and map it whole. */
+/* Open segment id and map it; read it all in now when whole (it is
+ * about to be scanned), else only its header. */
 static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
-                          int writable)
+                          int writable, int whole)
 {
     char name[32];
     struct stat st;
@@ -157,7 +158,8 @@ static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
         return idem__seg_fail(lg, IDEM_ECORRUPT, id, "segment too large",
                               g->size, g->size);
     }
-    int rc = idem__log_map(lg, g, (size_t)g->size ? (size_t)g->size : 1);
+    size_t need = whole ? (size_t)g->size : IDEM__SEG_HDR;
+    int rc = idem__log_map(lg, g, need ? need : 1);
     if (rc) {
         close(g->fd);
         g->fd = -1;
@@ -236,24 +238,33 @@ static idem__verdict idem__judge(const idem__log *lg, const idem__seg *g,
     return v;
 }
 
+/* Check g's header and frames by the rules of idem__judge; *sc is what
+ * the scan found. */
+static int idem__verify_frames(idem__log *lg, idem__seg *g, int last,
+                               idem__scan *sc)
+{
+    int rc = idem__seg_header_ok(g->base, (size_t)g->size, g->id,
+                                 &g->created);
+    if (rc)
+        return idem__seg_fail(lg, rc, g->id, "bad segment header", 0,
+                              g->size);
+    idem__scan_seg(g->base, g->size, sc);
+    idem__verdict v = idem__judge(lg, g, sc, last);
+    return v.code ? idem__seg_fail(lg, v.code, g->id, v.what, v.at, v.of)
+                  : 0;
+}
+
 /* Open and verify one segment, cutting a torn tail if it is the newest;
  * on success it is lg's newest segment and *records its key frames. */
 static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
                             uint64_t *records)
 {
     idem__seg g;
-    int rc = idem__open_seg(lg, id, &g, last && !lg->readonly);
+    int rc = idem__open_seg(lg, id, &g, last && !lg->readonly, 1);
     if (rc)
         return rc;
     idem__scan sc;
-    if ((rc = idem__seg_header_ok(g.base, (size_t)g.size, id, &g.created)))
-        rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
-    if (!rc) {
-        idem__scan_seg(g.base, g.size, &sc);
-        idem__verdict v = idem__judge(lg, &g, &sc, last);
-        if (v.code)
-            rc = idem__seg_fail(lg, v.code, id, v.what, v.at, v.of);
-    }
+    rc = idem__verify_frames(lg, &g, last, &sc);
     if (!rc && last && sc.commit_end < g.size && lg->readonly)
         g.size = sc.commit_end;  /* ignore the tail, leave the file be */
     else if (!rc && last && sc.commit_end < g.size)
@@ -271,6 +282,74 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
     }
     *records += sc.records;
     lg->segs[lg->nsegs++] = g;
+    return 0;
+}
+
+/* The key index of sealed segment g: loaded from its file if that checks
+ * out and was built from g, else (never trusted) built again from g's
+ * frames, which are verified first, and written anew (not by a reader). */
+static int idem__index_seg(idem__log *lg, idem__seg *g, idem__cold *c)
+{
+    idem__segid sg = {g->id, g->size, g->created, g->base};
+    int rc = idem__cold_load(lg->dirfd, &sg, c);
+    if (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND)
+        return rc == IDEM_ENOMEM ? idem__fail(lg->s, rc, "out of memory")
+               : rc ? idem__log_ioerr(lg, "read key index", g->id, errno)
+                    : 0;
+    idem__scan sc;
+    rc = idem__log_map(lg, g, (size_t)g->size);
+    if (!rc)
+        rc = idem__verify_frames(lg, g, 0, &sc);
+    sg.base = g->base;
+    if (!rc)
+        rc = idem__cold_make(lg->s, lg->dirfd, lg->dir, &sg, lg->secret,
+                             !lg->readonly, c);
+    lg->kix_rebuilt += rc == 0;
+    return rc;
+}
+
+/* Open a cold segment: its header and key index, not its frames. */
+static int idem__load_cold(idem__log *lg, uint32_t id)
+{
+    idem__seg g;
+    int rc = idem__open_seg(lg, id, &g, 0, 0);
+    if (rc)
+        return rc;
+    if ((rc = idem__seg_header_ok(g.base, (size_t)g.size, id, &g.created)))
+        rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
+    idem__cold *c = rc ? NULL : calloc(1, sizeof *c);
+    if (!rc && !c)
+        rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    if (!rc)
+        rc = idem__index_seg(lg, &g, c);
+    if (rc) {
+        free(c);
+        idem__close_seg(&g);
+        return rc;
+    }
+    close(g.fd);
+    g.fd = -1;
+    g.committed = g.size;
+    g.cold = c;
+    g.records = c->records;
+    g.max_expires = c->max_expires;
+    g.live = c->nents;  /* at most; rewrites of its keys count it down */
+    lg->segs[lg->nsegs++] = g;
+    lg->ncold++;
+    return 0;
+}
+
+/* How many of segments ids[from, n) are cold: up to the newest sealed one
+ * with a key index file, since keys leave RAM oldest segment first. */
+static size_t idem__cold_prefix(const idem__log *lg, const uint32_t *ids,
+                                size_t from, size_t n)
+{
+    for (size_t i = n; i > from + 1; i--) {
+        char name[32];
+        idem__kix_name(name, sizeof name, ids[i - 2]);
+        if (faccessat(lg->dirfd, name, F_OK, 0) == 0)
+            return i - 1 - from;
+    }
     return 0;
 }
 
@@ -303,9 +382,11 @@ static int idem__stillborn(idem__log *lg, uint32_t id)
  * when fix, else only left out. */
 static int idem__set_aside(idem__log *lg, uint32_t id, int fix)
 {
-    char name[32];
+    char name[32], kix[32];
     idem__seg_name(name, sizeof name, id);
-    if (fix && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0))
+    idem__kix_name(kix, sizeof kix, id);
+    if (fix && ((unlinkat(lg->dirfd, kix, 0) != 0 && errno != ENOENT) ||
+                unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0))
         return idem__log_ioerr(lg, "unlink", id, errno);
     return 0;
 }
@@ -385,18 +466,21 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
         if (!lg->segs)
             rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     }
+    size_t cold = rc ? 0 : idem__cold_prefix(lg, ids, from, n);
     for (size_t i = from; !rc && i < n; i++) {
         if (ids[i] != ids[from] + (i - from)) {
             rc = idem__missing(lg, ids[from] + (uint32_t)(i - from));
             break;
         }
-        rc = idem__verify_seg(lg, ids[i], i + 1 == n, &records);
+        rc = i - from < cold ? idem__load_cold(lg, ids[i])
+                             : idem__verify_seg(lg, ids[i], i + 1 == n,
+                                                &records);
     }
     free(ids);
     /* Everything checked out: now build the state, sized up front. */
     if (!rc && records)
         rc = reserve(ctx, records);
-    for (size_t i = 0; !rc && i < lg->nsegs; i++) {
+    for (size_t i = lg->ncold; !rc && i < lg->nsegs; i++) {
         idem__seg *g = &lg->segs[i];
         rc = idem__apply_range(g->base, g, g->size, apply, ctx);
     }
@@ -636,6 +720,42 @@ static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
     return idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
 }
 
+/* Segment id's key index, if it has one: does it check out whole, and
+ * was it built from the segment as it is? Check counts one that does not
+ * as damage (open would build it again); repair deletes it, and open
+ * builds it again from the repaired segment. */
+static int idem__check_kix(idem__log *lg, uint32_t id, int repair,
+                           idem_check_report *r)
+{
+    char name[32];
+    idem__kix_name(name, sizeof name, id);
+    if (faccessat(lg->dirfd, name, F_OK, 0) != 0)
+        return 0;
+    idem__seg g;
+    idem__cold c;
+    int rc = idem__open_seg(lg, id, &g, 0, 0);
+    if (rc)
+        return rc;
+    idem__segid sg = {id, g.size, 0, g.base};
+    int sound = idem__seg_header_ok(g.base, (size_t)g.size, id,
+                                    &sg.created) == 0 &&
+                idem__cold_load(lg->dirfd, &sg, &c) == 0;
+    idem__close_seg(&g);
+    if (sound) {
+        idem__cold_free(&c);
+        return 0;
+    }
+    if (repair && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd)))
+        return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
+                          strerror(errno));
+    r->damaged++;
+    if (!r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage,
+                 "%.120s/%s: the key index does not check out (open "
+                 "builds it again from its segment)", lg->dir, name);
+    return 0;
+}
+
 /* Run fn on segments ids[from, n) of lg's directory. */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
@@ -644,12 +764,15 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
     int rc = 0;
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
-        rc = idem__open_seg(lg, ids[i], &g, repair);
+        rc = idem__open_seg(lg, ids[i], &g, repair, 1);
+        uint32_t want = ids[from] + (uint32_t)(i - from);
         if (!rc) {
             r->segments++;
-            rc = fn(lg, &g, ids[from] + (uint32_t)(i - from), i + 1 == n, r);
+            rc = fn(lg, &g, want, i + 1 == n, r);
             idem__close_seg(&g);
         }
+        if (!rc)
+            rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
     }
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
@@ -665,7 +788,7 @@ int idem__local_check(idem_store *s, const char *rest, int repair,
     uint32_t *ids = NULL;
     size_t from = 0, n = 0;
     unsigned how = IDEM__DIR_NOCREATE;
-    int rc = idem__dir_uri(s, rest, &lg.dir, &how);
+    int rc = idem__dir_uri(s, rest, &lg.dir, &how, NULL);
     if (!rc)
         rc = idem__dir_open(s, lg.dir, how, &lg.dirfd, &lockfd);
     if (!rc)

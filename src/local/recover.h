@@ -23,7 +23,10 @@ typedef int (*idem__reserve_fn)(void *ctx, uint64_t records);
  * for the committed frames. A torn
  * tail of the newest segment is cut at its last commit; damage anywhere
  * else is IDEM_ECORRUPT with the file and offset in the detail. Leaves an
- * active segment ready for appends. */
+ * active segment ready for appends. Segments up to the newest sealed one
+ * with a key index file (cold.h) are cold: opened with their index, which
+ * is built again when it does not check out, and neither verified frame
+ * by frame nor applied; lg->secret must be set. */
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                   idem__reserve_fn reserve, void *ctx);
 

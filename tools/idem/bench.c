@@ -22,7 +22,7 @@
 static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
     "                  [--keys random|ordered] [-n N] [--batch B]\n"
-    "                  [--value-size BYTES] [--reopen]\n"
+    "                  [--value-size BYTES] [--reopen] [--skip N]\n"
     "\n"
     "Measures a store. Prints one line of name=value pairs, among them\n"
     "ops_per_sec. Every batch is synced (durable).\n"
@@ -38,18 +38,24 @@ static const char bench_usage[] =
     "  --batch B          keys per claim_many/complete_many (default 1000)\n"
     "  --value-size BYTES response size for completions (default 16)\n"
     "  --reopen           then close the store, time reopening it, and\n"
-    "                     check one key is there\n";
+    "                     check one key is there\n"
+    "  --skip N           start at key N (default 0): new keys for a store\n"
+    "                     that holds keys 0..N-1 from an earlier run\n"
+    "\n"
+    "A store past its hot budget (local:PATH?hot=SIZE) also reports its\n"
+    "hot and cold keys, and the filter probes, disk reads and false\n"
+    "positives of the lookups RAM did not answer.\n";
 
 typedef struct bench_cfg {
     const char *uri, *workload;
     int random_keys, reopen;
-    size_t n, batch, value_size;
+    size_t n, batch, value_size, skip;
 } bench_cfg;
 
 /* Key i, deterministic: the replay workload regenerates the same keys. */
 static void make_key(const bench_cfg *c, size_t i, char *k)
 {
-    bench_key(c->random_keys, i, k);
+    bench_key(c->random_keys, c->skip + i, k);
 }
 
 
@@ -131,13 +137,15 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"store", 1, 0, 's'},      {"workload", 1, 0, 'w'},
         {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
         {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
-        {"help", 0, 0, 'h'},       {0, 0, 0, 0}};
+        {"skip", 1, 0, 'S'},       {"help", 0, 0, 'h'},
+        {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
                                             "replay", NULL};
     static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
-                     16};
+                     16, 0};
     int ch, rc = 0, i = 0;
+    uint64_t v = 0;
     while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
                                           opts)) != -1) {
         switch (ch) {
@@ -159,6 +167,10 @@ static int parse(int argc, char **argv, bench_cfg *c)
                             &c->value_size);
             break;
         case 'r': c->reopen = 1; break;
+        case 'S':
+            rc = cli_number("bench", "--skip", optarg, 0, BENCH_N_MAX, &v);
+            c->skip = (size_t)v;
+            break;
         case 'h': fputs(bench_usage, stdout); return -1;
         default: rc = CLI_EXIT_USAGE;
         }
@@ -184,6 +196,34 @@ static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
     if (rc)
         fprintf(stderr, "idem bench: reopen: %s\n", idem_errdetail(*s));
     return rc;
+}
+
+/* What a store past its hot budget did (local:PATH?hot=SIZE): the keys
+ * it holds in RAM and on disk, and what a lookup RAM did not answer cost:
+ * Bloom filters asked, frames read, and the false positives among the
+ * filters asked about a key they do not hold. */
+static void print_cold(const idem_stats *st)
+{
+    if (!st->cold_segments)
+        return;
+    double q = st->cold_lookups ? (double)st->cold_lookups : 1.0;
+    /* Probes of filters that do not hold the key: all but the hits
+     * that found it. */
+    uint64_t hits = st->index_searches - st->filter_false_positives;
+    uint64_t misses = st->filter_probes - hits;
+    printf(" hot_keys=%" PRIu64 " cold_keys=%" PRIu64 " cold_segments=%" PRIu64
+           " filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
+           " filter_probes_per_lookup=%.2f index_searches_per_lookup=%.4f"
+           " frame_reads_per_lookup=%.4f"
+           " false_positives=%" PRIu64 " false_positive_rate=%.2e",
+           st->hot_keys, st->cold_keys, st->cold_segments,
+           (double)st->cold_index_bytes /
+               (double)(st->cold_keys ? st->cold_keys : 1),
+           st->cold_lookups, (double)st->filter_probes / q,
+           (double)st->index_searches / q, (double)st->cold_reads / q,
+           st->filter_false_positives,
+           (double)st->filter_false_positives /
+               (double)(misses ? misses : 1));
 }
 
 int cli_cmd_bench(int argc, char **argv)
@@ -215,7 +255,7 @@ int cli_cmd_bench(int argc, char **argv)
     long rss1 = rss_kib();
     idem_stats st = {0};
     if (!rc)
-        idem_stats_get(s, &st);
+        idem_stats_read(s, &st, sizeof st);
     if (!rc && c.reopen)
         rc = reopen_check(&c, &s, &reopen);
     if (!rc) {
@@ -228,6 +268,9 @@ int cli_cmd_bench(int argc, char **argv)
                st.live_keys ? (double)st.index_bytes / (double)st.live_keys
                             : 0.0,
                (double)(rss1 - rss0) * 1024.0 / (double)c.n);
+        printf(" disk_bytes_per_key=%.1f",
+               (double)st.disk_bytes / (double)(c.n ? c.n : 1));
+        print_cold(&st);
         if (c.reopen)
             printf(" reopen_seconds=%.3f", reopen);
         printf("\n");

@@ -55,6 +55,22 @@ static void print_text(const char *uri, const idem_stats *st,
            " bytes\noldest         %s\nnewest         %s\n",
            st->live_keys, st->segments, st->disk_bytes, st->index_bytes,
            oldest, newest);
+    if (!st->cold_segments)
+        return;
+    uint64_t q = st->cold_lookups ? st->cold_lookups : 1;
+    printf("hot keys       %" PRIu64 "\ncold keys      %" PRIu64
+           " (at most) in %" PRIu64 " segments\nRAM (filters)  %" PRIu64
+           " bytes (%.2f a cold key)\ncold lookups   %" PRIu64
+           ": %.2f filter probes, %.3f index searches, %.3f frame reads "
+           "each; %" PRIu64
+           " false positives\n",
+           st->hot_keys, st->cold_keys, st->cold_segments,
+           st->cold_index_bytes,
+           (double)st->cold_index_bytes /
+               (double)(st->cold_keys ? st->cold_keys : 1),
+           st->cold_lookups, (double)st->filter_probes / (double)q,
+           (double)st->index_searches / (double)q,
+           (double)st->cold_reads / (double)q, st->filter_false_positives);
 }
 
 /* Live keys per key space, in the order the spaces were first seen. */
@@ -172,7 +188,7 @@ int cli_cmd_stats(int argc, char **argv)
     if (!s)
         return cli_open_status();
     idem_stats st;
-    rc = idem_stats_get(s, &st);
+    rc = idem_stats_read(s, &st, sizeof st);
     if (rc) {
         rc = cli_store_fail("stats", s, rc, "stats");
         idem_close(s);
@@ -195,6 +211,15 @@ int cli_cmd_stats(int argc, char **argv)
                st.live_keys, st.pending, st.done, st.failed, st.segments,
                st.disk_bytes, st.index_bytes, (long long)st.oldest_ms,
                (long long)st.newest_ms);
+        printf(",\"hot_keys\":%" PRIu64 ",\"cold_keys\":%" PRIu64
+               ",\"cold_segments\":%" PRIu64 ",\"cold_index_bytes\":%" PRIu64
+               ",\"cold_lookups\":%" PRIu64 ",\"filter_probes\":%" PRIu64
+               ",\"index_searches\":%" PRIu64
+               ",\"filter_false_positives\":%" PRIu64
+               ",\"cold_reads\":%" PRIu64,
+               st.hot_keys, st.cold_keys, st.cold_segments,
+               st.cold_index_bytes, st.cold_lookups, st.filter_probes,
+               st.index_searches, st.filter_false_positives, st.cold_reads);
         if (o.per_space) {
             fputs(",\"key_spaces\":{", stdout);
             print_spaces(&c, 1);

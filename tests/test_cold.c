@@ -1,0 +1,428 @@
+/* test_cold.c - keys past the hot budget: key index files, Bloom filters,
+ * reopen without replay, and indexes that do not check out.
+ *
+ * The stores here have no hot budget (hot=0) and a segment per commit
+ * (segment=1), so that a key leaves RAM at the commit after its own. The
+ * conformance suite runs the same way (conf_cold); these tests look at
+ * what only a cold store has: its files, its counters, its reopen. */
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "local/cold.h"
+
+#define GROUPS 20
+#define PER_GROUP 10
+
+static char uri[4400];
+static char *dir;
+
+static void cold_init(void)
+{
+    dir = t_tmpdir();
+    snprintf(uri, sizeof uri, "%s?hot=0&segment=1", t_local_uri(dir));
+}
+
+static void cold_fini(void)
+{
+    t_rmdir(dir);
+    free(dir);
+}
+
+TestSuite(cold, .init = cold_init, .fini = cold_fini, .timeout = 120);
+
+static void key_of(char *buf, size_t n, int i)
+{
+    snprintf(buf, n, "order-%d", i);
+}
+
+static int claim(idem_store *s, const char *k, idem_outcome *o)
+{
+    idem_key key = {k, strlen(k), NULL};
+    return idem_claim(s, &key, NULL, o);
+}
+
+/* GROUPS commits of PER_GROUP keys, each claimed and completed with its
+ * own response. */
+static void fill(idem_store *s)
+{
+    for (int g = 0; g < GROUPS; g++) {
+        for (int j = 0; j < PER_GROUP; j++) {
+            char k[32];
+            key_of(k, sizeof k, g * PER_GROUP + j);
+            idem_outcome o;
+            cr_assert_eq(claim(s, k, &o), 0);
+            cr_assert_eq(o.kind, IDEM_NEW);
+            cr_assert_eq(idem_complete(s, k, strlen(k), o.token, k,
+                                       strlen(k), 0),
+                         0);
+        }
+        cr_assert_eq(idem_sync(s), 0);
+    }
+}
+
+/* Every key filled replays its own response. */
+static void expect_all(idem_store *s)
+{
+    for (int i = 0; i < GROUPS * PER_GROUP; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        idem_outcome o;
+        cr_assert_eq(claim(s, k, &o), 0, "%s", k);
+        cr_assert_eq(o.kind, IDEM_REPLAY, "%s: kind %d", k, o.kind);
+        cr_assert_eq(o.len, strlen(k));
+        cr_assert_eq(memcmp(o.data, k, o.len), 0);
+    }
+}
+
+static idem_stats stats_of(idem_store *s)
+{
+    idem_stats st;
+    cr_assert_eq(idem_stats_read(s, &st, sizeof st), 0);
+    return st;
+}
+
+Test(cold, keys_leave_ram_and_answer_from_disk)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    idem_stats st = stats_of(s);
+    cr_assert_geq(st.cold_segments, GROUPS - 2);
+    cr_assert_leq(st.hot_keys, 2 * PER_GROUP, "hot %llu",
+                  (unsigned long long)st.hot_keys);
+    expect_all(s);
+    st = stats_of(s);
+    cr_assert_geq(st.cold_reads, (GROUPS - 2) * PER_GROUP);
+    cr_assert_geq(st.filter_probes, st.cold_reads);
+    T_REPORT("cold: %llu lookups, %llu filter probes, %llu reads, %llu "
+             "false positives", (unsigned long long)st.cold_lookups,
+             (unsigned long long)st.filter_probes,
+             (unsigned long long)st.cold_reads,
+             (unsigned long long)st.filter_false_positives);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+Test(cold, reopen_reads_indexes_not_frames)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    idem_stats st = stats_of(s);
+    /* A replay would have put every key back in RAM and read frames. */
+    cr_assert_eq(st.cold_rebuilt, 0);
+    cr_assert_leq(st.hot_keys, 2 * PER_GROUP);
+    cr_assert_eq(st.cold_reads, 0);
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* Flip a byte of dir/name at offset at (from the end when negative). */
+static void damage(const char *name, long at)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    int fd = open(p, O_RDWR);
+    cr_assert_geq(fd, 0, "%s", p);
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    off_t off = at >= 0 ? at : sb.st_size + at;
+    unsigned char c;
+    cr_assert_eq(pread(fd, &c, 1, off), 1);
+    c ^= 0x5a;
+    cr_assert_eq(pwrite(fd, &c, 1, off), 1);
+    close(fd);
+}
+
+static void cut(const char *name, off_t len)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert_eq(truncate(p, len), 0);
+}
+
+static void rm(const char *name)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert_eq(unlink(p), 0, "%s", p);
+}
+
+Test(cold, damaged_torn_or_missing_indexes_are_rebuilt)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    damage("seg-00000002.kix", -3);     /* an entry */
+    damage("seg-00000003.kix", 200);    /* the filter */
+    damage("seg-00000004.kix", 20);     /* the header */
+    cut("seg-00000005.kix", 100);       /* torn */
+    rm("seg-00000006.kix");             /* missing */
+    s = t_open(uri);
+    idem_stats st = stats_of(s);
+    cr_assert_eq(st.cold_rebuilt, 5, "rebuilt %llu",
+                 (unsigned long long)st.cold_rebuilt);
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    cr_assert_eq(stats_of(s).cold_rebuilt, 0, "the rebuilt files hold");
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* An index built from another version of its segment is stale: a
+ * segment cut by a repair no longer matches it. */
+Test(cold, an_index_of_another_segment_is_not_trusted)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    char a[4400], b[4400];
+    snprintf(a, sizeof a, "%s/seg-00000003.kix", dir);
+    snprintf(b, sizeof b, "%s/seg-00000004.kix", dir);
+    cr_assert_eq(rename(a, b), 0);
+    s = t_open(uri);
+    cr_assert_eq(stats_of(s).cold_rebuilt, 2);
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* The store's secret, from PATH/IDEM (magic 8, version 4, pad 4). */
+static void secret_of(unsigned char *secret)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/IDEM", dir);
+    int fd = open(p, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(pread(fd, secret, IDEM__SECRET_LEN, 16), IDEM__SECRET_LEN);
+    close(fd);
+}
+
+/* A key that segment 2's filter says it may hold, and that it does not:
+ * found by trying names. Its 21 keys fill one 512-bit block: 1e-5 a
+ * name. */
+static void colliding_key(char *out, size_t n)
+{
+    unsigned char secret[IDEM__SECRET_LEN];
+    secret_of(secret);
+    char p[4400];
+    snprintf(p, sizeof p, "%s/seg-00000002.log", dir);
+    int fd = open(p, O_RDONLY);
+    struct stat sb;
+    cr_assert(fd >= 0 && fstat(fd, &sb) == 0);
+    unsigned char *base = malloc((size_t)sb.st_size);
+    cr_assert_eq(pread(fd, base, (size_t)sb.st_size, 0), sb.st_size);
+    close(fd);
+    int64_t created;
+    memcpy(&created, base + 16, 8);
+    idem__segid sg = {2, (uint64_t)sb.st_size, created, base};
+    idem__cold c;
+    snprintf(p, sizeof p, "%s", dir);
+    fd = open(p, O_RDONLY | O_DIRECTORY);
+    cr_assert_eq(idem__cold_load(fd, &sg, &c), 0);
+    close(fd);
+    for (long i = 0; i < 20000000; i++) {
+        uint64_t h[2];
+        snprintf(out, n, "stranger-%ld", i);
+        idem__key_hash(secret, out, strlen(out), h);
+        if (idem__cold_maybe(&c, h)) {
+            idem__cold_free(&c);
+            free(base);
+            return;
+        }
+    }
+    cr_assert_fail("no key of 20 million collides");
+}
+
+Test(cold, a_filter_false_positive_costs_a_read_not_an_answer)
+{
+    idem_store *s = t_open(uri);
+    idem_outcome o;
+    for (int i = 0; i < 21; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        cr_assert_eq(claim(s, k, &o), 0);
+    }
+    cr_assert_eq(idem_sync(s), 0);
+    cr_assert_eq(claim(s, "seal", &o), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    cr_assert_eq(idem_close(s), 0);
+    char k[64];
+    colliding_key(k, sizeof k);
+    s = t_open(uri);
+    idem_record r;
+    cr_assert_eq(idem_get(s, k, strlen(k), &r), IDEM_ENOTFOUND);
+    idem_stats st = stats_of(s);
+    cr_assert_geq(st.filter_false_positives, 1);
+    cr_assert_eq(claim(s, k, &o), 0);
+    cr_assert_eq(o.kind, IDEM_NEW, "%s", k);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+Test(cold, forget_and_expiry_hide_cold_records_across_reopen)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_forget(s, "order-3", 7), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    /* Seal the forget's segment too. */
+    idem_outcome o;
+    cr_assert_eq(claim(s, "later", &o), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    idem_record r;
+    cr_assert_eq(idem_get(s, "order-3", 7, &r), IDEM_ENOTFOUND);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    cr_assert_eq(idem_get(s, "order-3", 7, &r), IDEM_ENOTFOUND);
+    cr_assert_eq(idem_get(s, "order-4", 7, &r), 0);
+    cr_assert_eq(claim(s, "order-3", &o), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+Test(cold, check_reports_a_bad_index_and_repair_has_it_rebuilt)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    idem_check_report r = {0};
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+    damage("seg-00000003.kix", 300);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT);
+    cr_assert_eq(r.damaged, 1);
+    cr_assert(strstr(r.first_damage, "seg-00000003.kix"), "%s",
+              r.first_damage);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_repair(uri, &r), 0);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+    s = t_open(uri);
+    cr_assert_eq(stats_of(s).cold_rebuilt, 1);
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+}
+
+static int count_key(void *ctx, const void *key, size_t keylen,
+                     const idem_record *rec)
+{
+    int *seen = ctx;
+    int i = -1;
+    cr_assert_eq(sscanf((const char *)key, "order-%d", &i), 1);
+    cr_assert(i >= 0 && i < GROUPS * PER_GROUP);
+    cr_assert_eq(rec->len, keylen);
+    seen[i]++;
+    return 0;
+}
+
+/* A scan (idem dump, stats --key-spaces) sees every live key once, the
+ * cold ones included, and not a key forgotten or superseded. */
+Test(cold, scan_sees_every_live_key_once)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_forget(s, "order-7", 7), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    int seen[GROUPS * PER_GROUP] = {0};
+    cr_assert_eq(idem_scan(s, count_key, seen), 0);
+    for (int i = 0; i < GROUPS * PER_GROUP; i++)
+        cr_assert_eq(seen[i], i != 7, "order-%d seen %d times", i, seen[i]);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+Test(cold, size_parameters_are_checked)
+{
+    static const char *const bad[] = {"hot=", "hot=x", "hot=1x", "hot=1kk",
+                                      "segment=0", "segment=3G",
+                                      "hot=99999999999999999999", "hots=1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char u[4500];
+        snprintf(u, sizeof u, "%s?%s", t_local_uri(dir), bad[i]);
+        idem_store *s;
+        idem_opts o = t_options();
+        cr_assert_eq(idem_open(u, &o, &s), IDEM_EINVAL, "%s", u);
+        cr_assert(strstr(idem_errdetail(s), bad[i]), "%s: %s", u,
+                  idem_errdetail(s));
+        idem_close(s);
+    }
+    char u[4500];
+    snprintf(u, sizeof u, "%s?hot=1k&segment=2G&mode=private",
+             t_local_uri(dir));
+    idem_close(t_open(u));
+}
+
+/* idem stats shows the cold keys and what their lookups cost; it opens
+ * the store read-only, so it reads the key indexes as they are. */
+Test(cold, cli_stats_shows_the_cold_keys)
+{
+    idem_store *s;  /* the real clock: the CLI will read these records */
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(t_cli(dir, "stats --store '%s' > out", uri), 0);
+    char out[4500];
+    snprintf(out, sizeof out, "%s/out", dir);
+    cr_assert(t_grep(out, "hot keys       10\n"), "%s", t_read(out, NULL));
+    cr_assert(t_grep(out, "cold keys      190 (at most) in 20 segments"));
+    cr_assert(t_grep(out, "RAM (filters)"));
+    cr_assert_eq(t_cli(dir, "stats --json --store '%s' > out", uri), 0);
+    cr_assert(t_grep(out, "\"cold_segments\":20,"));
+    cr_assert_eq(t_cli(dir, "get order-5 --store '%s' > out", uri), 0);
+    cr_assert(t_grep(out, "response   order-5"));
+}
+
+static int exists(const char *name)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* Expired segments go whole, their key index first. */
+Test(cold, expired_segments_drop_with_their_index)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert(exists("seg-00000002.kix"));
+    idem_stats st = stats_of(s);
+    cr_assert_geq(st.cold_segments, GROUPS - 2);
+    t_clock_ms += 30LL * 24 * 3600 * 1000;
+    uint64_t expired;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0);
+    st = stats_of(s);
+    cr_assert_eq(st.cold_segments, 0, "%llu",
+                 (unsigned long long)st.cold_segments);
+    cr_assert(!exists("seg-00000002.kix"));
+    cr_assert(!exists("seg-00000002.log"));
+    idem_record r;
+    cr_assert_eq(idem_get(s, "order-5", 7, &r), IDEM_ENOTFOUND);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    cr_assert_eq(stats_of(s).cold_segments, 0);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* A program built when idem_stats ended at records_copied passes a
+ * struct that ends there: idem_stats_get() writes nothing past it. */
+Test(cold, stats_get_fills_only_the_first_fields)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    idem_stats st;
+    memset(&st, 0xa5, sizeof st);
+    cr_assert_eq(idem_stats_get(s, &st), 0);
+    cr_assert_eq(st.live_keys, GROUPS * PER_GROUP);
+    cr_assert_eq(st.hot_keys, 0xa5a5a5a5a5a5a5a5ull);
+    cr_assert_eq(st.cold_rebuilt, 0xa5a5a5a5a5a5a5a5ull);
+    cr_assert_eq(idem_stats_read(s, &st, 8), IDEM_EINVAL);
+    cr_assert_eq(idem_stats_read(s, &st, sizeof st), 0);
+    cr_assert_eq(st.hot_keys + st.cold_keys, GROUPS * PER_GROUP);
+    cr_assert_eq(idem_close(s), 0);
+}
