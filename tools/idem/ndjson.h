@@ -16,6 +16,9 @@ typedef struct nd_line {
                          * another consumer): its output may be in the
                          * sink already, from a run that did not commit
                          * it. 0 for a file's line */
+    const char *meta;   /* the message's key and headers beside the line
+                         * (connect.h, META_*); NULL for none */
+    size_t metalen;
 } nd_line;
 
 typedef struct nd_reader {
@@ -41,6 +44,9 @@ enum {
     ND_NEXT,      /* the current input ended; the next call opens the
                    * next one */
     ND_END,       /* all inputs ended */
+    ND_AGAIN,     /* the lines handed out since the last release are
+                   * taken back (a broker gave their partitions to
+                   * another reader): drop them, they come again */
     ND_ERR = -1   /* err says why */
 };
 

@@ -411,7 +411,7 @@ static int argv_room(rs_sink *k, size_t n)
 }
 
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
-                  size_t keylen)
+                  size_t keylen, const char *meta, size_t metalen)
 {
     rs_sink *k = (rs_sink *)base;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
