@@ -69,11 +69,16 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 	$(CC) $(SAN) -shared -Wl,-soname,libidem.so.0 -o $@ $^ $(LIBS)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
-	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl
+	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl \
+	    -lrdkafka
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
-	    -lcriterion -lyajl
+	    -lcriterion -lyajl -lrdkafka
+
+# The mock Kafka cluster the Kafka tests and bench run on (librdkafka's).
+$(BUILD)/progs/kafka_mock: LIBS += -lrdkafka
+$(BUILD)/bench/kafka_alo: LIBS += -lrdkafka
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)

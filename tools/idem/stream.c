@@ -167,6 +167,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'T': c->to = arg; return 0;
     case 'I': return cli_duration(c->cmd, "--idle-exit", arg,
                                   &c->idle_exit_ms);
+    case STREAM_OPT_KAFKA_CONFIG: connect_kafka_config(arg); return 0;
     case 'C':
         if (!strcmp(arg, "0")) {
             c->commit_interval_ms = 0;
@@ -473,7 +474,7 @@ static void read_batch(loop *lp, batch *b)
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
-        nd_line l;
+        nd_line l = {0};  /* a file's line sets no meta */
         if (b->nitems == 0 && src->ops->wait(src))
             break;
         int rc = src->ops->next(src, &l, b->nitems == 0);

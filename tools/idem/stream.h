@@ -108,7 +108,11 @@ int stream_run(const stream_cfg *cfg);
         {"overwrite", 0, 0, 'O'}, {"line-hash", 0, 0, 'H'},               \
         {"grace", 1, 0, 'G'}, {"from", 1, 0, 'F'}, {"to", 1, 0, 'T'},     \
         {"idle-exit", 1, 0, 'I'},                                         \
+        {"kafka-config", 1, 0, STREAM_OPT_KAFKA_CONFIG},                  \
         {"help", 0, 0, 'h'}
+
+/* getopt's value of --kafka-config (no short option). */
+#define STREAM_OPT_KAFKA_CONFIG 0x100
 
 /* The help of the options that name a stream, for both commands. */
 #define STREAM_ENDS_HELP \

@@ -13,11 +13,12 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kafka.h"
 #include "rstream.h"
 
 int connect_is_uri(const char *uri)
 {
-    return rs_is_uri(uri);
+    return rs_is_uri(uri) || kafka_is_uri(uri);
 }
 
 int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
@@ -25,6 +26,8 @@ int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
 {
     if (rs_is_uri(uri))
         return rs_ident(cmd, uri, as_sink, buf, size);
+    if (kafka_is_uri(uri))
+        return kafka_ident(cmd, uri, as_sink, buf, size);
     return cli_usage_error(cmd, "%s: not a stream URI", uri);
 }
 
@@ -33,6 +36,8 @@ source *source_open(const char *cmd, const char *uri, const source_opts *o,
 {
     if (rs_is_uri(uri))
         return rs_source_open(cmd, uri, o, status);
+    if (kafka_is_uri(uri))
+        return kafka_source_open(cmd, uri, o, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
     return NULL;
 }
@@ -42,6 +47,8 @@ sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 {
     if (rs_is_uri(uri))
         return rs_sink_open(cmd, uri, lease_ms, status);
+    if (kafka_is_uri(uri))
+        return kafka_sink_open(cmd, uri, lease_ms, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
     return NULL;
 }

@@ -175,6 +175,9 @@ int meta_key_spec(const char *spec);
 int meta_key(const char *meta, size_t len, const char *spec,
              const char **key, size_t *klen);
 
+/* --kafka-config FILE: librdkafka properties for kafka:// URIs. */
+void connect_kafka_config(const char *path);
+
 /* Files as a source: rd, opened by the caller, stays the caller's. */
 source *source_files(nd_reader *rd, const source_opts *o);
 
