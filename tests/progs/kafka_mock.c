@@ -55,6 +55,7 @@ int main(int argc, char **argv)
 {
     char err[256];
     rd_kafka_conf_t *conf = rd_kafka_conf_new();
+    rd_kafka_conf_set(conf, "log_level", "3", NULL, 0);
     rd_kafka_t *rk = rd_kafka_new(RD_KAFKA_PRODUCER, conf, err, sizeof err);
     if (!rk) {
         fprintf(stderr, "kafka_mock: %s\n", err);

@@ -23,6 +23,40 @@
 
 static const char *config_path;  /* --kafka-config */
 
+/* The values of every property set from the file or a URI: librdkafka's
+ * own log lines may quote them (a CONFWARN does), so they are hidden
+ * there too. Written while configuring, before any client thread. */
+static char *hidden[64];
+static size_t nhidden;
+
+static void hide(const char *value)
+{
+    for (size_t i = 0; i < nhidden; i++)
+        if (!strcmp(hidden[i], value))
+            return;
+    if (nhidden < sizeof hidden / sizeof *hidden && strlen(value) >= 3 &&
+        (hidden[nhidden] = strdup(value)) != NULL)
+        nhidden++;
+}
+
+/* librdkafka's warnings and errors, on standard error, each configured
+ * value replaced by ***. */
+static void on_log(const rd_kafka_t *rk, int level, const char *fac,
+                   const char *msg)
+{
+    char line[1024];
+    snprintf(line, sizeof line, "%s", msg);
+    for (size_t i = 0; i < nhidden; i++) {
+        size_t n = strlen(hidden[i]);
+        for (char *p = strstr(line, hidden[i]); p;
+             p = strstr(p + 3, hidden[i])) {
+            memmove(p + 3, p + n, strlen(p + n) + 1);
+            memcpy(p, "***", 3);
+        }
+    }
+    fprintf(stderr, "idem: kafka: %s: %s\n", fac, line);
+}
+
 void connect_kafka_config(const char *path)
 {
     config_path = path;
@@ -223,6 +257,7 @@ static int set_from_file(const char *cmd, rd_kafka_conf_t *c)
             break;
         }
         *eq = 0;
+        hide(eq + 1);
         rc = set(cmd, c, p, eq + 1);
     }
     if (f)
@@ -234,10 +269,14 @@ rd_kafka_conf_t *kafka_conf(const char *cmd, const kafka_uri *u,
                             const char *const *base)
 {
     rd_kafka_conf_t *c = rd_kafka_conf_new();
+    rd_kafka_conf_set_log_cb(c, on_log);
     int rc = set(cmd, c, "bootstrap.servers", u->brokers);
+    rc = rc ? rc : set(cmd, c, "log_level", "4");
     for (size_t i = 0; !rc && base[i]; i += 2)
         rc = set(cmd, c, base[i], base[i + 1]);
     rc = rc ? rc : set_from_file(cmd, c);
+    for (size_t i = 0; i < u->nprops; i++)
+        hide(u->props[2 * i + 1]);
     for (size_t i = 0; !rc && i < u->nprops; i++)
         rc = set(cmd, c, u->props[2 * i], u->props[2 * i + 1]);
     if (!rc)
@@ -246,14 +285,34 @@ rd_kafka_conf_t *kafka_conf(const char *cmd, const kafka_uri *u,
     return NULL;
 }
 
+/* Do the brokers answer, within timeout_ms? A cluster that is not
+ * there is said at once, not waited for. 0 or 1. */
+static int reach(const char *cmd, const kafka_uri *u, rd_kafka_t *rk)
+{
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t e = rd_kafka_metadata(rk, 0, NULL, &md,
+                                              (int)u->timeout_ms);
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    if (!e)
+        return 0;
+    return cli_fail(cmd, "%s: no broker answered within timeout_ms (%"
+                    PRId64 " ms): %s", u->display, u->timeout_ms,
+                    rd_kafka_err2str(e));
+}
+
 rd_kafka_t *kafka_client(const char *cmd, const kafka_uri *u,
                          rd_kafka_type_t t, rd_kafka_conf_t *conf)
 {
     char err[512];
     rd_kafka_t *rk = rd_kafka_new(t, conf, err, sizeof err);
-    if (rk)
+    if (!rk) {
+        rd_kafka_conf_destroy(conf);
+        cli_fail(cmd, "%s: %s", u->display, err);
+        return NULL;
+    }
+    if (!reach(cmd, u, rk))
         return rk;
-    rd_kafka_conf_destroy(conf);
-    cli_fail(cmd, "%s: %s", u->display, err);
+    rd_kafka_destroy(rk);
     return NULL;
 }
