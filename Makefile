@@ -109,7 +109,7 @@ asan: deps
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
 	    -fno-sanitize-recover=all" test
 
-bench: deps all $(BENCHES)
+bench: deps all $(BENCHES) $(BUILD)/progs/kafka_mock
 	@sh bench/run.sh $(BUILD)
 
 demo: deps all

@@ -16,7 +16,9 @@
 # at-least-once consumer against `idem dedup --from/--to redis-stream://`.
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part
 # uses IDEM_BENCH_REDIS_N (default 200000), the Streams part
-# IDEM_BENCH_STREAM_N (default 1000000).
+# IDEM_BENCH_STREAM_N (default 1000000). Then Kafka (bench/kafka.sh, on
+# librdkafka's mock cluster): a plain at-least-once loop against
+# `idem dedup --from/--to kafka://`, IDEM_BENCH_KAFKA_N messages.
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_N:-1000000}
@@ -142,4 +144,8 @@ done
 
 if [ -x "$BUILD/bench/stream_alo" ]; then
     sh bench/streams.sh "$BUILD"
+fi
+
+if [ -x "$BUILD/bench/kafka_alo" ]; then
+    sh bench/kafka.sh "$BUILD"
 fi
