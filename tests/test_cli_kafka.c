@@ -314,8 +314,8 @@ static long kills(long dflt)
 /* Start `idem ARGS` and kill -9 it until nkills kills landed on a live
  * process, then let one run finish. Two runs in three kill themselves
  * just after writing the sink and before the commit, after 1 to 3
- * batches (IDEM_TEST_KILL_AT), the moment read-back is for; the others
- * are killed after a random time within span seconds (joining the group
+ * batches (IDEM_TEST_KILL_AT), the moment read-back is for; the third
+ * is killed after a random time within span seconds (joining the group
  * takes a few of them, the work the rest). A run that ends by itself
  * has done the input: no kill can land on work after it. Returns the
  * kills that landed. */
@@ -325,11 +325,12 @@ static long kill_loop(const char *args, double span, long nkills)
     for (int tries = 0; landed < nkills && tries < 2 * nkills; tries++) {
         char at[64];
         snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 3);
-        if (tries % 3)
+        int random_kill = tries % 3 == 2;
+        if (!random_kill)
             setenv("IDEM_TEST_KILL_AT", at, 1);
         pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
         unsetenv("IDEM_TEST_KILL_AT");
-        if (tries % 3 == 0) {
+        if (random_kill) {
             long us = (long)((double)rand() / RAND_MAX * span * 1e6);
             struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
             nanosleep(&ts, NULL);

@@ -675,8 +675,9 @@ static int write_sink(job *j)
     j->rkeys.len = 0;
     if (rc)
         return IDEM_EIO;
-    snprintf(j->sink_pos, sizeof j->sink_pos, "%s",
-             j->sink->ops->pos(j->sink));
+    if (!j->sink_pinned)
+        snprintf(j->sink_pos, sizeof j->sink_pos, "%s",
+                 j->sink->ops->pos(j->sink));
     return 0;
 }
 

@@ -46,6 +46,8 @@ typedef struct job {
     int resumed;
     struct sink *sink;     /* --to a stream: entries, not a file */
     char sink_pos[1024];   /* the sink's position at the last commit */
+    int sink_pinned;       /* keep sink_pos where the read-back began
+                            * (connect.h, source_ops.in_doubt) */
     char src_pos[2048];    /* the source's (connect.h: source_ops.pos),
                             * "" when it keeps none */
     job_rec *recs;         /* the batch's entries (sink only) */

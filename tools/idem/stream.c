@@ -650,6 +650,19 @@ static int mark_source(loop *lp, size_t from, size_t upto)
     return IDEM_EIO;
 }
 
+/* A source without a pending list, after a crash: the messages the dead
+ * run handed out and wrote may lie anywhere ahead on its partitions, not
+ * only in the first batch. Until they are all behind (committed here),
+ * the checkpoint keeps the sink's position where the read-back began, so
+ * that another crash reads their entries back again. Once released, the
+ * position moves with the commits. */
+static void pin_sink(loop *lp)
+{
+    job *j = &lp->st.job;
+    source *src = lp->src;
+    j->sink_pinned = j->sink_pinned && src->ops->in_doubt(src);
+}
+
 /* The runner's commit step: output of every line before the first
  * message not committed, then the checkpoint. msgs is b->msgs + base. */
 static int commit(void *ctx, const idem_msg *msgs, size_t p)
@@ -681,6 +694,7 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     rc = mark_source(lp, b->emitted, upto);
     if (rc)
         return rc;
+    pin_sink(lp);
     b->emitted = upto;
     return job_commit(&lp->st.job, b->input,
                       upto ? &b->items[upto - 1].l : NULL);
@@ -1374,6 +1388,8 @@ static int open_ends(loop *lp)
         rc = start_sink(lp, keyed, lease);
         lp->reread = (!lp->src || lp->src->ops->no_pending) &&
                      lp->st.job.resumed;
+        lp->st.job.sink_pinned = lp->reread && lp->src &&
+                                 lp->src->ops->in_doubt;
         rc = rc ? rc : resume_source(lp);
         return rc || lp->src ? rc : open_files(lp, &o, 0, 0, 0);
     }

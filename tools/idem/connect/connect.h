@@ -74,6 +74,11 @@ typedef struct source_ops {
      * pending list): after a crash of the job, every first claim looks
      * for its key among what the sink read back. */
     int no_pending;
+    /* Such a source: may messages that a dead run handed out still be
+     * ahead (not yet committed by this run)? While they may, the sink's
+     * position in the checkpoint stays where the read-back began, so that
+     * a crash now reads their entries back again. NULL: never. */
+    int (*in_doubt)(source *s);
 } source_ops;
 
 struct source {

@@ -18,7 +18,10 @@
  * sees every write of the dead run that can still land, except one
  * still in the network between the dead process and the broker when the
  * fence was appended (docs/streams.md). The idem-keys read there (with
- * a run's status and result) are what has() answers from.
+ * a run's status and result) are what has() answers from. The dead
+ * run's messages come again anywhere ahead on the input's partitions,
+ * so the loop keeps the checkpoint's position of this sink where the
+ * read-back began until they are all committed (stream.c, pin_sink).
  *
  * Another worker's crash (a partition of the input moved here after its
  * owner died) is the other case, as for Redis Streams: a claim that is

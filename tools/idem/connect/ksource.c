@@ -49,6 +49,8 @@ typedef struct kpart {
     int64_t sent;          /* acked already committed */
     int64_t resume;        /* where a rewind goes: done, else the first
                             * offset handed out since the assignment */
+    int64_t end_at_assign; /* the partition's end when assigned: what a
+                            * dead run may have read lies before it */
 } kpart;
 
 typedef struct held {
@@ -131,6 +133,10 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
         int64_t off = t->err || t->offset < 0 ? -1 : t->offset;
         off = p->ckpt > off ? p->ckpt : off;
         t->offset = off >= 0 ? off : RD_KAFKA_OFFSET_INVALID;
+        int64_t lo, hi;
+        p->end_at_assign = rd_kafka_query_watermark_offsets(
+                               s->rk, t->topic, t->partition, &lo, &hi,
+                               (int)s->u.timeout_ms) ? INT64_MAX : hi;
         p->owned = 1;
         p->eof = 0;
         p->resume = off;
@@ -559,8 +565,23 @@ static int k_ack_flush(source *base)
     return -1;
 }
 
+/* Is any partition of ours short of its end at the assignment? Before
+ * it, a dead run may have handed out messages and written their output. */
+static int k_in_doubt(source *base)
+{
+    k_source *s = (k_source *)base;
+    int doubt = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        const kpart *p = &s->parts[i];
+        doubt |= p->owned && p->done < p->end_at_assign;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return doubt;
+}
+
 static const source_ops k_source_ops = {
     .next = k_next, .release = k_release, .wait = k_wait, .err = k_err,
     .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush,
     .worker = k_worker, .close = k_close, .mark = k_mark, .pos = k_pos,
-    .resume = k_resume, .no_pending = 1};
+    .resume = k_resume, .no_pending = 1, .in_doubt = k_in_doubt};
