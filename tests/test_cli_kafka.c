@@ -244,6 +244,29 @@ static void expect_output(int nkeys, int how)
     free(seen);
 }
 
+/* run's output: keys e0 .. e(nkeys-1) once each, each a result done,
+ * with its input's message key. */
+static void expect_results(int nkeys)
+{
+    static out_msg out[2 * MAXN];
+    int n = read_topic("out", 4, out, 2 * MAXN), got = 0;
+    char *seen = calloc((size_t)nkeys, 1);
+    for (int i = 0; i < n; i++) {
+        if (out[i].fence)
+            continue;
+        got++;
+        int k = key_number(out[i].idem_key);
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %s twice",
+                  out[i].idem_key);
+        seen[k] = 1;
+        cr_assert_str_eq(out[i].key, out[i].idem_key);
+        cr_assert(strstr(out[i].value, "\"status\":\"done\""), "%s",
+                  out[i].value);
+    }
+    cr_assert_eq(got, nkeys, "%d results for %d keys", got, nkeys);
+    free(seen);
+}
+
 /* Group g's committed offsets are the ends of topic in. */
 static void expect_committed_to_the_end(const char *g)
 {
@@ -379,49 +402,38 @@ Test(kafka, run_kill9_results_once)
              src("group=g"), dst());
     long landed = kill_loop(args, 5.0, kills(14));
     cr_assert_geq(landed, kills(14) < 3 ? kills(14) : 3);
-    static out_msg out[2 * MAXN];
-    int n = read_topic("out", 4, out, 2 * MAXN), got = 0;
-    char *seen = calloc((size_t)nkeys, 1);
-    for (int i = 0; i < n; i++) {
-        if (out[i].fence)
-            continue;
-        got++;
-        int k = key_number(out[i].idem_key);
-        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %s twice",
-                  out[i].idem_key);
-        seen[k] = 1;
-        cr_assert_str_eq(out[i].key, out[i].idem_key);
-        cr_assert(strstr(out[i].value, "\"status\":\"done\""), "%s",
-                  out[i].value);
-        cr_assert(strstr(out[i].value, "\"ok\":true"), "%s", out[i].value);
-    }
-    cr_assert_eq(got, nkeys, "%d results for %d keys", got, nkeys);
-    free(seen);
+    expect_results(nkeys);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka run: %ld kills landed (seed %u)\n", landed,
             seed);
 }
 
 /* Two consumers of one group sharing a Redis store: the second joins
- * mid-stream, the partitions are split (a rebalance while the first
- * has a batch in flight); together they write each key once. */
+ * while the first works through a slow handler, so partitions are
+ * taken from it with a batch in flight (a cooperative rebalance);
+ * together they run each key once and both did some. */
 Test(kafka, two_consumers_and_a_rebalance_mid_stream)
 {
-    int nkeys = produce(2000, KEY_IN_VALUE);
+    int nkeys = produce(600, KEY_IN_VALUE);
     char store[300];
     snprintf(store, sizeof store, "'redis://%s?prefix=%s'", th_redis_addr(),
              th_prefix());
-#define CONSUMER "dedup --key event_id --from %s --to %s --idle-exit 2s " \
-                 "--batch 20 --lease 2s --store %s 2>err%d"
+#define CONSUMER "run --key event_id --from %s --to %s --idle-exit 2s "   \
+                 "--batch 10 --lease 2s --store %s --stats-json --exec "  \
+                 "'\"$IDEM_PROGS/handler\" sleep=10' 2>err%d"
     pid_t a = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=a"), dst(),
                           store, 1);
-    t_sleep_ms(4000);  /* a has joined and is working */
+    t_sleep_ms(4500);  /* a has joined and is working */
     pid_t b = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=b"), dst(),
                           store, 2);
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
-    expect_output(nkeys, KEY_IN_VALUE);
+    expect_results(nkeys);
     expect_committed_to_the_end("g");
+    cr_assert(!t_grep(t_at("err1"), "\"new\":0,"), "a did nothing: %s",
+              t_read(t_at("err1"), NULL));
+    cr_assert(!t_grep(t_at("err2"), "\"new\":0,"), "b did nothing: %s",
+              t_read(t_at("err2"), NULL));
 }
 
 Test(kafka, keys_from_a_header_and_from_the_message_key)

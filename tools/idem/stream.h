@@ -123,10 +123,10 @@ int stream_run(const stream_cfg *cfg);
     "                    the host name (give each worker its own). Each\n" \
     "                    entry is a JSON object of its fields; it is acked\n" \
     "                    once committed, and a dead consumer's entries are\n" \
-    "                    taken over after --lease. Or kafka://BOOTSTRAP[,...]\n" \
-    "                    /TOPIC[,...]?group=G[&consumer=C][&NAME.X=V]: a\n" \
-    "                    consumer group, offsets committed after the idem\n" \
-    "                    commit; dotted parameters are librdkafka\n" \
+    "                    taken over after --lease. Or kafka://BOOTSTRAP\n" \
+    "                    [,...]/TOPIC[,...]?group=G[&consumer=C][&A.B=V]:\n" \
+    "                    a consumer group, offsets committed after the\n" \
+    "                    idem commit; dotted parameters are librdkafka\n" \
     "                    properties. --key @key or header:NAME keys by the\n" \
     "                    message key or a header\n" \
     "  --kafka-config FILE  librdkafka properties (NAME=VALUE lines, as\n" \
@@ -141,8 +141,9 @@ int stream_run(const stream_cfg *cfg);
     "                    and did not commit is read back, not written again\n" \
     "                    (docs/streams.md)\n" \
     "  --idle-exit DURATION  a stream source runs until SIGTERM or SIGINT;\n" \
-    "                    with this, also until nothing new came for DURATION\n" \
-    "                    (Kafka: while assigned and read to the end)\n"
+    "                    with this, also until nothing new came for\n" \
+    "                    DURATION (Kafka: while assigned and read to the\n" \
+    "                    end)\n"
 
 /* Handle one of the shared options: 0 handled, 2 bad value, 1 not one
  * of them. */
