@@ -1,6 +1,7 @@
 /* bench/kafka_alo.c - the at-least-once reference of the Kafka benchmark.
  *
  * usage: kafka_alo BROKERS IN OUT GROUP BATCH IDLE_MS
+ *        kafka_alo --load BROKERS TOPIC < LINES
  *
  * What a consumer without idempotency does: a consumer group with
  * auto-commit off reads up to BATCH messages, produces each to OUT with
@@ -8,7 +9,9 @@
  * idem's sink), waits for every delivery report, then commits the
  * offsets synchronously; again until every partition was read to its end
  * and nothing new came for IDLE_MS. Duplicates are copied like the rest.
- * Prints the messages copied. bench/kafka.sh runs it beside idem. */
+ * Prints the messages copied. bench/kafka.sh runs it beside idem, and
+ * loads the input with --load: each line of standard input a message,
+ * every delivery awaited. */
 #include <librdkafka/rdkafka.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,8 +74,32 @@ static int copy(rd_kafka_t *p, const char *out, rd_kafka_message_t *m)
     }
 }
 
+/* --load: stdin's lines into topic; 0, or 1 if one was not delivered. */
+static int load(const char *brokers, const char *topic)
+{
+    const char *props[] = {"linger.ms", "20", NULL};
+    rd_kafka_t *p = client(RD_KAFKA_PRODUCER, brokers, props);
+    char line[4096];
+    while (fgets(line, sizeof line, stdin)) {
+        size_t n = strcspn(line, "\n");
+        while (rd_kafka_producev(p, RD_KAFKA_V_TOPIC(topic),
+                                 RD_KAFKA_V_VALUE(line, n),
+                                 RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                                 RD_KAFKA_V_END) ==
+               RD_KAFKA_RESP_ERR__QUEUE_FULL)
+            rd_kafka_poll(p, 10);
+        rd_kafka_poll(p, 0);
+    }
+    rd_kafka_flush(p, 120000);
+    int bad = failed || rd_kafka_outq_len(p);
+    rd_kafka_destroy(p);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--load"))
+        return load(argv[2], argv[3]);
     if (argc != 7) {
         fprintf(stderr, "usage: kafka_alo BROKERS IN OUT GROUP BATCH "
                 "IDLE_MS\n");
