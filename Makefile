@@ -73,11 +73,15 @@ $(BUILD)/libidem.so: $(LIB_OBJ)
 
 $(BUILD)/idem: $(CLI_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) -o $@ $(CLI_OBJ) $(BUILD)/libidem.a $(LIBS) -lyajl \
-	    -lmicrohttpd $(NATS_LIBS)
+	    -lmicrohttpd $(NATS_LIBS) -lrdkafka
 
 $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 	$(CC) $(SAN) $(WRAP) -o $@ $(TEST_OBJ) $(BUILD)/libidem.a $(LIBS) \
-	    -lcriterion -lyajl $(NATS_LIBS)
+	    -lcriterion -lyajl $(NATS_LIBS) -lrdkafka
+
+# The mock Kafka cluster the Kafka tests and bench run on (librdkafka's).
+$(BUILD)/progs/kafka_mock: LIBS += -lrdkafka
+$(BUILD)/bench/kafka_alo: LIBS += -lrdkafka
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)
@@ -108,7 +112,7 @@ asan: deps
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
 	    -fno-sanitize-recover=all" test
 
-bench: deps all $(BENCHES)
+bench: deps all $(BENCHES) $(BUILD)/progs/kafka_mock
 	@sh bench/run.sh $(BUILD)
 
 demo: deps all

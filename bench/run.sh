@@ -17,7 +17,10 @@
 # IDEM_BENCH_N sets the message count (default 1000000); the Redis part
 # uses IDEM_BENCH_REDIS_N (default 200000), the Streams part
 # IDEM_BENCH_STREAM_N (default 1000000). Then NATS JetStream
-# (bench/nats.sh): IDEM_BENCH_NATS_N (default 1000000).
+# (bench/nats.sh): IDEM_BENCH_NATS_N (default 1000000). Then Kafka
+# (bench/kafka.sh, on librdkafka's mock cluster): a plain at-least-once
+# loop against `idem dedup --from/--to kafka://`, IDEM_BENCH_KAFKA_N
+# messages.
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_N:-1000000}
@@ -146,4 +149,8 @@ if [ -x "$BUILD/bench/stream_alo" ]; then
 fi
 if [ -x "$BUILD/bench/nats_alo" ]; then
     sh bench/nats.sh "$BUILD"
+fi
+
+if [ -x "$BUILD/bench/kafka_alo" ]; then
+    sh bench/kafka.sh "$BUILD"
 fi

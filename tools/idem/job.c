@@ -69,7 +69,12 @@
  * stream after ID that this job wrote is of a batch that may not have
  * committed. The next run reads those entries back (connect/rsink.c)
  * and does not write their keys again. The position only moves forward
- * with commits, as out_len does for a file. */
+ * with commits, as out_len does for a file.
+ *
+ * A source that keeps its own position (Kafka: an offset per partition,
+ * connect.h) has it kept beside the sink's (version 5: " from=POS", "-"
+ * for none), committed with the records of the messages it covers; the
+ * next run resumes the source there. Versions 1 to 4 have none. */
 #include "job.h"
 
 #include <errno.h>
@@ -89,7 +94,7 @@
 
 /* A checkpoint's text: seven numbers, how keys are made and a key space
  * name. */
-#define CHECKPOINT_MAX (256 + KS_NAME_MAX)
+#define CHECKPOINT_MAX (4096 + KS_NAME_MAX)
 
 /* Identity of the input list: device and inode of each file; 0 when one
  * is not a regular file (a pipe cannot be resumed at an offset). */
@@ -339,6 +344,30 @@ static int sink_position(job *j, const char **tail)
     return 0;
 }
 
+/* Version 5 says after " from=" where a source that keeps its own
+ * position was ("-": none). *tail moves past it. 0 or 1. */
+static int source_position(job *j, const char **tail)
+{
+    size_t n = strncmp(*tail, " from=", 6) ? 0 : strcspn(*tail + 6, " ");
+    if (!n || n >= sizeof j->src_pos)
+        return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
+                        "use another --job", j->name);
+    snprintf(j->src_pos, sizeof j->src_pos, "%.*s", (int)n, *tail + 6);
+    if (!strcmp(j->src_pos, "-"))
+        j->src_pos[0] = 0;
+    *tail += 6 + n;
+    return 0;
+}
+
+int job_from(job *j, const char *pos)
+{
+    size_t n = strlen(pos);
+    if (n >= sizeof j->src_pos || strchr(pos, ' '))
+        return -1;
+    memcpy(j->src_pos, pos, n + 1);
+    return 0;
+}
+
 static int read_checkpoint(job *j, int *found)
 {
     const void *blob;
@@ -361,12 +390,14 @@ static int read_checkpoint(job *j, int *found)
                "/%" SCNu64 "%n",
                &version, &p->out_len, &p->inputs_id, &p->input, &p->offset,
                &p->lineno, &p->tail_hash, &p->tail_len, &end) != 8 ||
-        !end || version < 1 || version > 4)
+        !end || version < 1 || version > 5)
         return cli_fail(j->cmd, "checkpoint '%s' is not one idem wrote; "
                         "use another --job", j->name);
     *found = 1;
     const char *tail = text + end;
     if (version >= 4 && sink_position(j, &tail))
+        return 1;
+    if (version >= 5 && source_position(j, &tail))
         return 1;
     return same_keying(j, version, &tail) ||
            same_key_space(j, version, tail);
@@ -497,12 +528,14 @@ static int put_checkpoint(job *j)
 {
     char text[CHECKPOINT_MAX];
     int n = snprintf(text, sizeof text,
-                     "idem-job 4 out=%" PRIu64 " inputs=%" PRIx64
+                     "idem-job 5 out=%" PRIu64 " inputs=%" PRIx64
                      " input=%" PRIu64 " offset=%" PRIu64 " line=%" PRIu64
-                     " tail=%" PRIx64 "/%" PRIu64 " to=%s keys=%s %s%s",
+                     " tail=%" PRIx64 "/%" PRIu64 " to=%s from=%s keys=%s "
+                     "%s%s",
                      j->pos.out_len, j->pos.inputs_id, j->pos.input,
                      j->pos.offset, j->pos.lineno, j->pos.tail_hash,
-                     j->pos.tail_len, j->sink ? j->sink_pos : "-", j->keyed,
+                     j->pos.tail_len, j->sink ? j->sink_pos : "-",
+                     j->src_pos[0] ? j->src_pos : "-", j->keyed,
                      j->ks->name ? "space=" : "shared",
                      j->ks->name ? j->ks->name : "");
     return idem_checkpoint_put(j->s, j->name, text, (size_t)n);
@@ -611,7 +644,7 @@ static int write_all(int fd, const char *p, size_t n)
 }
 
 int job_mark(job *j, size_t from, const void *key, size_t keylen,
-             const char *hdr, size_t hdrlen)
+             const char *meta, size_t metalen)
 {
     if (!j->sink || j->obuf.len == from)
         return 0;
@@ -624,10 +657,9 @@ int job_mark(job *j, size_t from, const void *key, size_t keylen,
         j->caprecs = cap;
     }
     j->recs[j->nrecs++] = (job_rec){from, j->obuf.len - from, j->rkeys.len,
-                                    keylen, j->rkeys.len + keylen,
-                                    hdr ? hdrlen : 0};
+                                    keylen, j->rkeys.len + keylen, metalen};
     return cli_buf_add(&j->rkeys, key, keylen) ||
-                   (hdr && cli_buf_add(&j->rkeys, hdr, hdrlen))
+                   (metalen && cli_buf_add(&j->rkeys, meta, metalen))
                ? -1
                : 0;
 }
@@ -640,8 +672,8 @@ static int write_sink(job *j)
         const job_rec *r = &j->recs[i];
         rc = j->sink->ops->put(j->sink, j->obuf.p + r->off, r->len,
                                j->rkeys.p + r->koff, r->klen,
-                               r->hlen ? j->rkeys.p + r->hoff : NULL,
-                               r->hlen);
+                               r->mlen ? j->rkeys.p + r->moff : NULL,
+                               r->mlen);
     }
     rc = rc ? rc : j->sink->ops->flush(j->sink);
     if (!rc && j->nrecs)
@@ -650,8 +682,9 @@ static int write_sink(job *j)
     j->rkeys.len = 0;
     if (rc)
         return IDEM_EIO;
-    snprintf(j->sink_pos, sizeof j->sink_pos, "%s",
-             j->sink->ops->pos(j->sink));
+    if (!j->sink_pinned)
+        snprintf(j->sink_pos, sizeof j->sink_pos, "%s",
+                 j->sink->ops->pos(j->sink));
     return 0;
 }
 

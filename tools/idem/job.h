@@ -28,7 +28,7 @@ struct sink;
 typedef struct job_rec {
     size_t off, len;       /* in obuf */
     size_t koff, klen;     /* in rkeys */
-    size_t hoff, hlen;     /* the input's headers, in rkeys */
+    size_t moff, mlen;     /* the message's meta, in rkeys */
 } job_rec;
 
 typedef struct job {
@@ -45,7 +45,11 @@ typedef struct job {
     job_pos pos;           /* where the committed state ends */
     int resumed;
     struct sink *sink;     /* --to a stream: entries, not a file */
-    char sink_pos[32];     /* the sink's position at the last commit */
+    char sink_pos[1024];   /* the sink's position at the last commit */
+    int sink_pinned;       /* keep sink_pos where the read-back began
+                            * (connect.h, source_ops.in_doubt) */
+    char src_pos[2048];    /* the source's (connect.h: source_ops.pos),
+                            * "" when it keeps none */
     job_rec *recs;         /* the batch's entries (sink only) */
     size_t nrecs, caprecs;
     cli_buf rkeys;
@@ -94,10 +98,14 @@ int job_start_sink(job *j, const char *cmd, idem_store *s, const char *name,
                    struct sink *out);
 
 /* The output appended to obuf since `from` is the entry of key (a stream
- * sink needs it to write idem-key), with the input's headers hdr (NULL:
- * none); nothing for a file. 0 or -1. */
+ * sink needs it to write idem-key), of a message with meta (NULL, 0:
+ * none; connect.h); nothing for a file. 0 or -1. */
 int job_mark(job *j, size_t from, const void *key, size_t keylen,
-             const char *hdr, size_t hdrlen);
+             const char *meta, size_t metalen);
+
+/* The source's position that the next checkpoint keeps (from=); 0, or
+ * -1 when it is too long for a checkpoint. */
+int job_from(job *j, const char *pos);
 
 /* Within a batch's commit (idem_commit_fn): write obuf and make it
  * durable, then put the checkpoint that says the input is consumed up to

@@ -158,8 +158,8 @@ static void take(nd_reader *r, nd_line *l, size_t len, int nl)
     l->has_nl = nl;
     l->again = 0;
     l->since = 0;
-    l->hdr = NULL;
-    l->hdrlen = 0;
+    l->meta = NULL;
+    l->metalen = 0;
     l->lineno = ++r->lineno;
     r->pos += len + (size_t)nl;
     l->end = r->base + r->pos;

@@ -20,11 +20,9 @@ typedef struct nd_line {
                          * before this time (ms, the source server's
                          * clock): its first delivery, else its entry's
                          * own time. 0: not known */
-    const char *hdr;    /* a message's headers, for a sink to write
-                         * again and for --key header:NAME: pairs
-                         * NAME\0VALUE\0 (connect_header()); NULL
-                         * when it has none */
-    size_t hdrlen;
+    const char *meta;   /* the message's key and headers beside the line
+                         * (connect.h, META_*); NULL for none */
+    size_t metalen;
 } nd_line;
 
 typedef struct nd_reader {
@@ -50,6 +48,9 @@ enum {
     ND_NEXT,      /* the current input ended; the next call opens the
                    * next one */
     ND_END,       /* all inputs ended */
+    ND_AGAIN,     /* the lines handed out since the last release are
+                   * taken back (a broker gave their partitions to
+                   * another reader): drop them, they come again */
     ND_ERR = -1   /* err says why */
 };
 

@@ -84,7 +84,10 @@ typedef struct loop {
     nd_reader rd;
     source *src;     /* files (rd) or a stream (--from) */
     int key_is_id;   /* --key @id: a stream entry's ID is its key */
-    const char *key_header;  /* --key header:NAME: NAME, else NULL */
+    int key_in_meta; /* --key @key or header:NAME (connect.h) */
+    pthread_mutex_t busy_mu;  /* busy: a batch is being committed (for */
+    pthread_cond_t busy_cv;   /* a source's settle hook) */
+    int busy;
     int sweeps;      /* the store wants sweeping between batches */
     jk_path path;
     jk *jk;
@@ -172,6 +175,7 @@ int stream_opt(stream_cfg *c, int ch, const char *arg)
     case 'P': c->metrics_listen = arg; return 0;
     case 'I': return cli_duration(c->cmd, "--idle-exit", arg,
                                   &c->idle_exit_ms);
+    case STREAM_OPT_KAFKA_CONFIG: connect_kafka_config(arg); return 0;
     case 'C':
         if (!strcmp(arg, "0")) {
             c->commit_interval_ms = 0;
@@ -265,11 +269,11 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
         return cli_usage_error(c->cmd, "--key @id is a Redis entry ID; key "
                                "a NATS message by a header instead: --key "
                                "header:Nats-Msg-Id");
-    if (c->key && !strncmp(c->key, "header:", 7) && (!c->from || !c->key[7]))
-        return cli_usage_error(c->cmd, "--key header:NAME (a message "
-                               "header) is for a stream source with "
-                               "headers (--from nats://...); to key a "
-                               "field named so, write --key /header:...");
+    if (meta_key_spec(c->key) && !c->from)
+        return cli_usage_error(c->cmd, "--key %s (the message's key or a "
+                               "header) is for a stream source (--from "
+                               "kafka://... or nats://...); to key a field so named, "
+                               "write --key /%s", c->key, c->key);
     if (c->key && !strcmp(c->key, "@id") && !c->from)
         return cli_usage_error(c->cmd, "--key @id (the entry's ID) is for "
                                "a stream source (--from redis-stream://"
@@ -428,17 +432,16 @@ static int classify(loop *lp, batch *b, const nd_line *l)
         return key_problem(lp, b, l, col, "a field name or value is not "
                            "UTF-8", 1);
     char hash[LH_KEY_LEN], id[48];
-    if (lp->key_is_id) {  /* --key @id: the entry's ID, MS-SEQ */
+    if (lp->key_in_meta) {  /* the broker's message key or a header */
+        if (!meta_key(l->meta, l->metalen, lp->st.cfg->key, &key, &klen)) {
+            snprintf(what, sizeof what, "no %s", lp->st.cfg->key[0] == '@'
+                     ? "message key" : lp->st.cfg->key);
+            return key_problem(lp, b, l, col, what, 0);
+        }
+    } else if (lp->key_is_id) {  /* --key @id: the entry's ID, MS-SEQ */
         klen = (size_t)snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64,
                                 l->end, l->lineno);
         key = id;
-    } else if (lp->key_header) {  /* a message header's value */
-        if (!connect_header(l->hdr, l->hdrlen, lp->key_header,
-                            strlen(lp->key_header), &key, &klen)) {
-            snprintf(what, sizeof what, "no header '%.200s'",
-                     lp->key_header);
-            return key_problem(lp, b, l, col, what, 0);
-        }
     } else if (lp->st.cfg->line_mode) {
         klen -= klen && key[klen - 1] == '\r';
         if (lp->line_hash) {
@@ -479,16 +482,16 @@ static int add_item(loop *lp, batch *b, const nd_line *l)
     int kind = classify(lp, b, l);
     if (kind == -1)
         return -1;
-    size_t hoff = b->text.len + l->len + (size_t)l->has_nl;
+    size_t moff = b->text.len + l->len + (size_t)l->has_nl;
     if (kind < 0 || cli_buf_add(&b->text, l->p, l->len + (size_t)l->has_nl) ||
-        (l->hdrlen && cli_buf_add(&b->text, l->hdr, l->hdrlen))) {
+        (l->metalen && cli_buf_add(&b->text, l->meta, l->metalen))) {
         b->stop = cli_fail(lp->st.cfg->cmd, "out of memory");
         return -1;
     }
     item *it = &b->items[b->nitems++];
     *it = (item){*l, kind, b->nmsgs};
     it->l.p = (const char *)(uintptr_t)toff;
-    it->l.hdr = (const char *)(uintptr_t)hoff;
+    it->l.meta = (const char *)(uintptr_t)moff;
     if (kind == IT_MSG) {
         size_t mlen = l->len - (l->len && l->p[l->len - 1] == '\r');
         b->again[b->nmsgs] = l->again != 0;
@@ -507,7 +510,7 @@ static void fix_pointers(batch *b)
     for (size_t i = 0; i < b->nitems; i++) {
         nd_line *l = &b->items[i].l;
         l->p = b->text.p + (uintptr_t)l->p;
-        l->hdr = l->hdrlen ? b->text.p + (uintptr_t)l->hdr : NULL;
+        l->meta = l->metalen ? b->text.p + (uintptr_t)l->meta : NULL;
     }
     for (size_t i = 0; i < b->nmsgs; i++) {
         b->msgs[i].key = b->keys.p + (uintptr_t)b->msgs[i].key;
@@ -525,7 +528,7 @@ static void read_batch(loop *lp, batch *b)
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
-        nd_line l = {0};
+        nd_line l = {0};  /* a file's line sets no meta */
         if (b->nitems == 0 && src->ops->wait(src))
             break;
         int rc = src->ops->next(src, &l, b->nitems == 0);
@@ -535,6 +538,11 @@ static void read_batch(loop *lp, batch *b)
             continue;
         }
         src->ops->release(src);
+        if (rc == ND_AGAIN) {  /* nothing of it was claimed */
+            b->nitems = b->nmsgs = 0;
+            b->keys.len = b->text.len = 0;
+            continue;
+        }
         if (rc == ND_NEXT && b->nitems == 0) {
             b->input = lp->rd.cur;
             continue;
@@ -682,8 +690,8 @@ static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
     }
     size_t from = j->obuf.len;
     if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l) ||
-        job_mark(j, from, m ? m->key : "", m ? m->keylen : 0,
-                 lp->st.cfg->handler ? NULL : it->l.hdr, it->l.hdrlen))
+        job_mark(j, from, m ? m->key : "", m ? m->keylen : 0, it->l.meta,
+                 it->l.metalen))
         return IDEM_ENOMEM;
     return 0;
 }
@@ -702,6 +710,36 @@ static int catch_up_items(loop *lp, const idem_msg *msgs, size_t from,
                          msgs[b->items[i].msg - lp->base].attempt, &any,
                          &since);
     return sink_catch_up(lp, any, since);
+}
+
+/* A source that keeps its own position is told which lines the commit
+ * covers, and the checkpoint keeps where that leaves it. 0 or an
+ * IDEM_E* code. */
+static int mark_source(loop *lp, size_t from, size_t upto)
+{
+    source *src = lp->src;
+    if (!src->ops->mark)
+        return 0;
+    for (size_t i = from; i < upto; i++)
+        src->ops->mark(src, &lp->committing->items[i].l);
+    if (job_from(&lp->st.job, src->ops->pos(src)) == 0)
+        return 0;
+    cli_fail(lp->st.cfg->cmd, "the source's position is too long for a "
+             "checkpoint (too many partitions)");
+    return IDEM_EIO;
+}
+
+/* A source without a pending list, after a crash: the messages the dead
+ * run handed out and wrote may lie anywhere ahead on its partitions, not
+ * only in the first batch. Until they are all behind (committed here),
+ * the checkpoint keeps the sink's position where the read-back began, so
+ * that another crash reads their entries back again. Once released, the
+ * position moves with the commits. */
+static void pin_sink(loop *lp)
+{
+    job *j = &lp->st.job;
+    source *src = lp->src;
+    j->sink_pinned = j->sink_pinned && src->ops->in_doubt(src);
 }
 
 /* The runner's commit step: output of every line before the first
@@ -732,6 +770,10 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     }
     if (rc)
         return rc;
+    rc = mark_source(lp, b->emitted, upto);
+    if (rc)
+        return rc;
+    pin_sink(lp);
     b->emitted = upto;
     return job_commit(&lp->st.job, b->input,
                       upto ? &b->items[upto - 1].l : NULL);
@@ -887,7 +929,24 @@ static void *commit_batch(void *arg)
     commit_runs(lp);
     if (lp->src->ops->ack)
         ack_committed(lp);
+    pthread_mutex_lock(&lp->busy_mu);
+    lp->busy = 0;
+    pthread_cond_broadcast(&lp->busy_cv);
+    pthread_mutex_unlock(&lp->busy_mu);
     return NULL;
+}
+
+/* The source's settle hook (source_opts), in the reading thread: a
+ * broker about to take partitions away first waits for the batch being
+ * committed, so that its offsets are acknowledged while they are still
+ * this reader's. */
+static void settle(void *ctx)
+{
+    loop *lp = ctx;
+    pthread_mutex_lock(&lp->busy_mu);
+    while (lp->busy)
+        pthread_cond_wait(&lp->busy_cv, &lp->busy_mu);
+    pthread_mutex_unlock(&lp->busy_mu);
 }
 
 static void *worker(void *arg)
@@ -934,6 +993,9 @@ static void stop_worker(loop *lp)
 static void start_commit(loop *lp, batch *b)
 {
     lp->committing = b;
+    pthread_mutex_lock(&lp->busy_mu);
+    lp->busy = 1;
+    pthread_mutex_unlock(&lp->busy_mu);
     if (lp->threaded)
         sem_post(&lp->go);
     else
@@ -1252,9 +1314,8 @@ static int setup(loop *lp, const stream_cfg *c)
     lp->tty = isatty(2);
     lp->t0 = lp->last_progress = cli_mono_s();
     lp->key_is_id = c->key && !strcmp(c->key, "@id");
-    lp->key_header = c->key && !strncmp(c->key, "header:", 7) ? c->key + 7
-                                                              : NULL;
-    if (!c->line_mode && !lp->key_is_id && !lp->key_header) {
+    lp->key_in_meta = meta_key_spec(c->key);
+    if (!c->line_mode && !lp->key_is_id && !lp->key_in_meta) {
         if (jk_path_parse(c->key, &lp->path, err, sizeof err))
             return cli_usage_error(c->cmd, "--key %s: %s", c->key, err);
         if (!(lp->jk = jk_new(&lp->path)))
@@ -1467,6 +1528,17 @@ static int open_files(loop *lp, const source_opts *o, size_t at,
     return 0;
 }
 
+/* A source that keeps its own position starts where the job's
+ * checkpoint says. 0 or 1. */
+static int resume_source(loop *lp)
+{
+    source *src = lp->src;
+    const char *pos = lp->st.job.src_pos;
+    if (!src || !src->ops->resume || !*pos || !src->ops->resume(src, pos))
+        return 0;
+    return cli_fail(lp->st.cfg->cmd, "%s", src->ops->err(src));
+}
+
 /* The source and the output, streams or files, and where to start.
  * Files into a stream are read from their start: the sink's checkpoint
  * holds no input position, and every key committed before is a
@@ -1478,13 +1550,18 @@ static int open_ends(loop *lp)
                         : c->line_mode ? "--line"
                                        : "--key";
     int64_t lease = c->lease_ms ? c->lease_ms : 30000;
-    source_opts o = {c->batch, lease, c->idle_exit_ms, &stream_stop};
+    source_opts o = {c->batch, lease, c->idle_exit_ms, &stream_stop,
+                     settle, lp};
     int rc = 0;
     if (c->from && !(lp->src = source_open(c->cmd, c->from, &o, &rc)))
         return rc;
     if (c->to) {
         rc = start_sink(lp, keyed, lease);
-        lp->reread = !lp->src && lp->st.job.resumed;
+        lp->reread = (!lp->src || lp->src->ops->no_pending) &&
+                     lp->st.job.resumed;
+        lp->st.job.sink_pinned = lp->reread && lp->src &&
+                                 lp->src->ops->in_doubt;
+        rc = rc ? rc : resume_source(lp);
         return rc || lp->src ? rc : open_files(lp, &o, 0, 0, 0);
     }
     size_t at = 0;
@@ -1492,6 +1569,7 @@ static int open_ends(loop *lp)
     rc = job_start(&lp->st.job, c->cmd, lp->s, c->job, &c->ks, keyed,
                    c->output, c->overwrite, c->inputs, c->ninputs, &at, &off,
                    &lineno);
+    rc = rc ? rc : resume_source(lp);
     return rc || lp->src ? rc : open_files(lp, &o, at, off, lineno);
 }
 
@@ -1514,6 +1592,8 @@ int stream_run(const stream_cfg *c)
     loop lp = {0};
     lp.rd.fd = -1;
     lp.dl.fd = -1;
+    pthread_mutex_init(&lp.busy_mu, NULL);
+    pthread_cond_init(&lp.busy_cv, NULL);
     int rc = start_metrics(&lp, c);
     if (!rc)
         rc = setup(&lp, c);
@@ -1570,6 +1650,8 @@ int stream_run(const stream_cfg *c)
     free(lp.fault_err);
     dl_close(&lp.dl);
     cli_buf_free(&lp.dl_result);
+    pthread_mutex_destroy(&lp.busy_mu);
+    pthread_cond_destroy(&lp.busy_cv);
     for (int i = 0; i < 2; i++) {
         cli_buf_free(&lp.b[i].keys);
         cli_buf_free(&lp.b[i].text);

@@ -111,7 +111,11 @@ int stream_run(const stream_cfg *cfg);
         {"grace", 1, 0, 'G'}, {"from", 1, 0, 'F'}, {"to", 1, 0, 'T'},     \
         {"idle-exit", 1, 0, 'I'},                                         \
         {"metrics-listen", 1, 0, 'P'},                                    \
+        {"kafka-config", 1, 0, STREAM_OPT_KAFKA_CONFIG},                  \
         {"help", 0, 0, 'h'}
+
+/* getopt's value of --kafka-config (no short option). */
+#define STREAM_OPT_KAFKA_CONFIG 0x100
 
 /* The help of the options that name a stream, for both commands. */
 #define STREAM_ENDS_HELP \
@@ -122,11 +126,20 @@ int stream_run(const stream_cfg *cfg);
     "                    the host name (give each worker its own). Each\n" \
     "                    entry is a JSON object of its fields; it is acked\n" \
     "                    once committed, and a dead consumer's entries are\n" \
-    "                    taken over after --lease\n" \
+    "                    taken over after --lease. Or kafka://BOOTSTRAP\n" \
+    "                    [,...]/TOPIC[,...]?group=G[&consumer=C][&A.B=V]:\n" \
+    "                    a consumer group, offsets committed after the\n" \
+    "                    idem commit; dotted parameters are librdkafka\n" \
+    "                    properties. --key @key or header:NAME keys by the\n" \
+    "                    message key or a header\n" \
+    "  --kafka-config FILE  librdkafka properties (NAME=VALUE lines, as\n" \
+    "                    kcat -F); never printed\n" \
     "  --to URI          write a stream instead of --output:\n" \
     "                    redis-stream://.../STREAM[?maxlen=~N]: an entry\n" \
     "                    per output line, its members as fields, plus\n" \
-    "                    idem-key.\n" \
+    "                    idem-key. Or kafka://BOOTSTRAP[,...]/TOPIC: an\n" \
+    "                    idempotent producer; each message reproduced\n" \
+    "                    (value, key, headers) plus header idem-key.\n" \
     "                    Exactly once across kill -9: what a dead run wrote\n" \
     "                    and did not commit is read back, not written again\n" \
     "                    (docs/streams.md)\n" \
@@ -137,7 +150,9 @@ int stream_run(const stream_cfg *cfg);
     "                    keeps data and headers); --key header:NAME keys\n" \
     "                    by a header\n" \
     "  --idle-exit DURATION  a stream source runs until SIGTERM or SIGINT;\n" \
-    "                    with this, also until nothing new came for DURATION\n"
+    "                    with this, also until nothing new came for\n" \
+    "                    DURATION (Kafka: while assigned and read to the\n" \
+    "                    end)\n"
 
 /* The help of --metrics-listen, for both commands. */
 #define STREAM_METRICS_HELP \

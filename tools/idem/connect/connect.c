@@ -13,12 +13,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "kafka.h"
 #include "nstream.h"
 #include "rstream.h"
 
 int connect_is_uri(const char *uri)
 {
-    return rs_is_uri(uri) || ns_is_uri(uri);
+    return rs_is_uri(uri) || kafka_is_uri(uri) || ns_is_uri(uri);
 }
 
 int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
@@ -26,6 +27,8 @@ int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
 {
     if (rs_is_uri(uri))
         return rs_ident(cmd, uri, as_sink, buf, size);
+    if (kafka_is_uri(uri))
+        return kafka_ident(cmd, uri, as_sink, buf, size);
     if (ns_is_uri(uri))
         return ns_ident(cmd, uri, as_sink, buf, size);
     return cli_usage_error(cmd, "%s: not a stream URI", uri);
@@ -36,6 +39,8 @@ source *source_open(const char *cmd, const char *uri, const source_opts *o,
 {
     if (rs_is_uri(uri))
         return rs_source_open(cmd, uri, o, status);
+    if (kafka_is_uri(uri))
+        return kafka_source_open(cmd, uri, o, status);
     if (ns_is_uri(uri))
         return ns_source_open(cmd, uri, o, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
@@ -47,10 +52,93 @@ sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 {
     if (rs_is_uri(uri))
         return rs_sink_open(cmd, uri, lease_ms, status);
+    if (kafka_is_uri(uri))
+        return kafka_sink_open(cmd, uri, lease_ms, status);
     if (ns_is_uri(uri))
         return ns_sink_open(cmd, uri, lease_ms, status);
     *status = cli_usage_error(cmd, "%s: not a stream URI", uri);
     return NULL;
+}
+
+/* ---- a message's meta */
+
+static int add_part(cli_buf *b, const void *p, size_t n, int none)
+{
+    uint32_t v = none ? META_NULL : (uint32_t)n;
+    unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8),
+                           (unsigned char)(v >> 16),
+                           (unsigned char)(v >> 24)};
+    return cli_buf_add(b, le, 4) || (!none && cli_buf_add(b, p, n)) ? -1
+                                                                    : 0;
+}
+
+int meta_add(cli_buf *b, int type, const char *name, size_t namelen,
+             const void *value, size_t valuelen)
+{
+    unsigned char t = (unsigned char)type;
+    if (namelen >= META_NULL || valuelen >= META_NULL ||
+        cli_buf_add(b, &t, 1) ||
+        (type == META_HEADER && add_part(b, name, namelen, 0)))
+        return -1;
+    return add_part(b, value, valuelen, value == NULL);
+}
+
+/* One part at *at: 1, or 0 when it runs past the end. */
+static int take_part(const char *meta, size_t len, size_t *at,
+                     const char **p, size_t *n)
+{
+    if (len - *at < 4)
+        return 0;
+    const unsigned char *u = (const unsigned char *)meta + *at;
+    uint32_t v = (uint32_t)u[0] | (uint32_t)u[1] << 8 |
+                 (uint32_t)u[2] << 16 | (uint32_t)u[3] << 24;
+    *at += 4;
+    if (v == META_NULL) {
+        *p = NULL;
+        *n = 0;
+        return 1;
+    }
+    if (len - *at < v)
+        return 0;
+    *p = meta + *at;
+    *n = v;
+    *at += v;
+    return 1;
+}
+
+int meta_next(const char *meta, size_t len, size_t *at, meta_rec *r)
+{
+    if (!meta || *at >= len)
+        return 0;
+    *r = (meta_rec){.type = (unsigned char)meta[(*at)++]};
+    if (r->type == META_HEADER &&
+        (!take_part(meta, len, at, &r->name, &r->namelen) || !r->name))
+        return 0;
+    return (r->type == META_KEY || r->type == META_HEADER) &&
+           take_part(meta, len, at, &r->value, &r->valuelen);
+}
+
+int meta_key_spec(const char *spec)
+{
+    return spec && (!strcmp(spec, "@key") || !strncmp(spec, "header:", 7));
+}
+
+int meta_key(const char *meta, size_t len, const char *spec,
+             const char **key, size_t *klen)
+{
+    int want = strcmp(spec, "@key") ? META_HEADER : META_KEY;
+    const char *name = spec + 7;
+    size_t at = 0;
+    meta_rec r;
+    while (meta_next(meta, len, &at, &r))
+        if (r.type == want && r.value &&
+            (want == META_KEY || (r.namelen == strlen(name) &&
+                                  !memcmp(r.name, name, r.namelen)))) {
+            *key = r.value;
+            *klen = r.valuelen;
+            return 1;
+        }
+    return 0;
 }
 
 /* ---- files */
@@ -117,25 +205,4 @@ source *source_files(nd_reader *rd, const source_opts *o)
     f->rd = rd;
     f->stop = o->stop;
     return &f->base;
-}
-
-int connect_header(const char *hdr, size_t hdrlen, const char *name,
-                   size_t n, const char **v, size_t *vlen)
-{
-    const char *p = hdr, *end = hdr ? hdr + hdrlen : NULL;
-    while (p && p < end) {
-        const char *nul = memchr(p, 0, (size_t)(end - p));
-        const char *val = nul ? nul + 1 : end;
-        const char *vend = val < end ? memchr(val, 0, (size_t)(end - val))
-                                     : NULL;
-        if (!vend)
-            return 0;
-        if ((size_t)(nul - p) == n && !memcmp(p, name, n)) {
-            *v = val;
-            *vlen = (size_t)(vend - val);
-            return 1;
-        }
-        p = vend + 1;
-    }
-    return 0;
 }

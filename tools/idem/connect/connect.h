@@ -9,6 +9,16 @@
  * checkpoint keeps; after a crash it reads back what follows that
  * position (read_back) and answers whether a key is already there (has).
  *
+ * A broker that keeps no pending list per consumer (Kafka) says where
+ * its reader stands instead: the loop tells the source which lines each
+ * commit covers before the checkpoint is put (mark), keeps the source's
+ * position in the job's checkpoint beside the sink's (pos, `from=`), and
+ * hands it back on the next run (resume). A message may carry more than
+ * its line, the broker's message key and headers: the source attaches
+ * them as the line's meta (the records below), the loop carries them
+ * beside the line to the sink (put), and --key @key or header:NAME reads
+ * the key from them (meta_key).
+ *
  * Files are the default source (ndjson.c behind source_files) and output
  * (job.c, which cuts a file back rather than reading it back: a file can
  * be cut, a stream cannot). Each broker adds one source and one sink
@@ -21,6 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "cli.h"
 #include "ndjson.h"
 
 typedef struct source source;
@@ -51,6 +62,24 @@ typedef struct source_ops {
      * consumer), which names its job; NULL when there is one reader. */
     const char *(*worker)(const source *s);
     void (*close)(source *s);
+    /* A source that keeps its own position (NULL: none, as files and
+     * Redis Streams, whose broker keeps it): l is covered by the commit
+     * being written, called in input order from the committing thread
+     * before the checkpoint is put; pos is then the position the
+     * checkpoint keeps (text without spaces, "" for none yet); resume
+     * hands a checkpoint's position back before the first next(). */
+    void (*mark)(source *s, const nd_line *l);
+    const char *(*pos)(source *s);
+    int (*resume)(source *s, const char *pos);
+    /* The source cannot tell which messages were handed out before (no
+     * pending list): after a crash of the job, every first claim looks
+     * for its key among what the sink read back. */
+    int no_pending;
+    /* Such a source: may messages that a dead run handed out still be
+     * ahead (not yet committed by this run)? While they may, the sink's
+     * position in the checkpoint stays where the read-back began, so that
+     * a crash now reads their entries back again. NULL: never. */
+    int (*in_doubt)(source *s);
 } source_ops;
 
 struct source {
@@ -86,11 +115,12 @@ typedef struct sink_ops {
      * stops being found, so that the key, new again after its TTL, is
      * written again. */
     void (*forget)(sink *k, const void *key, size_t keylen);
-    /* One output line of key, queued; then the queue written. 0 or -1
-     * after saying why. hdr: the input message's headers to write with
-     * it (nd_line.hdr; dedup only), or NULL. */
+    /* One output line of key, queued, with the input message's meta
+     * (NULL, 0: none; a sink that reproduces messages takes their key
+     * and headers from it); then the queue written. 0 or -1 after
+     * saying why. */
     int (*put)(sink *k, const char *text, size_t len, const void *key,
-               size_t keylen, const char *hdr, size_t hdrlen);
+               size_t keylen, const char *meta, size_t metalen);
     int (*flush)(sink *k);
     /* The position after the last flush (text without spaces). */
     const char *(*pos)(const sink *k);
@@ -114,6 +144,10 @@ typedef struct source_opts {
     int64_t lease_ms;
     int64_t idle_exit_ms;              /* 0: a stream runs on */
     volatile const sig_atomic_t *stop; /* set by a stop signal */
+    /* Wait until the batch being committed is done and acknowledged
+     * (a broker taking partitions away calls it first); may be NULL. */
+    void (*settle)(void *ctx);
+    void *settle_ctx;
 } source_opts;
 
 /* Does uri name a stream (a source for --from, a sink for --to), rather
@@ -135,10 +169,34 @@ source *source_open(const char *cmd, const char *uri,
 sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
                 int *status);
 
-/* The first value of header name[0..n) in hdr (nd_line.hdr), into *v
- * and *vlen: 1, or 0 when it has none. */
-int connect_header(const char *hdr, size_t hdrlen, const char *name,
-                   size_t n, const char **v, size_t *vlen);
+/* A message's meta: records of one type byte and length-prefixed
+ * parts (4 bytes, little-endian): META_KEY value (the broker's message
+ * key), META_HEADER name value (a value of length META_NULL has none). */
+enum { META_KEY = 'K', META_HEADER = 'H' };
+#define META_NULL 0xffffffffu
+
+typedef struct meta_rec {
+    int type;
+    const char *name, *value;  /* name: NULL for META_KEY; value: NULL
+                                * when it has none */
+    size_t namelen, valuelen;
+} meta_rec;
+
+/* Append a record to b (name NULL for META_KEY, value NULL: none). 0 or
+ * -1 (out of memory). */
+int meta_add(cli_buf *b, int type, const char *name, size_t namelen,
+             const void *value, size_t valuelen);
+/* The record at *at (start at 0), moving *at past it: 1, or 0 at the
+ * end or on a broken record. */
+int meta_next(const char *meta, size_t len, size_t *at, meta_rec *r);
+/* Does --key spec name the meta ("@key", "header:NAME")? */
+int meta_key_spec(const char *spec);
+/* The key spec names in meta: 1 found (*key, *klen), 0 not there. */
+int meta_key(const char *meta, size_t len, const char *spec,
+             const char **key, size_t *klen);
+
+/* --kafka-config FILE: librdkafka properties for kafka:// URIs. */
+void connect_kafka_config(const char *path);
 
 /* Files as a source: rd, opened by the caller, stays the caller's. */
 source *source_files(nd_reader *rd, const source_opts *o);

@@ -360,23 +360,29 @@ static void ns_forget(sink *base, const void *key, size_t keylen)
     km_del(&((ns_sink *)base)->back, key, keylen);
 }
 
-/* The input's headers on m, but for the two this sink sets. */
-static natsStatus copy_headers(natsMsg *m, const char *hdr, size_t hdrlen)
+/* The input's headers (meta's) on m, but for the two this sink sets. */
+static natsStatus copy_headers(natsMsg *m, const char *meta, size_t metalen)
 {
     natsStatus st = NATS_OK;
-    for (const char *p = hdr, *end = hdr + hdrlen; !st && p && p < end;) {
-        const char *v = p + strlen(p) + 1;
-        if (v >= end)
-            break;
-        if (strcmp(p, "Nats-Msg-Id") && strcmp(p, "idem-key"))
-            st = natsMsgHeader_Add(m, p, v);
-        p = v + strlen(v) + 1;
+    size_t at = 0;
+    meta_rec r;
+    while (!st && meta_next(meta, metalen, &at, &r)) {
+        if (r.type != META_HEADER || !r.value ||
+            (r.namelen == 11 && !memcmp(r.name, "Nats-Msg-Id", 11)) ||
+            (r.namelen == 8 && !memcmp(r.name, "idem-key", 8)))
+            continue;
+        char *name = strndup(r.name, r.namelen);
+        char *value = strndup(r.value, r.valuelen);
+        st = name && value ? natsMsgHeader_Add(m, name, value)
+                           : NATS_NO_MEMORY;
+        free(name);
+        free(value);
     }
     return st;
 }
 
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
-                  size_t keylen, const char *hdr, size_t hdrlen)
+                  size_t keylen, const char *meta, size_t metalen)
 {
     ns_sink *k = (ns_sink *)base;
     len -= len && text[len - 1] == '\n';  /* the loop's line end */
@@ -389,7 +395,7 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     k->key[keylen] = 0;
     natsMsg *m = NULL;
     natsStatus st = natsMsg_Create(&m, k->u.name, NULL, text, (int)len);
-    st = st ? st : copy_headers(m, hdr, hdrlen);
+    st = st ? st : copy_headers(m, meta, metalen);
     st = st ? st : natsMsgHeader_Set(m, "Nats-Msg-Id", k->key);
     st = st ? st : natsMsgHeader_Set(m, "idem-key", k->key);
     st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);

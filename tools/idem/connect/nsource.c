@@ -5,7 +5,7 @@
  * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of three
  * batches (one committing, one being read, one fetched ahead). Messages
  * are fetched up to a batch at a time; each is handed out as its data,
- * one line, with its headers beside it (nd_line.hdr, pairs NAME\0VALUE\0)
+ * one line, with its headers beside it (nd_line.meta, connect.h)
  * and its stream sequence as its position.
  *
  * A message is acknowledged only after the commit that covers it, by the
@@ -249,8 +249,8 @@ static char *headers(natsMsg *m, size_t *len)
         if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)
             continue;
         for (int j = 0; !rc && j < nv; j++)
-            rc = cli_buf_add(&b, keys[i], strlen(keys[i]) + 1) ||
-                 cli_buf_add(&b, vals[j], strlen(vals[j]) + 1);
+            rc = meta_add(&b, META_HEADER, keys[i], strlen(keys[i]),
+                          vals[j], strlen(vals[j]));
         free((void *)vals);
     }
     free((void *)keys);
@@ -288,9 +288,9 @@ static int hand_out(ns_source *s, natsMsg *m, nd_line *l)
     *l = (nd_line){.p = natsMsg_GetData(m),
                    .len = (size_t)natsMsg_GetDataLength(m),
                    .lineno = md->Sequence.Stream, .end = no,
-                   .again = md->NumDelivered > 1, .hdr = h.hdr,
+                   .again = md->NumDelivered > 1, .meta = h.hdr,
                    .since = (uint64_t)(md->Timestamp / 1000000),
-                   .hdrlen = h.hdrlen};
+                   .metalen = h.hdrlen};
     jsMsgMetaData_Destroy(md);
     if (!ok)
         free(h.hdr);

@@ -2,7 +2,7 @@
  *
  * The source reads a durable pull consumer (created if missing), hands
  * out each message's data as a line with its headers beside it
- * (nd_line.hdr), tells the server the messages in hand are in progress
+ * (nd_line.meta), tells the server the messages in hand are in progress
  * while they wait, and acknowledges each only after the commit that
  * covers it. The sink publishes one message per output line with
  * Nats-Msg-Id and idem-key set to its key, waits for the PubAcks, and

@@ -424,10 +424,10 @@ static int argv_room(rs_sink *k, size_t n)
 }
 
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
-                  size_t keylen, const char *hdr, size_t hdrlen)
+                  size_t keylen, const char *meta, size_t metalen)
 {
-    (void)hdr;  /* Redis entries are read without headers */
-    (void)hdrlen;
+    (void)meta;  /* Redis entries carry no key or headers of their own */
+    (void)metalen;
     rs_sink *k = (rs_sink *)base;
     if (rs_lock_lost(k->lock))
         return cli_fail(k->cmd, "%s: the job's lock was not renewed for "

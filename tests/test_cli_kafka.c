@@ -1,0 +1,546 @@
+/* tests/test_cli_kafka.c - `idem dedup` and `idem run` between Kafka
+ * topics, on librdkafka's mock cluster (tests/progs/kafka_mock: three
+ * brokers on loopback, in another process, reached as any client would):
+ * each key once in the output with its value, message key and headers
+ * unchanged plus idem-key, the group's committed offsets at the end of
+ * the input, across kill -9 at random moments and just after the sink
+ * was written; two consumers and a rebalance mid-stream; a broker that
+ * fails requests and one that goes down; keys in values, headers and
+ * message keys; a message without a key.
+ *
+ * Every check reads the output topic itself. Keys are produced as the
+ * message key too, so that each key lives in one input partition and
+ * its first message is well defined. The group's session timeout is
+ * lowered (3 s) so that a killed member leaves the group soon. */
+#include <fcntl.h>
+#include <librdkafka/rdkafka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "redis_harness.h"
+
+#define GROUP_PARAMS "session.timeout.ms=3000&heartbeat.interval.ms=500"
+
+static pid_t mock_pid;
+static FILE *mock_in, *mock_out;
+static char brokers[256];
+
+/* The mock cluster with topics in and out (4 partitions each). */
+static void setup(void)
+{
+    t_dir_init();
+    int to[2], from[2];
+    /* Close-on-exec: the idem processes a test starts must not hold the
+     * mock's input open, which ends it when the test ends. */
+    cr_assert_eq(pipe2(to, O_CLOEXEC), 0);
+    cr_assert_eq(pipe2(from, O_CLOEXEC), 0);
+    char prog[600];
+    snprintf(prog, sizeof prog, "%s/kafka_mock", getenv("IDEM_PROGS"));
+    mock_pid = fork();
+    cr_assert_geq(mock_pid, 0);
+    if (mock_pid == 0) {
+        dup2(to[0], 0);
+        dup2(from[1], 1);
+        close(to[1]);
+        close(from[0]);
+        execl(prog, prog, "in:4", "out:4", "other:2", (char *)NULL);
+        _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    mock_in = fdopen(to[1], "w");
+    mock_out = fdopen(from[0], "r");
+    cr_assert(fgets(brokers, sizeof brokers, mock_out), "no mock cluster");
+    brokers[strcspn(brokers, "\n")] = 0;
+}
+
+static void teardown(void)
+{
+    fclose(mock_in);
+    kill(mock_pid, SIGKILL);
+    waitpid(mock_pid, NULL, 0);
+    fclose(mock_out);
+    t_dir_fini();
+}
+
+TestSuite(kafka, .init = setup, .fini = teardown, .timeout = 240);
+
+/* A command to the mock; it answers ok. */
+static void mock(const char *cmd)
+{
+    char line[64];
+    fprintf(mock_in, "%s\n", cmd);
+    fflush(mock_in);
+    cr_assert(fgets(line, sizeof line, mock_out));
+    cr_assert_str_eq(line, "ok\n", "mock: %s", cmd);
+}
+
+/* ---- producing and reading */
+
+enum { KEY_IN_VALUE, KEY_IN_HEADER, KEY_AS_KEY, NO_KEY_ON_SOME };
+
+#define MAXN 3000
+static int first_of[MAXN];  /* key k's first message: its number */
+
+static rd_kafka_t *client(rd_kafka_type_t t, const char *group)
+{
+    char err[256];
+    rd_kafka_conf_t *c = rd_kafka_conf_new();
+    rd_kafka_conf_set(c, "bootstrap.servers", brokers, NULL, 0);
+    rd_kafka_conf_set(c, "log_level", "2", NULL, 0);
+    if (group) {
+        rd_kafka_conf_set(c, "group.id", group, NULL, 0);
+        rd_kafka_conf_set(c, "enable.auto.commit", "false", NULL, 0);
+    }
+    rd_kafka_conf_set(c, "enable.partition.eof", "true", NULL, 0);
+    rd_kafka_t *rk = rd_kafka_new(t, c, err, sizeof err);
+    cr_assert(rk, "%s", err);
+    return rk;
+}
+
+/* n messages into topic in: one in five repeats an earlier key; the
+ * key is e<K>, by `how`; every message has the header note=n<I> and
+ * its value {"event_id":"eK","amount":"..","note":"nI"} (no event_id
+ * when the key is elsewhere). Returns the number of distinct keys. */
+static int produce(int n, int how)
+{
+    rd_kafka_t *rk = client(RD_KAFKA_PRODUCER, NULL);
+    int fresh = 0;
+    unsigned x = 777;
+    cr_assert_leq(n, MAXN);
+    for (int i = 0; i < n; i++) {
+        x = x * 1103515245u + 12345u;
+        int repeat = (x >> 8) % 5 == 0 && fresh;
+        int k = repeat ? (int)((x >> 12) % fresh) : fresh++;
+        if (!repeat)
+            first_of[k] = i;
+        char key[32], note[32], value[200];
+        snprintf(key, sizeof key, "e%d", k);
+        snprintf(note, sizeof note, "n%d", i);
+        if (how == KEY_IN_VALUE || how == NO_KEY_ON_SOME)
+            snprintf(value, sizeof value, "{\"event_id\":\"%s\",\"amount\":"
+                     "\"%d\",\"note\":\"%s\"}", how == NO_KEY_ON_SOME &&
+                     i % 10 == 9 ? "" : key, k * 7 % 1000, note);
+        else
+            snprintf(value, sizeof value, "{\"amount\":\"%d\",\"note\":"
+                     "\"%s\"}", k * 7 % 1000, note);
+        if (how == NO_KEY_ON_SOME && i % 10 == 9)  /* no event_id */
+            snprintf(value, sizeof value, "{\"note\":\"%s\"}", note);
+        rd_kafka_headers_t *h = rd_kafka_headers_new(2);
+        rd_kafka_header_add(h, "note", -1, note, -1);
+        if (how == KEY_IN_HEADER)
+            rd_kafka_header_add(h, "idempotency-key", -1, key, -1);
+        cr_assert_eq(rd_kafka_producev(
+                         rk, RD_KAFKA_V_TOPIC("in"),
+                         RD_KAFKA_V_VALUE(value, strlen(value)),
+                         RD_KAFKA_V_KEY(key, strlen(key)),
+                         RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
+                         RD_KAFKA_V_HEADERS(h), RD_KAFKA_V_END),
+                     0);
+        rd_kafka_poll(rk, 0);
+    }
+    cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
+    rd_kafka_destroy(rk);
+    return fresh;
+}
+
+typedef struct out_msg {
+    char key[32], idem_key[32], note[32];
+    char value[200];
+    int fence;
+} out_msg;
+
+static int header(const rd_kafka_message_t *m, const char *name, char *buf,
+                  size_t n)
+{
+    rd_kafka_headers_t *h;
+    const void *v;
+    size_t len;
+    buf[0] = 0;
+    if (rd_kafka_message_headers(m, &h) ||
+        rd_kafka_header_get_last(h, name, &v, &len))
+        return 0;
+    snprintf(buf, n, "%.*s", (int)len, v ? (const char *)v : "");
+    return 1;
+}
+
+/* Every message of topic (nparts partitions) into out; their number. */
+static int read_topic(const char *topic, int nparts, out_msg *out, int max)
+{
+    rd_kafka_t *rk = client(RD_KAFKA_CONSUMER, "reader");
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(nparts);
+    for (int i = 0; i < nparts; i++)
+        rd_kafka_topic_partition_list_add(l, topic, i)->offset =
+            RD_KAFKA_OFFSET_BEGINNING;
+    cr_assert_eq(rd_kafka_assign(rk, l), 0);
+    rd_kafka_topic_partition_list_destroy(l);
+    int n = 0, eofs = 0;
+    int64_t until = t_mono_ms() + 60000;
+    while (eofs < nparts) {
+        cr_assert_lt(t_mono_ms(), until, "reading %s did not end", topic);
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(rk, 200);
+        if (!m)
+            continue;
+        if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF)
+            eofs++;
+        else if (!m->err) {
+            cr_assert_lt(n, max);
+            out_msg *o = &out[n++];
+            memset(o, 0, sizeof *o);
+            snprintf(o->key, sizeof o->key, "%.*s", (int)m->key_len,
+                     m->key ? (const char *)m->key : "");
+            snprintf(o->value, sizeof o->value, "%.*s", (int)m->len,
+                     m->payload ? (const char *)m->payload : "");
+            header(m, "idem-key", o->idem_key, sizeof o->idem_key);
+            header(m, "note", o->note, sizeof o->note);
+            char f[8];
+            o->fence = header(m, "idem-fence", f, sizeof f);
+        }
+        rd_kafka_message_destroy(m);
+    }
+    rd_kafka_destroy(rk);
+    return n;
+}
+
+static int key_number(const char *s)
+{
+    return s[0] == 'e' ? (int)strtol(s + 1, NULL, 10) : -1;
+}
+
+/* The output holds keys e0 .. e(nkeys-1) once each, every message that
+ * of its key's first input message: value, message key and headers,
+ * plus idem-key. Fence markers are passed over. */
+static void expect_output(int nkeys, int how)
+{
+    static out_msg out[2 * MAXN];
+    int n = read_topic("out", 4, out, 2 * MAXN), got = 0;
+    char *seen = calloc((size_t)nkeys, 1);
+    for (int i = 0; i < n; i++) {
+        if (out[i].fence)
+            continue;
+        got++;
+        int k = key_number(out[i].idem_key);
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key '%s' twice or "
+                  "unknown", out[i].idem_key);
+        seen[k] = 1;
+        cr_assert_str_eq(out[i].key, out[i].idem_key);
+        char note[32];
+        snprintf(note, sizeof note, "n%d", first_of[k]);
+        cr_assert_str_eq(out[i].note, note, "key e%d: header of another "
+                         "message", k);
+        cr_assert(strstr(out[i].value, note), "key e%d: value %s", k,
+                  out[i].value);
+        if (how == KEY_IN_VALUE)
+            cr_assert(strstr(out[i].value, out[i].idem_key));
+    }
+    cr_assert_eq(got, nkeys, "%d messages for %d keys", got, nkeys);
+    free(seen);
+}
+
+/* run's output: keys e0 .. e(nkeys-1) once each, each a result done,
+ * with its input's message key. */
+static void expect_results(int nkeys)
+{
+    static out_msg out[2 * MAXN];
+    int n = read_topic("out", 4, out, 2 * MAXN), got = 0;
+    char *seen = calloc((size_t)nkeys, 1);
+    for (int i = 0; i < n; i++) {
+        if (out[i].fence)
+            continue;
+        got++;
+        int k = key_number(out[i].idem_key);
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %s twice",
+                  out[i].idem_key);
+        seen[k] = 1;
+        cr_assert_str_eq(out[i].key, out[i].idem_key);
+        cr_assert(strstr(out[i].value, "\"status\":\"done\""), "%s",
+                  out[i].value);
+    }
+    cr_assert_eq(got, nkeys, "%d results for %d keys", got, nkeys);
+    free(seen);
+}
+
+/* Group g's committed offsets are the ends of topic in. */
+static void expect_committed_to_the_end(const char *g)
+{
+    rd_kafka_t *rk = client(RD_KAFKA_CONSUMER, g);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    for (int i = 0; i < 4; i++)
+        rd_kafka_topic_partition_list_add(l, "in", i);
+    cr_assert_eq(rd_kafka_committed(rk, l, 20000), 0);
+    for (int i = 0; i < 4; i++) {
+        int64_t lo, hi;
+        cr_assert_eq(rd_kafka_query_watermark_offsets(rk, "in", i, &lo, &hi,
+                                                      20000), 0);
+        cr_assert_eq(l->elems[i].offset, hi, "partition %d: committed "
+                     "%lld, end %lld", i, (long long)l->elems[i].offset,
+                     (long long)hi);
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    rd_kafka_destroy(rk);
+}
+
+static const char *src(const char *params)
+{
+    static char b[2][600];
+    static int t;
+    t ^= 1;
+    snprintf(b[t], sizeof b[t], "'kafka://%s/in?%s&" GROUP_PARAMS "'",
+             brokers, params);
+    return b[t];
+}
+
+static const char *dst(void)
+{
+    static char b[600];
+    snprintf(b, sizeof b, "'kafka://%s/out'", brokers);
+    return b;
+}
+
+/* ---- tests */
+
+Test(kafka, dedup_keeps_first_messages_with_their_key_and_headers)
+{
+    int nkeys = produce(300, KEY_IN_VALUE);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 500ms --batch 64 2> err",
+                       src("group=g"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+    /* kcat reads the output with its headers. */
+    cr_assert_eq(t_sh("cd '%s' && kcat -C -b '%s' -t out -e -q -J "
+                      "> kcat.json 2>/dev/null", t_dir, brokers), 0);
+    cr_assert(t_grep(t_at("kcat.json"), "\"idem-key\",\"e0\""), "%s",
+              t_read(t_at("kcat.json"), NULL));
+    /* Again, in a new group: every key a duplicate, nothing written. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 500ms 2> err", src("group=g2"), dst()),
+                 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g2");
+}
+
+static long kills(long dflt)
+{
+    const char *e = getenv("IDEM_CLI_KILLS");
+    return e ? strtol(e, NULL, 10) : dflt;
+}
+
+/* Start `idem ARGS` and kill -9 it until nkills kills landed on a live
+ * process, then let one run finish. Two runs in three kill themselves
+ * just after writing the sink and before the commit, after 1 to 3
+ * batches (IDEM_TEST_KILL_AT), the moment read-back is for; the third
+ * is killed after a random time within span seconds (joining the group
+ * takes a few of them, the work the rest). A run that ends by itself
+ * has done the input: no kill can land on work after it. Returns the
+ * kills that landed. */
+static long kill_loop(const char *args, double span, long nkills)
+{
+    long landed = 0;
+    for (int tries = 0; landed < nkills && tries < 2 * nkills; tries++) {
+        char at[64];
+        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 3);
+        int random_kill = tries % 3 == 2;
+        if (!random_kill)
+            setenv("IDEM_TEST_KILL_AT", at, 1);
+        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
+        unsetenv("IDEM_TEST_KILL_AT");
+        if (random_kill) {
+            long us = (long)((double)rand() / RAND_MAX * span * 1e6);
+            struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
+            nanosleep(&ts, NULL);
+            kill(pid, SIGKILL);
+        }
+        int st = t_wait(pid);
+        if (st != 128 + SIGKILL) {
+            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
+                         t_read(t_at("err"), NULL));
+            break;
+        }
+        landed++;
+    }
+    cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    return landed;
+}
+
+Test(kafka, dedup_kill9_each_key_once)
+{
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int nkeys = produce(3000, KEY_IN_VALUE);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 300ms --batch 20 --lease 1s --commit-interval "
+             "20ms --store local:store --job k9", src("group=g"), dst());
+    long landed = kill_loop(args, 5.0, kills(16));
+    cr_assert_geq(landed, kills(16) < 3 ? kills(16) : 3);
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+    fprintf(stderr, "kafka dedup: %ld kills landed (seed %u)\n", landed,
+            seed);
+}
+
+/* run: each key's result once, after kills; message keys kept. */
+Test(kafka, run_kill9_results_once)
+{
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int nkeys = produce(1000, KEY_AS_KEY);
+    char args[2048];
+    snprintf(args, sizeof args, "run --key @key --from %s --to %s "
+             "--idle-exit 300ms --batch 10 --lease 1s --commit-interval "
+             "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
+             src("group=g"), dst());
+    long landed = kill_loop(args, 5.0, kills(14));
+    cr_assert_geq(landed, kills(14) < 3 ? kills(14) : 3);
+    expect_results(nkeys);
+    expect_committed_to_the_end("g");
+    fprintf(stderr, "kafka run: %ld kills landed (seed %u)\n", landed,
+            seed);
+}
+
+/* Two consumers of one group sharing a Redis store: the second joins
+ * while the first works through a slow handler, so partitions are
+ * taken from it with a batch in flight (a cooperative rebalance);
+ * together they run each key once and both did some. */
+Test(kafka, two_consumers_and_a_rebalance_mid_stream)
+{
+    int nkeys = produce(600, KEY_IN_VALUE);
+    char store[300];
+    snprintf(store, sizeof store, "'redis://%s?prefix=%s'", th_redis_addr(),
+             th_prefix());
+#define CONSUMER "run --key event_id --from %s --to %s --idle-exit 2s "   \
+                 "--batch 10 --lease 2s --store %s --stats-json --exec "  \
+                 "'\"$IDEM_PROGS/handler\" sleep=10' 2>err%d"
+    pid_t a = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=a"), dst(),
+                          store, 1);
+    t_sleep_ms(4500);  /* a has joined and is working */
+    pid_t b = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=b"), dst(),
+                          store, 2);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    expect_results(nkeys);
+    expect_committed_to_the_end("g");
+    cr_assert(!t_grep(t_at("err1"), "\"new\":0,"), "a did nothing: %s",
+              t_read(t_at("err1"), NULL));
+    cr_assert(!t_grep(t_at("err2"), "\"new\":0,"), "b did nothing: %s",
+              t_read(t_at("err2"), NULL));
+}
+
+Test(kafka, keys_from_a_header_and_from_the_message_key)
+{
+    int nkeys = produce(200, KEY_IN_HEADER);
+    cr_assert_eq(t_cli(t_dir, "dedup --key header:idempotency-key --from "
+                       "%s --to %s --idle-exit 500ms 2> err",
+                       src("group=g"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, KEY_IN_HEADER);
+    /* The message key, into a file: the values, one per line. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key @key --from %s --output o "
+                       "--idle-exit 500ms 2> err", src("group=g2")), 0,
+                 "%s", t_read(t_at("err"), NULL));
+    size_t len;
+    char *o = t_read(t_at("o"), &len);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++)
+        lines += o[i] == '\n';
+    cr_assert_eq(lines, nkeys);
+    free(o);
+}
+
+Test(kafka, a_message_without_a_key)
+{
+    int nkeys = produce(100, NO_KEY_ON_SOME);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 500ms 2> err", src("group=g"), dst()),
+                 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "partition"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "no key field 'event_id'"));
+    /* skip: the run goes on, the keyless ones committed past. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--on-missing-key skip --idle-exit 500ms 2> err",
+                       src("group=g"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_committed_to_the_end("g");
+    (void)nkeys;
+}
+
+/* Produce requests that fail (retriable) and a broker down for a while:
+ * the idempotent producer retries, the consumer fails over; the output
+ * is still each key once. */
+Test(kafka, a_broker_failing_requests_and_one_going_down)
+{
+    int nkeys = produce(600, KEY_IN_VALUE);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "errors 0 20 %d",
+             RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS);
+    mock(cmd);  /* Produce */
+    snprintf(cmd, sizeof cmd, "errors 8 5 %d",
+             RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT);
+    mock(cmd);  /* OffsetCommit */
+    pid_t a = t_cli_start(t_dir, "dedup --key event_id --from %s --to %s "
+                          "--idle-exit 2s --batch 20 2>err",
+                          src("group=g"), dst());
+    t_sleep_ms(3500);
+    mock("down 2");
+    t_sleep_ms(3000);
+    mock("up 2");
+    int st = t_wait(a);
+    if (st != 0)  /* a run that gave up says why; the next one ends it */
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 2s --batch 20 2>>err",
+                           src("group=g"), dst()), 0, "%s",
+                     t_read(t_at("err"), NULL));
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+}
+
+Test(kafka, bad_uris_and_properties_say_what_is_wrong_and_no_secret)
+{
+    struct {
+        const char *args, *says;
+    } cases[] = {
+        {"--from 'kafka://127.0.0.1:1/t'", "?group=NAME"},
+        {"--from 'kafka://127.0.0.1:1/t?group=g&bogus=1'",
+         "unknown parameter 'bogus'"},
+        {"--from 'kafka://127.0.0.1:1?group=g'", "TOPIC"},
+        {"--from 'kafka://127.0.0.1:1/a,b?group=g' --to "
+         "'kafka://127.0.0.1:1/x,y'", "one topic"},
+        {"--from 'kafka://127.0.0.1:1/t?group=g' --to "
+         "'kafka://127.0.0.1:1/t'", "name one stream"},
+        {"--key @key in", "--key @key"},
+    };
+#define NOWHERE "'kafka://127.0.0.1:1/t?group=g&timeout_ms=500"
+    t_put("in", "{}\n");
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        cr_assert_eq(t_cli(t_dir, "dedup --key id %s 2>err", cases[i].args),
+                     2, "%s", cases[i].args);
+        cr_assert(t_grep(t_at("err"), cases[i].says), "%s: %s",
+                  cases[i].args, t_read(t_at("err"), NULL));
+    }
+    /* A property refused: named, its value (a secret) not shown. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --from " NOWHERE
+                       "&security.protocol=secret1' 2>err"), 1);
+    cr_assert(t_grep(t_at("err"), "security.protocol"));
+    cr_assert(!t_grep(t_at("err"), "secret1"), "%s",
+              t_read(t_at("err"), NULL));
+    t_put("kc", "# a file as kcat -F reads\nsasl.password=secret2\n"
+                "sasl.mechanisms=secret3\n");
+    cr_assert_eq(t_cli(t_dir, "dedup --key id --kafka-config kc --from "
+                       NOWHERE "' 2>err"), 1);
+    cr_assert(t_grep(t_at("err"), "no broker answered"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
+    cr_assert(!t_grep(t_at("err"), "secret"), "%s",
+              t_read(t_at("err"), NULL));
+}

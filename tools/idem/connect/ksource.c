@@ -1,0 +1,615 @@
+/* ksource.c - a Kafka consumer group as the input of dedup and run.
+ *
+ * Offsets are never committed by librdkafka on its own
+ * (enable.auto.commit and enable.auto.offset.store are off): the
+ * committing thread commits them, synchronously, after the idem commit
+ * that covers the messages (ack, ack_flush). The job's checkpoint is the
+ * source of truth all the same: it keeps, committed with the records,
+ * the next offset of every partition this job has committed messages of
+ * (mark, pos: "TOPIC:PARTITION:OFFSET,..."), so a crash between the idem
+ * commit and the offset commit repeats nothing. On an assignment each
+ * partition starts at the later of the checkpoint's offset and the
+ * group's committed one (both only ever move after a commit; the later
+ * is the true one, whichever worker made it).
+ *
+ * Rebalances (cooperative-sticky by default, where partitions move one
+ * at a time; eager protocols revoke everything): before partitions go,
+ * the batch being committed is waited for (the settle hook of
+ * stream.c), so its offsets are committed while they are still ours,
+ * and the batch being read is taken back (ND_AGAIN: nothing of it was
+ * claimed); the partitions kept are rewound to where the commits left
+ * them, so nothing is skipped.
+ *
+ * A message is a line: its value, as it is (JSON for --key FIELD; any
+ * bytes for --key @key, header:NAME, --line). Its key and headers go
+ * beside it as the line's meta (connect.h), for the key and for a Kafka
+ * sink that reproduces the message. A message with an empty value
+ * (a tombstone, or a fence marker of a Kafka sink) is a blank line:
+ * passed over, its offset committed. --idle-exit counts only while
+ * partitions are assigned and every one has been read to its end. */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "kafka.h"
+
+#define POLL_SLICE_MS 250
+
+typedef struct kpart {
+    int topic;             /* index in u.topics, -1: not a topic of ours */
+    char *name;            /* its topic's name when not ours */
+    int32_t partition;
+    int owned, eof;
+    int64_t ckpt;          /* the checkpoint's next offset, -1: none */
+    int64_t done;          /* next offset after the last line marked */
+    int64_t acked;         /* next offset after the last line acked */
+    int64_t sent;          /* acked already committed */
+    int64_t resume;        /* where a rewind goes: done, else the first
+                            * offset handed out since the assignment */
+    int64_t end_at_assign; /* the partition's end when assigned: what a
+                            * dead run may have read lies before it */
+} kpart;
+
+typedef struct held {
+    rd_kafka_message_t *m;
+    char *meta;
+} held;
+
+typedef struct k_source {
+    source base;
+    const char *cmd;
+    kafka_uri u;
+    rd_kafka_t *rk;
+    int cooperative;
+    source_opts o;
+    pthread_mutex_t mu;    /* parts: the reader and the committer */
+    kpart *parts;
+    size_t nparts;
+    held *held;
+    size_t nheld, capheld;
+    int rewind;            /* a revoke took the batch being read back */
+    int64_t last_new_ms;
+    char *posbuf;
+    cli_buf meta;
+    char err[1024];
+    char worker[800];
+} k_source;
+
+static const source_ops k_source_ops;
+
+/* The entry of (topic, partition), made if missing; NULL on ENOMEM. */
+static kpart *part_of(k_source *s, const char *topic, int32_t partition)
+{
+    for (size_t i = 0; i < s->nparts; i++) {
+        kpart *p = &s->parts[i];
+        const char *t = p->topic >= 0 ? s->u.topics[p->topic] : p->name;
+        if (p->partition == partition && !strcmp(t, topic))
+            return p;
+    }
+    kpart *v = realloc(s->parts, (s->nparts + 1) * sizeof *v);
+    if (!v)
+        return NULL;
+    s->parts = v;
+    kpart *p = &v[s->nparts];
+    *p = (kpart){.topic = -1, .partition = partition, .ckpt = -1,
+                 .done = -1, .acked = -1, .sent = -1, .resume = -1};
+    for (size_t i = 0; i < s->u.ntopics; i++)
+        if (!strcmp(s->u.topics[i], topic))
+            p->topic = (int)i;
+    if (p->topic < 0 && !(p->name = strdup(topic)))
+        return NULL;
+    s->nparts++;
+    return p;
+}
+
+static const char *topic_name(const k_source *s, const kpart *p)
+{
+    return p->topic >= 0 ? s->u.topics[p->topic] : p->name;
+}
+
+/* A line's partition: its `end` holds the index into parts. */
+static kpart *part_of_line(k_source *s, const nd_line *l)
+{
+    return l->end < s->nparts ? &s->parts[l->end] : NULL;
+}
+
+/* ---- rebalances */
+
+/* Each partition starts at the later of the checkpoint's offset and the
+ * group's committed one (left as it is when neither is known: then
+ * auto.offset.reset says, earliest by default). */
+static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
+{
+    rd_kafka_committed(s->rk, l, (int)s->u.timeout_ms);
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < l->cnt; i++) {
+        rd_kafka_topic_partition_t *t = &l->elems[i];
+        kpart *p = part_of(s, t->topic, t->partition);
+        if (!p)
+            continue;
+        int64_t off = t->err || t->offset < 0 ? -1 : t->offset;
+        off = p->ckpt > off ? p->ckpt : off;
+        t->offset = off >= 0 ? off : RD_KAFKA_OFFSET_INVALID;
+        int64_t lo, hi;
+        p->end_at_assign = rd_kafka_query_watermark_offsets(
+                               s->rk, t->topic, t->partition, &lo, &hi,
+                               (int)s->u.timeout_ms) ? INT64_MAX : hi;
+        p->owned = 1;
+        p->eof = 0;
+        p->resume = off;
+        p->done = p->done > off ? p->done : off;
+        p->acked = p->sent = -1;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void revoked(k_source *s, const rd_kafka_topic_partition_list_t *l)
+{
+    if (s->o.settle)
+        s->o.settle(s->o.settle_ctx);
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < l->cnt; i++) {
+        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
+        if (p)
+            p->owned = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    s->rewind = 1;
+}
+
+static void on_rebalance(rd_kafka_t *rk, rd_kafka_resp_err_t err,
+                         rd_kafka_topic_partition_list_t *l, void *opaque)
+{
+    k_source *s = opaque;
+    s->cooperative = !strcmp(rd_kafka_rebalance_protocol(rk), "COOPERATIVE");
+    if (err == RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS) {
+        start_offsets(s, l);
+        if (s->cooperative)
+            rd_kafka_error_destroy(rd_kafka_incremental_assign(rk, l));
+        else
+            rd_kafka_assign(rk, l);
+        return;
+    }
+    if (err == RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS)
+        revoked(s, l);
+    if (s->cooperative)
+        rd_kafka_error_destroy(rd_kafka_incremental_unassign(rk, l));
+    else
+        rd_kafka_assign(rk, NULL);
+}
+
+/* After a revoke: the partitions kept go back to where their commits
+ * left them (the lines read since are taken back). */
+static void rewind_kept(k_source *s)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        kpart *p = &s->parts[i];
+        if (p->owned && p->resume >= 0)
+            rd_kafka_topic_partition_list_add(l, topic_name(s, p),
+                                              p->partition)->offset =
+                p->resume;
+        p->eof = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (l->cnt)
+        rd_kafka_error_destroy(rd_kafka_seek_partitions(
+            s->rk, l, (int)s->u.timeout_ms));
+    rd_kafka_topic_partition_list_destroy(l);
+    s->rewind = 0;
+}
+
+/* ---- opening */
+
+static void k_close(source *base);
+
+static int subscribe(k_source *s)
+{
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new((int)s->u.ntopics);
+    for (size_t i = 0; i < s->u.ntopics; i++)
+        rd_kafka_topic_partition_list_add(l, s->u.topics[i],
+                                          RD_KAFKA_PARTITION_UA);
+    rd_kafka_resp_err_t e = rd_kafka_subscribe(s->rk, l);
+    rd_kafka_topic_partition_list_destroy(l);
+    if (!e)
+        return 0;
+    snprintf(s->err, sizeof s->err, "%s: subscribing: %s", s->u.display,
+             rd_kafka_err2str(e));
+    return -1;
+}
+
+static int make_consumer(k_source *s)
+{
+    const char *base[] = {"group.id", s->u.group,
+                          "client.id", s->u.consumer,
+                          "enable.auto.commit", "false",
+                          "enable.auto.offset.store", "false",
+                          "enable.partition.eof", "true",
+                          "auto.offset.reset", "earliest",
+                          "partition.assignment.strategy",
+                          "cooperative-sticky", NULL};
+    rd_kafka_conf_t *c = kafka_conf(s->cmd, &s->u, base);
+    if (!c)
+        return 1;
+    rd_kafka_conf_set_rebalance_cb(c, on_rebalance);
+    rd_kafka_conf_set_opaque(c, s);
+    if (!(s->rk = kafka_client(s->cmd, &s->u, RD_KAFKA_CONSUMER, c)))
+        return 1;
+    rd_kafka_poll_set_consumer(s->rk);
+    if (!subscribe(s))
+        return 0;
+    return cli_fail(s->cmd, "%s", s->err);
+}
+
+source *kafka_source_open(const char *cmd, const char *uri,
+                          const source_opts *o, int *status)
+{
+    k_source *s = calloc(1, sizeof *s);
+    if (!s) {
+        *status = cli_fail(cmd, "out of memory");
+        return NULL;
+    }
+    s->base.ops = &k_source_ops;
+    s->cmd = cmd;
+    s->o = *o;
+    pthread_mutex_init(&s->mu, NULL);
+    s->last_new_ms = cli_mono_ms();
+    if ((*status = kafka_uri_parse(cmd, uri, 0, &s->u)) == 0)
+        *status = make_consumer(s);
+    if (*status) {
+        k_close(&s->base);
+        return NULL;
+    }
+    snprintf(s->worker, sizeof s->worker, "%s?group=%s&consumer=%s",
+             s->u.display, s->u.group, s->u.consumer);
+    return &s->base;
+}
+
+static void drop_held(k_source *s)
+{
+    for (size_t i = 0; i < s->nheld; i++) {
+        rd_kafka_message_destroy(s->held[i].m);
+        free(s->held[i].meta);
+    }
+    s->nheld = 0;
+}
+
+static void k_close(source *base)
+{
+    k_source *s = (k_source *)base;
+    drop_held(s);
+    free(s->held);
+    if (s->rk) {
+        rd_kafka_consumer_close(s->rk);
+        rd_kafka_destroy(s->rk);
+    }
+    for (size_t i = 0; i < s->nparts; i++)
+        free(s->parts[i].name);
+    free(s->parts);
+    free(s->posbuf);
+    cli_buf_free(&s->meta);
+    kafka_uri_free(&s->u);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+/* ---- reading */
+
+/* m's key and headers as meta, into a new string; 0 or -1. */
+static int make_meta(k_source *s, const rd_kafka_message_t *m, char **out,
+                     size_t *len)
+{
+    rd_kafka_headers_t *h = NULL;
+    s->meta.len = 0;
+    int rc = m->key ? meta_add(&s->meta, META_KEY, NULL, 0, m->key,
+                               m->key_len) : 0;
+    if (rd_kafka_message_headers(m, &h) == RD_KAFKA_RESP_ERR_NO_ERROR) {
+        const char *name;
+        const void *v;
+        size_t vn;
+        for (size_t i = 0; !rc && !rd_kafka_header_get_all(h, i, &name, &v,
+                                                          &vn); i++)
+            rc = meta_add(&s->meta, META_HEADER, name, strlen(name), v, vn);
+    }
+    *out = NULL;
+    *len = s->meta.len;
+    if (rc || !s->meta.len)
+        return rc;
+    if (!(*out = malloc(s->meta.len)))
+        return -1;
+    memcpy(*out, s->meta.p, s->meta.len);
+    return 0;
+}
+
+/* Hold m until release and make it l. 0 or -1 (out of memory). */
+static int hand_out(k_source *s, rd_kafka_message_t *m, nd_line *l)
+{
+    if (s->nheld == s->capheld) {
+        size_t cap = s->capheld ? 2 * s->capheld : 256;
+        held *v = realloc(s->held, cap * sizeof *v);
+        if (!v)
+            return -1;
+        s->held = v;
+        s->capheld = cap;
+    }
+    char *meta;
+    size_t mlen;
+    pthread_mutex_lock(&s->mu);
+    kpart *p = part_of(s, rd_kafka_topic_name(m->rkt), m->partition);
+    if (p && p->resume < 0)
+        p->resume = m->offset;
+    if (p)
+        p->eof = 0;
+    size_t idx = p ? (size_t)(p - s->parts) : 0;
+    pthread_mutex_unlock(&s->mu);
+    if (!p || make_meta(s, m, &meta, &mlen))
+        return -1;
+    s->held[s->nheld++] = (held){m, meta};
+    *l = (nd_line){.p = m->payload ? (const char *)m->payload : "",
+                   .len = m->len, .lineno = (uint64_t)m->offset,
+                   .end = idx, .meta = meta, .metalen = mlen};
+    return 0;
+}
+
+/* An event instead of a message: the end of a partition, or an error.
+ * 0 to go on, ND_ERR for a fatal one. */
+static int event(k_source *s, const rd_kafka_message_t *m)
+{
+    if (m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF) {
+        pthread_mutex_lock(&s->mu);
+        kpart *p = part_of(s, rd_kafka_topic_name(m->rkt), m->partition);
+        if (p)
+            p->eof = 1;
+        pthread_mutex_unlock(&s->mu);
+        return 0;
+    }
+    char fatal[256];
+    int is_fatal = m->err == RD_KAFKA_RESP_ERR__FATAL &&
+                   rd_kafka_fatal_error(s->rk, fatal, sizeof fatal);
+    if (!is_fatal && m->err != RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART &&
+        m->err != RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED)
+        return 0;  /* librdkafka retries the others itself */
+    snprintf(s->err, sizeof s->err, "%s: %s", s->u.display,
+             is_fatal ? fatal : rd_kafka_message_errstr(m));
+    return ND_ERR;
+}
+
+/* Every partition marked at its end really there: librdkafka's fetch
+ * position at the partition's last known end. An end of partition is
+ * reported now and then before the end (librdkafka's mock does it on
+ * long partitions), which must not end a run by --idle-exit. */
+static int really_at_end(k_source *s)
+{
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++)
+        if (s->parts[i].owned)
+            rd_kafka_topic_partition_list_add(l, topic_name(s, &s->parts[i]),
+                                              s->parts[i].partition);
+    pthread_mutex_unlock(&s->mu);
+    int at_end = rd_kafka_position(s->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    for (int i = 0; at_end && i < l->cnt; i++) {
+        int64_t lo, hi;
+        rd_kafka_topic_partition_t *t = &l->elems[i];
+        /* Nothing consumed since the assignment (no position), or the
+         * end not known: the end reported stands. */
+        at_end = t->offset < 0 ||
+                 rd_kafka_get_watermark_offsets(s->rk, t->topic,
+                                                t->partition, &lo, &hi) ||
+                 t->offset >= hi;
+    }
+    rd_kafka_topic_partition_list_destroy(l);
+    return at_end;
+}
+
+/* Assigned, and every partition read to its end? */
+static int caught_up(k_source *s)
+{
+    int any = 0, all = 1;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++)
+        if (s->parts[i].owned) {
+            any = 1;
+            all &= s->parts[i].eof;
+        }
+    pthread_mutex_unlock(&s->mu);
+    return any && all && really_at_end(s);
+}
+
+static int k_next(source *base, nd_line *l, int wait)
+{
+    k_source *s = (k_source *)base;
+    for (;;) {
+        if (s->rewind) {
+            rewind_kept(s);
+            return ND_AGAIN;
+        }
+        if (*s->o.stop)
+            return ND_IDLE;
+        rd_kafka_message_t *m =
+            rd_kafka_consumer_poll(s->rk, wait ? POLL_SLICE_MS : 0);
+        if (m && !m->err) {
+            s->last_new_ms = cli_mono_ms();
+            if (hand_out(s, m, l) == 0)
+                return ND_LINE;
+            rd_kafka_message_destroy(m);
+            snprintf(s->err, sizeof s->err, "out of memory");
+            return ND_ERR;
+        }
+        int rc = m ? event(s, m) : 0;
+        if (m)
+            rd_kafka_message_destroy(m);
+        if (rc)
+            return rc;
+        if (s->rewind)
+            continue;
+        if (!caught_up(s))  /* the idle clock runs only when caught up */
+            s->last_new_ms = cli_mono_ms();
+        else if (s->o.idle_exit_ms &&
+                 cli_mono_ms() - s->last_new_ms >= s->o.idle_exit_ms)
+            return ND_END;
+        if (!wait && !m)
+            return ND_IDLE;
+    }
+}
+
+static void k_release(source *base)
+{
+    drop_held((k_source *)base);
+}
+
+static int k_wait(source *base)
+{
+    return *((k_source *)base)->o.stop != 0;
+}
+
+static const char *k_err(const source *base)
+{
+    return ((const k_source *)base)->err;
+}
+
+static void k_where(const source *base, const nd_line *l, char *buf,
+                    size_t n)
+{
+    const k_source *s = (const k_source *)base;
+    const kpart *p = l->end < s->nparts ? &s->parts[l->end] : NULL;
+    snprintf(buf, n, "%s partition %" PRId32 " offset %" PRIu64,
+             p ? topic_name(s, p) : "?", p ? p->partition : -1, l->lineno);
+}
+
+static const char *k_worker(const source *base)
+{
+    return ((const k_source *)base)->worker;
+}
+
+/* ---- positions and offsets */
+
+static void k_mark(source *base, const nd_line *l)
+{
+    k_source *s = (k_source *)base;
+    pthread_mutex_lock(&s->mu);
+    kpart *p = part_of_line(s, l);
+    if (p && (int64_t)l->lineno + 1 > p->done)
+        p->done = p->resume = (int64_t)l->lineno + 1;
+    pthread_mutex_unlock(&s->mu);
+}
+
+static const char *k_pos(source *base)
+{
+    k_source *s = (k_source *)base;
+    cli_buf b = {0};
+    int rc = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; !rc && i < s->nparts; i++) {
+        const kpart *p = &s->parts[i];
+        if (p->done >= 0)
+            rc = cli_buf_fmt(&b, "%s%s:%" PRId32 ":%" PRId64,
+                             b.len ? "," : "", topic_name(s, p),
+                             p->partition, p->done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(s->posbuf);
+    s->posbuf = NULL;
+    if (rc || cli_buf_add(&b, "", 1)) {
+        cli_buf_free(&b);
+        return "";  /* none kept: the group's offsets are resumed */
+    }
+    s->posbuf = b.p;
+    return s->posbuf;
+}
+
+static int k_resume(source *base, const char *pos)
+{
+    k_source *s = (k_source *)base;
+    const char *p = pos;
+    while (*p) {
+        size_t n = strcspn(p, ",");
+        char topic[256];
+        int32_t part;
+        int64_t off;
+        int used = 0;
+        if (n >= 300 || sscanf(p, "%255[^:]:%" SCNd32 ":%" SCNd64 "%n",
+                               topic, &part, &off, &used) != 3 ||
+            (size_t)used != n) {
+            snprintf(s->err, sizeof s->err, "the checkpoint's source "
+                     "position is not one idem wrote: %.200s", pos);
+            return -1;
+        }
+        kpart *k = part_of(s, topic, part);
+        if (!k) {
+            snprintf(s->err, sizeof s->err, "out of memory");
+            return -1;
+        }
+        k->ckpt = k->done = off;
+        p += n + (p[n] == ',');
+    }
+    return 0;
+}
+
+static int k_ack(source *base, const nd_line *l)
+{
+    k_source *s = (k_source *)base;
+    pthread_mutex_lock(&s->mu);
+    kpart *p = part_of_line(s, l);
+    if (p && (int64_t)l->lineno + 1 > p->acked)
+        p->acked = (int64_t)l->lineno + 1;
+    pthread_mutex_unlock(&s->mu);
+    return 0;
+}
+
+static int k_ack_flush(source *base)
+{
+    k_source *s = (k_source *)base;
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        kpart *p = &s->parts[i];
+        if (p->owned && p->acked > p->sent)
+            rd_kafka_topic_partition_list_add(l, topic_name(s, p),
+                                              p->partition)->offset =
+                p->acked;
+    }
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_resp_err_t e =
+        l->cnt ? rd_kafka_commit(s->rk, l, 0) : RD_KAFKA_RESP_ERR_NO_ERROR;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; !e && i < l->cnt; i++) {
+        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
+        if (p && !l->elems[i].err)
+            p->sent = l->elems[i].offset;
+    }
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_topic_partition_list_destroy(l);
+    if (!e)
+        return 0;
+    fprintf(stderr, "idem %s: %s: committing offsets: %s; the job's "
+            "checkpoint keeps them, and the next commit tries again\n",
+            s->cmd, s->u.display, rd_kafka_err2str(e));
+    return -1;
+}
+
+/* Is any partition of ours short of its end at the assignment? Before
+ * it, a dead run may have handed out messages and written their output. */
+static int k_in_doubt(source *base)
+{
+    k_source *s = (k_source *)base;
+    int doubt = 0;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        const kpart *p = &s->parts[i];
+        doubt |= p->owned && p->done < p->end_at_assign;
+    }
+    pthread_mutex_unlock(&s->mu);
+    return doubt;
+}
+
+static const source_ops k_source_ops = {
+    .next = k_next, .release = k_release, .wait = k_wait, .err = k_err,
+    .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush,
+    .worker = k_worker, .close = k_close, .mark = k_mark, .pos = k_pos,
+    .resume = k_resume, .no_pending = 1, .in_doubt = k_in_doubt};
