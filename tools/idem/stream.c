@@ -272,8 +272,8 @@ static int check_ends(stream_cfg *c, int argc, char **argv, int optind_)
     if (meta_key_spec(c->key) && !c->from)
         return cli_usage_error(c->cmd, "--key %s (the message's key or a "
                                "header) is for a stream source (--from "
-                               "kafka://... or nats://...); to key a field so named, "
-                               "write --key /%s", c->key, c->key);
+                               "kafka://... or nats://...); to key a field "
+                               "so named, write --key /%s", c->key, c->key);
     if (c->key && !strcmp(c->key, "@id") && !c->from)
         return cli_usage_error(c->cmd, "--key @id (the entry's ID) is for "
                                "a stream source (--from redis-stream://"
