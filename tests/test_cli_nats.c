@@ -440,7 +440,7 @@ Test(nats, bad_uris_say_what_is_wrong_and_hide_secrets)
          "unknown parameter 'durable'"},
         {"--from 'nats://u:secret@127.0.0.1:1/S?durable=d&x=1'",
          "unknown parameter"},
-        {"--key header:x in", "--key header:NAME"},
+        {"--key header:x in", "is for a stream source"},
         {"--key @id --from 'nats://127.0.0.1:1/S?durable=d'",
          "--key header:Nats-Msg-Id"},
     };
