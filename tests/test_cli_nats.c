@@ -459,3 +459,83 @@ Test(nats, bad_uris_say_what_is_wrong_and_hide_secrets)
     cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
     cr_assert(!t_grep(t_at("err"), "secret"));
 }
+
+/* One message on "in" with data {"event_id":"eN"} (N counting from 0)
+ * and the header name: value. */
+static void put_with_header(const char *name, const char *value)
+{
+    static int n;
+    char data[64];
+    snprintf(data, sizeof data, "{\"event_id\":\"e%d\"}", n++);
+    natsMsg *m = NULL;
+    cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)strlen(data)),
+                 NATS_OK);
+    natsMsgHeader_Set(m, name, value);
+    cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK);
+    natsMsg_Destroy(m);
+}
+
+/* The input stream's publish preconditions (Nats-Expected-*, met when
+ * the message was stored in IN, as an event-sourced stream's writers
+ * set them) are not asked again of the output stream, where they fail:
+ * OUT refused the batch, every rerun, for ever. */
+Test(nats, the_inputs_publish_preconditions_are_not_republished)
+{
+    put_with_header("Nats-Expected-Stream", "IN");
+    put_with_header("Nats-Expected-Last-Subject-Sequence", "1");
+    put_with_header("Nats-Expected-Last-Sequence", "2");
+    put_with_header("x-kept", "yes");
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s", src("durable=d"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 4);
+    cr_assert_eq(pending("d"), 0);
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 4, NULL, NULL), NATS_OK);
+    cr_assert_str_eq(header(m, "x-kept"), "yes", "other headers are kept");
+    natsMsg_Destroy(m);
+}
+
+/* ?stream= naming a stream that does not hold the subject: the publishes
+ * go to the stream that does, and read-back would look in the wrong one
+ * (a restart past the duplicate window wrote again). Refused. */
+Test(nats, a_stream_parameter_that_does_not_hold_the_subject_is_refused)
+{
+    add_stream("OTHER", "other", 0);
+    fill(3);
+    char to[256];
+    snprintf(to, sizeof to, "'nats://127.0.0.1:%d/out?stream=OTHER'", port);
+    int st = t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                   "--idle-exit 1s 2>err", src("durable=d"), to);
+    cr_assert_eq(st, 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "OUT"), "%s", t_read(t_at("err"), NULL));
+}
+
+/* The handler gets idem's environment without the NATS password or
+ * token (IDEM_NATS_PASSWORD, IDEM_NATS_TOKEN), and cannot read them in
+ * idem's own /proc/PID/environ either. The test's server has no
+ * authentication, so it takes any. */
+Test(nats, the_handler_does_not_inherit_the_nats_secrets)
+{
+    static const char *const how[] = {"IDEM_NATS_PASSWORD", "IDEM_NATS_TOKEN"};
+    fill(2);
+    for (int i = 0; i < 2; i++) {
+        char from[256];
+        snprintf(from, sizeof from, "'nats://%s127.0.0.1:%d/IN?durable=s%d'",
+                 i ? "" : "u@", port, i);
+        cr_assert_eq(t_sh("cd '%s' && IDEM_KEPT=yes %s=N4tsS3cret "
+                          "\"$IDEM_CLI\" run --key event_id --job s%d "
+                          "--from %s --to %s --idle-exit 1s --exec 'env > "
+                          "env%d; tr \"\\0\" \"\\n\" < /proc/$PPID/environ "
+                          ">> env%d; exec \"$IDEM_PROGS/handler\"' 2>err",
+                          t_dir, how[i], i, from, dst(), i, i), 0, "%s",
+                     t_read(t_at("err"), NULL));
+        const char *got = t_at(i ? "env1" : "env0");
+        cr_assert(t_grep(got, "IDEM_KEPT=yes"), "%s: no environment",
+                  how[i]);
+        cr_assert(!t_grep(got, "N4tsS3cret"), "%s reached the handler",
+                  how[i]);
+    }
+}

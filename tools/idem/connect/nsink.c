@@ -64,14 +64,22 @@ static int fail(ns_sink *k, const char *what, natsStatus st)
     return -1;
 }
 
+/* A PubAck from another stream than the one read back (?stream= naming
+ * one that does not hold the subject) is a failure: its sequence is not
+ * a position there, and read-back would find nothing it wrote. */
 static void on_pub_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae,
                        void *closure)
 {
     (void)js;
     ns_sink *k = closure;
     pthread_mutex_lock(&k->mu);
-    if (pa && pa->Sequence > k->acked_max)
+    int elsewhere = pa && (!pa->Stream || strcmp(pa->Stream, k->stream));
+    if (pa && !elsewhere && pa->Sequence > k->acked_max)
         k->acked_max = pa->Sequence;
+    if (elsewhere && !k->nerr++)
+        snprintf(k->pub_err, sizeof k->pub_err, "the subject is stored in "
+                 "stream %.200s, not %.200s (?stream=)",
+                 pa->Stream ? pa->Stream : "(unnamed)", k->stream);
     if (!pa && !k->nerr++)
         snprintf(k->pub_err, sizeof k->pub_err, "%s",
                  pae && pae->ErrText ? pae->ErrText
@@ -360,7 +368,21 @@ static void ns_forget(sink *base, const void *key, size_t keylen)
     km_del(&((ns_sink *)base)->back, key, keylen);
 }
 
-/* The input's headers on m, but for the two this sink sets. */
+/* Is header name one the output stream would act on rather than keep:
+ * the two this sink sets, and the input's publish preconditions
+ * (Nats-Expected-Stream, -Last-Sequence, ...: met when the input was
+ * stored, and false of the output stream, which would refuse the
+ * message on every retry) or a rollup (a purge of the output stream,
+ * read-back's record)? */
+static int not_copied(const char *name)
+{
+    static const char expected[] = "Nats-Expected-";
+    return !strcmp(name, "Nats-Msg-Id") || !strcmp(name, "idem-key") ||
+           !strncmp(name, expected, sizeof expected - 1) ||
+           !strcmp(name, "Nats-Rollup");
+}
+
+/* The input's headers on m, but for those not_copied(). */
 static natsStatus copy_headers(natsMsg *m, const char *hdr, size_t hdrlen)
 {
     natsStatus st = NATS_OK;
@@ -368,7 +390,7 @@ static natsStatus copy_headers(natsMsg *m, const char *hdr, size_t hdrlen)
         const char *v = p + strlen(p) + 1;
         if (v >= end)
             break;
-        if (strcmp(p, "Nats-Msg-Id") && strcmp(p, "idem-key"))
+        if (!not_copied(p))
             st = natsMsgHeader_Add(m, p, v);
         p = v + strlen(v) + 1;
     }
