@@ -396,24 +396,35 @@ Test(nats, two_workers_on_one_durable)
     cr_assert_eq(pending("d"), 0);
 }
 
+/* Has the handler logging to name had a message? */
+static int logged(const char *name)
+{
+    return !access(t_at(name), F_OK) && t_grep(t_at(name), "e0");
+}
+
 /* A worker stalled (SIGSTOP) past AckWait: its message goes to a
  * second worker while the first one's claim is live (BUSY); the second
- * waits, the first resumes and commits, the second finds it done. */
+ * waits, the first resumes and commits, the second finds it done and
+ * never runs it. (Both in one key space: a --job of each its own would
+ * make them two keys, and only the server's duplicate window kept the
+ * output once.) */
 Test(nats, a_message_redelivered_while_its_key_is_busy)
 {
     fill(1);
     const char *redis = th_redis_addr();
     const char *prefix = th_prefix();
 #define SLOW "run --key event_id --from %s --to %s --idle-exit 3s "   \
-             "--lease 20s --store 'redis://%s?prefix=%s' --job b%d "   \
-             "--exec '\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
+             "--lease 20s --store 'redis://%s?prefix=%s' "              \
+             "--exec '\"$IDEM_PROGS/handler\" log%d sleep=%d' 2>err%d"
     pid_t a = t_cli_start(t_dir, SLOW,
                           src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
                           redis, prefix, 1, 3000, 1);
-    /* a holds the message once the consumer counts it delivered. */
-    for (int i = 0; i < 400 && unacked("d", 1) != 1; i++)
+    /* a holds the key's claim once its handler has the message (the
+     * consumer counting it delivered is too soon: a stopped before its
+     * claim left b a new key). */
+    for (int i = 0; i < 400 && !logged("log1"); i++)
         t_sleep_ms(50);
-    cr_assert_eq(unacked("d", 1), 1, "the first worker got nothing");
+    cr_assert(logged("log1"), "the first worker got nothing");
     kill(a, SIGSTOP);
     pid_t b = t_cli_start(t_dir, SLOW, src("durable=d&worker=b"), dst(),
                           redis, prefix, 2, 0, 2);
@@ -422,6 +433,7 @@ Test(nats, a_message_redelivered_while_its_key_is_busy)
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     cr_assert_eq(last_seq("OUT"), 1, "the result was written twice");
+    cr_assert(!logged("log2"), "the second worker ran the key");
     cr_assert_eq(pending("d"), 0);
 }
 
@@ -538,4 +550,66 @@ Test(nats, the_handler_does_not_inherit_the_nats_secrets)
         cr_assert(!t_grep(got, "N4tsS3cret"), "%s reached the handler",
                   how[i]);
     }
+}
+
+/* A handler slower than AckWait (each message takes longer than it, the
+ * batch five times as long): +WPI keeps every message fetched with the
+ * worker, so none is handed out again meanwhile. */
+Test(nats, a_handler_slower_than_ack_wait_gets_each_message_once)
+{
+    int nkeys = fill(6);
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
+                       "--idle-exit 1s --batch 10 --lease 5s --exec "
+                       "'\"$IDEM_PROGS/handler\" log sleep=1500' 2>err",
+                       src("durable=d&ack_wait_ms=1000"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    jsConsumerInfo *ci = NULL;
+    cr_assert_eq(js_GetConsumerInfo(&ci, js, "IN", "d", NULL, NULL), NATS_OK);
+    int64_t again = ci->NumRedelivered;
+    jsConsumerInfo_Destroy(ci);
+    cr_assert_eq(again, 0, "%lld redelivered", (long long)again);
+    cr_assert(t_grep(t_at("err"), "6 lines read"), "%s",
+              t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 1);
+}
+
+/* A worker stopped past its lease and AckWait while its handler works:
+ * a second worker takes the key over, writes and commits; the output
+ * stream's duplicate window (1 s) passes; the first resumes. Its result
+ * must not be written a second time. */
+Test(nats, a_worker_resumed_past_its_lease_does_not_write_again)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(1);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define PAUSED "run --key event_id --from %s --to %s --idle-exit 2s "   \
+               "--lease 2s --store 'redis://%s?prefix=%s' "              \
+               "--exec '\"$IDEM_PROGS/handler\" log%d sleep=%d' 2>err%d"
+    pid_t a = t_cli_start(t_dir, PAUSED,
+                          src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
+                          redis, prefix, 1, 1500, 1);
+    for (int i = 0; i < 400 && !logged("log1"); i++)
+        t_sleep_ms(50);
+    cr_assert(logged("log1"), "the first worker got nothing");
+    kill(a, SIGSTOP);
+    pid_t b = t_cli_start(t_dir, PAUSED, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2, 0, 2);
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1, "%s", t_read(t_at("err2"), NULL));
+    t_sleep_ms(1500);  /* past the window */
+    kill(a, SIGCONT);
+    int st = t_wait(a);
+    cr_assert_eq(st, 3, "the first worker did not say its claim was lost: "
+                 "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1, "written again: %s",
+                 t_read(t_at("err1"), NULL));
+    cr_assert_eq(pending("d"), 0);
 }
