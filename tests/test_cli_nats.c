@@ -613,3 +613,34 @@ Test(nats, a_worker_resumed_past_its_lease_does_not_write_again)
                  t_read(t_at("err1"), NULL));
     cr_assert_eq(pending("d"), 0);
 }
+
+/* Messages of the output stream deleted by its limits (max_msgs 5)
+ * between a kill just after the sink's write and the restart, past the
+ * duplicate window: read-back cannot see them, so their keys are written
+ * again. That is said, not hidden. */
+Test(nats, output_deleted_before_read_back_is_said)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    sc.MaxMsgs = 5;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(60);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 20 --lease 1s --store local:store "
+             "--job t", src("durable=d"), dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+    t_sleep_ms(1500);  /* past the window */
+    finish(args, "d");
+    cr_assert(t_grep(t_at("err"), "deleted"), "%s",
+              t_read(t_at("err"), NULL));
+}

@@ -18,6 +18,10 @@
  * after a sequence found by time (readback window: twice the lease and
  * 10 s), kept in two generations so that it stays about that long.
  *
+ * Messages deleted after the checkpoint before a restart reads them
+ * back (the stream's limits, a purge) are said: their keys, if the dead
+ * run wrote them, are written again.
+ *
  * Reading back is one request per message (js_GetMsg, which any stream
  * answers; direct gets need allow_direct): cheap for the batch or two in
  * doubt after a crash, slow for a window of a busy stream. */
@@ -51,6 +55,7 @@ typedef struct ns_sink {
     uint64_t recent_seq;   /* the last sequence read into them */
     int64_t recent_at;     /* when recent[0] was started; 0: never */
     uint64_t deep_ms;      /* the earliest time asked for (catch_up) */
+    uint64_t gone;         /* messages scan_after found deleted */
     jfields f;
     int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
@@ -239,12 +244,14 @@ static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
     uint64_t first, last;
     if (stream_seqs(k, &first, &last))
         return -1;
+    k->gone += first > *from + 1 ? first - *from - 1 : 0;
     for (uint64_t seq = *from + 1 > first ? *from + 1 : first; seq <= last;
          seq++) {
         int gone;
         natsMsg *m = get(k, seq, &gone);
         if (!m && !gone)
             return -1;
+        k->gone += !m;
         int rc = m ? remember(k, m, map) : 0;
         natsMsg_Destroy(m);
         if (rc)
@@ -264,7 +271,18 @@ static int ns_read_back(sink *base, const char *pos)
                         "a stream sequence", k->u.display, pos), -1;
     snprintf(k->pos, sizeof k->pos, "%" PRIu64, from);
     k->recent_seq = from;
-    return scan_after(k, &from, &k->back);
+    k->gone = 0;
+    if (scan_after(k, &from, &k->back))
+        return -1;
+    if (k->gone)  /* said, not hidden: as rsink.c's say_trimmed() */
+        fprintf(stderr, "idem %s: %s: %" PRIu64 " message%s of stream %s "
+                "after this job's position %s %s deleted (max_msgs, "
+                "max_age, max_bytes, a purge) before %s could be read back: "
+                "a key the last run wrote there without committing it is "
+                "written again\n", k->cmd, k->u.display, k->gone,
+                k->gone == 1 ? "" : "s", k->stream, pos,
+                k->gone == 1 ? "was" : "were", k->gone == 1 ? "it" : "they");
+    return 0;
 }
 
 /* The first sequence stored at or after wall time t_ns (a binary
