@@ -644,3 +644,86 @@ Test(nats, output_deleted_before_read_back_is_said)
     cr_assert(t_grep(t_at("err"), "deleted"), "%s",
               t_read(t_at("err"), NULL));
 }
+
+/* The same command twice at once (one worker name, one job, one Redis
+ * store), killed and rerun: each key once. */
+Test(nats, the_same_command_twice_at_once)
+{
+    srand((unsigned)time(NULL));
+    int nkeys = fill(1500);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 2s --batch 20 --lease 1s --commit-interval 10ms "
+             "--store 'redis://%s?prefix=%s'", src("durable=d"), dst(),
+             redis, prefix);
+    for (int round = 0; round < 3; round++) {
+        pid_t a = t_cli_start(t_dir, "%s 2>>err1", args);
+        pid_t b = t_cli_start(t_dir, "%s 2>>err2", args);
+        t_sleep_ms(200 + rand() % 800);
+        if (round < 2)
+            kill(a, SIGKILL);
+        int sa = t_wait(a), sb = t_wait(b);
+        cr_assert(sa == 0 || sa == 128 + SIGKILL, "exit %d: %s", sa,
+                  t_read(t_at("err1"), NULL));
+        cr_assert_eq(sb, 0, "%s", t_read(t_at("err2"), NULL));
+    }
+    finish(args, "d");
+    expect_output(nkeys, 1, 0);
+}
+
+/* A message that fits the server's max_payload (1 MiB) in IN but not
+ * once the sink has set its two headers: the run stops and says why;
+ * the message is not lost (still pending, its key not written), and
+ * every rerun stops the same way until the limit is raised. */
+Test(nats, a_message_too_large_for_the_output_stops_the_run_unlost)
+{
+    size_t n = 1048576 - 40;
+    char *data = malloc(n + 1);
+    cr_assert(data);
+    memset(data, 'x', n);
+    memcpy(data, "{\"event_id\":\"e0\",\"pad\":\"", 24);
+    memcpy(data + n - 2, "\"}", 2);
+    natsMsg *m = NULL;
+    cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)n), NATS_OK);
+    natsMsgHeader_Set(m, "Nats-Msg-Id", "m0");
+    cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK, "%s",
+                 nats_GetLastError(NULL));
+    natsMsg_Destroy(m);
+    free(data);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s --lease 1s 2>err",
+                           src("durable=d"), dst()), 1, "%s",
+                     t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "maximum"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 0);
+    cr_assert_eq(pending("d"), 1);
+}
+
+/* A worker killed while a second one runs with --idle-exit: the dead
+ * one's messages come back after AckWait (3 s), longer than the idle
+ * time (1 s). The second does not end while they are still to come. */
+Test(nats, idle_exit_waits_for_a_dead_workers_messages)
+{
+    int nkeys = fill(300);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define IDLE "dedup --key event_id --from %s --to %s --idle-exit %s "   \
+             "--batch 50 --lease 1s --store 'redis://%s?prefix=%s' "     \
+             "2>>err%d"
+    pid_t b = t_cli_start(t_dir, IDLE,
+                          src("durable=d&worker=b&ack_wait_ms=3000"), dst(),
+                          "1s", redis, prefix, 2);
+    setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
+    int sa = t_cli(t_dir, IDLE, src("durable=d&worker=a&ack_wait_ms=3000"),
+                   dst(), "1s", redis, prefix, 1);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    cr_assert_eq(sa, 128 + SIGKILL, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(pending("d"), 0, "b ended with messages to come: %s",
+                 t_read(t_at("err2"), NULL));
+    expect_output(nkeys, 1, 0);
+}

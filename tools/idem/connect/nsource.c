@@ -377,14 +377,33 @@ static long fetch(ns_source *s, int wait)
     return failed(s, "fetching messages", st);
 }
 
-static long long ns_lag(source *base);
+/* Messages this source has fetched and not acknowledged. */
+static long long held_here(ns_source *s)
+{
+    long long n = s->got.Count - s->next_got;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->hn; i++)
+        n += s->hv[i].m != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
 
 /* Before --idle-exit ends the run: does the consumer still have
- * messages to deliver? A loaded server can let a fetch pass empty while
- * it has some; then the idle clock starts again. */
+ * messages to deliver? Those never delivered, and those delivered to
+ * another worker and not acknowledged: a dead worker's come back after
+ * AckWait, which may be longer than the idle time. A loaded server can
+ * also let a fetch pass empty while it has some. Then the idle clock
+ * starts again. */
 static int more_to_come(ns_source *s)
 {
-    if (ns_lag(&s->base) <= 0)
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, s->l.js, s->u.name, s->u.durable, NULL,
+                           NULL) != NATS_OK)
+        return 0;
+    long long n = (long long)ci->NumPending + (long long)ci->NumAckPending -
+                  held_here(s);
+    jsConsumerInfo_Destroy(ci);
+    if (n <= 0)
         return 0;
     s->last_new_ms = cli_mono_ms();
     return 1;
