@@ -727,3 +727,69 @@ Test(nats, idle_exit_waits_for_a_dead_workers_messages)
                  t_read(t_at("err2"), NULL));
     expect_output(nkeys, 1, 0);
 }
+
+/* NATS into a file, killed at random and just after writes: the file
+ * holds each key's first message once, in order. */
+Test(nats, nats_into_a_file_under_kill9)
+{
+    srand((unsigned)time(NULL));
+    int nkeys = fill(800);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --output "
+             "out.ndjson --idle-exit 1500ms --batch 30 --lease 1s "
+             "--commit-interval 10ms --store local:store --job f",
+             src("durable=d"));
+    long landed = kill_loop(args, "d", SPAN, kills(8));
+    cr_assert_geq(landed, 2);
+    FILE *f = fopen(t_at("out.ndjson"), "r");
+    cr_assert(f);
+    char line[256];
+    int k = 0;
+    while (fgets(line, sizeof line, f)) {
+        char want[160];
+        snprintf(want, sizeof want, "{\"event_id\":\"e%d\",\"amount\":"
+                 "\"%d\",\"note\":\"n%d\"}\n", k, k * 7 % 1000, note_of[k]);
+        cr_assert_str_eq(line, want, "line %d", k + 1);
+        k++;
+    }
+    fclose(f);
+    cr_assert_eq(k, nkeys);
+}
+
+/* A file into NATS, killed just after the sink's write and rerun past
+ * the duplicate window: each key once, in order. */
+Test(nats, a_file_into_nats_past_the_window)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    static char in[200 * 32];
+    size_t len = 0;
+    for (int i = 0; i < 200; i++)
+        len += (size_t)snprintf(in + len, sizeof in - len,
+                                "{\"event_id\":\"e%d\"}\n", i % 150);
+    t_write(t_at("in.ndjson"), in, len);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --to %s --batch 40 "
+             "--store local:store --job fi in.ndjson", dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "%s", t_read(t_at("err"), NULL));
+    t_sleep_ms(1500);
+    cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    uint64_t n = last_seq("OUT");
+    cr_assert_eq(n, 150, "%s", t_read(t_at("err"), NULL));
+    for (uint64_t q = 1; q <= n; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        cr_assert_eq(key_number(header(m, "idem-key")), (int)q - 1);
+        natsMsg_Destroy(m);
+    }
+}
