@@ -793,3 +793,33 @@ Test(nats, a_file_into_nats_past_the_window)
         natsMsg_Destroy(m);
     }
 }
+
+/* Two jobs whose outputs are two subjects of one stream, with keys in
+ * common (both keyed by event_id). The duplicate window is the stream's,
+ * not a subject's: the server dropped the second job's messages as
+ * duplicates of the first's, and the job counted them written. Now the
+ * second job stops and says so, its messages kept on its durable. */
+Test(nats, another_subjects_message_is_not_taken_for_ours)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"res.a", "res.b"};
+    sc.Name = "RES";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 2;
+    cr_assert_eq(js_AddStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    int nkeys = fill(50);
+    for (int i = 0; i < 2; i++) {
+        char from[64], to[128];
+        snprintf(from, sizeof from, "durable=d%d", i);
+        snprintf(to, sizeof to, "'nats://127.0.0.1:%d/%s'", port,
+                 subjects[i]);
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s 2>err", src(from), to), i, "%s",
+                     t_read(t_at("err"), NULL));
+    }
+    cr_assert(t_grep(t_at("err"), "as a duplicate of its message 1 "
+                     "(subject res.a)"), "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("RES"), (uint64_t)nkeys);
+    cr_assert_eq(pending("d1"), 50, "the second job's messages were lost");
+}

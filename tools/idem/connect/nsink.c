@@ -50,6 +50,7 @@ typedef struct ns_sink {
     uint64_t acked_max;    /* the greatest sequence PubAcked */
     uint64_t nerr;
     char pub_err[512];
+    cli_buf dups;          /* PubAcks saying duplicate: seq, our message */
     keymap back;           /* read back after the checkpoint */
     keymap recent[2];      /* the recent messages: now, and before */
     uint64_t recent_seq;   /* the last sequence read into them */
@@ -69,6 +70,23 @@ static int fail(ns_sink *k, const char *what, natsStatus st)
     return -1;
 }
 
+/* A PubAck saying duplicate names the stream's message the server
+ * took ours for: kept (its sequence, then m's data and idem-key) to be
+ * checked at the flush (same_message). Under mu. 0 or -1. */
+static int note_dup(ns_sink *k, uint64_t seq, natsMsg *m)
+{
+    const char *key = NULL;
+    uint64_t dlen = (uint64_t)natsMsg_GetDataLength(m);
+    if (natsMsgHeader_Get(m, "idem-key", &key) != NATS_OK || !key)
+        key = "";
+    return cli_buf_add(&k->dups, &seq, sizeof seq) ||
+                   cli_buf_add(&k->dups, &dlen, sizeof dlen) ||
+                   cli_buf_add(&k->dups, natsMsg_GetData(m), dlen) ||
+                   cli_buf_add(&k->dups, key, strlen(key) + 1)
+               ? -1
+               : 0;
+}
+
 /* A PubAck from another stream than the one read back (?stream= naming
  * one that does not hold the subject) is a failure: its sequence is not
  * a position there, and read-back would find nothing it wrote. */
@@ -81,6 +99,9 @@ static void on_pub_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae,
     int elsewhere = pa && (!pa->Stream || strcmp(pa->Stream, k->stream));
     if (pa && !elsewhere && pa->Sequence > k->acked_max)
         k->acked_max = pa->Sequence;
+    if (pa && !elsewhere && pa->Duplicate && note_dup(k, pa->Sequence, m) &&
+        !k->nerr++)
+        snprintf(k->pub_err, sizeof k->pub_err, "out of memory");
     if (elsewhere && !k->nerr++)
         snprintf(k->pub_err, sizeof k->pub_err, "the subject is stored in "
                  "stream %.200s, not %.200s (?stream=)",
@@ -161,6 +182,7 @@ static void ns_close(sink *base)
     nl_close(&k->l);  /* before the rest: no PubAck comes after it */
     nu_free(&k->u);
     free(k->stream);
+    cli_buf_free(&k->dups);
     km_free(&k->back);
     km_free(&k->recent[0]);
     km_free(&k->recent[1]);
@@ -438,6 +460,73 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     return st ? fail(k, "publishing", st) : 0;
 }
 
+/* The status member of a run's result line ("" if none). */
+static size_t status_of(jfields *f, const char *data, size_t len,
+                        const char **st)
+{
+    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
+    *st = i >= 0 ? f->buf.p + f->off[i] : "";
+    return i >= 0 ? f->len[i] : 0;
+}
+
+/* Is the stream's message orig the one we published (data, idem-key),
+ * or its equal: our subject, our key, the same status (a run's result
+ * may differ in its text from one attempt to the next)? The duplicate
+ * window is the stream's, not the subject's, and takes any message with
+ * the same Nats-Msg-Id for ours: another job's output of the same key on
+ * another subject of the stream, or a run's gave_up before its done. */
+static int same_message(ns_sink *k, natsMsg *orig, const char *data,
+                        size_t dlen, const char *key)
+{
+    const char *okey = NULL, *st, *ost;
+    if (strcmp(natsMsg_GetSubject(orig), k->u.name) ||
+        natsMsgHeader_Get(orig, "idem-key", &okey) != NATS_OK || !okey ||
+        strcmp(okey, key))
+        return 0;
+    size_t n = status_of(&k->f, data, dlen, &st);
+    char mine[32];
+    snprintf(mine, sizeof mine, "%.*s", (int)(n < 31 ? n : 31), st);
+    size_t on = status_of(&k->f, natsMsg_GetData(orig),
+                          (size_t)natsMsg_GetDataLength(orig), &ost);
+    return on == n && !memcmp(ost, mine, n);
+}
+
+/* The duplicates of this batch are ours, or the batch fails: a message
+ * the server dropped for another's would be lost. 0 or -1. */
+static int check_dups(ns_sink *k)
+{
+    pthread_mutex_lock(&k->mu);
+    cli_buf d = k->dups;
+    k->dups = (cli_buf){0};
+    pthread_mutex_unlock(&k->mu);
+    int rc = 0;
+    for (size_t at = 0; !rc && at < d.len;) {
+        uint64_t seq, dlen;
+        memcpy(&seq, d.p + at, sizeof seq);
+        memcpy(&dlen, d.p + at + sizeof seq, sizeof dlen);
+        const char *data = d.p + at + 2 * sizeof seq;
+        const char *key = data + dlen;
+        at += 2 * sizeof seq + dlen + strlen(key) + 1;
+        int gone;
+        natsMsg *orig = get(k, seq, &gone);
+        rc = !orig && !gone ? -1 : 0;  /* gone: cannot tell; as ours */
+        if (orig && !same_message(k, orig, data, (size_t)dlen, key)) {
+            cli_fail(k->cmd, "%s: the message of key '%.200s' was "
+                     "dropped by stream %s as a duplicate of its "
+                     "message %" PRIu64 " (subject %.200s), not ours: "
+                     "its Nats-Msg-Id is the key, and the duplicate "
+                     "window is the stream's; give this output a stream "
+                     "of its own, or wait out the window",
+                     k->u.display, key, k->stream, seq,
+                     natsMsg_GetSubject(orig));
+            rc = -1;
+        }
+        natsMsg_Destroy(orig);
+    }
+    cli_buf_free(&d);
+    return rc;
+}
+
 static int ns_flush(sink *base)
 {
     ns_sink *k = (ns_sink *)base;
@@ -455,6 +544,8 @@ static int ns_flush(sink *base)
         return cli_fail(k->cmd, "%s: %" PRIu64 " publish%s failed: %s",
                         k->u.display, nerr, nerr == 1 ? "" : "es",
                         k->pub_err), -1;
+    if (check_dups(k))
+        return -1;
     if (seq > strtoull(k->pos, NULL, 10))
         snprintf(k->pos, sizeof k->pos, "%" PRIu64, seq);
     return 0;
