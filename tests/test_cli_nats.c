@@ -823,3 +823,32 @@ Test(nats, another_subjects_message_is_not_taken_for_ours)
     cr_assert_eq(last_seq("RES"), (uint64_t)nkeys);
     cr_assert_eq(pending("d1"), 50, "the second job's messages were lost");
 }
+
+/* A run's key that gave up (a retryable failure, --max-attempts 1) and
+ * is done at its next message, within the duplicate window: the server
+ * takes the done result for the gave_up one (one Nats-Msg-Id) and drops
+ * it. That is said, and the message kept, not counted written. */
+Test(nats, a_done_result_is_not_dropped_for_the_gave_up_one)
+{
+    for (int i = 0; i < 2; i++) {
+        char data[64];
+        snprintf(data, sizeof data, "{\"event_id\":\"e0\",\"n\":%d}", i);
+        cr_assert_eq(js_Publish(NULL, js, "in", data, (int)strlen(data),
+                                NULL, NULL), NATS_OK);
+    }
+    int st = t_cli(t_dir, "run --key event_id --max-attempts 1 --from %s "
+                   "--to %s --idle-exit 1s --batch 1 --exec "
+                   "'\"$IDEM_PROGS/handler\" flaky=e0' 2>err",
+                   src("durable=d"), dst());
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 1, NULL, NULL), NATS_OK);
+    cr_assert(strstr(natsMsg_GetData(m), "gave_up"), "%s",
+              natsMsg_GetData(m));
+    natsMsg_Destroy(m);
+    cr_assert_eq(last_seq("OUT"), 1);
+    cr_assert_eq(st, 1, "the done result was dropped unsaid: %s",
+                 t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "as a duplicate"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("d"), 1);
+}
