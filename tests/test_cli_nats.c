@@ -5,7 +5,12 @@
  * random moments and just after the sink's write, a restart past the
  * output stream's duplicate window, the server restarted under load, two
  * workers on one durable, and a message redelivered while its key is
- * BUSY.
+ * BUSY. And the attacks on them: headers the output stream would act on,
+ * a duplicate window shared by two subjects or two outcomes of a key, a
+ * stream trimmed before read-back, a worker resumed past its lease, a
+ * handler slower than AckWait, --idle-exit beside a dead worker, the same
+ * command twice, a message too large for the output, files on either
+ * side, and the NATS secrets kept from the handler.
  *
  * Every check reads the output stream itself (js_GetMsg, sequence by
  * sequence): each key's first message exactly once, in input order. */
