@@ -857,3 +857,45 @@ Test(nats, a_done_result_is_not_dropped_for_the_gave_up_one)
               t_read(t_at("err"), NULL));
     cr_assert_eq(pending("d"), 1);
 }
+
+/* A durable consumer made elsewhere that would lose messages on a kill
+ * (AckNone: acknowledged on delivery; AckAll: acknowledged with a later
+ * one), or filters another subject than asked, is refused. */
+Test(nats, an_unfit_durable_consumer_is_refused)
+{
+    static const struct {
+        jsAckPolicy ack;
+        const char *filter, *params, *says;
+    } cases[] = {
+        {js_AckNone, NULL, "durable=c0", "AckPolicy explicit"},
+        {js_AckAll, NULL, "durable=c1", "AckPolicy explicit"},
+        {js_AckExplicit, "in.x", "durable=c2&subject=in",
+         "filters subject 'in.x'"},
+    };
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"in", "in.x"};
+    sc.Name = "IN";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 2;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(5);
+    for (int i = 0; i < 3; i++) {
+        jsConsumerConfig cc;
+        jsConsumerConfig_Init(&cc);
+        char name[8];
+        snprintf(name, sizeof name, "c%d", i);
+        cc.Durable = name;
+        cc.AckPolicy = cases[i].ack;
+        cc.FilterSubject = cases[i].filter;
+        cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL),
+                     NATS_OK, "%s", nats_GetLastError(NULL));
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s 2>err", src(cases[i].params),
+                           dst()), 1, "%s: %s", cases[i].params,
+                     t_read(t_at("err"), NULL));
+        cr_assert(t_grep(t_at("err"), cases[i].says), "%s",
+                  t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(last_seq("OUT"), 0);
+}

@@ -3,7 +3,8 @@
  *
  * The consumer is made if missing: explicit acks, AckWait longer than the
  * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of three
- * batches (one committing, one being read, one fetched ahead). Messages
+ * batches (one committing, one being read, one fetched ahead); one found
+ * must ack explicitly and filter what subject= asks. Messages
  * are fetched up to a batch at a time; each is handed out as its data,
  * one line, with its headers beside it (nd_line.hdr, pairs NAME\0VALUE\0)
  * and its stream sequence as its position.
@@ -111,6 +112,37 @@ static void *wpi_timer(void *arg)
     return NULL;
 }
 
+/* A consumer found (made by another program, or by hand) must ack
+ * explicitly, one message at a time: with AckNone a message counts as
+ * acknowledged once delivered, and with AckAll the ack of a committed
+ * message acknowledges the uncommitted ones before it; a kill loses
+ * them. Its filter must be the one asked for (subject=), which it
+ * would otherwise silently replace. A MaxDeliver is said: the server
+ * drops a message delivered that often (kills, restarts) unseen by
+ * idem. 0, or 1 with s->err set. */
+static int unfit(ns_source *s, const jsConsumerConfig *c)
+{
+    const char *want = s->u.subject ? s->u.subject : "";
+    const char *has = c->FilterSubject ? c->FilterSubject : "";
+    if (c->AckPolicy != js_AckExplicit)
+        snprintf(s->err, sizeof s->err, "%.400s: the durable consumer "
+                 "%.200s does not acknowledge each message explicitly "
+                 "(AckPolicy explicit): a kill would lose what it held",
+                 s->u.display, s->u.durable);
+    else if (s->u.subject && strcmp(want, has))
+        snprintf(s->err, sizeof s->err, "%.400s: the durable consumer "
+                 "%.200s filters subject '%.200s', not '%.200s'",
+                 s->u.display, s->u.durable, has, want);
+    else if (c->MaxDeliver > 0)
+        fprintf(stderr, "idem %s: %s: the durable consumer %s has "
+                "MaxDeliver %" PRId64 ": the server drops a message "
+                "delivered that often (after kills or restarts), unseen "
+                "by idem\n", s->cmd, s->u.display, s->u.durable,
+                c->MaxDeliver);
+    return c->AckPolicy != js_AckExplicit ||
+           (s->u.subject && strcmp(want, has));
+}
+
 /* The consumer: made when missing; its AckWait sets the timer's pace,
  * and messages pending on it (a dead run's) delay the first fetch. */
 static int bind_consumer(ns_source *s, int64_t lease_ms)
@@ -132,6 +164,10 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
     }
     if (st)
         return failed(s, "the durable consumer", st);
+    if (unfit(s, ci->Config)) {
+        jsConsumerInfo_Destroy(ci);
+        return ND_ERR;
+    }
     s->ack_wait_ms = ci->Config->AckWait / 1000000;
     if (ci->NumAckPending > 0)  /* --idle-exit counts from then too */
         s->start_after_ms = s->last_new_ms = cli_mono_ms() + s->ack_wait_ms;
