@@ -899,3 +899,21 @@ Test(nats, an_unfit_durable_consumer_is_refused)
     }
     cr_assert_eq(last_seq("OUT"), 0);
 }
+
+/* A key with a space at either end: NATS trims header values, so the
+ * key read back from idem-key was not the key written (and after a
+ * crash past the duplicate window it was written again). Refused, as a
+ * key with a line break is; nothing is written or lost. */
+Test(nats, a_key_with_spaces_at_its_ends_is_refused)
+{
+    static const char data[] = "{\"event_id\":\" e0 \"}";
+    cr_assert_eq(js_Publish(NULL, js, "in", data, sizeof data - 1, NULL,
+                            NULL), NATS_OK);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 1s 2>err", src("durable=d"), dst()), 1,
+                 "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "at either end"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 0);
+    cr_assert_eq(pending("d"), 1);
+}

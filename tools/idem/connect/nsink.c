@@ -437,16 +437,28 @@ static natsStatus copy_headers(natsMsg *m, const char *hdr, size_t hdrlen)
     return st;
 }
 
+/* Can key be a header value that reads back as itself? NATS ends a
+ * value at a line break and trims spaces and tabs at its ends: a key
+ * read back trimmed would not be found (written again after a crash),
+ * and Nats-Msg-Id " a" and "a" would be one. Nor empty: an empty
+ * Nats-Msg-Id is none. */
+static int header_value(const char *key, size_t keylen, size_t max)
+{
+    return keylen && keylen < max && !memchr(key, 0, keylen) &&
+           !memchr(key, '\r', keylen) && !memchr(key, '\n', keylen) &&
+           !strchr(" \t", key[0]) && !strchr(" \t", key[keylen - 1]);
+}
+
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *hdr, size_t hdrlen)
 {
     ns_sink *k = (ns_sink *)base;
     len -= len && text[len - 1] == '\n';  /* the loop's line end */
-    if (keylen >= sizeof k->key || memchr(key, 0, keylen) ||
-        memchr(key, '\r', keylen) || memchr(key, '\n', keylen))
+    if (!header_value(key, keylen, sizeof k->key))
         return cli_fail(k->cmd, "%s: a key of %zu bytes, or with a NUL or "
-                        "line break, cannot be a NATS header value",
-                        k->u.display, keylen), -1;
+                        "line break, or a space or tab at either end, "
+                        "cannot be a NATS header value", k->u.display,
+                        keylen), -1;
     memcpy(k->key, key, keylen);
     k->key[keylen] = 0;
     natsMsg *m = NULL;
