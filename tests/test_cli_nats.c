@@ -917,3 +917,29 @@ Test(nats, a_key_with_spaces_at_its_ends_is_refused)
     cr_assert_eq(last_seq("OUT"), 0);
     cr_assert_eq(pending("d"), 1);
 }
+
+/* Input headers named as the sink's own but for their case are kept,
+ * and do not change what idem-key and Nats-Msg-Id read back as. */
+Test(nats, headers_named_as_the_sinks_own_in_another_case)
+{
+    put_with_header("Idem-Key", "zzz");
+    put_with_header("NATS-MSG-ID", "zzz");
+    put_with_header("idem-key", "zzz");
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 1s 2>err", src("durable=d"), dst()), 0,
+                 "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 3);
+    for (uint64_t q = 1; q <= 3; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        const char **v = NULL;
+        int n = 0;
+        cr_assert_eq(natsMsgHeader_Values(m, "idem-key", &v, &n), NATS_OK);
+        cr_assert_eq(n, 1, "message %llu: %d idem-key values",
+                     (unsigned long long)q, n);
+        cr_assert_eq(key_number(v[0]), (int)q - 1, "%s", v[0]);
+        free((void *)v);
+        cr_assert_eq(key_number(header(m, "Nats-Msg-Id")), (int)q - 1);
+        natsMsg_Destroy(m);
+    }
+}
