@@ -883,7 +883,7 @@ Test(nats, an_unfit_durable_consumer_is_refused)
     for (int i = 0; i < 3; i++) {
         jsConsumerConfig cc;
         jsConsumerConfig_Init(&cc);
-        char name[8];
+        char name[16];
         snprintf(name, sizeof name, "c%d", i);
         cc.Durable = name;
         cc.AckPolicy = cases[i].ack;
