@@ -495,11 +495,13 @@ static int same_message(ns_sink *k, natsMsg *orig, const char *data,
         natsMsgHeader_Get(orig, "idem-key", &okey) != NATS_OK || !okey ||
         strcmp(okey, key))
         return 0;
+    char mine[32];  /* done, failed, gave_up: longer ones are cut */
     size_t n = status_of(&k->f, data, dlen, &st);
-    char mine[32];
-    snprintf(mine, sizeof mine, "%.*s", (int)(n < 31 ? n : 31), st);
+    n = n < sizeof mine ? n : sizeof mine;
+    memcpy(mine, st, n);
     size_t on = status_of(&k->f, natsMsg_GetData(orig),
                           (size_t)natsMsg_GetDataLength(orig), &ost);
+    on = on < sizeof mine ? on : sizeof mine;
     return on == n && !memcmp(ost, mine, n);
 }
 
