@@ -5,7 +5,12 @@
  * random moments and just after the sink's write, a restart past the
  * output stream's duplicate window, the server restarted under load, two
  * workers on one durable, and a message redelivered while its key is
- * BUSY.
+ * BUSY. And the attacks on them: headers the output stream would act on,
+ * a duplicate window shared by two subjects or two outcomes of a key, a
+ * stream trimmed before read-back, a worker resumed past its lease, a
+ * handler slower than AckWait, --idle-exit beside a dead worker, the same
+ * command twice, a message too large for the output, files on either
+ * side, and the NATS secrets kept from the handler.
  *
  * Every check reads the output stream itself (js_GetMsg, sequence by
  * sequence): each key's first message exactly once, in input order. */
@@ -396,24 +401,35 @@ Test(nats, two_workers_on_one_durable)
     cr_assert_eq(pending("d"), 0);
 }
 
+/* Has the handler logging to name had a message? */
+static int logged(const char *name)
+{
+    return !access(t_at(name), F_OK) && t_grep(t_at(name), "e0");
+}
+
 /* A worker stalled (SIGSTOP) past AckWait: its message goes to a
  * second worker while the first one's claim is live (BUSY); the second
- * waits, the first resumes and commits, the second finds it done. */
+ * waits, the first resumes and commits, the second finds it done and
+ * never runs it. (Both in one key space: a --job of each its own would
+ * make them two keys, and only the server's duplicate window kept the
+ * output once.) */
 Test(nats, a_message_redelivered_while_its_key_is_busy)
 {
     fill(1);
     const char *redis = th_redis_addr();
     const char *prefix = th_prefix();
 #define SLOW "run --key event_id --from %s --to %s --idle-exit 3s "   \
-             "--lease 20s --store 'redis://%s?prefix=%s' --job b%d "   \
-             "--exec '\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
+             "--lease 20s --store 'redis://%s?prefix=%s' "              \
+             "--exec '\"$IDEM_PROGS/handler\" log%d sleep=%d' 2>err%d"
     pid_t a = t_cli_start(t_dir, SLOW,
                           src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
                           redis, prefix, 1, 3000, 1);
-    /* a holds the message once the consumer counts it delivered. */
-    for (int i = 0; i < 400 && unacked("d", 1) != 1; i++)
+    /* a holds the key's claim once its handler has the message (the
+     * consumer counting it delivered is too soon: a stopped before its
+     * claim left b a new key). */
+    for (int i = 0; i < 400 && !logged("log1"); i++)
         t_sleep_ms(50);
-    cr_assert_eq(unacked("d", 1), 1, "the first worker got nothing");
+    cr_assert(logged("log1"), "the first worker got nothing");
     kill(a, SIGSTOP);
     pid_t b = t_cli_start(t_dir, SLOW, src("durable=d&worker=b"), dst(),
                           redis, prefix, 2, 0, 2);
@@ -422,6 +438,7 @@ Test(nats, a_message_redelivered_while_its_key_is_busy)
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     cr_assert_eq(last_seq("OUT"), 1, "the result was written twice");
+    cr_assert(!logged("log2"), "the second worker ran the key");
     cr_assert_eq(pending("d"), 0);
 }
 
@@ -458,4 +475,471 @@ Test(nats, bad_uris_say_what_is_wrong_and_hide_secrets)
                        "'nats://u:secret@127.0.0.1:1/S?durable=d' 2>err"), 1);
     cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
     cr_assert(!t_grep(t_at("err"), "secret"));
+}
+
+/* One message on "in" with data {"event_id":"eN"} (N counting from 0)
+ * and the header name: value. */
+static void put_with_header(const char *name, const char *value)
+{
+    static int n;
+    char data[64];
+    snprintf(data, sizeof data, "{\"event_id\":\"e%d\"}", n++);
+    natsMsg *m = NULL;
+    cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)strlen(data)),
+                 NATS_OK);
+    natsMsgHeader_Set(m, name, value);
+    cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK);
+    natsMsg_Destroy(m);
+}
+
+/* The input stream's publish preconditions (Nats-Expected-*, met when
+ * the message was stored in IN, as an event-sourced stream's writers
+ * set them) are not asked again of the output stream, where they fail:
+ * OUT refused the batch, every rerun, for ever. */
+Test(nats, the_inputs_publish_preconditions_are_not_republished)
+{
+    put_with_header("Nats-Expected-Stream", "IN");
+    put_with_header("Nats-Expected-Last-Subject-Sequence", "1");
+    put_with_header("Nats-Expected-Last-Sequence", "2");
+    put_with_header("x-kept", "yes");
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s", src("durable=d"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 4);
+    cr_assert_eq(pending("d"), 0);
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 4, NULL, NULL), NATS_OK);
+    cr_assert_str_eq(header(m, "x-kept"), "yes", "other headers are kept");
+    natsMsg_Destroy(m);
+}
+
+/* ?stream= naming a stream that does not hold the subject: the publishes
+ * go to the stream that does, and read-back would look in the wrong one
+ * (a restart past the duplicate window wrote again). Refused. */
+Test(nats, a_stream_parameter_that_does_not_hold_the_subject_is_refused)
+{
+    add_stream("OTHER", "other", 0);
+    fill(3);
+    char to[256];
+    snprintf(to, sizeof to, "'nats://127.0.0.1:%d/out?stream=OTHER'", port);
+    int st = t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                   "--idle-exit 1s 2>err", src("durable=d"), to);
+    cr_assert_eq(st, 1, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "OUT"), "%s", t_read(t_at("err"), NULL));
+}
+
+/* The handler gets idem's environment without the NATS password or
+ * token (IDEM_NATS_PASSWORD, IDEM_NATS_TOKEN), and cannot read them in
+ * idem's own /proc/PID/environ either. The test's server has no
+ * authentication, so it takes any. */
+Test(nats, the_handler_does_not_inherit_the_nats_secrets)
+{
+    static const char *const how[] = {"IDEM_NATS_PASSWORD", "IDEM_NATS_TOKEN"};
+    fill(2);
+    for (int i = 0; i < 2; i++) {
+        char from[256];
+        snprintf(from, sizeof from, "'nats://%s127.0.0.1:%d/IN?durable=s%d'",
+                 i ? "" : "u@", port, i);
+        cr_assert_eq(t_sh("cd '%s' && IDEM_KEPT=yes %s=N4tsS3cret "
+                          "\"$IDEM_CLI\" run --key event_id --job s%d "
+                          "--from %s --to %s --idle-exit 1s --exec 'env > "
+                          "env%d; tr \"\\0\" \"\\n\" < /proc/$PPID/environ "
+                          ">> env%d; exec \"$IDEM_PROGS/handler\"' 2>err",
+                          t_dir, how[i], i, from, dst(), i, i), 0, "%s",
+                     t_read(t_at("err"), NULL));
+        const char *got = t_at(i ? "env1" : "env0");
+        cr_assert(t_grep(got, "IDEM_KEPT=yes"), "%s: no environment",
+                  how[i]);
+        cr_assert(!t_grep(got, "N4tsS3cret"), "%s reached the handler",
+                  how[i]);
+    }
+}
+
+/* A handler slower than AckWait (each message takes longer than it, the
+ * batch five times as long): +WPI keeps every message fetched with the
+ * worker, so none is handed out again meanwhile. */
+Test(nats, a_handler_slower_than_ack_wait_gets_each_message_once)
+{
+    int nkeys = fill(6);
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
+                       "--idle-exit 1s --batch 10 --lease 5s --exec "
+                       "'\"$IDEM_PROGS/handler\" log sleep=1500' 2>err",
+                       src("durable=d&ack_wait_ms=1000"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    jsConsumerInfo *ci = NULL;
+    cr_assert_eq(js_GetConsumerInfo(&ci, js, "IN", "d", NULL, NULL), NATS_OK);
+    int64_t again = ci->NumRedelivered;
+    jsConsumerInfo_Destroy(ci);
+    cr_assert_eq(again, 0, "%lld redelivered", (long long)again);
+    cr_assert(t_grep(t_at("err"), "6 lines read"), "%s",
+              t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 1);
+}
+
+/* A worker stopped past its lease and AckWait while its handler works:
+ * a second worker takes the key over, writes and commits; the output
+ * stream's duplicate window (1 s) passes; the first resumes. Its result
+ * must not be written a second time. */
+Test(nats, a_worker_resumed_past_its_lease_does_not_write_again)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(1);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define PAUSED "run --key event_id --from %s --to %s --idle-exit 2s "   \
+               "--lease 2s --store 'redis://%s?prefix=%s' "              \
+               "--exec '\"$IDEM_PROGS/handler\" log%d sleep=%d' 2>err%d"
+    pid_t a = t_cli_start(t_dir, PAUSED,
+                          src("durable=d&ack_wait_ms=1000&worker=a"), dst(),
+                          redis, prefix, 1, 1500, 1);
+    for (int i = 0; i < 400 && !logged("log1"); i++)
+        t_sleep_ms(50);
+    cr_assert(logged("log1"), "the first worker got nothing");
+    kill(a, SIGSTOP);
+    pid_t b = t_cli_start(t_dir, PAUSED, src("durable=d&worker=b"), dst(),
+                          redis, prefix, 2, 0, 2);
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1, "%s", t_read(t_at("err2"), NULL));
+    t_sleep_ms(1500);  /* past the window */
+    kill(a, SIGCONT);
+    int st = t_wait(a);
+    cr_assert_eq(st, 3, "the first worker did not say its claim was lost: "
+                 "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1, "written again: %s",
+                 t_read(t_at("err1"), NULL));
+    cr_assert_eq(pending("d"), 0);
+}
+
+/* Messages of the output stream deleted by its limits (max_msgs 5)
+ * between a kill just after the sink's write and the restart, past the
+ * duplicate window: read-back cannot see them, so their keys are written
+ * again. That is said, not hidden. */
+Test(nats, output_deleted_before_read_back_is_said)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    sc.MaxMsgs = 5;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(60);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 20 --lease 1s --store local:store "
+             "--job t", src("durable=d"), dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+    t_sleep_ms(1500);  /* past the window */
+    finish(args, "d");
+    cr_assert(t_grep(t_at("err"), "deleted"), "%s",
+              t_read(t_at("err"), NULL));
+}
+
+/* The same command twice at once (one worker name, one job, one Redis
+ * store), killed and rerun: each key once. */
+Test(nats, the_same_command_twice_at_once)
+{
+    srand((unsigned)time(NULL));
+    int nkeys = fill(1500);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 2s --batch 20 --lease 1s --commit-interval 10ms "
+             "--store 'redis://%s?prefix=%s'", src("durable=d"), dst(),
+             redis, prefix);
+    for (int round = 0; round < 3; round++) {
+        pid_t a = t_cli_start(t_dir, "%s 2>>err1", args);
+        pid_t b = t_cli_start(t_dir, "%s 2>>err2", args);
+        t_sleep_ms(200 + rand() % 800);
+        if (round < 2)
+            kill(a, SIGKILL);
+        int sa = t_wait(a), sb = t_wait(b);
+        cr_assert(sa == 0 || sa == 128 + SIGKILL, "exit %d: %s", sa,
+                  t_read(t_at("err1"), NULL));
+        cr_assert_eq(sb, 0, "%s", t_read(t_at("err2"), NULL));
+    }
+    finish(args, "d");
+    expect_output(nkeys, 1, 0);
+}
+
+/* A message that fits the server's max_payload (1 MiB) in IN but not
+ * once the sink has set its two headers: the run stops and says why;
+ * the message is not lost (still pending, its key not written), and
+ * every rerun stops the same way until the limit is raised. */
+Test(nats, a_message_too_large_for_the_output_stops_the_run_unlost)
+{
+    size_t n = 1048576 - 40;
+    char *data = malloc(n + 1);
+    cr_assert(data);
+    memset(data, 'x', n);
+    memcpy(data, "{\"event_id\":\"e0\",\"pad\":\"", 24);
+    memcpy(data + n - 2, "\"}", 2);
+    natsMsg *m = NULL;
+    cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)n), NATS_OK);
+    natsMsgHeader_Set(m, "Nats-Msg-Id", "m0");
+    cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK, "%s",
+                 nats_GetLastError(NULL));
+    natsMsg_Destroy(m);
+    free(data);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s --lease 1s 2>err",
+                           src("durable=d"), dst()), 1, "%s",
+                     t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "maximum"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 0);
+    cr_assert_eq(pending("d"), 1);
+}
+
+/* A worker killed while a second one runs with --idle-exit: the dead
+ * one's messages come back after AckWait (3 s), longer than the idle
+ * time (1 s). The second does not end while they are still to come. */
+Test(nats, idle_exit_waits_for_a_dead_workers_messages)
+{
+    int nkeys = fill(300);
+    const char *redis = th_redis_addr();
+    const char *prefix = th_prefix();
+#define IDLE "dedup --key event_id --from %s --to %s --idle-exit %s "   \
+             "--batch 50 --lease 1s --store 'redis://%s?prefix=%s' "     \
+             "2>>err%d"
+    pid_t b = t_cli_start(t_dir, IDLE,
+                          src("durable=d&worker=b&ack_wait_ms=3000"), dst(),
+                          "1s", redis, prefix, 2);
+    setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
+    int sa = t_cli(t_dir, IDLE, src("durable=d&worker=a&ack_wait_ms=3000"),
+                   dst(), "1s", redis, prefix, 1);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
+    cr_assert_eq(sa, 128 + SIGKILL, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(pending("d"), 0, "b ended with messages to come: %s",
+                 t_read(t_at("err2"), NULL));
+    expect_output(nkeys, 1, 0);
+}
+
+/* NATS into a file, killed at random and just after writes: the file
+ * holds each key's first message once, in order. */
+Test(nats, nats_into_a_file_under_kill9)
+{
+    srand((unsigned)time(NULL));
+    int nkeys = fill(800);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --output "
+             "out.ndjson --idle-exit 1500ms --batch 30 --lease 1s "
+             "--commit-interval 10ms --store local:store --job f",
+             src("durable=d"));
+    long landed = kill_loop(args, "d", SPAN, kills(8));
+    cr_assert_geq(landed, 2);
+    FILE *f = fopen(t_at("out.ndjson"), "r");
+    cr_assert(f);
+    char line[256];
+    int k = 0;
+    while (fgets(line, sizeof line, f)) {
+        char want[160];
+        snprintf(want, sizeof want, "{\"event_id\":\"e%d\",\"amount\":"
+                 "\"%d\",\"note\":\"n%d\"}\n", k, k * 7 % 1000, note_of[k]);
+        cr_assert_str_eq(line, want, "line %d", k + 1);
+        k++;
+    }
+    fclose(f);
+    cr_assert_eq(k, nkeys);
+}
+
+/* A file into NATS, killed just after the sink's write and rerun past
+ * the duplicate window: each key once, in order. */
+Test(nats, a_file_into_nats_past_the_window)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    static char in[200 * 32];
+    size_t len = 0;
+    for (int i = 0; i < 200; i++)
+        len += (size_t)snprintf(in + len, sizeof in - len,
+                                "{\"event_id\":\"e%d\"}\n", i % 150);
+    t_write(t_at("in.ndjson"), in, len);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --to %s --batch 40 "
+             "--store local:store --job fi in.ndjson", dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "%s", t_read(t_at("err"), NULL));
+    t_sleep_ms(1500);
+    cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    uint64_t n = last_seq("OUT");
+    cr_assert_eq(n, 150, "%s", t_read(t_at("err"), NULL));
+    for (uint64_t q = 1; q <= n; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        cr_assert_eq(key_number(header(m, "idem-key")), (int)q - 1);
+        natsMsg_Destroy(m);
+    }
+}
+
+/* Two jobs whose outputs are two subjects of one stream, with keys in
+ * common (both keyed by event_id). The duplicate window is the stream's,
+ * not a subject's: the server dropped the second job's messages as
+ * duplicates of the first's, and the job counted them written. Now the
+ * second job stops and says so, its messages kept on its durable. */
+Test(nats, another_subjects_message_is_not_taken_for_ours)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"res.a", "res.b"};
+    sc.Name = "RES";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 2;
+    cr_assert_eq(js_AddStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    int nkeys = fill(50);
+    for (int i = 0; i < 2; i++) {
+        char from[64], to[128];
+        snprintf(from, sizeof from, "durable=d%d", i);
+        snprintf(to, sizeof to, "'nats://127.0.0.1:%d/%s'", port,
+                 subjects[i]);
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s 2>err", src(from), to), i, "%s",
+                     t_read(t_at("err"), NULL));
+    }
+    cr_assert(t_grep(t_at("err"), "as a duplicate of its message 1 "
+                     "(subject res.a)"), "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("RES"), (uint64_t)nkeys);
+    cr_assert_eq(pending("d1"), 50, "the second job's messages were lost");
+}
+
+/* A run's key that gave up (a retryable failure, --max-attempts 1) and
+ * is done at its next message, within the duplicate window: the server
+ * takes the done result for the gave_up one (one Nats-Msg-Id) and drops
+ * it. That is said, and the message kept, not counted written. */
+Test(nats, a_done_result_is_not_dropped_for_the_gave_up_one)
+{
+    for (int i = 0; i < 2; i++) {
+        char data[64];
+        snprintf(data, sizeof data, "{\"event_id\":\"e0\",\"n\":%d}", i);
+        cr_assert_eq(js_Publish(NULL, js, "in", data, (int)strlen(data),
+                                NULL, NULL), NATS_OK);
+    }
+    int st = t_cli(t_dir, "run --key event_id --max-attempts 1 --from %s "
+                   "--to %s --idle-exit 1s --batch 1 --exec "
+                   "'\"$IDEM_PROGS/handler\" flaky=e0' 2>err",
+                   src("durable=d"), dst());
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 1, NULL, NULL), NATS_OK);
+    cr_assert(strstr(natsMsg_GetData(m), "gave_up"), "%s",
+              natsMsg_GetData(m));
+    natsMsg_Destroy(m);
+    cr_assert_eq(last_seq("OUT"), 1);
+    cr_assert_eq(st, 1, "the done result was dropped unsaid: %s",
+                 t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "as a duplicate"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("d"), 1);
+}
+
+/* A durable consumer made elsewhere that would lose messages on a kill
+ * (AckNone: acknowledged on delivery; AckAll: acknowledged with a later
+ * one), or filters another subject than asked, is refused. */
+Test(nats, an_unfit_durable_consumer_is_refused)
+{
+    static const struct {
+        jsAckPolicy ack;
+        const char *filter, *params, *says;
+    } cases[] = {
+        {js_AckNone, NULL, "durable=c0", "AckPolicy explicit"},
+        {js_AckAll, NULL, "durable=c1", "AckPolicy explicit"},
+        {js_AckExplicit, "in.x", "durable=c2&subject=in",
+         "filters subject 'in.x'"},
+    };
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subjects[] = {"in", "in.x"};
+    sc.Name = "IN";
+    sc.Subjects = subjects;
+    sc.SubjectsLen = 2;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    fill(5);
+    for (int i = 0; i < 3; i++) {
+        jsConsumerConfig cc;
+        jsConsumerConfig_Init(&cc);
+        char name[16];
+        snprintf(name, sizeof name, "c%d", i);
+        cc.Durable = name;
+        cc.AckPolicy = cases[i].ack;
+        cc.FilterSubject = cases[i].filter;
+        cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL),
+                     NATS_OK, "%s", nats_GetLastError(NULL));
+        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                           "--idle-exit 1s 2>err", src(cases[i].params),
+                           dst()), 1, "%s: %s", cases[i].params,
+                     t_read(t_at("err"), NULL));
+        cr_assert(t_grep(t_at("err"), cases[i].says), "%s",
+                  t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(last_seq("OUT"), 0);
+}
+
+/* A key with a space at either end: NATS trims header values, so the
+ * key read back from idem-key was not the key written (and after a
+ * crash past the duplicate window it was written again). Refused, as a
+ * key with a line break is; nothing is written or lost. */
+Test(nats, a_key_with_spaces_at_its_ends_is_refused)
+{
+    static const char data[] = "{\"event_id\":\" e0 \"}";
+    cr_assert_eq(js_Publish(NULL, js, "in", data, sizeof data - 1, NULL,
+                            NULL), NATS_OK);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 1s 2>err", src("durable=d"), dst()), 1,
+                 "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "at either end"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 0);
+    cr_assert_eq(pending("d"), 1);
+}
+
+/* Input headers named as the sink's own but for their case are kept,
+ * and do not change what idem-key and Nats-Msg-Id read back as. */
+Test(nats, headers_named_as_the_sinks_own_in_another_case)
+{
+    put_with_header("Idem-Key", "zzz");
+    put_with_header("NATS-MSG-ID", "zzz");
+    put_with_header("idem-key", "zzz");
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 1s 2>err", src("durable=d"), dst()), 0,
+                 "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 3);
+    for (uint64_t q = 1; q <= 3; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        const char **v = NULL;
+        int n = 0;
+        cr_assert_eq(natsMsgHeader_Values(m, "idem-key", &v, &n), NATS_OK);
+        cr_assert_eq(n, 1, "message %llu: %d idem-key values",
+                     (unsigned long long)q, n);
+        cr_assert_eq(key_number(v[0]), (int)q - 1, "%s", v[0]);
+        free((void *)v);
+        cr_assert_eq(key_number(header(m, "Nats-Msg-Id")), (int)q - 1);
+        natsMsg_Destroy(m);
+    }
 }

@@ -4,7 +4,8 @@
  * The handler of `idem run` is any program, and it starts programs of
  * its own; none of them needs the store's credentials, since the store
  * is idem's alone. A password handed to idem through the environment
- * ($IDEM_REDIS_PASSWORD, or $IDEM_STORE naming a URI with a password)
+ * ($IDEM_REDIS_PASSWORD, $IDEM_NATS_PASSWORD, $IDEM_NATS_TOKEN, or
+ * $IDEM_STORE naming a URI with a password)
  * would otherwise be inherited by the whole tree: readable in
  * /proc/PID/environ, printed by a debug `env`, copied into a crash
  * report. So it is left out of what the handler gets.
@@ -53,11 +54,14 @@ static int uri_has_password(const char *uri)
     return differs;
 }
 
-/* Does the environment entry "NAME=VALUE" carry a store password? */
+/* Does the environment entry "NAME=VALUE" carry a password or token
+ * (the store's, or a stream's: NATS takes its own)? */
 static int secret(const char *entry)
 {
     static const char store[] = "IDEM_STORE=";
     return has_prefix(entry, "IDEM_REDIS_PASSWORD=") ||
+           has_prefix(entry, "IDEM_NATS_PASSWORD=") ||
+           has_prefix(entry, "IDEM_NATS_TOKEN=") ||
            (has_prefix(entry, store) &&
             uri_has_password(entry + sizeof store - 1));
 }

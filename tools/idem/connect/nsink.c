@@ -18,6 +18,10 @@
  * after a sequence found by time (readback window: twice the lease and
  * 10 s), kept in two generations so that it stays about that long.
  *
+ * Messages deleted after the checkpoint before a restart reads them
+ * back (the stream's limits, a purge) are said: their keys, if the dead
+ * run wrote them, are written again.
+ *
  * Reading back is one request per message (js_GetMsg, which any stream
  * answers; direct gets need allow_direct): cheap for the batch or two in
  * doubt after a crash, slow for a window of a busy stream. */
@@ -46,11 +50,13 @@ typedef struct ns_sink {
     uint64_t acked_max;    /* the greatest sequence PubAcked */
     uint64_t nerr;
     char pub_err[512];
+    cli_buf dups;          /* PubAcks saying duplicate: seq, our message */
     keymap back;           /* read back after the checkpoint */
     keymap recent[2];      /* the recent messages: now, and before */
     uint64_t recent_seq;   /* the last sequence read into them */
     int64_t recent_at;     /* when recent[0] was started; 0: never */
     uint64_t deep_ms;      /* the earliest time asked for (catch_up) */
+    uint64_t gone;         /* messages scan_after found deleted */
     jfields f;
     int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
@@ -64,14 +70,42 @@ static int fail(ns_sink *k, const char *what, natsStatus st)
     return -1;
 }
 
+/* A PubAck saying duplicate names the stream's message the server
+ * took ours for: kept (its sequence, then m's data and idem-key) to be
+ * checked at the flush (same_message). Under mu. 0 or -1. */
+static int note_dup(ns_sink *k, uint64_t seq, natsMsg *m)
+{
+    const char *key = NULL;
+    uint64_t dlen = (uint64_t)natsMsg_GetDataLength(m);
+    if (natsMsgHeader_Get(m, "idem-key", &key) != NATS_OK || !key)
+        key = "";
+    return cli_buf_add(&k->dups, &seq, sizeof seq) ||
+                   cli_buf_add(&k->dups, &dlen, sizeof dlen) ||
+                   cli_buf_add(&k->dups, natsMsg_GetData(m), dlen) ||
+                   cli_buf_add(&k->dups, key, strlen(key) + 1)
+               ? -1
+               : 0;
+}
+
+/* A PubAck from another stream than the one read back (?stream= naming
+ * one that does not hold the subject) is a failure: its sequence is not
+ * a position there, and read-back would find nothing it wrote. */
 static void on_pub_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae,
                        void *closure)
 {
     (void)js;
     ns_sink *k = closure;
     pthread_mutex_lock(&k->mu);
-    if (pa && pa->Sequence > k->acked_max)
+    int elsewhere = pa && (!pa->Stream || strcmp(pa->Stream, k->stream));
+    if (pa && !elsewhere && pa->Sequence > k->acked_max)
         k->acked_max = pa->Sequence;
+    if (pa && !elsewhere && pa->Duplicate && note_dup(k, pa->Sequence, m) &&
+        !k->nerr++)
+        snprintf(k->pub_err, sizeof k->pub_err, "out of memory");
+    if (elsewhere && !k->nerr++)
+        snprintf(k->pub_err, sizeof k->pub_err, "the subject is stored in "
+                 "stream %.200s, not %.200s (?stream=)",
+                 pa->Stream ? pa->Stream : "(unnamed)", k->stream);
     if (!pa && !k->nerr++)
         snprintf(k->pub_err, sizeof k->pub_err, "%s",
                  pae && pae->ErrText ? pae->ErrText
@@ -148,6 +182,7 @@ static void ns_close(sink *base)
     nl_close(&k->l);  /* before the rest: no PubAck comes after it */
     nu_free(&k->u);
     free(k->stream);
+    cli_buf_free(&k->dups);
     km_free(&k->back);
     km_free(&k->recent[0]);
     km_free(&k->recent[1]);
@@ -231,12 +266,14 @@ static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
     uint64_t first, last;
     if (stream_seqs(k, &first, &last))
         return -1;
+    k->gone += first > *from + 1 ? first - *from - 1 : 0;
     for (uint64_t seq = *from + 1 > first ? *from + 1 : first; seq <= last;
          seq++) {
         int gone;
         natsMsg *m = get(k, seq, &gone);
         if (!m && !gone)
             return -1;
+        k->gone += !m;
         int rc = m ? remember(k, m, map) : 0;
         natsMsg_Destroy(m);
         if (rc)
@@ -256,7 +293,18 @@ static int ns_read_back(sink *base, const char *pos)
                         "a stream sequence", k->u.display, pos), -1;
     snprintf(k->pos, sizeof k->pos, "%" PRIu64, from);
     k->recent_seq = from;
-    return scan_after(k, &from, &k->back);
+    k->gone = 0;
+    if (scan_after(k, &from, &k->back))
+        return -1;
+    if (k->gone)  /* said, not hidden: as rsink.c's say_trimmed() */
+        fprintf(stderr, "idem %s: %s: %" PRIu64 " message%s of stream %s "
+                "after this job's position %s %s deleted (max_msgs, "
+                "max_age, max_bytes, a purge) before %s could be read back: "
+                "a key the last run wrote there without committing it is "
+                "written again\n", k->cmd, k->u.display, k->gone,
+                k->gone == 1 ? "" : "s", k->stream, pos,
+                k->gone == 1 ? "was" : "were", k->gone == 1 ? "it" : "they");
+    return 0;
 }
 
 /* The first sequence stored at or after wall time t_ns (a binary
@@ -360,25 +408,50 @@ static void ns_forget(sink *base, const void *key, size_t keylen)
     km_del(&((ns_sink *)base)->back, key, keylen);
 }
 
-/* The input's headers (meta's) on m, but for the two this sink sets. */
+/* Is header name one the output stream would act on rather than keep:
+ * the two this sink sets, and the input's publish preconditions
+ * (Nats-Expected-Stream, -Last-Sequence, ...: met when the input was
+ * stored, and false of the output stream, which would refuse the
+ * message on every retry) or a rollup (a purge of the output stream,
+ * read-back's record)? */
+static int not_copied(const char *name)
+{
+    static const char expected[] = "Nats-Expected-";
+    return !strcmp(name, "Nats-Msg-Id") || !strcmp(name, "idem-key") ||
+           !strncmp(name, expected, sizeof expected - 1) ||
+           !strcmp(name, "Nats-Rollup");
+}
+
+/* The input's headers (meta's) on m, but for those not_copied(). */
 static natsStatus copy_headers(natsMsg *m, const char *meta, size_t metalen)
 {
     natsStatus st = NATS_OK;
     size_t at = 0;
     meta_rec r;
     while (!st && meta_next(meta, metalen, &at, &r)) {
-        if (r.type != META_HEADER || !r.value ||
-            (r.namelen == 11 && !memcmp(r.name, "Nats-Msg-Id", 11)) ||
-            (r.namelen == 8 && !memcmp(r.name, "idem-key", 8)))
+        if (r.type != META_HEADER || !r.value)
             continue;
         char *name = strndup(r.name, r.namelen);
         char *value = strndup(r.value, r.valuelen);
-        st = name && value ? natsMsgHeader_Add(m, name, value)
-                           : NATS_NO_MEMORY;
+        st = !name || !value  ? NATS_NO_MEMORY
+             : not_copied(name) ? NATS_OK
+                                : natsMsgHeader_Add(m, name, value);
         free(name);
         free(value);
     }
     return st;
+}
+
+/* Can key be a header value that reads back as itself? NATS ends a
+ * value at a line break and trims spaces and tabs at its ends: a key
+ * read back trimmed would not be found (written again after a crash),
+ * and Nats-Msg-Id " a" and "a" would be one. Nor empty: an empty
+ * Nats-Msg-Id is none. */
+static int header_value(const char *key, size_t keylen, size_t max)
+{
+    return keylen && keylen < max && !memchr(key, 0, keylen) &&
+           !memchr(key, '\r', keylen) && !memchr(key, '\n', keylen) &&
+           !strchr(" \t", key[0]) && !strchr(" \t", key[keylen - 1]);
 }
 
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
@@ -386,11 +459,11 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
 {
     ns_sink *k = (ns_sink *)base;
     len -= len && text[len - 1] == '\n';  /* the loop's line end */
-    if (keylen >= sizeof k->key || memchr(key, 0, keylen) ||
-        memchr(key, '\r', keylen) || memchr(key, '\n', keylen))
+    if (!header_value(key, keylen, sizeof k->key))
         return cli_fail(k->cmd, "%s: a key of %zu bytes, or with a NUL or "
-                        "line break, cannot be a NATS header value",
-                        k->u.display, keylen), -1;
+                        "line break, or a space or tab at either end, "
+                        "cannot be a NATS header value", k->u.display,
+                        keylen), -1;
     memcpy(k->key, key, keylen);
     k->key[keylen] = 0;
     natsMsg *m = NULL;
@@ -402,6 +475,75 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     natsMsg_Destroy(m);  /* NULL once published */
     k->published |= !st;
     return st ? fail(k, "publishing", st) : 0;
+}
+
+/* The status member of a run's result line ("" if none). */
+static size_t status_of(jfields *f, const char *data, size_t len,
+                        const char **st)
+{
+    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
+    *st = i >= 0 ? f->buf.p + f->off[i] : "";
+    return i >= 0 ? f->len[i] : 0;
+}
+
+/* Is the stream's message orig the one we published (data, idem-key),
+ * or its equal: our subject, our key, the same status (a run's result
+ * may differ in its text from one attempt to the next)? The duplicate
+ * window is the stream's, not the subject's, and takes any message with
+ * the same Nats-Msg-Id for ours: another job's output of the same key on
+ * another subject of the stream, or a run's gave_up before its done. */
+static int same_message(ns_sink *k, natsMsg *orig, const char *data,
+                        size_t dlen, const char *key)
+{
+    const char *okey = NULL, *st, *ost;
+    if (strcmp(natsMsg_GetSubject(orig), k->u.name) ||
+        natsMsgHeader_Get(orig, "idem-key", &okey) != NATS_OK || !okey ||
+        strcmp(okey, key))
+        return 0;
+    char mine[32];  /* done, failed, gave_up: longer ones are cut */
+    size_t n = status_of(&k->f, data, dlen, &st);
+    n = n < sizeof mine ? n : sizeof mine;
+    memcpy(mine, st, n);
+    size_t on = status_of(&k->f, natsMsg_GetData(orig),
+                          (size_t)natsMsg_GetDataLength(orig), &ost);
+    on = on < sizeof mine ? on : sizeof mine;
+    return on == n && !memcmp(ost, mine, n);
+}
+
+/* The duplicates of this batch are ours, or the batch fails: a message
+ * the server dropped for another's would be lost. 0 or -1. */
+static int check_dups(ns_sink *k)
+{
+    pthread_mutex_lock(&k->mu);
+    cli_buf d = k->dups;
+    k->dups = (cli_buf){0};
+    pthread_mutex_unlock(&k->mu);
+    int rc = 0;
+    for (size_t at = 0; !rc && at < d.len;) {
+        uint64_t seq, dlen;
+        memcpy(&seq, d.p + at, sizeof seq);
+        memcpy(&dlen, d.p + at + sizeof seq, sizeof dlen);
+        const char *data = d.p + at + 2 * sizeof seq;
+        const char *key = data + dlen;
+        at += 2 * sizeof seq + dlen + strlen(key) + 1;
+        int gone;
+        natsMsg *orig = get(k, seq, &gone);
+        rc = !orig && !gone ? -1 : 0;  /* gone: cannot tell; as ours */
+        if (orig && !same_message(k, orig, data, (size_t)dlen, key)) {
+            cli_fail(k->cmd, "%s: the message of key '%.200s' was "
+                     "dropped by stream %s as a duplicate of its "
+                     "message %" PRIu64 " (subject %.200s), not ours: "
+                     "its Nats-Msg-Id is the key, and the duplicate "
+                     "window is the stream's; give this output a stream "
+                     "of its own, or wait out the window",
+                     k->u.display, key, k->stream, seq,
+                     natsMsg_GetSubject(orig));
+            rc = -1;
+        }
+        natsMsg_Destroy(orig);
+    }
+    cli_buf_free(&d);
+    return rc;
 }
 
 static int ns_flush(sink *base)
@@ -421,6 +563,8 @@ static int ns_flush(sink *base)
         return cli_fail(k->cmd, "%s: %" PRIu64 " publish%s failed: %s",
                         k->u.display, nerr, nerr == 1 ? "" : "es",
                         k->pub_err), -1;
+    if (check_dups(k))
+        return -1;
     if (seq > strtoull(k->pos, NULL, 10))
         snprintf(k->pos, sizeof k->pos, "%" PRIu64, seq);
     return 0;

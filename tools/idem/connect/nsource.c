@@ -3,7 +3,8 @@
  *
  * The consumer is made if missing: explicit acks, AckWait longer than the
  * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of three
- * batches (one committing, one being read, one fetched ahead). Messages
+ * batches (one committing, one being read, one fetched ahead); one found
+ * must ack explicitly and filter what subject= asks. Messages
  * are fetched up to a batch at a time; each is handed out as its data,
  * one line, with its headers beside it (nd_line.meta, connect.h)
  * and its stream sequence as its position.
@@ -111,6 +112,37 @@ static void *wpi_timer(void *arg)
     return NULL;
 }
 
+/* A consumer found (made by another program, or by hand) must ack
+ * explicitly, one message at a time: with AckNone a message counts as
+ * acknowledged once delivered, and with AckAll the ack of a committed
+ * message acknowledges the uncommitted ones before it; a kill loses
+ * them. Its filter must be the one asked for (subject=), which it
+ * would otherwise silently replace. A MaxDeliver is said: the server
+ * drops a message delivered that often (kills, restarts) unseen by
+ * idem. 0, or 1 with s->err set. */
+static int unfit(ns_source *s, const jsConsumerConfig *c)
+{
+    const char *want = s->u.subject ? s->u.subject : "";
+    const char *has = c->FilterSubject ? c->FilterSubject : "";
+    if (c->AckPolicy != js_AckExplicit)
+        snprintf(s->err, sizeof s->err, "%.400s: the durable consumer "
+                 "%.200s does not acknowledge each message explicitly "
+                 "(AckPolicy explicit): a kill would lose what it held",
+                 s->u.display, s->u.durable);
+    else if (s->u.subject && strcmp(want, has))
+        snprintf(s->err, sizeof s->err, "%.400s: the durable consumer "
+                 "%.200s filters subject '%.200s', not '%.200s'",
+                 s->u.display, s->u.durable, has, want);
+    else if (c->MaxDeliver > 0)
+        fprintf(stderr, "idem %s: %s: the durable consumer %s has "
+                "MaxDeliver %" PRId64 ": the server drops a message "
+                "delivered that often (after kills or restarts), unseen "
+                "by idem\n", s->cmd, s->u.display, s->u.durable,
+                c->MaxDeliver);
+    return c->AckPolicy != js_AckExplicit ||
+           (s->u.subject && strcmp(want, has));
+}
+
 /* The consumer: made when missing; its AckWait sets the timer's pace,
  * and messages pending on it (a dead run's) delay the first fetch. */
 static int bind_consumer(ns_source *s, int64_t lease_ms)
@@ -132,6 +164,10 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
     }
     if (st)
         return failed(s, "the durable consumer", st);
+    if (unfit(s, ci->Config)) {
+        jsConsumerInfo_Destroy(ci);
+        return ND_ERR;
+    }
     s->ack_wait_ms = ci->Config->AckWait / 1000000;
     if (ci->NumAckPending > 0)  /* --idle-exit counts from then too */
         s->start_after_ms = s->last_new_ms = cli_mono_ms() + s->ack_wait_ms;
@@ -377,14 +413,33 @@ static long fetch(ns_source *s, int wait)
     return failed(s, "fetching messages", st);
 }
 
-static long long ns_lag(source *base);
+/* Messages this source has fetched and not acknowledged. */
+static long long held_here(ns_source *s)
+{
+    long long n = s->got.Count - s->next_got;
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->hn; i++)
+        n += s->hv[i].m != NULL;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
 
 /* Before --idle-exit ends the run: does the consumer still have
- * messages to deliver? A loaded server can let a fetch pass empty while
- * it has some; then the idle clock starts again. */
+ * messages to deliver? Those never delivered, and those delivered to
+ * another worker and not acknowledged: a dead worker's come back after
+ * AckWait, which may be longer than the idle time. A loaded server can
+ * also let a fetch pass empty while it has some. Then the idle clock
+ * starts again. */
 static int more_to_come(ns_source *s)
 {
-    if (ns_lag(&s->base) <= 0)
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, s->l.js, s->u.name, s->u.durable, NULL,
+                           NULL) != NATS_OK)
+        return 0;
+    long long n = (long long)ci->NumPending + (long long)ci->NumAckPending -
+                  held_here(s);
+    jsConsumerInfo_Destroy(ci);
+    if (n <= 0)
         return 0;
     s->last_new_ms = cli_mono_ms();
     return 1;
