@@ -159,9 +159,12 @@ static void counted_run(const char *store)
     pid_t pid = start_fed(&fd, "dedup --key id --batch 10 --store '%s' "
                           "--metrics-listen 127.0.0.1:%d", store, port);
     lines(fd);
+    char keys[600];
+    snprintf(keys, sizeof keys, "idem_live_keys{job=\"dedup\",store=\"%s\"} "
+             "70\n", store);
     const char *want[] = {"outcome=\"new\"} 70\n", "outcome=\"replay\"} 30\n",
                           "result=\"done\"} 70\n", "result=\"replay\"} 30\n",
-                          "job=\"dedup\"", "idem_build_info{", NULL};
+                          "job=\"dedup\"", "idem_build_info{", keys, NULL};
     char *body = wait_for(port, "/metrics", want);
     t_write(t_at("scrape"), body, strlen(body));
     promtool_check("scrape");
