@@ -10,11 +10,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -233,6 +236,66 @@ Test(cli_metrics, busy_or_bad_address_is_a_usage_error)
     cr_assert(t_grep(t_at("err"), "HOST:PORT"));
     cr_assert_eq(t_cli(t_dir, "stats --json --format prometheus 2> err"), 2);
     close(held);
+}
+
+/* Connections to 127.0.0.1:port, opened one after another and held,
+ * until stop. */
+typedef struct flood {
+    int port, fds[400];
+    atomic_int n, stop;
+} flood;
+
+static void *flood_loop(void *arg)
+{
+    flood *f = arg;
+    while (!atomic_load(&f->stop) && atomic_load(&f->n) < 400) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(f->port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        struct timeval tv = {.tv_sec = 1};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            f->fds[atomic_fetch_add(&f->n, 1)] = fd;
+        else if (fd >= 0)
+            close(fd);
+    }
+    return NULL;
+}
+
+/* A flood of connections to the endpoint takes none of the descriptors
+ * the job needs: under a limit of 64 it once starved the run of a pipe
+ * to its handler (EMFILE, exit 1). */
+Test(cli_metrics, a_flood_of_connections_leaves_the_job_its_descriptors)
+{
+    flood f = {.port = free_port()};
+    struct rlimit was, low;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+    low = (struct rlimit){64, was.rlim_max};
+    cr_assert_eq(mkfifo(t_at("in"), 0600), 0);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    pid_t pid = t_cli_start(t_dir, "run --key id --batch 1 --metrics-listen "
+                            "127.0.0.1:%d --exec '\"$IDEM_PROGS/handler\"' "
+                            "< in > out 2> err", f.port);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+    int fd = open(t_at("in"), O_WRONLY);
+    cr_assert_geq(fd, 0);
+    const char *up[] = {"idem_build_info{", NULL};
+    free(wait_for(f.port, "/metrics", up));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, flood_loop, &f), 0);
+    while (atomic_load(&f.n) < 100)
+        t_sleep_ms(10);
+    lines(fd);
+    close(fd);
+    int st = t_wait(pid);
+    atomic_store(&f.stop, 1);
+    pthread_join(t, NULL);
+    for (int i = 0; i < atomic_load(&f.n); i++)
+        close(f.fds[i]);
+    cr_assert_eq(st, 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "100 lines read, 70 new"), "%s",
+              t_read(t_at("err"), NULL));
 }
 
 /* Prometheus scrapes a running dedup; its query API answers the count.

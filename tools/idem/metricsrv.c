@@ -32,6 +32,12 @@
 
 #define MSRV_NODES 64  /* Redis masters asked for INFO */
 
+/* Connections served at once; more are closed as they come. Prometheus
+ * keeps one per server; without a bound, a flood of connections took
+ * every descriptor the process may have (1024 by default), and the job
+ * failed for want of a pipe to its handler. */
+#define MSRV_CONNECTIONS 32u
+
 struct metrics_srv {
     struct MHD_Daemon *d;
     int fd;
@@ -249,6 +255,7 @@ metrics_srv *msrv_start(const char *cmd, const char *addr, const char *uri,
     m->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD, 0, NULL, NULL,
                             answer, m, MHD_OPTION_LISTEN_SOCKET, fd,
                             MHD_OPTION_CONNECTION_TIMEOUT, 30u,
+                            MHD_OPTION_CONNECTION_LIMIT, MSRV_CONNECTIONS,
                             MHD_OPTION_END);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (!m->d) {
