@@ -234,6 +234,15 @@ Test(cli_metrics, busy_or_bad_address_is_a_usage_error)
     cr_assert_eq(t_cli(t_dir, "run --key id --exec cat --metrics-listen nope "
                               "in 2> err"), 2);
     cr_assert(t_grep(t_at("err"), "HOST:PORT"));
+    /* Port 0 (a port nobody is told), a port that wrapped, no port. */
+    const char *bad[] = {"127.0.0.1:0", "127.0.0.1:99999", "[::1]", "[::1:9",
+                         "127.0.0.1:+80"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(t_cli(t_dir, "dedup --key id --metrics-listen '%s' in "
+                                  "> out 2> err", bad[i]), 2, "%s", bad[i]);
+        cr_assert(t_grep(t_at("err"), "1 to 65535"), "%s: %s", bad[i],
+                  t_read(t_at("err"), NULL));
+    }
     cr_assert_eq(t_cli(t_dir, "stats --json --format prometheus 2> err"), 2);
     close(held);
 }

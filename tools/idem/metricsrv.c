@@ -171,14 +171,27 @@ static enum MHD_Result answer(void *cls, struct MHD_Connection *c,
                  b.len, MHD_RESPMEM_MUST_FREE);
 }
 
+/* A port in digits, 1 to 65535: getaddrinfo() took 0 (a port nobody
+ * could be told) and 99999 (port 34463) without a word. */
+static int port_ok(const char *p)
+{
+    size_t n = strspn(p, "0123456789");
+    if (!n || n > 5 || p[n])
+        return 0;
+    long v = strtol(p, NULL, 10);
+    return v >= 1 && v <= 65535;
+}
+
 /* HOST:PORT split at the last ':'; a bracketed HOST loses its brackets. */
 static int split(const char *addr, char *host, size_t n, const char **port)
 {
     const char *colon = strrchr(addr, ':');
-    if (!colon || !colon[1])
+    if (!colon || !port_ok(colon + 1))
         return -1;
     size_t len = (size_t)(colon - addr);
-    if (len >= 2 && addr[0] == '[' && addr[len - 1] == ']') {
+    if (addr[0] == '[') {
+        if (len < 2 || addr[len - 1] != ']')
+            return -1;
         addr++;
         len -= 2;
     }
@@ -196,9 +209,10 @@ static int bind_addr(const char *cmd, const char *addr)
     char host[256];
     const char *port;
     if (split(addr, host, sizeof host, &port))
-        return cli_usage_error(cmd, "--metrics-listen wants HOST:PORT "
-                               "(127.0.0.1:9464, [::1]:9464, :9464 for "
-                               "every address), not '%s'", addr), -1;
+        return cli_usage_error(cmd, "--metrics-listen wants HOST:PORT, "
+                               "PORT from 1 to 65535 (127.0.0.1:9464, "
+                               "[::1]:9464, :9464 for every address), not "
+                               "'%s'", addr), -1;
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
