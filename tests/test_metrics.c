@@ -309,6 +309,26 @@ static void promtool_check(const char *text)
     t_rmdir(dir);
 }
 
+/* Label values in UTF-8 whatever the bytes of a job or a store's path:
+ * one stray byte made the scrape unreadable to Prometheus. */
+Test(metrics, label_values_are_utf8)
+{
+    idem_metrics m;
+    idem_metrics_init(&m);
+    /* stray, overlong, surrogate, cut short; a euro sign stays */
+    const char *job = "j\xff\xc0\xaf\xed\xa0\x80\xe2\x82";
+    const char *uri = "local:/tmp/\xe2\x82\xac\"\\\x80";
+    char text[16384];
+    size_t n = idem_metrics_format(&m, job, uri, text, sizeof text);
+    cr_assert_lt(n, sizeof text);
+    cr_assert(strstr(text, "{job=\"j\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                           "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                           "\xEF\xBF\xBD\",store=\"local:/tmp/\xe2\x82\xac"
+                           "\\\"\\\\\xEF\xBF\xBD\"}"),
+              "%.200s", text);
+    promtool_check(text);
+}
+
 static char *render(idem_store *s, const char *uri)
 {
     idem_metrics m = snap(s);
