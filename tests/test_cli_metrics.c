@@ -307,6 +307,28 @@ Test(cli_metrics, a_flood_of_connections_leaves_the_job_its_descriptors)
               t_read(t_at("err"), NULL));
 }
 
+/* A dead letter is never shown as failed first (a counter that went
+ * back, which Prometheus takes for a restart): k0 crashes the handler
+ * and is set aside, recorded at once, while k1 hangs and keeps the batch
+ * from being committed. */
+Test(cli_metrics, a_dead_letter_is_never_counted_failed_first)
+{
+    int port = free_port();
+    t_put("in", "{\"id\":\"k0\"}\n{\"id\":\"k1\"}\n");
+    pid_t pid = t_cli_start(t_dir, "run --key id --batch 2 --metrics-listen "
+                            "127.0.0.1:%d --dead-letter dl --max-attempts 1 "
+                            "--backoff 1ms --lease 1h --exec "
+                            "'\"$IDEM_PROGS/handler\" crash=k0 hangon=k1' in "
+                            "> out 2> err", port);
+    const char *want[] = {"kind=\"permanent\"} 1\n", NULL};
+    char *body = wait_for(port, "/metrics", want);
+    cr_assert(strstr(body, "result=\"failed\"} 0\n"), "%s", body);
+    cr_assert(strstr(body, "result=\"dead_letter\"} 0\n"), "%s", body);
+    free(body);
+    kill(pid, SIGKILL);
+    t_wait(pid);
+}
+
 /* Prometheus scrapes a running dedup; its query API answers the count.
  * The server lives under timeout(1), so a failed test leaves nothing
  * running for long. */

@@ -49,7 +49,7 @@ struct metrics_srv {
     int servers;             /* uri names a Redis store */
     int64_t keys, keys_at, keys_took;  /* its last count (server thread) */
     _Atomic long long lag;
-    _Atomic uint64_t dead_letter;
+    uint64_t failed, dead_letter;  /* guarded by mu */
 };
 
 int msrv_render(const idem_metrics *m, const char *job, const char *uri,
@@ -114,14 +114,15 @@ static void snapshot(metrics_srv *m, idem_metrics *mt, char *job, size_t n)
     if (m->s)
         idem_metrics_get(m->s, mt);
     snprintf(job, n, "%s", m->job);
+    /* The runner records a dead letter as failed, and counts it before
+     * the loop can say which it was (at once, when the first batch has
+     * not been committed yet): the loop's own pair, one commit behind, is
+     * the one whose difference never goes back. */
+    mt->messages[IDEM_MR_FAILED] =
+        m->failed > m->dead_letter ? m->failed - m->dead_letter : 0;
+    mt->messages[IDEM_MR_DEAD_LETTER] = m->dead_letter;
     pthread_mutex_unlock(&m->mu);
     mt->source_lag = atomic_load_explicit(&m->lag, memory_order_relaxed);
-    uint64_t dl = atomic_load_explicit(&m->dead_letter, memory_order_relaxed);
-    /* The runner recorded them as failed: they are counted once, here. */
-    dl = dl < mt->messages[IDEM_MR_FAILED] ? dl
-                                           : mt->messages[IDEM_MR_FAILED];
-    mt->messages[IDEM_MR_FAILED] -= dl;
-    mt->messages[IDEM_MR_DEAD_LETTER] = dl;
 }
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned code,
@@ -298,10 +299,14 @@ void msrv_note_lag(metrics_srv *m, long long lag)
         atomic_store_explicit(&m->lag, lag, memory_order_relaxed);
 }
 
-void msrv_note_dead_letters(metrics_srv *m, uint64_t n)
+void msrv_note_failures(metrics_srv *m, uint64_t failed, uint64_t dead)
 {
-    if (m)
-        atomic_store_explicit(&m->dead_letter, n, memory_order_relaxed);
+    if (!m)
+        return;
+    pthread_mutex_lock(&m->mu);
+    m->failed = failed;
+    m->dead_letter = dead;
+    pthread_mutex_unlock(&m->mu);
 }
 
 void msrv_stop(metrics_srv *m)
