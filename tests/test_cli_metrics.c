@@ -329,6 +329,37 @@ Test(cli_metrics, a_dead_letter_is_never_counted_failed_first)
     t_wait(pid);
 }
 
+/* A Redis server that stops answering (SIGSTOP) holds neither a scrape
+ * (answered without its figures) nor the job's stop: its calls would
+ * wait the store's timeout_ms, here ten minutes. */
+Test(cli_metrics, a_frozen_redis_holds_neither_scrape_nor_stop)
+{
+    th_servers sv;
+    th_start_single(&sv);
+    int port = free_port(), fd;
+    pid_t pid = start_fed(&fd, "dedup --key id --store "
+                          "'redis://127.0.0.1:%d?timeout_ms=600000' "
+                          "--metrics-listen 127.0.0.1:%d", sv.ports[0],
+                          port);
+    lines(fd);
+    const char *want[] = {"result=\"done\"} 70\n",
+                          "idem_redis_used_memory_bytes{", NULL};
+    free(wait_for(port, "/metrics", want));
+    th_signal(&sv, sv.ports[0], SIGSTOP);
+    char *body = http_get(port, "/metrics");
+    cr_assert(body, "the scrape was held");
+    cr_assert(strstr(body, "result=\"done\"} 70\n"), "%s", body);
+    cr_assert_null(strstr(body, "idem_redis_used_memory_bytes{"), "old "
+                   "figures shown as new");
+    free(body);
+    kill(pid, SIGTERM);
+    int st = t_wait(pid);
+    th_signal(&sv, sv.ports[0], SIGCONT);
+    close(fd);
+    th_stop(&sv);
+    cr_assert_eq(st, 0, "%s", t_read(t_at("err"), NULL));
+}
+
 /* Prometheus scrapes a running dedup; its query API answers the count.
  * The server lives under timeout(1), so a failed test leaves nothing
  * running for long. */
