@@ -220,11 +220,12 @@ Test(metrics, runner_messages)
 }
 
 /* A monitoring thread reads while the owner writes: every read is whole
- * and no counter goes back. */
+ * and no counter goes back. The writes wait for the first read (on a
+ * loaded machine the thread could start after they ended). */
 typedef struct reader {
     idem_store *s;
-    atomic_int stop;
-    int went_back, reads;
+    atomic_int stop, reads;
+    int went_back;
 } reader;
 
 static void *read_loop(void *arg)
@@ -237,7 +238,7 @@ static void *read_loop(void *arg)
         idem_metrics_get(rd->s, &m);
         rd->went_back += m.claims[0] < last;
         last = m.claims[0];
-        rd->reads++;
+        atomic_fetch_add(&rd->reads, 1);
     }
     return NULL;
 }
@@ -247,12 +248,14 @@ Test(metrics, read_from_another_thread)
     reader rd = {.s = t_open("mem:")};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, read_loop, &rd), 0);
+    while (!atomic_load(&rd.reads))
+        t_sleep_ms(1);
     for (int i = 0; i < 200; i++)
         claim_done(rd.s, 100, 100 + (size_t)i * 100);
     atomic_store(&rd.stop, 1);
     pthread_join(t, NULL);
     cr_assert_eq(rd.went_back, 0);
-    cr_assert_gt(rd.reads, 0);
+    cr_assert_gt(atomic_load(&rd.reads), 0);
     idem_metrics m = snap(rd.s);
     cr_assert_eq(m.claims[IDEM_NEW - 1], 100);
     cr_assert_eq(m.claims[IDEM_REPLAY - 1], 199 * 100);
