@@ -192,16 +192,40 @@ static void idem__put(idem__w *w, const char *fmt, ...)
         w->len += (size_t)n;
 }
 
-/* A label value, escaped. */
+/* The length of the UTF-8 character at p (1 to 4), or 0 if p holds
+ * none: a stray byte, an overlong form, a surrogate, past U+10FFFF. */
+static size_t idem__utf8_len(const unsigned char *p)
+{
+    if (p[0] < 0x80)
+        return 1;
+    size_t n = p[0] >= 0xC2 && p[0] <= 0xDF   ? 2
+               : p[0] >= 0xE0 && p[0] <= 0xEF ? 3
+               : p[0] >= 0xF0 && p[0] <= 0xF4 ? 4
+                                              : 0;
+    unsigned lo = p[0] == 0xE0 ? 0xA0 : p[0] == 0xF0 ? 0x90 : 0x80;
+    unsigned hi = p[0] == 0xED ? 0x9F : p[0] == 0xF4 ? 0x8F : 0xBF;
+    if (n && (p[1] < lo || p[1] > hi))
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    return n;
+}
+
+/* A label value, escaped. The format is UTF-8, and one byte that is not
+ * (a store's path may hold any) made Prometheus refuse the whole scrape:
+ * such a byte is shown as U+FFFD. */
 static void idem__put_value(idem__w *w, const char *v)
 {
-    for (; *v; v++) {
+    while (*v) {
+        size_t n = idem__utf8_len((const unsigned char *)v);
         const char *esc = *v == '\\' ? "\\\\" : *v == '"' ? "\\\""
-                          : *v == '\n' ? "\\n" : NULL;
+                          : *v == '\n' ? "\\n" : n ? NULL : "\xEF\xBF\xBD";
         if (esc)
             idem__put(w, "%s", esc);
         else
-            idem__put(w, "%c", *v);
+            idem__put(w, "%.*s", (int)n, v);
+        v += n ? n : 1;
     }
 }
 

@@ -10,11 +10,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
@@ -159,9 +162,12 @@ static void counted_run(const char *store)
     pid_t pid = start_fed(&fd, "dedup --key id --batch 10 --store '%s' "
                           "--metrics-listen 127.0.0.1:%d", store, port);
     lines(fd);
+    char keys[600];
+    snprintf(keys, sizeof keys, "idem_live_keys{job=\"dedup\",store=\"%s\"} "
+             "70\n", store);
     const char *want[] = {"outcome=\"new\"} 70\n", "outcome=\"replay\"} 30\n",
                           "result=\"done\"} 70\n", "result=\"replay\"} 30\n",
-                          "job=\"dedup\"", "idem_build_info{", NULL};
+                          "job=\"dedup\"", "idem_build_info{", keys, NULL};
     char *body = wait_for(port, "/metrics", want);
     t_write(t_at("scrape"), body, strlen(body));
     promtool_check("scrape");
@@ -228,8 +234,130 @@ Test(cli_metrics, busy_or_bad_address_is_a_usage_error)
     cr_assert_eq(t_cli(t_dir, "run --key id --exec cat --metrics-listen nope "
                               "in 2> err"), 2);
     cr_assert(t_grep(t_at("err"), "HOST:PORT"));
+    /* Port 0 (a port nobody is told), a port that wrapped, no port. */
+    const char *bad[] = {"127.0.0.1:0", "127.0.0.1:99999", "[::1]", "[::1:9",
+                         "127.0.0.1:+80"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        cr_assert_eq(t_cli(t_dir, "dedup --key id --metrics-listen '%s' in "
+                                  "> out 2> err", bad[i]), 2, "%s", bad[i]);
+        cr_assert(t_grep(t_at("err"), "1 to 65535"), "%s: %s", bad[i],
+                  t_read(t_at("err"), NULL));
+    }
     cr_assert_eq(t_cli(t_dir, "stats --json --format prometheus 2> err"), 2);
     close(held);
+}
+
+/* Connections to 127.0.0.1:port, opened one after another and held,
+ * until stop. */
+typedef struct flood {
+    int port, fds[400];
+    atomic_int n, stop;
+} flood;
+
+static void *flood_loop(void *arg)
+{
+    flood *f = arg;
+    while (!atomic_load(&f->stop) && atomic_load(&f->n) < 400) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET,
+                                .sin_port = htons(f->port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        struct timeval tv = {.tv_sec = 1};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (fd >= 0 && connect(fd, (struct sockaddr *)&a, sizeof a) == 0)
+            f->fds[atomic_fetch_add(&f->n, 1)] = fd;
+        else if (fd >= 0)
+            close(fd);
+    }
+    return NULL;
+}
+
+/* A flood of connections to the endpoint takes none of the descriptors
+ * the job needs: under a limit of 64 it once starved the run of a pipe
+ * to its handler (EMFILE, exit 1). */
+Test(cli_metrics, a_flood_of_connections_leaves_the_job_its_descriptors)
+{
+    flood f = {.port = free_port()};
+    struct rlimit was, low;
+    cr_assert_eq(getrlimit(RLIMIT_NOFILE, &was), 0);
+    low = (struct rlimit){64, was.rlim_max};
+    cr_assert_eq(mkfifo(t_at("in"), 0600), 0);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+    pid_t pid = t_cli_start(t_dir, "run --key id --batch 1 --metrics-listen "
+                            "127.0.0.1:%d --exec '\"$IDEM_PROGS/handler\"' "
+                            "< in > out 2> err", f.port);
+    cr_assert_eq(setrlimit(RLIMIT_NOFILE, &was), 0);
+    int fd = open(t_at("in"), O_WRONLY);
+    cr_assert_geq(fd, 0);
+    const char *up[] = {"idem_build_info{", NULL};
+    free(wait_for(f.port, "/metrics", up));
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, flood_loop, &f), 0);
+    while (atomic_load(&f.n) < 100)
+        t_sleep_ms(10);
+    lines(fd);
+    close(fd);
+    int st = t_wait(pid);
+    atomic_store(&f.stop, 1);
+    pthread_join(t, NULL);
+    for (int i = 0; i < atomic_load(&f.n); i++)
+        close(f.fds[i]);
+    cr_assert_eq(st, 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "100 lines read, 70 new"), "%s",
+              t_read(t_at("err"), NULL));
+}
+
+/* A dead letter is never shown as failed first (a counter that went
+ * back, which Prometheus takes for a restart): k0 crashes the handler
+ * and is set aside, recorded at once, while k1 hangs and keeps the batch
+ * from being committed. */
+Test(cli_metrics, a_dead_letter_is_never_counted_failed_first)
+{
+    int port = free_port();
+    t_put("in", "{\"id\":\"k0\"}\n{\"id\":\"k1\"}\n");
+    pid_t pid = t_cli_start(t_dir, "run --key id --batch 2 --metrics-listen "
+                            "127.0.0.1:%d --dead-letter dl --max-attempts 1 "
+                            "--backoff 1ms --lease 1h --exec "
+                            "'\"$IDEM_PROGS/handler\" crash=k0 hangon=k1' in "
+                            "> out 2> err", port);
+    const char *want[] = {"kind=\"permanent\"} 1\n", NULL};
+    char *body = wait_for(port, "/metrics", want);
+    cr_assert(strstr(body, "result=\"failed\"} 0\n"), "%s", body);
+    cr_assert(strstr(body, "result=\"dead_letter\"} 0\n"), "%s", body);
+    free(body);
+    kill(pid, SIGKILL);
+    t_wait(pid);
+}
+
+/* A Redis server that stops answering (SIGSTOP) holds neither a scrape
+ * (answered without its figures) nor the job's stop: its calls would
+ * wait the store's timeout_ms, here ten minutes. */
+Test(cli_metrics, a_frozen_redis_holds_neither_scrape_nor_stop)
+{
+    th_servers sv;
+    th_start_single(&sv);
+    int port = free_port(), fd;
+    pid_t pid = start_fed(&fd, "dedup --key id --store "
+                          "'redis://127.0.0.1:%d?timeout_ms=600000' "
+                          "--metrics-listen 127.0.0.1:%d", sv.ports[0],
+                          port);
+    lines(fd);
+    const char *want[] = {"result=\"done\"} 70\n",
+                          "idem_redis_used_memory_bytes{", NULL};
+    free(wait_for(port, "/metrics", want));
+    th_signal(&sv, sv.ports[0], SIGSTOP);
+    char *body = http_get(port, "/metrics");
+    cr_assert(body, "the scrape was held");
+    cr_assert(strstr(body, "result=\"done\"} 70\n"), "%s", body);
+    cr_assert_null(strstr(body, "idem_redis_used_memory_bytes{"), "old "
+                   "figures shown as new");
+    free(body);
+    kill(pid, SIGTERM);
+    int st = t_wait(pid);
+    th_signal(&sv, sv.ports[0], SIGCONT);
+    close(fd);
+    th_stop(&sv);
+    cr_assert_eq(st, 0, "%s", t_read(t_at("err"), NULL));
 }
 
 /* Prometheus scrapes a running dedup; its query API answers the count.

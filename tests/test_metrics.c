@@ -5,7 +5,6 @@
  * read per master); the text goes through promtool, the checker a
  * Prometheus operator uses, when it is installed. */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,16 +107,82 @@ Test(metrics, gauges_and_takeover_local)
     m = snap(s);
     cr_assert_eq(m.live_keys, 50);
     cr_assert_gt(m.store_bytes, 0);
-    idem_claim_opts co = {.lease_ms = 1000};
-    idem_key k = key("held");
-    idem_outcome o;
-    cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
-    t_clock_ms += 5000;  /* the lease ran out: the next claim takes over */
-    cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
-    cr_assert_eq(o.kind, IDEM_NEW);
-    cr_assert_eq(snap(s).takeovers, 1);
     idem_close(s);
     t_rmdir(dir);
+}
+
+static void claim_as(idem_store *s, const char *k, int flags,
+                     idem_outcome_kind kind)
+{
+    idem_claim_opts co = {.lease_ms = 1000, .ttl_ms = 60000};
+    idem_key kk = key(k);
+    idem_outcome o;
+    cr_assert_eq(idem_claim_many(s, &kk, 1, &co, &o, flags), 0, "%s",
+                 idem_errdetail(s));
+    cr_assert_eq(o.status, 0, "%s: %s", k, idem_errdetail(s));
+    cr_assert_eq(o.kind, kind, "%s: kind %d", k, o.kind);
+}
+
+/* A takeover is a NEW over a PENDING record, not given up, whose lease
+ * ran out (a claim-done's included); a claim of a fresh, released or
+ * expired key is none. */
+static void takeovers(const char *uri)
+{
+    idem_store *s = t_open(uri);
+    claim_as(s, "held", 0, IDEM_NEW);
+    claim_as(s, "held", 0, IDEM_BUSY);
+    claim_as(s, "held-done", 0, IDEM_NEW);
+    cr_assert_eq(snap(s).takeovers, 0);
+    t_clock_ms += 5000;  /* the leases ran out */
+    claim_as(s, "held", 0, IDEM_NEW);
+    cr_assert_eq(snap(s).takeovers, 1, "%s", uri);
+    claim_as(s, "held-done", IDEM_CLAIM_DONE, IDEM_NEW);
+    cr_assert_eq(snap(s).takeovers, 2, "%s: claim-done", uri);
+    t_clock_ms += 5000;
+    idem_key k = key("held");
+    idem_claim_opts co = {.lease_ms = 1000, .ttl_ms = 60000};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, &co, &o), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+    cr_assert_eq(snap(s).takeovers, 3, "%s", uri);
+    cr_assert_eq(idem_fail(s, "held", 4, o.token, "x", 1, IDEM_RETRYABLE), 0,
+                 "%s", idem_errdetail(s));
+    claim_as(s, "held", 0, IDEM_NEW);  /* released: given up, not taken */
+    cr_assert_eq(snap(s).takeovers, 3, "%s: a released key", uri);
+    t_clock_ms += 120000;  /* "held" expired whole, still PENDING */
+    claim_as(s, "held", 0, IDEM_NEW);
+    claim_as(s, "fresh", 0, IDEM_NEW);
+    cr_assert_eq(snap(s).takeovers, 3, "%s: an expired record", uri);
+    idem_close(s);
+}
+
+Test(metrics, takeovers_local)
+{
+    char *dir = t_tmpdir();
+    takeovers(t_local_uri(dir));
+    t_rmdir(dir);
+    takeovers("mem:");
+}
+
+static void redis_takeovers(const char *scheme, const char *addr)
+{
+    static const char *const layouts[] = {"", "&layout=day&days=2"};
+    for (size_t i = 0; i < 2; i++) {
+        char uri[512];
+        snprintf(uri, sizeof uri, "%s://%s?prefix=%st%zu%s", scheme, addr,
+                 th_prefix(), i, layouts[i]);
+        takeovers(uri);
+    }
+}
+
+Test(metrics, takeovers_redis)
+{
+    redis_takeovers("redis", th_redis_addr());
+}
+
+Test(metrics, takeovers_redis_cluster)
+{
+    redis_takeovers("redis-cluster", th_cluster_addr());
 }
 
 static int answer_all(void *ctx, idem_task *t, size_t n)
@@ -155,7 +220,8 @@ Test(metrics, runner_messages)
 }
 
 /* A monitoring thread reads while the owner writes: every read is whole
- * and no counter goes back. */
+ * and no counter goes back. The writes wait for the first read (on a
+ * loaded machine the thread could start after they ended). */
 typedef struct reader {
     idem_store *s;
     atomic_int stop, reads;
@@ -182,15 +248,14 @@ Test(metrics, read_from_another_thread)
     reader rd = {.s = t_open("mem:")};
     pthread_t t;
     cr_assert_eq(pthread_create(&t, NULL, read_loop, &rd), 0);
-    while (!atomic_load(&rd.reads))  /* a busy machine starts it late */
-        sched_yield();
+    while (!atomic_load(&rd.reads))
+        t_sleep_ms(1);
     for (int i = 0; i < 200; i++)
         claim_done(rd.s, 100, 100 + (size_t)i * 100);
-    for (int r = atomic_load(&rd.reads); atomic_load(&rd.reads) == r;)
-        sched_yield();  /* one read after the last write, at least */
     atomic_store(&rd.stop, 1);
     pthread_join(t, NULL);
     cr_assert_eq(rd.went_back, 0);
+    cr_assert_gt(atomic_load(&rd.reads), 0);
     idem_metrics m = snap(rd.s);
     cr_assert_eq(m.claims[IDEM_NEW - 1], 100);
     cr_assert_eq(m.claims[IDEM_REPLAY - 1], 199 * 100);
@@ -245,6 +310,26 @@ static void promtool_check(const char *text)
                   dir, dir);
     cr_assert_eq(rc, 0, "promtool: %s", t_read(t_path(dir, "out"), NULL));
     t_rmdir(dir);
+}
+
+/* Label values in UTF-8 whatever the bytes of a job or a store's path:
+ * one stray byte made the scrape unreadable to Prometheus. */
+Test(metrics, label_values_are_utf8)
+{
+    idem_metrics m;
+    idem_metrics_init(&m);
+    /* stray, overlong, surrogate, cut short; a euro sign stays */
+    const char *job = "j\xff\xc0\xaf\xed\xa0\x80\xe2\x82";
+    const char *uri = "local:/tmp/\xe2\x82\xac\"\\\x80";
+    char text[16384];
+    size_t n = idem_metrics_format(&m, job, uri, text, sizeof text);
+    cr_assert_lt(n, sizeof text);
+    cr_assert(strstr(text, "{job=\"j\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                           "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+                           "\xEF\xBF\xBD\",store=\"local:/tmp/\xe2\x82\xac"
+                           "\\\"\\\\\xEF\xBF\xBD\"}"),
+              "%.200s", text);
+    promtool_check(text);
 }
 
 static char *render(idem_store *s, const char *uri)

@@ -89,6 +89,8 @@ Test(secrets, display)
         {"redis-sentinel://a/m?sentinel_password_file=/p&sentinel_user=u",
          "redis-sentinel://a/m?sentinel_password_file=/p&sentinel_user=u"},
         {"redis://h?password=" PW, "redis://h?password=***"},
+        {"redis://h?PASSWORD=" PW "&db=1", "redis://h?PASSWORD=***&db=1"},
+        {"redis://h?Sentinel_Password=" PW, "redis://h?Sentinel_Password=***"},
         {"", "local:./idem-data"},
     };
     char buf[128];

@@ -79,6 +79,11 @@ static int idem__claim_reply(idem_store *s, const redisReply *rep,
     o->token = (uint64_t)token;
     o->attempts = (uint32_t)attempts;
     o->lease_until = lease;
+    /* A NEW over a PENDING record whose lease ran out (scripts.c). */
+    if (kind == IDEM_NEW && rep->elements > 4 &&
+        rep->element[4]->type == REDIS_REPLY_INTEGER &&
+        rep->element[4]->integer == 1)
+        idem__ctr_add(&s->m.takeovers, 1);
     if (kind == IDEM_REPLAY || kind == IDEM_FAILED) {
         const redisReply *d = rep->elements > 4 ? rep->element[4] : NULL;
         if (!d || d->type != REDIS_REPLY_STRING)

@@ -236,7 +236,8 @@
 
 /* RECS: the keys; ARG: now, lease_ms, ttl_ms, then fp and request id of
  * each key. -> per key, {kind, token, lease_until, attempts[, data]}
- * with kind as idem_outcome_kind, or for a fresh key just the token: NEW
+ * with kind as idem_outcome_kind (data: REPLAY's and FAILED's response;
+ * a NEW's is 1 for a takeover), or for a fresh key just the token: NEW
  * with attempts 1, the token the call's clock in microseconds, so that
  * lease_until is token / 1000 + lease_ms. The record of an expired key
  * is replaced whole. */
@@ -283,6 +284,11 @@
     "    'token', string.format('%.0f', token), 'attempts', attempts,\n"   \
     "    'lease', lease, 'expires', exp, 'created_ts', created, 'fp', fp,\n" \
     "    'cid', rid)\n"                                                    \
+    /* A 5th entry says a takeover: the holder's lease ran out before   \
+     * it finished or gave the key up (metrics count it). */             \
+    "  if r and r.status == 0 and not r.released then\n"                  \
+    "    return {1, token, lease, attempts, 1}\n"                          \
+    "  end\n"                                                              \
     "  return {1, token, lease, attempts}\n"                               \
     "end\n"                                                                \
     "local now, now_us = start()\n"                                        \

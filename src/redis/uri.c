@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -91,8 +92,9 @@ static void idem__show(idem__shown *o, const char *p, size_t n)
 }
 
 /* The query q[0..n) with the value of every parameter whose name ends
- * in "password" (sentinel_password=) hidden. A *_file parameter names a
- * path, which is no secret. */
+ * in "password" (sentinel_password=) hidden, in any case: PASSWORD= is
+ * refused as unknown, and the refusal showed the URI. A *_file
+ * parameter names a path, which is no secret. */
 static void idem__show_query(idem__shown *o, const char *q, size_t n)
 {
     static const char word[] = "password";
@@ -102,7 +104,7 @@ static void idem__show_query(idem__shown *o, const char *q, size_t n)
         size_t len = amp ? (size_t)(amp + 1 - p) : (size_t)(q + n - p);
         const char *eq = memchr(p, '=', len);
         size_t klen = eq ? (size_t)(eq - p) : 0;
-        if (eq && klen >= wl && memcmp(eq - wl, word, wl) == 0) {
+        if (eq && klen >= wl && strncasecmp(eq - wl, word, wl) == 0) {
             idem__show(o, p, klen + 1);
             idem__show(o, IDEM__HIDDEN, strlen(IDEM__HIDDEN));
             if (amp)

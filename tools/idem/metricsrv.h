@@ -20,10 +20,11 @@ metrics_srv *msrv_start(const char *cmd, const char *addr, const char *uri,
 void msrv_attach(metrics_srv *m, idem_store *s, const char *job);
 
 /* What the runner's loop knows and the store does not: the source's lag
- * (-1 unknown), and the messages set aside as dead letters. Lock-free;
- * m may be NULL. */
+ * (-1 unknown; lock-free), and after a commit the messages it counted
+ * failed and, among them, set aside as dead letters (one pair, so that
+ * a scrape never sees a dead letter as failed first). m may be NULL. */
 void msrv_note_lag(metrics_srv *m, long long lag);
-void msrv_note_dead_letters(metrics_srv *m, uint64_t n);
+void msrv_note_failures(metrics_srv *m, uint64_t failed, uint64_t dead);
 
 /* Stop serving and free m (NULL: nothing). */
 void msrv_stop(metrics_srv *m);

@@ -1391,11 +1391,11 @@ static void note_lag(loop *lp)
         msrv_note_lag(lp->msrv, lp->src->ops->lag(lp->src));
 }
 
-/* ... and the dead letters, once the worker is joined (its counts are
- * still then). */
+/* ... and the failures and dead letters, once the worker is joined (its
+ * counts are still then). */
 static void note_dead_letters(loop *lp)
 {
-    msrv_note_dead_letters(lp->msrv, lp->st.n.dead_letter);
+    msrv_note_failures(lp->msrv, lp->st.n.failed, lp->st.n.dead_letter);
 }
 
 /* The endpoint, from before the store opens (a busy port is bad usage,
