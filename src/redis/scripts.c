@@ -625,15 +625,27 @@
  * checkpoint) and iid (the intent's id). The three scripts take the key
  * as KEYS[1] and the time as ARGV[1] (unused), whatever the layout. */
 
-/* ARGV: now, blob, intent ("" for none), iid. Replaces the checkpoint,
- * unless it holds another sync's intent not yet applied: then writes
- * nothing and answers 0 (apply that one first), else 1. */
+/* ARGV: now, blob, intent ("" for none), iid, writes (a msgpack array
+ * of commands, each an array of strings; "" for none). Replaces the
+ * checkpoint, unless it holds another sync's intent not yet applied:
+ * then writes nothing and answers 0 (apply that one first), else runs
+ * the writes in order, then writes the key (a write that fails ends the
+ * script before it), and answers 1, or {1, answer...} with writes (each
+ * a string: an integer's as text). */
 #define IDEM__LUA_CKPT_PUT                                                 \
     "local k = KEYS[1]\n"                                                  \
     "local t = redis.call('TYPE', k).ok\n"                                 \
     "if t == 'hash' and redis.call('HEXISTS', k, 'intent') == 1 and\n"     \
     "   redis.call('HGET', k, 'iid') ~= ARGV[4] then\n"                    \
     "  return 0\n"                                                         \
+    "end\n"                                                                \
+    "local out = nil\n"                                                    \
+    "if ARGV[5] and ARGV[5] ~= '' then\n"                                  \
+    "  out = {1}\n"                                                        \
+    "  local ws = cmsgpack.unpack(ARGV[5])\n"                              \
+    "  for i = 1, #ws do\n"                                                \
+    "    out[i + 1] = tostring(redis.call(unpack(ws[i])))\n"               \
+    "  end\n"                                                              \
     "end\n"                                                                \
     "if t ~= 'none' then redis.call('DEL', k) end\n"                       \
     "if ARGV[3] == '' then\n"                                              \
@@ -642,7 +654,7 @@
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2],\n"              \
     "    'intent', ARGV[3], 'iid', ARGV[4])\n"                             \
     "end\n"                                                                \
-    "return 1\n"
+    "return out or 1\n"
 
 /* -> false if there is none, {'bad', why} if the key is not what idem
  * writes, else {'ok', blob, intent or '', iid or ''}. Reads only. */
