@@ -150,20 +150,25 @@ static void expect_nothing_pending(const char *g)
     freeReplyObject(r);
 }
 
+/* Set: the streams' URIs ask for read-back though the store is on
+ * their server (one_script=0). */
+static int read_back_only;
+
 static const char *src(const char *params)
 {
     static char b[2][512];
     static int t;
     t ^= 1;
-    snprintf(b[t], sizeof b[t], "'redis-stream://%s/%s?%s'", addr, in,
-             params);
+    snprintf(b[t], sizeof b[t], "'redis-stream://%s/%s?%s%s'", addr, in,
+             params, read_back_only ? "&one_script=0" : "");
     return b[t];
 }
 
 static const char *dst(void)
 {
     static char b[512];
-    snprintf(b, sizeof b, "'redis-stream://%s/%s'", addr, out);
+    snprintf(b, sizeof b, "'redis-stream://%s/%s%s'", addr, out,
+             read_back_only ? "?one_script=0" : "");
     return b;
 }
 
@@ -231,7 +236,24 @@ static double clean_span(const char *args)
     return (double)(t_mono_ms() - t0) / 1e3;
 }
 
-static void dedup_kill9(const char *store, long nkills)
+/* Did runs logged in err commit their entries in one script with the
+ * store (stream.c's join_store says so at start; a run killed before
+ * that says nothing)? How many said so. */
+static size_t one_script_runs(void)
+{
+    char *e = t_read(t_at("err"), NULL);
+    size_t n = 0;
+    for (const char *p = e; (p = strstr(p, "one-script commit: the store's "
+                                        "records with the entries written "
+                                        "to")); p++)
+        n++;
+    free(e);
+    return n;
+}
+
+/* joined: the store is on the streams' server, so each run commits in
+ * one script; else every run uses read-back. */
+static void dedup_kill9(const char *store, long nkills, int joined)
 {
     unsigned seed = (unsigned)time(NULL);
     srand(seed);
@@ -253,13 +275,18 @@ static void dedup_kill9(const char *store, long nkills)
                   landed);
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
-    cr_log_info("dedup stream to stream, store %s: %ld kills (seed %u)",
-                store, landed, seed);
+    size_t ones = one_script_runs();
+    if (joined)
+        cr_assert_gt(ones, 0, "no run committed in one script");
+    else
+        cr_assert_eq(ones, 0, "%zu runs committed in one script", ones);
+    cr_log_info("dedup stream to stream, store %s: %ld kills, %zu runs in "
+                "one script (seed %u)", store, landed, ones, seed);
 }
 
 Test(rstream, dedup_kill9_with_a_local_store)
 {
-    dedup_kill9("local:store", kills(25));
+    dedup_kill9("local:store", kills(25), 0);
 }
 
 Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
@@ -267,7 +294,31 @@ Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
     char store[256];
     snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
              th_prefix());
-    dedup_kill9(store, kills(25));
+    dedup_kill9(store, kills(25), 1);
+}
+
+/* The same server, but read-back asked for (one_script=0 on the output:
+ * the A side of bench/streams.sh): that path stays exact too. */
+Test(rstream, dedup_kill9_same_redis_with_read_back)
+{
+    char store[256];
+    snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
+             th_prefix());
+    read_back_only = 1;
+    dedup_kill9(store, kills(10), 0);
+    read_back_only = 0;
+}
+
+/* The store on another server than the streams: read-back, exact. */
+Test(rstream, dedup_kill9_store_on_another_redis)
+{
+    th_servers own = {0};
+    th_start_single(&own);
+    char store[256];
+    snprintf(store, sizeof store, "'redis://127.0.0.1:%d?prefix=%s'",
+             own.ports[0], th_prefix());
+    dedup_kill9(store, kills(10), 0);
+    th_stop(&own);
 }
 
 /* run: each key's result once, in order, after kills; the handler's
@@ -423,7 +474,7 @@ Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
     char store[1024];
     snprintf(store, sizeof store, "'redis-cluster://%s?prefix=%s'",
              th_cluster_addr(), th_prefix());
-    dedup_kill9(store, kills(10));
+    dedup_kill9(store, kills(10), 0);  /* read-back: below */
 }
 
 /* --key @id: the entry's ID is the key, so a stream read again (a new

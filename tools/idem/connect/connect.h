@@ -21,6 +21,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "idem/idem.h"
 #include "ndjson.h"
 
 typedef struct source source;
@@ -42,6 +43,11 @@ typedef struct source_ops {
      * committing thread. NULL when there is nothing to acknowledge. */
     int (*ack)(source *s, const nd_line *l);
     int (*ack_flush)(source *s);
+    /* From now on, queue ack_flush's acknowledgements with st's next
+     * checkpoint (idem_checkpoint_write) instead of sending them, when
+     * the source's server is st's: 1 if so, else 0 (as before). NULL:
+     * never. */
+    int (*join)(source *s, idem_store *st);
     /* Messages not yet delivered, or -1 (NULL: never known). */
     long long (*lag)(source *s);
     /* Messages gone before they could be read, since the last call
@@ -89,6 +95,11 @@ typedef struct sink_ops {
     /* One output line of key, queued; then the queue written. 0 or -1
      * after saying why. hdr: the input message's headers to write with
      * it (nd_line.hdr; dedup only), or NULL. */
+    /* From now on, queue put's writes with st's next checkpoint
+     * (idem_checkpoint_write: they land with the commit, in one step)
+     * instead of writing them before it, when the sink's server is st's:
+     * 1 if so, else 0 (as before). NULL: never. */
+    int (*join)(sink *k, idem_store *st);
     int (*put)(sink *k, const char *text, size_t len, const void *key,
                size_t keylen, const char *hdr, size_t hdrlen);
     int (*flush)(sink *k);
