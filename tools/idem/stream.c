@@ -1458,13 +1458,14 @@ static void join_store(loop *lp)
     int out = k && k->ops->join && k->ops->join(k, lp->s);
     lp->src_joined = lp->src && lp->src->ops->join &&
                      lp->src->ops->join(lp->src, lp->s);
+    const char *acks = !lp->src_joined ? ""
+                       : out ? " and the input's acknowledgements"
+                             : "the input's acknowledgements";
     if (out || lp->src_joined)
         fprintf(stderr, "idem %s: one-script commit: the store's records "
                 "with %s%s%s\n", lp->st.cfg->cmd,
-                out ? "the entries written to " : "", out ? k->ops->name(k) : "",
-                !lp->src_joined ? "" : out ? " and the input's "
-                                             "acknowledgements"
-                                           : "the input's acknowledgements");
+                out ? "the entries written to " : "",
+                out ? k->ops->name(k) : "", acks);
 }
 
 /* The bytes of the input files from input `at`, offset off, to their

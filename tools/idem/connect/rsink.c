@@ -617,5 +617,5 @@ static void rs_forget(sink *base, const void *key, size_t keylen)
 static const sink_ops rs_sink_ops = {
     .lock = rs_lock_job, .start = rs_start, .read_back = rs_read_back,
     .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
-    .join = rs_join, .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
-    .check = rs_check, .close = rs_close};
+    .join = rs_join, .put = rs_put, .flush = rs_flush, .pos = rs_pos,
+    .name = rs_name, .check = rs_check, .close = rs_close};
