@@ -1451,7 +1451,8 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
 /* A stream on the store's own server commits with it, in one script
  * (connect.h's join): its entries, or its acknowledgements, land with
  * the batch's completions, and read-back has no window left to close.
- * Said once, so that a run shows which way it commits. */
+ * Said once (unless --quiet), so that a run shows which way it
+ * commits. */
 static void join_store(loop *lp)
 {
     sink *k = lp->st.job.sink;
@@ -1461,7 +1462,7 @@ static void join_store(loop *lp)
     const char *acks = !lp->src_joined ? ""
                        : out ? " and the input's acknowledgements"
                              : "the input's acknowledgements";
-    if (out || lp->src_joined)
+    if ((out || lp->src_joined) && !lp->st.cfg->quiet)
         fprintf(stderr, "idem %s: one-script commit: the store's records "
                 "with %s%s%s\n", lp->st.cfg->cmd,
                 out ? "the entries written to " : "",
