@@ -880,6 +880,7 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
                  t_read(t_at("log"), NULL));
     cr_assert_eq(out_len(), 2);
     freeReplyObject(th_cmd(rc, "DEL %s", a));
+    read_back_only = 0;
 }
 
 /* A reply that hands entries over and is lost (here the server drops
@@ -1079,6 +1080,7 @@ Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
         snprintf(g, sizeof g, "g%d", v);
         expect_nothing_pending(g);
     }
+    read_back_only = 0;
 }
 
 /* maxlen=~N below twice --batch is refused before anything is read: the

@@ -8,6 +8,10 @@
  * durably (flush), and says where it stands (pos), which the job's
  * checkpoint keeps; after a crash it reads back what follows that
  * position (read_back) and answers whether a key is already there (has).
+ * A source or sink on the store's own server may instead join the store
+ * (join): its writes (an output's entries, an input's acknowledgements)
+ * are queued with the job's checkpoint and land in the same step as the
+ * commit, which leaves read-back nothing of this run's to find.
  *
  * Files are the default source (ndjson.c behind source_files) and output
  * (job.c, which cuts a file back rather than reading it back: a file can
