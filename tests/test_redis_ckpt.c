@@ -400,3 +400,53 @@ Test(redis_ckpt, queued_writes_refused_where_they_cannot_commit)
     redisFree(c);
     idem_close(s);
 }
+
+/* Step 1 sent again after a lost reply (the pipeline resends a command
+ * whose connection broke): the queued writes ran the first time, so the
+ * second answers their answers and writes nothing again. The script is
+ * run here as the library sends it, twice with one sync id. */
+Test(redis_ckpt, a_resent_step_one_runs_its_writes_once)
+{
+    (void)store_uri(0, "hash");
+    char stream[160], key[256];
+    snprintf(stream, sizeof stream, "%sst2", pfx);
+    redisContext *c = ckpt_node(0, "job2", key, sizeof key);
+    /* msgpack: [["XADD", stream, "*", "f", "v"]] */
+    idem__buf w = {0};
+    const char *args[] = {"XADD", stream, "*", "f", "v"};
+    unsigned char a1[5] = {0xdd, 0, 0, 0, 1}, a5[5] = {0xdd, 0, 0, 0, 5};
+    idem__buf_append(&w, a1, 5);
+    idem__buf_append(&w, a5, 5);
+    for (int i = 0; i < 5; i++) {
+        size_t n = strlen(args[i]);
+        unsigned char h[5] = {0xdb, 0, 0, 0, (unsigned char)n};
+        idem__buf_append(&w, h, 5);
+        idem__buf_append(&w, args[i], n);
+    }
+    const char *text = idem__script_text(IDEM__LAYOUT_HASH, IDEM__S_CKPT_PUT);
+    redisReply *r[2];
+    for (int i = 0; i < 2; i++) {
+        r[i] = th_cmd(c, "EVAL %s 1 %s 0 pos %s sync-1 %b", text, key, "",
+                      w.data, w.len);
+        cr_assert_eq(r[i]->type, REDIS_REPLY_ARRAY, "%s",
+                     r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "?");
+        cr_assert_eq(r[i]->elements, 2);
+    }
+    cr_assert_str_eq(r[0]->element[1]->str, r[1]->element[1]->str,
+                     "the same answer, the same entry");
+    redisReply *x = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(x->integer, 1, "the XADD ran once");
+    freeReplyObject(x);
+    freeReplyObject(r[0]);
+    freeReplyObject(r[1]);
+    /* Another sync (another id) runs its writes. */
+    x = th_cmd(c, "EVAL %s 1 %s 0 pos %s sync-2 %b", text, key, "", w.data,
+               w.len);
+    freeReplyObject(x);
+    x = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(x->integer, 2);
+    freeReplyObject(x);
+    freeReplyObject(th_cmd(c, "DEL %s %s", stream, key));
+    idem__buf_free(&w);
+    redisFree(c);
+}

@@ -47,7 +47,10 @@
  * with cmsgpack), since a batch's commands have far more arguments than
  * a script call of this file takes; on a cluster each key must be in the
  * checkpoint key's slot, the one node that runs the script. Their
- * answers are kept (wreply) until the next sync that runs writes.
+ * answers are kept (wreply) until the next sync that runs writes. Sent
+ * again after a lost reply, step 1 must not run them twice (an XADD
+ * would add a second entry): the script keeps their answers in the key
+ * under the sync's id and answers those instead.
  *
  * An intent is a sequence of writes, each: op (1 byte: 'c' complete, 'f'
  * fail, 'r' retryable fail), token (8 bytes), ttl_ms (8), request id
@@ -617,7 +620,9 @@ int idem__ckpt_sync(idem_store *s)
     long n = idem__intent_count(&ck.intent);
     char iid[24];
     idem__rid(s, iid);
-    int rc = idem__ckpt_write_over(s, &ck, n ? iid : "");
+    /* The id also tells a resent step 1 (a lost reply) that its writes
+     * ran: see IDEM__LUA_CKPT_PUT. */
+    int rc = idem__ckpt_write_over(s, &ck, n || ck.nwrites ? iid : "");
     if (!rc && n > 0) {
         rc = idem__intent_apply(s, &ck.intent, (size_t)n);
         if (!rc || rc == IDEM_ELOST || rc == IDEM_EPROTO)
