@@ -368,7 +368,9 @@ Test(redis_ckpt, queued_writes_refused_where_they_cannot_commit)
     const char *argv[] = {"XADD", "s", "*", "f", "v"};
     size_t lens[] = {4, 1, 1, 1, 1};
     t_dir_init();
-    idem_store *l = t_open("local:lst");
+    char luri[1100];
+    snprintf(luri, sizeof luri, "local:%s", t_at("lst"));
+    idem_store *l = t_open(luri);
     cr_assert_eq(idem_checkpoint_write(l, 5, argv, lens, 1, &at),
                  IDEM_ENOTSUP);
     char host[64];

@@ -630,9 +630,10 @@ IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
  * poisoned sync drops them too. With wait=N the script's WAIT covers them.
  *
  * IDEM_ENOTSUP from stores that cannot (local:, mem:: their commit is
- * not Redis's); on redis-cluster:// IDEM_EINVAL
- * when the key is not in the checkpoint's slot (PREFIXcheckpoint:{NAME}:
- * give both one hash tag). The command must answer a string or an
+ * not Redis's); on redis-cluster:// IDEM_EINVAL when the key is not in
+ * the checkpoint's slot (PREFIXcheckpoint:{NAME}: give both one hash
+ * tag), or when no checkpoint is queued yet to say which slot that is
+ * (put it first). The command must answer a string or an
  * integer (XADD, XACK, SET, ...). */
 IDEM_EXPORT int idem_checkpoint_write(idem_store *s, int argc,
                                       const char *const *argv,
