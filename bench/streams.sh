@@ -13,7 +13,11 @@
 #               idempotency (the reference)
 #   idem-local  idem dedup --from/--to redis-stream://, --store local:DIR
 #   idem-redis  the same with the store on the same server
-#               (--store redis://...?prefix=b:)
+#               (--store redis://...?prefix=b:): the entries, the acks
+#               and the completions commit in one script
+#   idem-redis-rb  the same, told to write before the commit and read
+#               back after a crash instead (one_script=0): the A/B of
+#               the one-script commit
 #
 # all with the same batch (XREADGROUP COUNT and idem's --batch) and the
 # same end: 500 ms with nothing new (stream_alo's BLOCK 500, idem's
@@ -62,11 +66,13 @@ echo "# redis streams: $N entries (10% duplicates) loaded in" \
     "$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }') s;" \
     "batches of $BATCH, one server, each run to an idle 500 ms"
 
-src() { echo "redis-stream://127.0.0.1:$port/in?group=$1"; }
-dst() { echo "redis-stream://127.0.0.1:$port/$1"; }
+# $OPT: one_script=0 for idem-redis-rb, else one_script=1 (the default)
+src() { echo "redis-stream://127.0.0.1:$port/in?group=$1&$OPT"; }
+dst() { echo "redis-stream://127.0.0.1:$port/$1?$OPT"; }
 # contender SYSTEM ROUND: one run on a fresh group, output and store.
 contender() {
     group=$1-$2
+    OPT=one_script=1
     rm -rf "$tmp/store"
     rcli --scan --pattern 'b:*' | xargs -r -n 1000 redis-cli -p "$port" \
         unlink >/dev/null
@@ -75,6 +81,8 @@ contender() {
         "$group" "$BATCH" ;;
     idem-local) set -- "local:$tmp/store" ;;
     idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+    idem-redis-rb) OPT=one_script=0 &&
+        set -- "redis://127.0.0.1:$port?prefix=b:" ;;
     esac
     case $1 in
     local:* | redis:*) set -- "$BUILD/idem" dedup --key event_id \
@@ -114,7 +122,7 @@ contender() {
 
 round=1
 while [ "$round" -le "$ROUNDS" ]; do
-    for sys in stream-alo idem-local idem-redis; do
+    for sys in stream-alo idem-local idem-redis idem-redis-rb; do
         contender "$sys" "$round"
     done
     round=$((round + 1))
@@ -122,13 +130,14 @@ done
 
 # The best of the rounds for each system, and its checks.
 field() {
-    grep "^system=$1-" "$tmp/runs.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"
+    grep "^system=$1-[0-9]" "$tmp/runs.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
 best() { field "$1" entries_per_sec | sort -n | tail -n 1; }
 ratio() {
     if [ -n "$1" ] && [ -n "$2" ]; then r "$1" "$2"; else echo "n/a"; fi
 }
 alo=$(best stream-alo); local_=$(best idem-local); redis=$(best idem-redis)
+redis_rb=$(best idem-redis-rb)
 outs() { field "$1" output_entries | sort -u | tr '\n' ' ' | sed 's/ $//'; }
 fresh=$(outs idem-local)
 pending=$(field '[a-z-]*' pending | sort -u | tr '\n' ' ' | sed 's/ $//')
@@ -140,6 +149,7 @@ case $fresh in
 *)
     if [ "$(outs stream-alo)" = "$N" ] && [ "$pending" = 0 ] &&
         [ "$fresh" = "$(outs idem-redis)" ] &&
+        [ "$fresh" = "$(outs idem-redis-rb)" ] &&
         ! grep -q failed= "$tmp/runs.txt"; then
         same=yes
     fi
@@ -148,7 +158,10 @@ esac
 echo "# redis streams: ratios to the at-least-once reference" \
     "(targets in parentheses)"
 echo "stream_outputs_ok=$same (entries out: reference $(outs stream-alo)" \
-    "of $N, idem ${fresh:-none} and $(outs idem-redis); pending:" \
+    "of $N, idem ${fresh:-none}, $(outs idem-redis) and" \
+    "$(outs idem-redis-rb); pending:" \
     "${pending:-none})"
 echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
 echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
+echo "stream_redis_readback_vs_alo=$(ratio "$redis_rb" "$alo")" \
+    "(one script vs read-back: $(ratio "$redis" "$redis_rb"))"

@@ -599,6 +599,50 @@ int idem_checkpoint_get(idem_store *s, const char *name, const void **blob,
     return rc ? rc : s->be->checkpoint_get(s, name, blob, len);
 }
 
+/* The backend's optional op, or IDEM_ENOTSUP naming the store. */
+static int idem__unsupported(idem_store *s, int op, const char *what)
+{
+    return op ? 0 : idem__fail(s, IDEM_ENOTSUP, "%s: %s", s->uri, what);
+}
+
+int idem_checkpoint_write(idem_store *s, int argc, const char *const *argv,
+                          const size_t *argvlen, int keyidx, size_t *index)
+{
+    IDEM__ENTER(s);
+    int rc = !argv || !argvlen || !index || argc < 2 || keyidx < 1 ||
+                     keyidx >= argc
+                 ? idem__fail(s, IDEM_EINVAL, "a queued write needs a "
+                              "command and the index of its key")
+                 : idem__unsupported(s, s->be->checkpoint_write != NULL,
+                                     "writes cannot be queued with its "
+                                     "checkpoints");
+    return rc ? rc : s->be->checkpoint_write(s, argc, argv, argvlen, keyidx,
+                                             index);
+}
+
+int idem_checkpoint_reply(idem_store *s, size_t index, const char **text,
+                          size_t *len)
+{
+    IDEM__ENTER(s);
+    int rc = !text || !len ? idem__fail(s, IDEM_EINVAL, "text or len is NULL")
+                           : idem__unsupported(
+                                 s, s->be->checkpoint_reply != NULL,
+                                 "writes cannot be queued with its "
+                                 "checkpoints");
+    return rc ? rc : s->be->checkpoint_reply(s, index, text, len);
+}
+
+int idem_store_server(idem_store *s, char *host, size_t hostlen, int *port,
+                      int *db)
+{
+    IDEM__ENTER(s);
+    int rc = !host || !hostlen || !port || !db
+                 ? idem__fail(s, IDEM_EINVAL, "an argument is NULL")
+                 : idem__unsupported(s, s->be->server != NULL,
+                                     "not one server");
+    return rc ? rc : s->be->server(s, host, hostlen, port, db);
+}
+
 int idem_sweep(idem_store *s, size_t max_work, uint64_t *expired)
 {
     IDEM__ENTER(s);

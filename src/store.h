@@ -72,6 +72,14 @@ struct idem__backend {
                           size_t len);
     int (*checkpoint_get)(idem_store *s, const char *name,
                           const void **blob, size_t *len);
+    /* Optional (NULL: IDEM_ENOTSUP): idem_checkpoint_write(),
+     * idem_checkpoint_reply(), idem_store_server(). */
+    int (*checkpoint_write)(idem_store *s, int argc, const char *const *argv,
+                            const size_t *argvlen, int keyidx, size_t *index);
+    int (*checkpoint_reply)(idem_store *s, size_t index, const char **text,
+                            size_t *len);
+    int (*server)(idem_store *s, char *host, size_t hostlen, int *port,
+                  int *db);
     int (*sweep)(idem_store *s, size_t max_work, uint64_t *expired);
     int (*stats)(idem_store *s, idem_stats *out);
     /* idem_check()/idem_repair() of the store that rest (the URI after

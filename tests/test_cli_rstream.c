@@ -150,20 +150,25 @@ static void expect_nothing_pending(const char *g)
     freeReplyObject(r);
 }
 
+/* Set: the streams' URIs ask for read-back though the store is on
+ * their server (one_script=0). */
+static int read_back_only;
+
 static const char *src(const char *params)
 {
     static char b[2][512];
     static int t;
     t ^= 1;
-    snprintf(b[t], sizeof b[t], "'redis-stream://%s/%s?%s'", addr, in,
-             params);
+    snprintf(b[t], sizeof b[t], "'redis-stream://%s/%s?%s%s'", addr, in,
+             params, read_back_only ? "&one_script=0" : "");
     return b[t];
 }
 
 static const char *dst(void)
 {
     static char b[512];
-    snprintf(b, sizeof b, "'redis-stream://%s/%s'", addr, out);
+    snprintf(b, sizeof b, "'redis-stream://%s/%s%s'", addr, out,
+             read_back_only ? "?one_script=0" : "");
     return b;
 }
 
@@ -231,7 +236,24 @@ static double clean_span(const char *args)
     return (double)(t_mono_ms() - t0) / 1e3;
 }
 
-static void dedup_kill9(const char *store, long nkills)
+/* Did runs logged in err commit their entries in one script with the
+ * store (stream.c's join_store says so at start; a run killed before
+ * that says nothing)? How many said so. */
+static size_t one_script_runs(void)
+{
+    char *e = t_read(t_at("err"), NULL);
+    size_t n = 0;
+    for (const char *p = e; (p = strstr(p, "one-script commit: the store's "
+                                        "records with the entries written "
+                                        "to")); p++)
+        n++;
+    free(e);
+    return n;
+}
+
+/* joined: the store is on the streams' server, so each run commits in
+ * one script; else every run uses read-back. */
+static void dedup_kill9(const char *store, long nkills, int joined)
 {
     unsigned seed = (unsigned)time(NULL);
     srand(seed);
@@ -253,13 +275,18 @@ static void dedup_kill9(const char *store, long nkills)
                   landed);
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
-    cr_log_info("dedup stream to stream, store %s: %ld kills (seed %u)",
-                store, landed, seed);
+    size_t ones = one_script_runs();
+    if (joined)
+        cr_assert_gt(ones, 0, "no run committed in one script");
+    else
+        cr_assert_eq(ones, 0, "%zu runs committed in one script", ones);
+    cr_log_info("dedup stream to stream, store %s: %ld kills, %zu runs in "
+                "one script (seed %u)", store, landed, ones, seed);
 }
 
 Test(rstream, dedup_kill9_with_a_local_store)
 {
-    dedup_kill9("local:store", kills(25));
+    dedup_kill9("local:store", kills(25), 0);
 }
 
 Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
@@ -267,20 +294,45 @@ Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
     char store[256];
     snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
              th_prefix());
-    dedup_kill9(store, kills(25));
+    dedup_kill9(store, kills(25), 1);
+}
+
+/* The same server, but read-back asked for (one_script=0 on the output:
+ * the A side of bench/streams.sh): that path stays exact too. */
+Test(rstream, dedup_kill9_same_redis_with_read_back)
+{
+    char store[256];
+    snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
+             th_prefix());
+    read_back_only = 1;
+    dedup_kill9(store, kills(10), 0);
+    read_back_only = 0;
+}
+
+/* The store on another server than the streams: read-back, exact. */
+Test(rstream, dedup_kill9_store_on_another_redis)
+{
+    th_servers own = {0};
+    th_start_single(&own);
+    char store[256];
+    snprintf(store, sizeof store, "'redis://127.0.0.1:%d?prefix=%s'",
+             own.ports[0], th_prefix());
+    dedup_kill9(store, kills(10), 0);
+    th_stop(&own);
 }
 
 /* run: each key's result once, in order, after kills; the handler's
- * answer found in the sink after a crash is not asked for again. */
-Test(rstream, run_kill9_results_once_in_order)
+ * answer found in the sink after a crash is not asked for again. store:
+ * "" for the default (local:), else a --store option. */
+static void run_kill9(const char *store)
 {
     srand((unsigned)time(NULL));
     int nkeys = fill(600);
     char args[2048];
     snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
              "--idle-exit 200ms --batch 20 --lease 1s --commit-interval "
-             "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
-             src("group=g"), dst());
+             "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r %s",
+             src("group=g"), dst(), store);
     long landed = kill_loop(args, 1.5, kills(15));
     cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3);
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
@@ -299,6 +351,22 @@ Test(rstream, run_kill9_results_once_in_order)
     }
     freeReplyObject(r);
     expect_nothing_pending("g");
+}
+
+Test(rstream, run_kill9_results_once_in_order)
+{
+    run_kill9("");
+}
+
+/* The same with the store on the streams' server: one script commits
+ * the results, the completions and the acknowledgements. */
+Test(rstream, run_kill9_with_the_store_on_the_same_redis)
+{
+    char store[256];
+    snprintf(store, sizeof store, "--store 'redis://%s?prefix=%s'", addr,
+             th_prefix());
+    run_kill9(store);
+    cr_assert(t_grep(t_at("err"), "one-script commit"));
 }
 
 /* Two consumers of one group, sharing a Redis store, split the stream;
@@ -423,7 +491,7 @@ Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
     char store[1024];
     snprintf(store, sizeof store, "'redis-cluster://%s?prefix=%s'",
              th_cluster_addr(), th_prefix());
-    dedup_kill9(store, kills(10));
+    dedup_kill9(store, kills(10), 0);  /* read-back: below */
 }
 
 /* --key @id: the entry's ID is the key, so a stream read again (a new
@@ -682,8 +750,10 @@ Test(rstream, two_sources_into_one_output_keep_their_own_positions)
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", a));
     for (int i = 0; i < 20; i++)
         freeReplyObject(th_cmd(rc, "XADD %s * event_id b%d", in, i));
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1'", addr,
-             out);
+    /* Read-back is what this is about: the sink asks for it, though the
+     * store is on its server (else A's entry would not exist). */
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1&"
+             "one_script=0'", addr, out);
     logged_run(run_a, sizeof run_a, to, a, store);
     logged_run(run_b, sizeof run_b, to, in, store);
     cr_assert_eq(cli_at("sink-written:1", run_a), 128 + SIGKILL);
@@ -789,6 +859,7 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", in));
     const char *common = "run --key event_id --lease 300ms --batch 1 "
                          "--backoff 10ms";
+    read_back_only = 1;  /* A's entry written before its commit */
     snprintf(cmd_a, sizeof cmd_a, "%s --to %s --store 'redis://%s?prefix="
              "%s' --from 'redis-stream://%s/%s?group=g&consumer=a' "
              "--idle-exit 2s --exec '\"$IDEM_PROGS/handler\" %s/log "
@@ -809,6 +880,7 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
                  t_read(t_at("log"), NULL));
     cr_assert_eq(out_len(), 2);
     freeReplyObject(th_cmd(rc, "DEL %s", a));
+    read_back_only = 0;
 }
 
 /* A reply that hands entries over and is lost (here the server drops
@@ -983,8 +1055,11 @@ Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
     snprintf(shared, sizeof shared, "'redis://%s?prefix=%s'", addr,
              th_prefix());
     stores[1][0] = stores[1][1] = shared;
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1'", addr,
-             out);
+    /* Read-back is what this is about (with the shared store, one script
+     * would leave nothing written by the dead worker). */
+    read_back_only = 1;
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?readback_ms=1&"
+             "one_script=0'", addr, out);
     for (int v = 0; v < 2; v++) {
         char g[32];
         snprintf(g, sizeof g, "group=g%d", v);
@@ -1005,6 +1080,7 @@ Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
         snprintf(g, sizeof g, "g%d", v);
         expect_nothing_pending(g);
     }
+    read_back_only = 0;
 }
 
 /* maxlen=~N below twice --batch is refused before anything is read: the
@@ -1099,5 +1175,29 @@ Test(rstream, entries_trimmed_before_read_back_are_said)
                      "XTRIM, XDEL) before they could be read back"), "%s",
               t_read(t_at("err"), NULL));
     cr_assert_eq(out_len(), 20);
+    expect_nothing_pending("g");
+}
+
+/* One script: a run killed after its sink step and before the commit
+ * (IDEM_TEST_KILL_AT=sink-written) has written nothing and acknowledged
+ * nothing, since both go with the commit; the next run does it all. */
+Test(rstream, one_script_leaves_nothing_written_before_the_commit)
+{
+    int nkeys = fill(100);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--batch 10 --idle-exit 200ms --store 'redis://%s?prefix=%s'",
+             src("group=g"), dst(), addr, th_prefix());
+    cr_assert_eq(cli_at("sink-written:1", args), 128 + SIGKILL);
+    cr_assert(t_grep(t_at("err"), "one-script commit"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(out_len(), 0, "an entry was written before its commit");
+    redisReply *r = th_cmd(rc, "XPENDING %s g", in);
+    cr_assert_gt(r->element[0]->integer, 0, "acknowledged before its "
+                 "commit");
+    freeReplyObject(r);
+    cr_assert_eq(cli_at("sink-written:3", args), 128 + SIGKILL);
+    cr_assert_eq(cli_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }

@@ -285,3 +285,170 @@ Test(redis_ckpt, claim_done_cut_by_a_stopped_server, .timeout = 240)
     idem_close(s);
     th_stop(&sv);
 }
+
+/* Writes queued with the checkpoint (idem_checkpoint_write): run by the
+ * script that writes it, in order, their answers kept for
+ * idem_checkpoint_reply; a write the server refuses fails the sync and
+ * leaves the old checkpoint; nothing runs without a checkpoint. */
+static void queue_xadd(idem_store *s, const char *stream, const char *v,
+                       size_t *at)
+{
+    const char *argv[] = {"XADD", stream, "*", "f", v};
+    size_t lens[] = {4, strlen(stream), 1, 1, strlen(v)};
+    int rc = idem_checkpoint_write(s, 5, argv, lens, 1, at);
+    cr_assert_eq(rc, 0, "%s: %s", idem_strerror(rc), idem_errdetail(s));
+}
+
+Test(redis_ckpt, writes_queued_with_the_checkpoint)
+{
+    idem_store *s = t_open(store_uri(0, "hash"));
+    char stream[160], key[256];
+    snprintf(stream, sizeof stream, "%sst", pfx);
+    redisContext *c = ckpt_node(0, "job", key, sizeof key);
+    idem_key k = {"w1", 2, NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim(s, &k, NULL, &o), 0);
+    size_t a, b;
+    cr_assert_eq(idem_checkpoint_put(s, "job", "p1", 2), 0);
+    cr_assert_eq(idem_complete(s, "w1", 2, o.token, "R", 1, 0), 0);
+    queue_xadd(s, stream, "one", &a);
+    queue_xadd(s, stream, "two", &b);
+    cr_assert(a == 0 && b == 1);
+    redisReply *r = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(r->integer, 0, "nothing is sent before the sync");
+    freeReplyObject(r);
+    cr_assert_eq(idem_sync(s), 0, "%s", idem_errdetail(s));
+    const char *id;
+    size_t n;
+    cr_assert_eq(idem_checkpoint_reply(s, 1, &id, &n), 0);
+    r = th_cmd(c, "XREVRANGE %s + - COUNT 1", stream);
+    cr_assert_eq(r->elements, 1);
+    cr_assert(n == r->element[0]->element[0]->len &&
+              memcmp(id, r->element[0]->element[0]->str, n) == 0,
+              "the answer is the XADD's ID");
+    freeReplyObject(r);
+    cr_assert_eq(idem_checkpoint_reply(s, 2, &id, &n), IDEM_ENOTFOUND);
+    idem_record rec;
+    cr_assert_eq(idem_get(s, "w1", 2, &rec), 0);
+    cr_assert_eq(rec.state, IDEM_STATE_DONE);
+    /* A write the server refuses (a hash is no stream): the sync fails,
+     * the checkpoint stays the old one. */
+    char hash[160];
+    snprintf(hash, sizeof hash, "%sh", pfx);
+    freeReplyObject(th_cmd(c, "HSET %s a b", hash));
+    cr_assert_eq(idem_checkpoint_put(s, "job", "p2", 2), 0);
+    queue_xadd(s, hash, "x", &a);
+    cr_assert_eq(idem_sync(s), IDEM_EPROTO);
+    cr_assert_eq(idem_checkpoint_reply(s, 0, &id, &n), IDEM_ENOTFOUND);
+    idem_close(s);
+    s = t_open(uri_buf);
+    assert_ckpt(s, "p1");
+    /* No checkpoint to carry them: refused at the sync, dropped. */
+    queue_xadd(s, stream, "three", &a);
+    cr_assert_eq(idem_sync(s), IDEM_EINVAL);
+    cr_assert_eq(idem_sync(s), 0);
+    r = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(r->integer, 2);
+    freeReplyObject(r);
+    char host[256];
+    int port, db;
+    cr_assert_eq(idem_store_server(s, host, sizeof host, &port, &db), 0);
+    cr_assert_eq(port, th_first_port(th_redis_addr()));
+    cr_assert_eq(db, 0);
+    freeReplyObject(th_cmd(c, "DEL %s %s %s", stream, hash, key));
+    idem_close(s);
+    redisFree(c);
+}
+
+/* Stores that cannot: local: (its commit is not Redis's), and on a
+ * cluster a key outside the checkpoint's slot. */
+Test(redis_ckpt, queued_writes_refused_where_they_cannot_commit)
+{
+    size_t at;
+    const char *argv[] = {"XADD", "s", "*", "f", "v"};
+    size_t lens[] = {4, 1, 1, 1, 1};
+    t_dir_init();
+    char luri[1100];
+    snprintf(luri, sizeof luri, "local:%s", t_at("lst"));
+    idem_store *l = t_open(luri);
+    cr_assert_eq(idem_checkpoint_write(l, 5, argv, lens, 1, &at),
+                 IDEM_ENOTSUP);
+    char host[64];
+    int port, db;
+    cr_assert_eq(idem_store_server(l, host, sizeof host, &port, &db),
+                 IDEM_ENOTSUP);
+    idem_close(l);
+    t_dir_fini();
+    idem_store *s = t_open(store_uri(1, "hash"));
+    cr_assert_eq(idem_store_server(s, host, sizeof host, &port, &db),
+                 IDEM_ENOTSUP);
+    cr_assert_eq(idem_checkpoint_put(s, "job", "p", 1), 0);
+    char same[64];
+    snprintf(same, sizeof same, "{job}st");  /* the checkpoint's tag */
+    argv[1] = same;
+    lens[1] = strlen(same);
+    cr_assert_eq(idem_checkpoint_write(s, 5, argv, lens, 1, &at), 0);
+    argv[1] = "{other}st";
+    lens[1] = 9;
+    cr_assert_eq(idem_checkpoint_write(s, 5, argv, lens, 1, &at),
+                 IDEM_EINVAL);
+    cr_assert_eq(idem_sync(s), 0, "%s", idem_errdetail(s));
+    redisContext *c = th_connect(th_slot_owner(
+        th_first_port(th_cluster_addr()), idem__key_slot(same, strlen(same))));
+    redisReply *r = th_cmd(c, "XLEN %s", same);
+    cr_assert_eq(r->integer, 1, "the write in the slot ran on its node");
+    freeReplyObject(r);
+    freeReplyObject(th_cmd(c, "DEL %s", same));
+    redisFree(c);
+    idem_close(s);
+}
+
+/* Step 1 sent again after a lost reply (the pipeline resends a command
+ * whose connection broke): the queued writes ran the first time, so the
+ * second answers their answers and writes nothing again. The script is
+ * run here as the library sends it, twice with one sync id. */
+Test(redis_ckpt, a_resent_step_one_runs_its_writes_once)
+{
+    (void)store_uri(0, "hash");
+    char stream[160], key[256];
+    snprintf(stream, sizeof stream, "%sst2", pfx);
+    redisContext *c = ckpt_node(0, "job2", key, sizeof key);
+    /* msgpack: [["XADD", stream, "*", "f", "v"]] */
+    idem__buf w = {0};
+    const char *args[] = {"XADD", stream, "*", "f", "v"};
+    unsigned char a1[5] = {0xdd, 0, 0, 0, 1}, a5[5] = {0xdd, 0, 0, 0, 5};
+    idem__buf_append(&w, a1, 5);
+    idem__buf_append(&w, a5, 5);
+    for (int i = 0; i < 5; i++) {
+        size_t n = strlen(args[i]);
+        unsigned char h[5] = {0xdb, 0, 0, 0, (unsigned char)n};
+        idem__buf_append(&w, h, 5);
+        idem__buf_append(&w, args[i], n);
+    }
+    const char *text = idem__script_text(IDEM__LAYOUT_HASH, IDEM__S_CKPT_PUT);
+    redisReply *r[2];
+    for (int i = 0; i < 2; i++) {
+        r[i] = th_cmd(c, "EVAL %s 1 %s 0 pos %s sync-1 %b", text, key, "",
+                      w.data, w.len);
+        cr_assert_eq(r[i]->type, REDIS_REPLY_ARRAY, "%s",
+                     r[i]->type == REDIS_REPLY_ERROR ? r[i]->str : "?");
+        cr_assert_eq(r[i]->elements, 2);
+    }
+    cr_assert_str_eq(r[0]->element[1]->str, r[1]->element[1]->str,
+                     "the same answer, the same entry");
+    redisReply *x = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(x->integer, 1, "the XADD ran once");
+    freeReplyObject(x);
+    freeReplyObject(r[0]);
+    freeReplyObject(r[1]);
+    /* Another sync (another id) runs its writes. */
+    x = th_cmd(c, "EVAL %s 1 %s 0 pos %s sync-2 %b", text, key, "", w.data,
+               w.len);
+    freeReplyObject(x);
+    x = th_cmd(c, "XLEN %s", stream);
+    cr_assert_eq(x->integer, 2);
+    freeReplyObject(x);
+    freeReplyObject(th_cmd(c, "DEL %s %s", stream, key));
+    idem__buf_free(&w);
+    redisFree(c);
+}

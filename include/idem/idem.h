@@ -610,6 +610,50 @@ IDEM_EXPORT int idem_checkpoint_put(idem_store *s, const char *name,
 IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
                                     const void **blob, size_t *len);
 
+/* Writes queued with the checkpoint (Redis stores on one server, or one
+ * slot of a cluster): other commands committed in the same step as the
+ * checkpoint and its completions.
+ *
+ * idem_checkpoint_write() queues one command (argv[0..argc), e.g. XADD
+ * or XACK; argv[keyidx] is the one key it names) in the handle, to be run
+ * by the script that writes the next synced checkpoint (step 1 above),
+ * in the order queued, before the checkpoint itself: the commands, the
+ * checkpoint and its intent land together or, if that script fails,
+ * nothing but the commands run before the one that failed (a command the
+ * server refuses, WRONGTYPE say, ends the script; the sync returns
+ * IDEM_EPROTO and the old checkpoint stands). So a program that writes
+ * its output this way has no window between its output and its commit
+ * to read back after a crash. *index: the command's place in the queue
+ * (0, 1, ...), for idem_checkpoint_reply() after the sync. Every queued
+ * command goes with the next sync, which must carry a checkpoint
+ * (IDEM_EINVAL otherwise; the commands are dropped); a failed or
+ * poisoned sync drops them too. With wait=N the script's WAIT covers them.
+ *
+ * IDEM_ENOTSUP from stores that cannot (local:, mem:: their commit is
+ * not Redis's); on redis-cluster:// IDEM_EINVAL when the key is not in
+ * the checkpoint's slot (PREFIXcheckpoint:{NAME}: give both one hash
+ * tag), or when no checkpoint is queued yet to say which slot that is
+ * (put it first). The command must answer a string or an
+ * integer (XADD, XACK, SET, ...). */
+IDEM_EXPORT int idem_checkpoint_write(idem_store *s, int argc,
+                                      const char *const *argv,
+                                      const size_t *argvlen, int keyidx,
+                                      size_t *index);
+
+/* The answer of queued write `index` in the last sync that ran queued
+ * writes (an integer as its decimal text), owned by s and valid until
+ * the next sync; IDEM_ENOTFOUND if that sync failed or had fewer. */
+IDEM_EXPORT int idem_checkpoint_reply(idem_store *s, size_t index,
+                                      const char **text, size_t *len);
+
+/* The one Redis server a redis:// store uses: its host as written in the
+ * URI (not resolved), port and database, so that a caller can tell that
+ * something else it writes lives on the same server.
+ * IDEM_ENOTSUP for other stores (local:, mem:, cluster, sentinel) or a
+ * redis:// URI naming several hosts. */
+IDEM_EXPORT int idem_store_server(idem_store *s, char *host, size_t hostlen,
+                                  int *port, int *db);
+
 /* ------------------------------------------------------------------------
  * The stream runner: a batch of messages processed exactly once.
  *

@@ -37,6 +37,21 @@
  * One checkpoint (one name) may be queued per sync: a single key in a
  * single slot is what makes step 1 atomic.
  *
+ * Writes queued with the checkpoint (idem_checkpoint_write): commands
+ * of the caller's own, an XADD of its output or an XACK of its input,
+ * that step 1's script runs before it writes the key, so that they, the
+ * checkpoint and its intent (the completions) land in one atomic step:
+ * a caller whose output is on the store's server needs no read-back of
+ * what it wrote before a commit that a crash cut off. They travel as one
+ * argument, a msgpack array of arrays of strings (the script unpacks it
+ * with cmsgpack), since a batch's commands have far more arguments than
+ * a script call of this file takes; on a cluster each key must be in the
+ * checkpoint key's slot, the one node that runs the script. Their
+ * answers are kept (wreply) until the next sync that runs writes. Sent
+ * again after a lost reply, step 1 must not run them twice (an XADD
+ * would add a second entry): the script keeps their answers in the key
+ * under the sync's id and answers those instead.
+ *
  * An intent is a sequence of writes, each: op (1 byte: 'c' complete, 'f'
  * fail, 'r' retryable fail), token (8 bytes), ttl_ms (8), request id
  * length (1) and bytes, key length (4) and bytes, value length (4) and
@@ -62,6 +77,7 @@ void idem__ckpt_free(idem__rckpt *ck)
     free(ck->name);
     idem__buf_free(&ck->blob);
     idem__buf_free(&ck->intent);
+    idem__buf_free(&ck->writes);
     memset(ck, 0, sizeof *ck);
 }
 
@@ -69,6 +85,18 @@ void idem__ckpt_poison(idem_store *s, int code)
 {
     (void)code;
     idem__ckpt_free(&idem__r(s)->ck);
+}
+
+/* PREFIX checkpoint:{NAME} into key. 0 or IDEM_ENOMEM. */
+static int idem__ckpt_key(idem_store *s, idem__buf *key, const char *name)
+{
+    idem__redis *r = idem__r(s);
+    return idem__buf_append(key, r->cfg.prefix, r->cfg.prefixlen) ||
+                   idem__buf_append(key, "checkpoint:{", 12) ||
+                   idem__buf_append(key, name, strlen(name)) ||
+                   idem__buf_append(key, "}", 1)
+               ? idem__fail(s, IDEM_ENOMEM, "out of memory")
+               : 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -97,6 +125,90 @@ int idem__intent_add(idem__buf *b, char op, uint64_t token, int64_t ttl_ms,
                    idem__buf_append(b, val, vallen)
                ? IDEM_ENOMEM
                : 0;
+}
+
+/* msgpack's array32 or str32 header: tag, then n big-endian. */
+static int idem__mp_head(idem__buf *b, unsigned char tag, size_t n)
+{
+    unsigned char h[5] = {tag, (unsigned char)(n >> 24),
+                          (unsigned char)(n >> 16), (unsigned char)(n >> 8),
+                          (unsigned char)n};
+    return idem__buf_append(b, h, sizeof h);
+}
+
+int idem__ckpt_write_cmd(idem_store *s, int argc, const char *const *argv,
+                         const size_t *argvlen, int keyidx, size_t *index)
+{
+    idem__redis *r = idem__r(s);
+    idem__rckpt *ck = &r->ck;
+    if (s->opts.flags & IDEM_O_READONLY)
+        return idem__fail(s, IDEM_EINVAL, "the store was opened read-only");
+    if (r->cfg.cluster && ck->name) {
+        idem__buf key = {0};
+        int rc = idem__ckpt_key(s, &key, ck->name);
+        unsigned want = rc ? 0 : idem__key_slot(key.data, key.len);
+        idem__buf_free(&key);
+        if (rc)
+            return rc;
+        if (idem__key_slot(argv[keyidx], argvlen[keyidx]) != want)
+            return idem__fail(s, IDEM_EINVAL, "%s: key '%.*s' is not in the "
+                              "slot of checkpoint '%s': give both one hash "
+                              "tag", s->uri,
+                              (int)(argvlen[keyidx] > 200 ? 200
+                                                          : argvlen[keyidx]),
+                              argv[keyidx], ck->name);
+    } else if (r->cfg.cluster) {
+        return idem__fail(s, IDEM_EINVAL, "%s: on a cluster, put the "
+                          "checkpoint before its writes (their slot is its)",
+                          s->uri);
+    }
+    size_t was = ck->writes.len;
+    int bad = idem__mp_head(&ck->writes, 0xdd, (size_t)argc);
+    for (int i = 0; !bad && i < argc; i++)
+        bad = idem__mp_head(&ck->writes, 0xdb, argvlen[i]) ||
+              idem__buf_append(&ck->writes, argv[i], argvlen[i]);
+    if (bad) {
+        ck->writes.len = was;
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    *index = ck->nwrites++;
+    return 0;
+}
+
+int idem__ckpt_reply(idem_store *s, size_t index, const char **text,
+                     size_t *len)
+{
+    idem__redis *r = idem__r(s);
+    if (index >= r->nwreply)
+        return idem__fail(s, IDEM_ENOTFOUND, "no answer to queued write %zu "
+                          "in the last sync", index);
+    const unsigned char *p = r->wreply.data;
+    for (size_t i = 0;; i++) {
+        size_t n;
+        memcpy(&n, p, sizeof n);
+        if (i == index) {
+            *text = (const char *)p + sizeof n;
+            *len = n;
+            return 0;
+        }
+        p += sizeof n + n + 1;
+    }
+}
+
+/* Keep the answers of step 1's writes (v: {1, answer...}). */
+static int idem__keep_replies(idem_store *s, const redisReply *v)
+{
+    idem__redis *r = idem__r(s);
+    for (size_t i = 1; i < v->elements; i++) {
+        const redisReply *e = v->element[i];
+        size_t n = e->type == REDIS_REPLY_STRING ? e->len : 0;
+        if (idem__buf_append(&r->wreply, &n, sizeof n) ||
+            idem__buf_append(&r->wreply, n ? e->str : "", n) ||
+            idem__buf_append(&r->wreply, "", 1))
+            return idem__fail(s, IDEM_ENOMEM, "out of memory");
+        r->nwreply++;
+    }
+    return 0;
 }
 
 /* One decoded write; key and val point into the intent. */
@@ -230,14 +342,10 @@ static int idem__intent_apply(idem_store *s, const idem__buf *in, size_t n)
 static int idem__ckpt_begin(idem_store *s, idem__one *one, int script,
                             const char *name)
 {
-    idem__redis *r = idem__r(s);
     idem__buf key = {0};
-    int rc = idem__buf_append(&key, r->cfg.prefix, r->cfg.prefixlen) ||
-                     idem__buf_append(&key, "checkpoint:{", 12) ||
-                     idem__buf_append(&key, name, strlen(name)) ||
-                     idem__buf_append(&key, "}", 1)
-                 ? idem__fail(s, IDEM_ENOMEM, "out of memory")
-                 : idem__one_begin(s, one, script, key.data, key.len);
+    int rc = idem__ckpt_key(s, &key, name);
+    if (!rc)
+        rc = idem__one_begin(s, one, script, key.data, key.len);
     idem__buf_free(&key);
     return rc;
 }
@@ -427,12 +535,20 @@ static int idem__ckpt_write(idem_store *s, const idem__rckpt *ck,
     idem__arg(one.it, ck->blob.data, ck->blob.len);
     idem__arg(one.it, ck->intent.data, ck->intent.len);
     idem__arg(one.it, iid, strlen(iid));
+    idem__arg(one.it, ck->writes.data, ck->writes.len);
     rc = idem__one_run(s, &one, 1);
     const redisReply *v = rc ? NULL : one.it->reply;
-    if (v && v->type != REDIS_REPLY_INTEGER)
+    int written = v && v->type == REDIS_REPLY_ARRAY &&
+                  v->elements == ck->nwrites + 1;
+    if (v && v->type == REDIS_REPLY_ERROR)
+        rc = idem__fail(s, IDEM_EPROTO, "%s: a write queued with checkpoint "
+                        "'%s' failed: %s", s->uri, ck->name, v->str);
+    else if (v && !written && v->type != REDIS_REPLY_INTEGER)
         rc = idem__fail(s, IDEM_EPROTO, "%s: unexpected reply to a "
                         "checkpoint write", s->uri);
-    *refused = v && !rc && v->integer == 0;
+    *refused = v && !rc && !written && v->integer == 0;
+    if (written)
+        rc = idem__keep_replies(s, v);
     idem__one_end(&one);
     return rc;
 }
@@ -464,19 +580,49 @@ static int idem__ckpt_write_over(idem_store *s, const idem__rckpt *ck,
     return rc;
 }
 
+/* The queued writes as one msgpack array, as step 1 sends them. */
+static int idem__writes_array(idem_store *s, idem__rckpt *ck)
+{
+    idem__buf all = {0};
+    if (idem__mp_head(&all, 0xdd, ck->nwrites) ||
+        idem__buf_append(&all, ck->writes.data, ck->writes.len)) {
+        idem__buf_free(&all);
+        return idem__fail(s, IDEM_ENOMEM, "out of memory");
+    }
+    idem__buf_free(&ck->writes);
+    ck->writes = all;
+    return 0;
+}
+
 int idem__ckpt_sync(idem_store *s)
 {
     idem__redis *r = idem__r(s);
-    if (!r || !r->ck.name)
+    if (!r || (!r->ck.name && !r->ck.nwrites))
         return 0;
     /* The queue is spent whatever happens: after a failed step 1 its
      * writes must not be applied later, after step 1 the key has them. */
     idem__rckpt ck = r->ck;
     memset(&r->ck, 0, sizeof r->ck);
+    if (ck.nwrites) {
+        r->wreply.len = 0;
+        r->nwreply = 0;
+    }
+    if (!ck.name) {
+        idem__ckpt_free(&ck);
+        return idem__fail(s, IDEM_EINVAL, "%s: writes were queued with no "
+                          "checkpoint to carry them; they are dropped",
+                          s->uri);
+    }
+    if (ck.nwrites && idem__writes_array(s, &ck)) {
+        idem__ckpt_free(&ck);
+        return IDEM_ENOMEM;
+    }
     long n = idem__intent_count(&ck.intent);
     char iid[24];
     idem__rid(s, iid);
-    int rc = idem__ckpt_write_over(s, &ck, n ? iid : "");
+    /* The id also tells a resent step 1 (a lost reply) that its writes
+     * ran: see IDEM__LUA_CKPT_PUT. */
+    int rc = idem__ckpt_write_over(s, &ck, n || ck.nwrites ? iid : "");
     if (!rc && n > 0) {
         rc = idem__intent_apply(s, &ck.intent, (size_t)n);
         if (!rc || rc == IDEM_ELOST || rc == IDEM_EPROTO)

@@ -588,8 +588,24 @@ static void idem__redis_free(idem__redis *r)
     free(r->slots);
     free(r->scan_cursor);
     idem__ckpt_free(&r->ck);
+    idem__buf_free(&r->wreply);
     idem__rcfg_free(&r->cfg);
     free(r);
+}
+
+/* The one server of a redis:// store, as its URI names it. */
+static int idem__redis_server(idem_store *s, char *host, size_t hostlen,
+                              int *port, int *db)
+{
+    const idem__rcfg *c = &idem__r(s)->cfg;
+    if (c->cluster || c->sentinel || c->nseeds != 1)
+        return idem__fail(s, IDEM_ENOTSUP, "%s: not one server", s->uri);
+    if (strlen(c->hosts[0]) >= hostlen)
+        return idem__fail(s, IDEM_EINVAL, "the host name is too long");
+    memcpy(host, c->hosts[0], strlen(c->hosts[0]) + 1);
+    *port = c->ports[0];
+    *db = c->db;
+    return 0;
 }
 
 /* Like local:, close commits what is queued (a checkpoint and its
@@ -842,6 +858,8 @@ static int idem__redis_check_uri(idem_store *s, const char *rest,
     .extend = idem__redis_extend, .get = idem__redis_get,                  \
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \
+    .checkpoint_write = idem__ckpt_write_cmd,                              \
+    .checkpoint_reply = idem__ckpt_reply, .server = idem__redis_server,    \
     .sweep = idem__redis_sweep, .stats = idem__redis_stats,                \
     .server_metrics = idem__redis_server_metrics,                          \
     .scan = idem__redis_scan, .import = idem__redis_import,                \

@@ -109,6 +109,8 @@ typedef struct idem__rckpt {
     char *name;
     idem__buf blob;
     idem__buf intent;
+    idem__buf writes;             /* idem_checkpoint_write()'s, msgpack */
+    size_t nwrites;
 } idem__rckpt;
 
 typedef struct idem__redis {
@@ -129,6 +131,10 @@ typedef struct idem__redis {
     uint64_t *scan_cursor;    /* sweep/stats: SCAN cursor per node */
     uint64_t expired_total;
     idem__rckpt ck;           /* queued checkpoint, if any */
+    idem__buf wreply;         /* the last sync's answers to its queued
+                               * writes, each a size_t length, the
+                               * bytes and a NUL */
+    size_t nwreply;
 } idem__redis;
 
 /* ---- pipe.c */
@@ -251,6 +257,10 @@ int idem__ckpt_get(idem_store *s, const char *name, const void **blob,
                    size_t *len);
 /* Commit the queued checkpoint with its writes; 0 if none is queued. */
 int idem__ckpt_sync(idem_store *s);
+int idem__ckpt_write_cmd(idem_store *s, int argc, const char *const *argv,
+                         const size_t *argvlen, int keyidx, size_t *index);
+int idem__ckpt_reply(idem_store *s, size_t index, const char **text,
+                     size_t *len);
 int idem__ckpt_queued(idem_store *s);
 /* Check completions / a failure now (the token holds the key; its lease
  * is renewed) and queue them to be applied by the next sync. */

@@ -627,19 +627,38 @@
 /* Checkpoints (ckpt.c): one hash per name, PREFIX checkpoint:{NAME},
  * outside the records' names and so outside every SCAN of sweep, stats,
  * dump and check, with no TTL. Fields: idem ("1": idem wrote it), blob,
- * and while a sync is under way intent (the writes queued with the
- * checkpoint) and iid (the intent's id). The three scripts take the key
+ * while a sync is under way intent (the writes queued with the
+ * checkpoint) and iid (the intent's id), and after one that ran the
+ * caller's writes wid and wout (below). The three scripts take the key
  * as KEYS[1] and the time as ARGV[1] (unused), whatever the layout. */
 
-/* ARGV: now, blob, intent ("" for none), iid. Replaces the checkpoint,
- * unless it holds another sync's intent not yet applied: then writes
- * nothing and answers 0 (apply that one first), else 1. */
+/* ARGV: now, blob, intent ("" for none), iid, writes (a msgpack array
+ * of commands, each an array of strings; "" for none). Replaces the
+ * checkpoint, unless it holds another sync's intent not yet applied:
+ * then writes nothing and answers 0 (apply that one first), else runs
+ * the writes in order, then writes the key (a write that fails ends the
+ * script before it), and answers 1, or {1, answer...} with writes (each
+ * a string: an integer's as text). The writes' answers stay in the key
+ * (wout) under the sync's id (wid): the same call sent again after a
+ * lost reply answers them again instead of writing twice. */
 #define IDEM__LUA_CKPT_PUT                                                 \
     "local k = KEYS[1]\n"                                                  \
     "local t = redis.call('TYPE', k).ok\n"                                 \
+    "if ARGV[5] ~= '' and t == 'hash' and\n"                               \
+    "   redis.call('HGET', k, 'wid') == ARGV[4] then\n"                    \
+    "  return cmsgpack.unpack(redis.call('HGET', k, 'wout'))\n"            \
+    "end\n"                                                                \
     "if t == 'hash' and redis.call('HEXISTS', k, 'intent') == 1 and\n"     \
     "   redis.call('HGET', k, 'iid') ~= ARGV[4] then\n"                    \
     "  return 0\n"                                                         \
+    "end\n"                                                                \
+    "local out = nil\n"                                                    \
+    "if ARGV[5] ~= '' then\n"                                              \
+    "  out = {1}\n"                                                        \
+    "  local ws = cmsgpack.unpack(ARGV[5])\n"                              \
+    "  for i = 1, #ws do\n"                                                \
+    "    out[i + 1] = tostring(redis.call(unpack(ws[i])))\n"               \
+    "  end\n"                                                              \
     "end\n"                                                                \
     "if t ~= 'none' then redis.call('DEL', k) end\n"                       \
     "if ARGV[3] == '' then\n"                                              \
@@ -648,7 +667,10 @@
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2],\n"              \
     "    'intent', ARGV[3], 'iid', ARGV[4])\n"                             \
     "end\n"                                                                \
-    "return 1\n"
+    "if out then\n"                                                        \
+    "  redis.call('HSET', k, 'wid', ARGV[4], 'wout', cmsgpack.pack(out))\n" \
+    "end\n"                                                                \
+    "return out or 1\n"
 
 /* -> false if there is none, {'bad', why} if the key is not what idem
  * writes, else {'ok', blob, intent or '', iid or ''}. Reads only. */

@@ -106,6 +106,8 @@ typedef struct loop {
                       * the runner over this batch (handler restarts) */
     size_t committed;
     int handler_rc;  /* what the handler returned in the last batch */
+    int src_joined;  /* the source's acknowledgements go with the store's
+                      * checkpoint (join_store) */
     int reread;      /* files into a stream, read again from their start
                       * after a crash: any line may be one the dead run
                       * wrote (a local store need not have kept its
@@ -742,6 +744,17 @@ static void pin_sink(loop *lp)
     j->sink_pinned = j->sink_pinned && src->ops->in_doubt(src);
 }
 
+/* Joined (join_store): the source's entries of items [from, upto) are
+ * acknowledged with the checkpoint just put, in its script. */
+static int ack_joined(loop *lp, size_t from, size_t upto)
+{
+    const batch *b = lp->committing;
+    for (size_t i = from; i < upto; i++)
+        if (lp->src->ops->ack(lp->src, &b->items[i].l))
+            return IDEM_ENOMEM;
+    return lp->src->ops->ack_flush(lp->src) ? IDEM_EIO : 0;
+}
+
 /* The runner's commit step: output of every line before the first
  * message not committed, then the checkpoint. msgs is b->msgs + base. */
 static int commit(void *ctx, const idem_msg *msgs, size_t p)
@@ -774,9 +787,11 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     if (rc)
         return rc;
     pin_sink(lp);
+    size_t from = b->emitted;
     b->emitted = upto;
-    return job_commit(&lp->st.job, b->input,
-                      upto ? &b->items[upto - 1].l : NULL);
+    rc = job_commit(&lp->st.job, b->input,
+                    upto ? &b->items[upto - 1].l : NULL);
+    return rc || !lp->src_joined ? rc : ack_joined(lp, from, upto);
 }
 
 /* Did the handler end the batch (not the store)? Restart it only then,
@@ -927,7 +942,7 @@ static void *commit_batch(void *arg)
     loop *lp = arg;
     forget_kept(lp);
     commit_runs(lp);
-    if (lp->src->ops->ack)
+    if (lp->src->ops->ack && !lp->src_joined)
         ack_committed(lp);
     pthread_mutex_lock(&lp->busy_mu);
     lp->busy = 0;
@@ -1500,6 +1515,27 @@ static int start_sink(loop *lp, const char *keyed, int64_t lease_ms)
                           k);
 }
 
+/* A stream on the store's own server commits with it, in one script
+ * (connect.h's join): its entries, or its acknowledgements, land with
+ * the batch's completions, and read-back has no window left to close.
+ * Said once (unless --quiet), so that a run shows which way it
+ * commits. */
+static void join_store(loop *lp)
+{
+    sink *k = lp->st.job.sink;
+    int out = k && k->ops->join && k->ops->join(k, lp->s);
+    lp->src_joined = lp->src && lp->src->ops->join &&
+                     lp->src->ops->join(lp->src, lp->s);
+    const char *acks = !lp->src_joined ? ""
+                       : out ? " and the input's acknowledgements"
+                             : "the input's acknowledgements";
+    if ((out || lp->src_joined) && !lp->st.cfg->quiet)
+        fprintf(stderr, "idem %s: one-script commit: the store's records "
+                "with %s%s%s\n", lp->st.cfg->cmd,
+                out ? "the entries written to " : "",
+                out ? k->ops->name(k) : "", acks);
+}
+
 /* The bytes of the input files from input `at`, offset off, to their
  * ends, for the progress line; 0 if one is not a regular file. */
 static uint64_t input_bytes(const stream_cfg *c, size_t at, uint64_t off)
@@ -1555,6 +1591,8 @@ static int open_ends(loop *lp)
     int rc = 0;
     if (c->from && !(lp->src = source_open(c->cmd, c->from, &o, &rc)))
         return rc;
+    if (c->from && !c->to)
+        join_store(lp);
     if (c->to) {
         rc = start_sink(lp, keyed, lease);
         lp->reread = (!lp->src || lp->src->ops->no_pending) &&
@@ -1562,6 +1600,8 @@ static int open_ends(loop *lp)
         lp->st.job.sink_pinned = lp->reread && lp->src &&
                                  lp->src->ops->in_doubt;
         rc = rc ? rc : resume_source(lp);
+        if (!rc)
+            join_store(lp);
         return rc || lp->src ? rc : open_files(lp, &o, 0, 0, 0);
     }
     size_t at = 0;

@@ -8,6 +8,10 @@
  * durably (flush), and says where it stands (pos), which the job's
  * checkpoint keeps; after a crash it reads back what follows that
  * position (read_back) and answers whether a key is already there (has).
+ * A source or sink on the store's own server may instead join the store
+ * (join): its writes (an output's entries, an input's acknowledgements)
+ * are queued with the job's checkpoint and land in the same step as the
+ * commit, which leaves read-back nothing of this run's to find.
  *
  * A broker that keeps no pending list per consumer (Kafka) says where
  * its reader stands instead: the loop tells the source which lines each
@@ -32,6 +36,7 @@
 #include <stdint.h>
 
 #include "cli.h"
+#include "idem/idem.h"
 #include "ndjson.h"
 
 typedef struct source source;
@@ -53,6 +58,11 @@ typedef struct source_ops {
      * committing thread. NULL when there is nothing to acknowledge. */
     int (*ack)(source *s, const nd_line *l);
     int (*ack_flush)(source *s);
+    /* From now on, queue ack_flush's acknowledgements with st's next
+     * checkpoint (idem_checkpoint_write) instead of sending them, when
+     * the source's server is st's: 1 if so, else 0 (as before). NULL:
+     * never. */
+    int (*join)(source *s, idem_store *st);
     /* Messages not yet delivered, or -1 (NULL: never known). */
     long long (*lag)(source *s);
     /* Messages gone before they could be read, since the last call
@@ -115,6 +125,15 @@ typedef struct sink_ops {
      * stops being found, so that the key, new again after its TTL, is
      * written again. */
     void (*forget)(sink *k, const void *key, size_t keylen);
+    /* One output line of key, queued, with the input message's meta
+     * (NULL, 0: none; a sink that reproduces messages takes their key
+     * and headers from it); then the queue written. 0 or -1 after
+     * saying why. */
+    /* From now on, queue put's writes with st's next checkpoint
+     * (idem_checkpoint_write: they land with the commit, in one step)
+     * instead of writing them before it, when the sink's server is st's:
+     * 1 if so, else 0 (as before). NULL: never. */
+    int (*join)(sink *k, idem_store *st);
     /* One output line of key, queued, with the input message's meta
      * (NULL, 0: none; a sink that reproduces messages takes their key
      * and headers from it); then the queue written. 0 or -1 after

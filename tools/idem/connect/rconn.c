@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -226,6 +227,8 @@ static int parse_param(rs_uri *u, const char *cmd, int sink, const char *p,
                       vl - (vl && *v == '~'), UINT64_MAX / 2, &u->maxlen);
     else if (!strcmp(name, "wait") && sink)
         return number(u, cmd, name, v, vl, 100, &u->wait);
+    else if (!strcmp(name, "one_script"))
+        return number(u, cmd, name, v, vl, 1, &u->one_script);
     else if (!strcmp(name, "timeout_ms") || !strcmp(name, "readback_ms")) {
         int64_t *dst = *name == 't' ? &u->timeout_ms : &u->readback_ms;
         if (number(u, cmd, name, v, vl, 86400000, &x))
@@ -300,6 +303,7 @@ static int defaults(rs_uri *u, const char *cmd, int sink)
 int rs_uri_parse(const char *cmd, const char *uri, int sink, rs_uri *u)
 {
     memset(u, 0, sizeof *u);
+    u->one_script = 1;
     idem_uri_display(uri, u->display, sizeof u->display);
     if (strncmp(uri, "redis-stream://", 15))
         return bad(u, cmd, "not a redis-stream:// URI");
@@ -377,6 +381,17 @@ void rs_uri_ident(const rs_uri *u, int worker, char *buf, size_t size)
     append_encoded(buf, size, &k, u->group, strlen(u->group));
     append(buf, size, &k, "&consumer=");
     append_encoded(buf, size, &k, u->consumer, strlen(u->consumer));
+}
+
+int rs_on_store(const rs_uri *u, idem_store *s)
+{
+    char host[256];
+    int port, db;
+    if (!u->one_script || u->sentinel || u->nhosts != 1 ||
+        idem_store_server(s, host, sizeof host, &port, &db) != 0)
+        return 0;
+    return strcasecmp(host, u->hosts[0]) == 0 && port == u->ports[0] &&
+           db == u->db;
 }
 
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq)

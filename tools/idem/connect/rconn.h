@@ -5,6 +5,8 @@
 #include <hiredis/hiredis.h>
 #include <stdint.h>
 
+#include "idem/idem.h"
+
 #define RS_MAX_HOSTS 16
 
 typedef struct rs_uri {
@@ -24,6 +26,8 @@ typedef struct rs_uri {
     int64_t timeout_ms;     /* one call (a blocking read adds its block) */
     int64_t readback_ms;    /* sink: how far back a takeover looks; 0:
                              * twice the lease and 10 s */
+    uint64_t one_script;    /* 0: never commit with the store's
+                             * checkpoint, though on its server */
     char display[512];      /* the URI for messages, password hidden */
 } rs_uri;
 
@@ -77,6 +81,14 @@ char *rs_decode(const char *p, size_t n, size_t *outlen, int *bad);
 /* The first line of a file holding a secret (a password, a token),
  * without its line end; NULL with errno set. */
 char *rs_read_secret(const char *path);
+
+/* Is the stream u names on the one server of the Redis store s, so that
+ * its writes can be queued with the store's checkpoint (rs_sink_join,
+ * rs_source_join)? The same host name as written (letter case aside:
+ * "localhost" and "127.0.0.1" are two), port and database; a stream
+ * reached through sentinels or several hosts, or a store that is not one
+ * redis:// server, is not. */
+int rs_on_store(const rs_uri *u, idem_store *s);
 
 /* Parse an entry ID "MS-SEQ". 0 or -1. */
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq);

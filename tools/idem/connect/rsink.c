@@ -35,7 +35,20 @@
  * after a crash. A key's first claim, or one after its record expired,
  * is new, and an entry of that key committed long ago must not hide it;
  * so an entry read back stops being found once it has been taken for
- * this run's output (rs_forget). */
+ * this run's output (rs_forget).
+ *
+ * When the stream is on the store's own server (rs_on_store: the same
+ * host, port and database), none of that window exists: the sink joins
+ * the store (rs_join) and each XADD is queued with the job's checkpoint
+ * (idem_checkpoint_write), run by the one script that writes the
+ * checkpoint and its completions. The entries, the completions (and the
+ * source's XACKs, rsource.c) land together or not at all; a crash leaves
+ * nothing written and uncommitted. The position then comes from the
+ * script's answers (the XADD IDs), read at the next flush, so the
+ * checkpoint holds the position of the commit before: a rerun reads
+ * back that one batch of committed entries, whose keys are duplicates,
+ * which keeps a restart exact also after a script that failed half way
+ * (a write the server refused) or a run that wrote before it. */
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +89,11 @@ typedef struct rs_sink {
     size_t *argl, capargv;
     int has_key;
     size_t key_field;    /* its index in off/len */
+    idem_store *st;      /* joined: XADDs go with its checkpoint */
+    size_t lastw;        /* joined: the index of the last XADD queued, */
+    int pending;         /* 1 while its batch is queued, 2 once flushed
+                          * (its commit has run when the next batch
+                          * starts), 0: nothing to read */
 } rs_sink;
 
 static void rs_close(sink *base);
@@ -423,6 +441,41 @@ static int argv_room(rs_sink *k, size_t n)
     return 0;
 }
 
+static int rs_join(sink *base, idem_store *st)
+{
+    rs_sink *k = (rs_sink *)base;
+    k->st = rs_on_store(&k->u, st) ? st : NULL;
+    return k->st != NULL;
+}
+
+/* Joined: the position the last commit's script gave (the ID its last
+ * XADD answered); left as it was when that is not known. */
+static void joined_pos(rs_sink *k)
+{
+    const char *id;
+    size_t n;
+    if (k->pending &&
+        idem_checkpoint_reply(k->st, k->lastw, &id, &n) == 0 && n &&
+        n < sizeof k->pos)
+        snprintf(k->pos, sizeof k->pos, "%.*s", (int)n, id);
+    k->pending = 0;
+}
+
+/* Joined: the XADD built in argv[0..n) goes with the checkpoint. */
+static int queue_xadd(rs_sink *k, size_t n)
+{
+    size_t at;
+    if (k->pending == 2)
+        joined_pos(k);
+    int rc = idem_checkpoint_write(k->st, (int)n, k->argv, k->argl, 1, &at);
+    if (rc)
+        return cli_fail(k->cmd, "%s: queueing XADD with the checkpoint: "
+                        "%s", k->u.display, idem_errdetail(k->st)), -1;
+    k->lastw = at;
+    k->pending = 1;
+    return 0;
+}
+
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *meta, size_t metalen)
 {
@@ -455,6 +508,8 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
     argv[n] = "*", lens[n++] = 1;
     for (size_t i = 0; i < k->f.nf; i++)
         argv[n] = k->f.buf.p + k->f.off[i], lens[n++] = k->f.len[i];
+    if (k->st)
+        return queue_xadd(k, n);
     int rc = rs_conn_ready(&k->c) ? fail(k, "connecting", NULL)
              : redisAppendCommandArgv(k->c.c, (int)n, argv, lens) != REDIS_OK
                  ? fail(k, "XADD", NULL)
@@ -497,6 +552,12 @@ static int wait_replicas(rs_sink *k)
 static int rs_flush(sink *base)
 {
     rs_sink *k = (rs_sink *)base;
+    if (k->st && k->pending == 2)
+        joined_pos(k);  /* a batch of no entries after one of some */
+    else if (k->st && k->pending == 1)
+        k->pending = 2;
+    if (k->st)
+        return 0;  /* written by the commit */
     for (; k->queued; k->queued--) {
         void *rv = NULL;
         if (redisGetReply(k->c.c, &rv) != REDIS_OK)
@@ -556,5 +617,5 @@ static void rs_forget(sink *base, const void *key, size_t keylen)
 static const sink_ops rs_sink_ops = {
     .lock = rs_lock_job, .start = rs_start, .read_back = rs_read_back,
     .catch_up = rs_catch_up, .has = rs_has, .forget = rs_forget,
-    .put = rs_put, .flush = rs_flush, .pos = rs_pos, .name = rs_name,
-    .check = rs_check, .close = rs_close};
+    .join = rs_join, .put = rs_put, .flush = rs_flush, .pos = rs_pos,
+    .name = rs_name, .check = rs_check, .close = rs_close};

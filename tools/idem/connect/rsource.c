@@ -35,7 +35,12 @@
  * An entry becomes the JSON object of its fields in order, every value a
  * string: {"event_id":"e1","amount":"12"}. Names and values must be
  * UTF-8 (JSON has no other strings); an entry that is not is bad input
- * (--on-bad-input) like a bad JSON line. */
+ * (--on-bad-input) like a bad JSON line.
+ *
+ * On the store's own server (rs_on_store) the source joins the store
+ * (rs_join): the XACKs of a commit are queued with its checkpoint and
+ * run by the script that writes it, so an entry is acknowledged in the
+ * same step as the completion of its key, not just after. */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -77,6 +82,7 @@ typedef struct rs_source {
     size_t *ackl;
     size_t nack, capack;
     cli_buf ackids;
+    idem_store *st;           /* joined: XACKs go with its checkpoint */
     uint64_t trimmed;
     struct delivery {     /* of the entries a round hands out again: */
         uint64_t ms, seq; /* the entry's ID, and the earliest its */
@@ -257,7 +263,36 @@ static int rs_ack(source *base, const nd_line *l)
     return 0;
 }
 
-/* XACK what is queued, on conn; 0 or -1 with s->err set. */
+/* Joined: the XACKs queued with the checkpoint, ACK_CHUNK IDs each (a
+ * script passes a command's arguments through Lua's stack). 0 or -1
+ * with s->err set. */
+#define ACK_CHUNK 1000
+static int queue_acks(rs_source *s)
+{
+    const char *hv[3] = {s->ackv[0], s->ackv[1], s->ackv[2]};
+    size_t hl[3] = {s->ackl[0], s->ackl[1], s->ackl[2]};
+    for (size_t i = 0; i < s->nack; i += ACK_CHUNK) {
+        size_t n = s->nack - i < ACK_CHUNK ? s->nack - i : ACK_CHUNK, at;
+        /* The command's head goes just before its IDs, over the last
+         * IDs of the chunk before (queued already). */
+        for (int j = 0; j < 3; j++)
+            s->ackv[i + j] = hv[j], s->ackl[i + j] = hl[j];
+        int rc = idem_checkpoint_write(s->st, (int)n + 3, &s->ackv[i],
+                                       &s->ackl[i], 1, &at);
+        if (rc) {
+            snprintf(s->err, sizeof s->err, "%.400s: queueing XACK with the "
+                     "checkpoint: %.1000s", s->u.display,
+                     idem_errdetail(s->st));
+            s->nack = 0;
+            return -1;
+        }
+    }
+    s->nack = 0;
+    return 0;
+}
+
+/* XACK what is queued, on conn (joined: with the checkpoint); 0 or -1
+ * with s->err set. */
 static int send_acks(rs_source *s, rs_conn *conn)
 {
     if (!s->nack)
@@ -267,6 +302,8 @@ static int send_acks(rs_source *s, rs_conn *conn)
     s->ackv[2] = s->u.group, s->ackl[2] = strlen(s->u.group);
     for (size_t i = 0; i < s->nack; i++)
         s->ackv[i + 3] = s->ackids.p + (uintptr_t)s->ackv[i + 3];
+    if (s->st)
+        return queue_acks(s);
     redisReply *r = rs_call(conn, (int)(s->nack + 3), s->ackv, s->ackl, 0,
                             1);
     int bad = !r || r->type == REDIS_REPLY_ERROR;
@@ -287,6 +324,13 @@ static int rs_ack_flush(source *base)
     fprintf(stderr, "idem %s: %s; the entries stay pending and come again "
             "as duplicates\n", s->cmd, s->err);
     return -1;
+}
+
+static int rs_join(source *base, idem_store *st)
+{
+    rs_source *s = (rs_source *)base;
+    s->st = rs_on_store(&s->u, st) ? st : NULL;
+    return s->st != NULL;
 }
 
 /* An entry gone from the stream is acknowledged by the reader at once:
@@ -645,5 +689,5 @@ static int rs_wait(source *base)
 static const source_ops rs_source_ops = {
     .next = rs_next, .release = rs_release, .wait = rs_wait,
     .err = rs_err, .where = rs_where, .ack = rs_ack,
-    .ack_flush = rs_ack_flush, .lag = rs_lag, .lost = rs_lost,
+    .ack_flush = rs_ack_flush, .join = rs_join, .lag = rs_lag, .lost = rs_lost,
     .worker = rs_worker, .close = rs_close};

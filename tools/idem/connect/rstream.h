@@ -10,7 +10,9 @@
  * as fields, and the message's key as the field idem-key. Its position is
  * the ID of the last entry it added, kept in the job's checkpoint; on a
  * restart the entries after it are read back, so that a message the dead
- * run wrote but did not commit is not written twice. docs/streams.md
+ * run wrote but did not commit is not written twice. On the store's own
+ * server both join the store instead: the XADDs and XACKs run in the
+ * script that writes the checkpoint and its completions. docs/streams.md
  * states the guarantee. */
 #ifndef IDEM_RSTREAM_H
 #define IDEM_RSTREAM_H
