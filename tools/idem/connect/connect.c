@@ -206,3 +206,17 @@ source *source_files(nd_reader *rd, const source_opts *o)
     f->stop = o->stop;
     return &f->base;
 }
+
+int connect_outcome(const char *st, size_t stlen, const char *res,
+                    size_t reslen, const char **status, const char **result,
+                    size_t *rlen)
+{
+    static const char *const known[] = {"done", "failed", "gave_up"};
+    *status = NULL;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (stlen == strlen(known[i]) && !memcmp(st, known[i], stlen))
+            *status = known[i];
+    *result = *status && reslen ? res : NULL;
+    *rlen = *status ? reslen : 0;
+    return 1;
+}

@@ -217,6 +217,13 @@ int meta_key(const char *meta, size_t len, const char *spec,
 /* --kafka-config FILE: librdkafka properties for kafka:// URIs. */
 void connect_kafka_config(const char *path);
 
+/* What has() answers of a key found in a sink: 1, with *status "done",
+ * "failed" or "gave_up" when st[0..stlen) names one (a run's entry; else
+ * NULL: a dedup entry), and its result res[0..rlen). */
+int connect_outcome(const char *st, size_t stlen, const char *res,
+                    size_t reslen, const char **status, const char **result,
+                    size_t *rlen);
+
 /* Files as a source: rd, opened by the caller, stays the caller's. */
 source *source_files(nd_reader *rd, const source_opts *o);
 

@@ -561,16 +561,9 @@ static int k_has(sink *base, const void *key, size_t keylen, int recent,
         e = km_get(&k->recent[i], key, keylen);
     *status = *result = NULL;
     *rlen = 0;
-    if (!e)
-        return 0;
-    static const char *const known[] = {"done", "failed", "gave_up"};
-    for (size_t i = 0; i < 3; i++)
-        if (e->alen == strlen(known[i]) &&
-            !memcmp(km_a(e), known[i], e->alen))
-            *status = known[i];
-    *result = *status && e->blen ? km_b(e) : NULL;
-    *rlen = *status ? e->blen : 0;
-    return 1;
+    return e ? connect_outcome(km_a(e), e->alen, km_b(e), e->blen, status,
+                               result, rlen)
+             : 0;
 }
 
 static void k_forget(sink *base, const void *key, size_t keylen)

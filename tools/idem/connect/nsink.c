@@ -391,16 +391,8 @@ static int ns_has(sink *base, const void *key, size_t keylen, int recent,
         e = km_get(&k->recent[g], key, keylen);
     if (!e)
         return 0;
-    static const char *const known[] = {"done", "failed", "gave_up"};
-    const char *st = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (e->alen == strlen(known[i]) && !memcmp(km_a(e), known[i],
-                                                   e->alen))
-            st = known[i];
-    *status = st;
-    *result = st && e->blen ? km_b(e) : NULL;
-    *rlen = st ? e->blen : 0;
-    return 1;
+    return connect_outcome(km_a(e), e->alen, km_b(e), e->blen, status,
+                           result, rlen);
 }
 
 static void ns_forget(sink *base, const void *key, size_t keylen)

@@ -378,16 +378,8 @@ static int rs_has(sink *base, const void *key, size_t keylen, int recent,
     }
     if (!e)
         return 0;
-    static const char *const known[] = {"done", "failed", "gave_up"};
-    const char *st = NULL;
-    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
-        if (e->alen - 8 == strlen(known[i]) &&
-            !memcmp(km_a(e) + 8, known[i], e->alen - 8))
-            st = known[i];
-    *status = st;
-    *result = st && e->blen ? km_b(e) : NULL;
-    *rlen = st ? e->blen : 0;
-    return 1;
+    return connect_outcome(km_a(e) + 8, e->alen - 8, km_b(e), e->blen,
+                           status, result, rlen);
 }
 
 /* Fields of text[0..len): its members, or one field "data"; the index
