@@ -107,7 +107,7 @@ test: deps check-style
 	@sh scripts/run-tests.sh $(BUILD)
 
 asan: deps
-	@IDEM_RESTART_KEYS=2000000 $(MAKE) --no-print-directory \
+	@IDEM_RESTART_KEYS=2000000 IDEM_CLI_KILLS=6 $(MAKE) --no-print-directory \
 	    BUILD=build/asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
 	    -fno-sanitize-recover=all" test
