@@ -214,7 +214,8 @@ static void idem__kseen_sort(idem__kseen *k, size_t n, idem__kseen *tmp,
                 tmp[j] = tmp[j - 1];
             tmp[j] = x;
         }
-    memcpy(k, tmp, n * sizeof *k);
+    if (n)  /* k is NULL for a segment without keys */
+        memcpy(k, tmp, n * sizeof *k);
 }
 
 /* Sort, and keep each key's newest frame only. 0 or IDEM_ENOMEM. */
