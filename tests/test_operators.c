@@ -286,6 +286,38 @@ Test(secrets, no_environment_the_handler_can_read_holds_the_password)
     free(dir);
 }
 
+/* Nor where the kernel shows idem's command line to every local user
+ * (/proc/PID/cmdline, `ps`): a password typed in a URI, alone or as
+ * --OPTION=URI, is overwritten there with the URI as messages show it.
+ * The handler copies the command lines of its parent, idem, and of its
+ * whole group (the watcher) while idem runs. */
+Test(secrets, the_command_line_shows_no_password)
+{
+    static const char script[] =
+        "args_of() { tr '\\0' ' ' < \"$1/cmdline\" 2>/dev/null; echo; }\n"
+        "group() { sed 's/.*) //' \"$1/stat\" 2>/dev/null | cut -d' ' "
+        "-f3; }\n"
+        "args_of /proc/$PPID > args\n"
+        "mine=$(group /proc/$$)\n"
+        "for d in /proc/[0-9]*; do\n"
+        "  [ \"$(group $d)\" = \"$mine\" ] && args_of $d >> args\n"
+        "done\n"
+        "exec \"$IDEM_PROGS/handler\"\n";
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    t_write(t_path(dir, "group.sh"), script, sizeof script - 1);
+    cr_assert_eq(t_sh("cd '%s' && \"$IDEM_CLI\" run --key id --key-space "
+                      "argv --store=redis://:" PW "@%s --to "
+                      "redis-stream://:" PW "@%s/argv --exec '. ./group.sh' "
+                      "in > out 2>&1", dir, addr, addr), 0,
+                 "%s", t_read(t_path(dir, "out"), NULL));
+    const char *got = t_path(dir, "args");
+    cr_assert(t_grep(got, "redis-stream://:***@"), "%s", t_read(got, NULL));
+    cr_assert(t_grep(got, "--store=redis://:***@"), "%s", t_read(got, NULL));
+    expect_file_hidden(got);
+    t_rmdir(dir);
+    free(dir);
+}
+
 /* Nor its connections: an authenticated socket inherited by the handler
  * would let it send any command as idem (CONFIG GET requirepass tells
  * the password). The handler lists the sockets it holds; those the test's
