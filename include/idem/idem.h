@@ -953,6 +953,12 @@ typedef struct idem_stats {
  * every entry: O(keys). */
 IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
 
+/* Fill the first size bytes of *out, every field up to there, so that
+ * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
+ * less than idem_stats_get() fills. */
+IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
+                                size_t size);
+
 /* ------------------------------------------------------------------------
  * Metrics: what a handle has done, for Prometheus or any monitor.
  *
@@ -1080,12 +1086,6 @@ IDEM_EXPORT int idem_server_metrics_get(idem_store *s,
 IDEM_EXPORT size_t idem_metrics_format(const idem_metrics *m,
                                        const char *job, const char *store,
                                        char *buf, size_t size);
-
-/* Fill the first size bytes of *out, every field up to there, so that
- * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
- * less than idem_stats_get() fills. */
-IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
-                                size_t size);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {
