@@ -400,13 +400,21 @@ Test(rstream, a_dead_consumers_entries_are_taken_over)
                           "--batch 50 --lease 1s --commit-interval 10ms "
                           "--exec '\"$IDEM_PROGS/handler\" sleep=20' "
                           "2>err1", src("group=g&consumer=a"), dst());
-    usleep(600 * 1000);
+    /* Killed once it holds entries, however slow the machine: polled,
+     * not slept, so a loaded run does not kill it before its first read. */
+    long long pending = 0;
+    for (int i = 0; i < 1000 && !pending; i++) {
+        usleep(10 * 1000);
+        redisReply *p = th_cmd(rc, "XPENDING %s g", in);
+        /* an error until the consumer has made its group */
+        pending = p->type == REDIS_REPLY_ARRAY ? p->element[0]->integer : 0;
+        freeReplyObject(p);
+    }
     kill(a, SIGKILL);
     t_wait(a);
-    redisReply *r = th_cmd(rc, "XPENDING %s g", in);
-    long long pending = r->element[0]->integer;
-    freeReplyObject(r);
-    cr_assert_gt(pending, 0, "the killed consumer left nothing pending");
+    cr_assert_gt(pending, 0, "the consumer read nothing in 10 s: %s",
+                 t_read(t_at("err1"), NULL));
+    redisReply *r;
     cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
                        "--idle-exit 2500ms --lease 1s --exec "
                        "'\"$IDEM_PROGS/handler\"' 2>err2",
@@ -857,7 +865,9 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", a));
     freeReplyObject(th_cmd(rc, "XADD %s * event_id r1", in));
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", in));
-    const char *common = "run --key event_id --lease 300ms --batch 1 "
+    /* A's lease is long enough that A, renewing it every third while
+     * its handler sleeps, keeps k on a loaded machine until it dies. */
+    const char *common = "run --key event_id --lease 1s --batch 1 "
                          "--backoff 10ms";
     read_back_only = 1;  /* A's entry written before its commit */
     snprintf(cmd_a, sizeof cmd_a, "%s --to %s --store 'redis://%s?prefix="
@@ -866,12 +876,15 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
              "sleep=200'", common, dst(), addr, store, addr, a, t_dir);
     snprintf(cmd_b, sizeof cmd_b, "%s --to %s --store 'redis://%s?prefix="
              "%s' --from 'redis-stream://%s/%s?group=g&consumer=b' "
-             "--idle-exit 1500ms --exec '\"$IDEM_PROGS/handler\" %s/log "
+             "--idle-exit 3s --exec '\"$IDEM_PROGS/handler\" %s/log "
              "flaky=r1'", common, dst(), addr, store, addr, in, t_dir);
     setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
     pid_t pa = t_cli_start(t_dir, "%s 2>>err", cmd_a);
     unsetenv("IDEM_TEST_KILL_AT");
-    usleep(100 * 1000);  /* A holds k */
+    /* A holds k once its handler has it. */
+    for (int i = 0; i < 1000 && t_sh("grep -q '^k ' '%s/log' 2>/dev/null",
+                                     t_dir); i++)
+        usleep(10 * 1000);
     cr_assert_eq(cli_at(NULL, cmd_b), 0, "%s",
                  t_read(t_at("err"), NULL));
     t_wait(pa);
