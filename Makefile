@@ -137,7 +137,7 @@ install: all
 	    's/#define IDEM_VERSION_STRING "\(.*\)"/\1/p' include/idem/version.h)|' \
 	    idem.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/idem.pc
 	install -m 644 docs/man/*.1 $(DESTDIR)$(PREFIX)/share/man/man1/
-	-install -m 644 docs/man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/ 2>/dev/null
+	install -m 644 docs/man/*.3 $(DESTDIR)$(PREFIX)/share/man/man3/
 
 check-style:
 	@sh scripts/check-style.sh
