@@ -113,6 +113,7 @@ ASAN_TMPDIR ?= $(shell test -d /dev/shm -a -w /dev/shm && echo /dev/shm || echo 
 
 asan: deps
 	@TMPDIR=$(ASAN_TMPDIR) IDEM_RESTART_KEYS=2000000 IDEM_CLI_KILLS=6 \
+	    IDEM_CRASH_KILLS=50 IDEM_MODEL_SEEDS=3 \
 	    $(MAKE) --no-print-directory \
 	    BUILD=build/asan OPT=-O1 \
 	    SAN="-fsanitize=address,undefined -fno-omit-frame-pointer \
