@@ -463,6 +463,10 @@ static int open_node(rs_conn *c, const char *host, int port)
         return -1;
     }
     set_limit(c, u->timeout_ms);
+    /* The reader keeps its buffer between replies (hiredis frees one past
+     * 16 KiB when emptied): a batch's reply is grown again from nothing
+     * otherwise, every batch. It stays as large as the largest reply. */
+    c->c->reader->maxbuf = 0;
     char db[16];
     snprintf(db, sizeof db, "%d", u->db);
     const char *auth[3] = {"AUTH", u->user ? u->user : u->pass, u->pass};

@@ -54,11 +54,12 @@
 
 #define BLOCK_SLICE_MS 250
 
-/* One reply's entries, as JSON lines in text. */
+/* One reply's entries, as JSON lines in text, each followed by its
+ * fields as meta (META_FIELD records, connect.h). */
 typedef struct chunk {
     cli_buf text;
     nd_line *lines;
-    size_t n;
+    size_t n, cap;            /* lines used, and room */
 } chunk;
 
 typedef struct rs_source {
@@ -78,10 +79,14 @@ typedef struct rs_source {
     int64_t last_new_ms;      /* for --idle-exit */
     chunk *chunks;            /* held until release; the last is read */
     size_t nchunks, handed;   /* lines of the last chunk handed out */
+    chunk spare;              /* a released chunk's room, for the next
+                               * reply: no allocation per batch */
     const char **ackv;        /* XACK arguments: stream, group, IDs */
     size_t *ackl;
     size_t nack, capack;
     cli_buf ackids;
+    int acks_out;             /* an XACK sent, its answer not read */
+    cli_buf sent;             /* its IDs, each ended by a NUL */
     idem_store *st;           /* joined: XACKs go with its checkpoint */
     uint64_t trimmed;
     struct delivery {     /* of the entries a round hands out again: */
@@ -160,27 +165,50 @@ source *rs_source_open(const char *cmd, const char *uri,
     return &s->base;
 }
 
+static void chunk_free(chunk *c)
+{
+    cli_buf_free(&c->text);
+    free(c->lines);
+    *c = (chunk){0};
+}
+
+/* c's room becomes the spare one, or is freed when there is one. */
+static void chunk_done(rs_source *s, chunk *c)
+{
+    if (s->spare.lines) {
+        chunk_free(c);
+        return;
+    }
+    s->spare = *c;
+    s->spare.n = s->spare.text.len = 0;
+    *c = (chunk){0};
+}
+
 static void drop_chunks(rs_source *s)
 {
-    for (size_t i = 0; i < s->nchunks; i++) {
-        cli_buf_free(&s->chunks[i].text);
-        free(s->chunks[i].lines);
-    }
+    for (size_t i = 0; i < s->nchunks; i++)
+        chunk_done(s, &s->chunks[i]);
     free(s->chunks);
     s->chunks = NULL;
     s->nchunks = s->handed = 0;
 }
 
+static int flush_acks(rs_source *s, int wait);
+
 static void rs_close(source *base)
 {
     rs_source *s = (rs_source *)base;
+    if (s->acks_out)
+        flush_acks(s, 1);
     drop_chunks(s);
+    chunk_free(&s->spare);
     rs_conn_close(&s->rd);
     rs_conn_close(&s->ack);
     rs_uri_free(&s->u);
     free(s->ackv);
     free(s->ackl);
     cli_buf_free(&s->ackids);
+    cli_buf_free(&s->sent);
     free(s->dlv);
     free(s);
 }
@@ -291,10 +319,75 @@ static int queue_acks(rs_source *s)
     return 0;
 }
 
-/* XACK what is queued, on conn (joined: with the checkpoint); 0 or -1
- * with s->err set. */
-static int send_acks(rs_source *s, rs_conn *conn)
+/* The answer of the XACK in flight, if one is: 0, or -1 after putting
+ * its IDs back in the queue, to go again with the next ones. */
+static int ack_answer(rs_source *s)
 {
+    if (!s->acks_out)
+        return 0;
+    s->acks_out = 0;
+    void *rv = NULL;
+    int ok = s->ack.c && redisGetReply(s->ack.c, &rv) == REDIS_OK &&
+             ((redisReply *)rv)->type == REDIS_REPLY_INTEGER;
+    if (rv)
+        freeReplyObject(rv);
+    else
+        rs_conn_close(&s->ack);  /* no answer: the connection is spent */
+    if (ok)
+        return 0;
+    for (size_t at = 0; at < s->sent.len;) {
+        size_t n = strlen(s->sent.p + at);
+        if (queue_ack(s, s->sent.p + at, n))
+            break;  /* those left stay pending: duplicates later */
+        at += n + 1;
+    }
+    return -1;
+}
+
+/* Send the XACK built in ackv without waiting for its answer (read by
+ * ack_answer at the next flush); its IDs are kept until then. 0, or -1
+ * when it could not be sent whole. */
+static int send_unanswered(rs_source *s)
+{
+    rs_conn *c = &s->ack;
+    int done = 0;
+    if (rs_conn_ready(c) ||
+        redisAppendCommandArgv(c->c, (int)(s->nack + 3), s->ackv,
+                               s->ackl) != REDIS_OK)
+        return -1;
+    while (!done)
+        if (redisBufferWrite(c->c, &done) != REDIS_OK) {
+            rs_conn_close(c);
+            return -1;
+        }
+    s->sent.len = 0;
+    for (size_t i = 0; i < s->nack; i++)
+        if (cli_buf_add(&s->sent, s->ackv[i + 3], s->ackl[i + 3]) ||
+            cli_buf_add(&s->sent, "", 1))
+            break;  /* those not kept are not sent again on a failure */
+    s->acks_out = 1;
+    cli_kill_point("acks-sent");  /* before their answer */
+    return 0;
+}
+
+/* XACK what is queued (joined: with the checkpoint); 0 or -1 with s->err
+ * set.
+ *
+ * An acknowledgement is not waited for: the XACK of one commit is sent,
+ * and its answer read with the next commit's (or when the source
+ * closes), so that the committing thread does not spend a round trip on
+ * it per batch. This only moves when an entry is forgotten, never before
+ * its commit: ack_flush runs after the commit that covers the entries
+ * (stream.c), and the XACK is sent then. An XACK lost (a kill -9 just
+ * after it was sent, a connection lost, a MOVED or other error for an
+ * answer) leaves its entries pending, which is safe: they come again,
+ * their keys committed, as duplicates, and are acknowledged then. A
+ * failed one is sent again at once with the next, through rs_call
+ * (which follows a redirect and connects again), waiting for its
+ * answer; so does the last one (wait) before the source closes. */
+static int send_acks(rs_source *s, int wait)
+{
+    int failed_before = ack_answer(s) != 0;
     if (!s->nack)
         return 0;
     s->ackv[0] = "XACK", s->ackl[0] = 4;
@@ -304,26 +397,34 @@ static int send_acks(rs_source *s, rs_conn *conn)
         s->ackv[i + 3] = s->ackids.p + (uintptr_t)s->ackv[i + 3];
     if (s->st)
         return queue_acks(s);
-    redisReply *r = rs_call(conn, (int)(s->nack + 3), s->ackv, s->ackl, 0,
-                            1);
+    if (!wait && !failed_before && send_unanswered(s) == 0) {
+        s->nack = 0;
+        return 0;
+    }
+    redisReply *r = rs_call(&s->ack, (int)(s->nack + 3), s->ackv, s->ackl,
+                            0, 1);
     int bad = !r || r->type == REDIS_REPLY_ERROR;
     if (bad)
         snprintf(s->err, sizeof s->err, "%.400s: XACK: %.1000s",
-                 s->u.display, r ? r->str : conn->err);
+                 s->u.display, r ? r->str : s->ack.err);
     if (r)
         freeReplyObject(r);
     s->nack = 0;
     return bad ? -1 : 0;
 }
 
-static int rs_ack_flush(source *base)
+static int flush_acks(rs_source *s, int wait)
 {
-    rs_source *s = (rs_source *)base;
-    if (send_acks(s, &s->ack) == 0)
+    if (send_acks(s, wait) == 0)
         return 0;
     fprintf(stderr, "idem %s: %s; the entries stay pending and come again "
             "as duplicates\n", s->cmd, s->err);
     return -1;
+}
+
+static int rs_ack_flush(source *base)
+{
+    return flush_acks((rs_source *)base, 0);
 }
 
 static int rs_join(source *base, idem_store *st)
@@ -417,8 +518,31 @@ static uint64_t since_of(const rs_source *s, uint64_t ms, uint64_t seq)
     return t ? t : 1;
 }
 
-/* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
- * entry (no fields) is acknowledged at once instead. 0 or -1. */
+/* Entry e's fields f ([f, v, ...]) to c, as a JSON object (*len bytes)
+ * and then as META_FIELD records. 0 or -1. */
+static int add_fields(chunk *c, const redisReply *f, size_t *len)
+{
+    size_t off = c->text.len;
+    int rc = cli_buf_add(&c->text, "{", 1);
+    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        rc = (i && cli_buf_add(&c->text, ",", 1)) ||
+             cli_buf_json_string(&c->text, k->str, k->len) ||
+             cli_buf_add(&c->text, ":", 1) ||
+             cli_buf_json_string(&c->text, v->str, v->len);
+    }
+    rc = rc || cli_buf_add(&c->text, "}", 1);
+    *len = c->text.len - off;
+    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        rc = meta_add(&c->text, META_FIELD, k->str, k->len, v->str, v->len);
+    }
+    return rc ? -1 : 0;
+}
+
+/* Append entry e ([id, [f, v, ...]]) to c as a JSON line with its fields
+ * as meta; a trimmed entry (no fields) is acknowledged at once instead.
+ * 0 or -1. */
 static int add_entry(rs_source *s, chunk *c, const redisReply *e,
                      int again)
 {
@@ -433,20 +557,14 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
         s->trimmed++;
         return ack_trimmed(s, id);
     }
-    size_t off = c->text.len;
-    int rc = cli_buf_add(&c->text, "{", 1);
-    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
-        const redisReply *k = f->element[i], *v = f->element[i + 1];
-        rc = (i && cli_buf_add(&c->text, ",", 1)) ||
-             cli_buf_json_string(&c->text, k->str, k->len) ||
-             cli_buf_add(&c->text, ":", 1) ||
-             cli_buf_json_string(&c->text, v->str, v->len);
-    }
-    if (rc || cli_buf_add(&c->text, "}", 1))
+    size_t off = c->text.len, len;
+    if (add_fields(c, f, &len))
         return -1;
     c->lines[c->n++] = (nd_line){.p = (const char *)(uintptr_t)off,
-                                 .len = c->text.len - off, .lineno = seq,
-                                 .end = ms, .again = again,
+                                 .len = len, .lineno = seq, .end = ms,
+                                 .again = again,
+                                 .meta = (const char *)(uintptr_t)(off + len),
+                                 .metalen = c->text.len - off - len,
                                  .since = again ? since_of(s, ms, seq) : 0};
     return 0;
 }
@@ -455,29 +573,33 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
  * handed out before). Returns how many lines it holds, or -1. */
 static long take_entries(rs_source *s, const redisReply *arr, int again)
 {
-    chunk c = {0};
     if (arr->type != REDIS_REPLY_ARRAY)
         return -1;
-    if (!(c.lines = malloc((arr->elements + 1) * sizeof *c.lines)))
-        return -1;
-    for (size_t i = 0; i < arr->elements; i++)
-        if (add_entry(s, &c, arr->element[i], again)) {
-            cli_buf_free(&c.text);
-            free(c.lines);
+    chunk c = s->spare;
+    s->spare = (chunk){0};
+    if (c.cap < arr->elements + 1) {
+        nd_line *v = realloc(c.lines, (arr->elements + 1) * sizeof *v);
+        if (!v) {
+            chunk_free(&c);
             return -1;
         }
-    for (size_t i = 0; i < c.n; i++)
-        c.lines[i].p = c.text.p + (uintptr_t)c.lines[i].p;
-    if (!c.n) {
-        free(c.lines);
-        cli_buf_free(&c.text);
-        return 0;
+        c.lines = v;
+        c.cap = arr->elements + 1;
     }
-    chunk *v = realloc(s->chunks, (s->nchunks + 1) * sizeof *v);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < arr->elements; i++)
+        rc = add_entry(s, &c, arr->element[i], again);
+    for (size_t i = 0; !rc && i < c.n; i++) {
+        nd_line *l = &c.lines[i];
+        l->p = c.text.p + (uintptr_t)l->p;
+        l->meta = c.text.p + (uintptr_t)l->meta;
+    }
+    chunk *v = rc || !c.n ? NULL
+               : realloc(s->chunks, (s->nchunks + 1) * sizeof *v);
     if (!v) {
-        free(c.lines);
-        cli_buf_free(&c.text);
-        return -1;
+        long got = rc || c.n ? -1 : 0;
+        chunk_done(s, &c);
+        return got;
     }
     s->chunks = v;
     s->chunks[s->nchunks++] = c;
