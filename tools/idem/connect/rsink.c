@@ -4,7 +4,11 @@
  * line's top-level members are its fields in order (string values
  * decoded, any other value as its JSON text), and the field idem-key
  * holds the message's key (set_key). A line that is not a JSON
- * object (--line) is one field, data.
+ * object (--line) is one field, data. A line that came with its fields
+ * (dedup from a Redis Stream: META_FIELD meta, connect.h) is written
+ * with those, not parsed. The batch's XADDs are formatted into one
+ * buffer (resp_command) and sent as one write at the flush, whose
+ * answers all come before the commit (below).
  *
  * Exactly once without a transaction across the stream and the store:
  * the job's checkpoint, committed with the batch's records, holds the ID

@@ -16,8 +16,10 @@
  *      stop signal or --idle-exit is seen.
  *
  * An entry is acknowledged only after the commit that covers it, by the
- * committing thread on a connection of its own (rs_source_ack): a crash
+ * committing thread on a connection of its own (rs_ack_flush): a crash
  * before that leaves it pending, and round 1 or 2 hands it out again.
+ * The XACK's answer is read with the next batch's (send_acks says why
+ * that is safe), so the committing thread waits no round trip for it.
  * An entry that the stream no longer holds (trimmed by MAXLEN or XDEL
  * while pending) comes back without fields: it cannot be processed, so
  * it is acknowledged, counted and reported, never waited for.
@@ -35,7 +37,10 @@
  * An entry becomes the JSON object of its fields in order, every value a
  * string: {"event_id":"e1","amount":"12"}. Names and values must be
  * UTF-8 (JSON has no other strings); an entry that is not is bad input
- * (--on-bad-input) like a bad JSON line.
+ * (--on-bad-input) like a bad JSON line. The fields also go with the
+ * line as its meta (META_FIELD, connect.h), so that the key and a Redis
+ * sink take them from there, not by parsing the JSON back. A reply's
+ * room is kept for the next one (chunk_done): no allocation per batch.
  *
  * On the store's own server (rs_on_store) the source joins the store
  * (rs_join): the XACKs of a commit are queued with its checkpoint and
