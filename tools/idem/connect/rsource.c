@@ -72,6 +72,7 @@ typedef struct rs_source {
     const char *cmd;
     rs_uri u;
     rs_conn rd, ack;          /* the reader's; the committer's */
+    rs_arena arena;           /* the reader's replies (rconn.h) */
     uint64_t batch;
     int64_t lease_ms, idle_exit_ms;
     volatile const sig_atomic_t *stop;
@@ -94,6 +95,7 @@ typedef struct rs_source {
     cli_buf sent;             /* its IDs, each ended by a NUL */
     idem_store *st;           /* joined: XACKs go with its checkpoint */
     uint64_t trimmed;
+    cli_buf trim_ids;         /* trimmed entries of the reply in hand */
     struct delivery {     /* of the entries a round hands out again: */
         uint64_t ms, seq; /* the entry's ID, and the earliest its */
         uint64_t since;   /* output can have been written (XPENDING) */
@@ -134,8 +136,7 @@ static int make_group(rs_source *s)
                      strncmp(r->str, "BUSYGROUP", 9));
     if (bad)
         failed(s, "creating the consumer group", r);
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
     return bad ? -1 : 0;
 }
 
@@ -154,6 +155,7 @@ source *rs_source_open(const char *cmd, const char *uri,
         return NULL;
     }
     s->rd.u = s->ack.u = &s->u;
+    s->rd.arena = &s->arena;
     rs_uri_ident(&s->u, 1, s->worker, sizeof s->worker);
     s->batch = o->batch;
     s->lease_ms = o->lease_ms;
@@ -209,11 +211,13 @@ static void rs_close(source *base)
     chunk_free(&s->spare);
     rs_conn_close(&s->rd);
     rs_conn_close(&s->ack);
+    rs_arena_free(&s->arena);
     rs_uri_free(&s->u);
     free(s->ackv);
     free(s->ackl);
     cli_buf_free(&s->ackids);
     cli_buf_free(&s->sent);
+    cli_buf_free(&s->trim_ids);
     free(s->dlv);
     free(s);
 }
@@ -439,17 +443,50 @@ static int rs_join(source *base, idem_store *st)
     return s->st != NULL;
 }
 
-/* An entry gone from the stream is acknowledged by the reader at once:
- * nothing will ever bring its fields back. */
-static int ack_trimmed(rs_source *s, const redisReply *id)
+/* An entry gone from the stream is acknowledged by the reader:
+ * nothing will ever bring its fields back. Its ID is kept until the
+ * reply it came in is let go (the reader's replies share an arena:
+ * rconn.h), then the reply's go in one XACK (ack_trimmed). 0 or -1. */
+static int note_trimmed(rs_source *s, const redisReply *id)
 {
-    const char *argv[] = {"XACK", s->u.stream, s->u.group, id->str};
-    size_t lens[] = {4, s->u.streamlen, strlen(s->u.group), id->len};
-    redisReply *r = rs_call(&s->rd, 4, argv, lens, 0, 1);
-    int bad = !r || r->type == REDIS_REPLY_ERROR;
-    if (r)
-        freeReplyObject(r);
-    return bad ? -1 : 0;
+    s->trimmed++;
+    return cli_buf_add(&s->trim_ids, id->str, id->len) ||
+                   cli_buf_add(&s->trim_ids, "", 1)
+               ? -1
+               : 0;
+}
+
+/* The XACK of the entries noted trimmed, after a read that returned
+ * `got`: got, or ND_ERR when the XACK failed. */
+static long ack_trimmed(rs_source *s, long got)
+{
+    size_t n = 0;
+    for (size_t at = 0; at < s->trim_ids.len; at++)
+        n += s->trim_ids.p[at] == '\0';
+    const char **v = n && got >= 0 ? malloc((n + 3) * sizeof *v) : NULL;
+    size_t *l = v ? malloc((n + 3) * sizeof *l) : NULL;
+    if (n && got >= 0 && !l)
+        got = failed(s, "acknowledging trimmed entries (out of memory)",
+                     NULL);
+    if (l) {
+        v[0] = "XACK", l[0] = 4;
+        v[1] = s->u.stream, l[1] = s->u.streamlen;
+        v[2] = s->u.group, l[2] = strlen(s->u.group);
+        size_t at = 0;
+        for (size_t i = 3; i < n + 3; i++) {
+            v[i] = s->trim_ids.p + at;
+            l[i] = strlen(v[i]);
+            at += l[i] + 1;
+        }
+        redisReply *r = rs_call(&s->rd, (int)(n + 3), v, l, 0, 1);
+        if (!r || r->type == REDIS_REPLY_ERROR)
+            got = failed(s, "XACK of trimmed entries", r);
+        rs_reply_free(&s->rd, r);
+    }
+    free(v);
+    free(l);
+    s->trim_ids.len = 0;
+    return got;
 }
 
 /* One XPENDING line [id, consumer, idle, deliveries] into d. 0 or -1. */
@@ -501,8 +538,7 @@ static void deliveries(rs_source *s, const char *start, const char *idle,
     for (size_t i = 0; d && i < r->elements; i++)
         if (delivery_of(r->element[i], now, &d[s->ndlv]) == 0)
             s->ndlv++;
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
 }
 
 static int by_id(const void *a, const void *b)
@@ -558,10 +594,8 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
     uint64_t ms, seq;
     if (rs_id_parse(id->str, id->len, &ms, &seq))
         return -1;
-    if (f->type != REDIS_REPLY_ARRAY) {
-        s->trimmed++;
-        return ack_trimmed(s, id);
-    }
+    if (f->type != REDIS_REPLY_ARRAY)
+        return note_trimmed(s, id);
     size_t off = c->text.len, len;
     if (add_fields(c, f, &len))
         return -1;
@@ -671,9 +705,8 @@ static long read_group(rs_source *s, const char *from, int64_t block_ms)
             got = failed(s, "reading entries (out of memory, or a reply "
                          "that is not a stream's)", NULL);
     }
-    if (r)
-        freeReplyObject(r);
-    return got;
+    rs_reply_free(&s->rd, r);
+    return ack_trimmed(s, got);
 }
 
 /* XAUTOCLAIM of entries idle longer than the lease. */
@@ -708,9 +741,8 @@ static long claim_idle(rs_source *s)
     }
     if (!strcmp(s->claim_cursor, "0-0"))
         s->next_claim_ms = cli_mono_ms() + s->lease_ms / 2;
-    if (r)
-        freeReplyObject(r);
-    return got;
+    rs_reply_free(&s->rd, r);
+    return ack_trimmed(s, got);
 }
 
 /* Round 1 while it lasts: this consumer's pending list, after
@@ -802,8 +834,7 @@ static long long rs_lag(source *base)
                 lag = v->integer;
         }
     }
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
     return lag;
 }
 
