@@ -474,7 +474,8 @@ static int classify(loop *lp, batch *b, const nd_line *l)
     }
     /* A stream entry's line is JSON text its source made: one whose
      * fields are not UTF-8 is bad input, whether or not the key needs
-     * the line parsed (--key @id, --line); a sink would not get its
+     * the line parsed (--key @id, --line, a field found among those the
+     * source handed out beside the line); a sink would not get its
      * fields back from it. */
     if (lp->st.cfg->from && (lp->key_is_id || lp->st.cfg->line_mode ||
                              meta_has_fields(l->meta, l->metalen)) &&
