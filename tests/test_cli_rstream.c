@@ -745,6 +745,55 @@ static void logged_run(char *buf, size_t n, const char *to,
              from);
 }
 
+/* Killed (IDEM_TEST_KILL_AT) at points 1..3 of `point` in turn, `runs`
+ * times, then run to its end. Every run must be killed there: the point
+ * comes before the input is done. */
+static void killed_at(const char *point, int runs, const char *args)
+{
+    for (int i = 0; i < runs; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s:%d", point, 1 + i % 3);
+        cr_assert_eq(cli_at(at, args), 128 + SIGKILL, "run %d not killed "
+                     "at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+}
+
+/* Acknowledgements are not waited for (rsource.c): a kill -9 just after
+ * an XACK was sent, before its answer was read. Its entries were
+ * committed; acknowledged or not, they are duplicates when they come
+ * again: each key still once in the output, in order, and nothing is
+ * left pending. Through read-back (a local: store) and for run too. */
+Test(rstream, kill9_with_an_acknowledgement_unanswered)
+{
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job ka",
+             src("group=g"), dst());
+    killed_at("acks-sent", 8, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+    freeReplyObject(th_cmd(rc, "DEL %s", out));
+    snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --exec '\"$IDEM_PROGS/handler\" "
+             "log' --store local:store --job kr", src("group=r"), dst());
+    killed_at("acks-sent", 6, args);
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys",
+                 r->elements, nkeys);
+    for (size_t i = 0; i < r->elements; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "e%zu", i);
+        cr_assert_str_eq(r->element[i]->element[1]->element[1]->str, key);
+    }
+    freeReplyObject(r);
+    expect_nothing_pending("r");
+    /* Killed between batches, the handler had nothing in flight. */
+    cr_assert_eq(t_sh("test -z \"$(cut -d' ' -f1 '%s/log' | sort | uniq -d)"
+                      "\"", t_dir), 0, "the handler ran a key twice");
+}
+
 /* Two pipelines on one host into one output, both consumers named after
  * the host: each has its own checkpoint. A reads k, writes it and dies
  * before its commit; B then commits further entries. When A runs again
