@@ -28,6 +28,7 @@
  * passed over, its offset committed. --idle-exit counts only while
  * partitions are assigned and every one has been read to its end. */
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,7 @@
 #include "kafka.h"
 
 #define POLL_SLICE_MS 250
+#define COMMIT_RETRY_MS 1000
 
 typedef struct kpart {
     int topic;             /* index in u.topics, -1: not a topic of ours */
@@ -66,11 +68,15 @@ typedef struct k_source {
     int cooperative;
     source_opts o;
     pthread_mutex_t mu;    /* parts: the reader and the committer */
+    pthread_mutex_t cmu;   /* one offset commit at a time */
+    int64_t retry_at;      /* a failed commit is tried again then; 0:
+                            * none failed (mu) */
     kpart *parts;
     size_t nparts;
     held *held;
     size_t nheld, capheld;
     int rewind;            /* a revoke took the batch being read back */
+    int failed;            /* a rebalance could not be followed: s->err */
     int64_t last_new_ms;
     char *posbuf;
     cli_buf meta;
@@ -116,14 +122,98 @@ static kpart *part_of_line(k_source *s, const nd_line *l)
     return l->end < s->nparts ? &s->parts[l->end] : NULL;
 }
 
+/* ---- committing offsets */
+
+/* Commit the offsets acked and not yet committed of the partitions we
+ * own (of those in `only` too, unless NULL), synchronously. Commits are
+ * made one at a time (cmu), each of the newest offsets, so that they
+ * never go back. A failure is said once, and the reader tries again
+ * while idle (retry_commit), since the next batch, which would carry
+ * the offsets, may be long in coming. 0 or -1. */
+static int commit_offsets(k_source *s,
+                          const rd_kafka_topic_partition_list_t *only)
+{
+    pthread_mutex_lock(&s->cmu);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        kpart *p = &s->parts[i];
+        const char *t = topic_name(s, p);
+        if (p->owned && p->acked > p->sent &&
+            (!only || rd_kafka_topic_partition_list_find(only, t,
+                                                         p->partition)))
+            rd_kafka_topic_partition_list_add(l, t, p->partition)->offset =
+                p->acked;
+    }
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_resp_err_t e =
+        l->cnt ? rd_kafka_commit(s->rk, l, 0) : RD_KAFKA_RESP_ERR_NO_ERROR;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; !e && i < l->cnt; i++) {
+        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
+        if (p && !l->elems[i].err)
+            p->sent = l->elems[i].offset;
+    }
+    int first = e && !s->retry_at;
+    s->retry_at = e ? cli_mono_ms() + COMMIT_RETRY_MS : 0;
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_topic_partition_list_destroy(l);
+    pthread_mutex_unlock(&s->cmu);
+    if (first)
+        fprintf(stderr, "idem %s: %s: committing offsets: %s; the job's "
+                "checkpoint keeps them, and they are committed again until "
+                "the group takes them\n", s->cmd, s->u.display,
+                rd_kafka_err2str(e));
+    return e ? -1 : 0;
+}
+
+/* In the reader, while idle: a commit that failed, tried again. */
+static void retry_commit(k_source *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int due = s->retry_at && cli_mono_ms() >= s->retry_at;
+    pthread_mutex_unlock(&s->mu);
+    if (due)
+        commit_offsets(s, NULL);
+}
+
 /* ---- rebalances */
+
+/* The group's committed offsets of l's partitions, asked again while
+ * the broker fails (within timeout_ms). A worker must not start from
+ * its own checkpoint for want of them: that may be older than the
+ * group's (the partition was another worker's since), and it would read
+ * and claim again what the other did. 0, or -1 with s->err set. */
+static int committed(k_source *s, rd_kafka_topic_partition_list_t *l)
+{
+    int64_t until = cli_mono_ms() + s->u.timeout_ms;
+    for (;;) {
+        rd_kafka_resp_err_t e = rd_kafka_committed(s->rk, l,
+                                                   (int)s->u.timeout_ms);
+        for (int i = 0; !e && i < l->cnt; i++)
+            e = l->elems[i].err;
+        if (!e)
+            return 0;
+        if (cli_mono_ms() >= until) {
+            snprintf(s->err, sizeof s->err, "%s: reading the group's "
+                     "committed offsets: %s", s->u.display,
+                     rd_kafka_err2str(e));
+            return -1;
+        }
+        poll(NULL, 0, POLL_SLICE_MS);
+    }
+}
 
 /* Each partition starts at the later of the checkpoint's offset and the
  * group's committed one (left as it is when neither is known: then
- * auto.offset.reset says, earliest by default). */
+ * auto.offset.reset says, earliest by default). When the committed
+ * offsets cannot be read, the run stops (s->failed). */
 static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
 {
-    rd_kafka_committed(s->rk, l, (int)s->u.timeout_ms);
+    if (committed(s, l)) {
+        s->failed = 1;
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < l->cnt; i++) {
         rd_kafka_topic_partition_t *t = &l->elems[i];
@@ -146,10 +236,17 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Before partitions go (to another worker, or as the run stops), the
+ * batch being committed is waited for, and offsets that a commit of the
+ * group failed to take are committed now: the next batch's commit,
+ * which would carry them, comes too late for partitions no longer ours,
+ * and their new owner would start from the stale ones. */
 static void revoked(k_source *s, const rd_kafka_topic_partition_list_t *l)
 {
     if (s->o.settle)
         s->o.settle(s->o.settle_ctx);
+    if (commit_offsets(s, l))
+        commit_offsets(s, l);  /* once more: it may have been a blip */
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < l->cnt; i++) {
         kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
@@ -258,6 +355,7 @@ source *kafka_source_open(const char *cmd, const char *uri,
     s->cmd = cmd;
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
     s->last_new_ms = cli_mono_ms();
     if ((*status = kafka_uri_parse(cmd, uri, 0, &s->u)) == 0)
         *status = make_consumer(s);
@@ -279,12 +377,27 @@ static void drop_held(k_source *s)
     s->nheld = 0;
 }
 
+/* As the run ends, offsets acked and not committed (a commit failed,
+ * and no batch came since to carry them) are committed before the group
+ * is left, polling meanwhile (messages polled are dropped) so that a
+ * rebalance under way can end: the group takes no commit during one. */
+static void last_commit(k_source *s)
+{
+    int64_t until = cli_mono_ms() + s->u.timeout_ms;
+    while (commit_offsets(s, NULL) && cli_mono_ms() < until) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(s->rk, POLL_SLICE_MS);
+        if (m)
+            rd_kafka_message_destroy(m);
+    }
+}
+
 static void k_close(source *base)
 {
     k_source *s = (k_source *)base;
     drop_held(s);
     free(s->held);
     if (s->rk) {
+        last_commit(s);
         rd_kafka_consumer_close(s->rk);
         rd_kafka_destroy(s->rk);
     }
@@ -295,6 +408,7 @@ static void k_close(source *base)
     cli_buf_free(&s->meta);
     kafka_uri_free(&s->u);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->cmu);
     free(s);
 }
 
@@ -425,6 +539,8 @@ static int k_next(source *base, nd_line *l, int wait)
 {
     k_source *s = (k_source *)base;
     for (;;) {
+        if (s->failed)
+            return ND_ERR;
         if (s->rewind) {
             rewind_kept(s);
             return ND_AGAIN;
@@ -433,6 +549,11 @@ static int k_next(source *base, nd_line *l, int wait)
             return ND_IDLE;
         rd_kafka_message_t *m =
             rd_kafka_consumer_poll(s->rk, wait ? POLL_SLICE_MS : 0);
+        if (s->failed) {  /* in a rebalance, during the poll */
+            if (m)
+                rd_kafka_message_destroy(m);
+            return ND_ERR;
+        }
         if (m && !m->err) {
             s->last_new_ms = cli_mono_ms();
             if (hand_out(s, m, l) == 0)
@@ -448,6 +569,8 @@ static int k_next(source *base, nd_line *l, int wait)
             return rc;
         if (s->rewind)
             continue;
+        if (!m)
+            retry_commit(s);
         if (!caught_up(s))  /* the idle clock runs only when caught up */
             s->last_new_ms = cli_mono_ms();
         else if (s->o.idle_exit_ms &&
@@ -564,33 +687,7 @@ static int k_ack(source *base, const nd_line *l)
 
 static int k_ack_flush(source *base)
 {
-    k_source *s = (k_source *)base;
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->nparts; i++) {
-        kpart *p = &s->parts[i];
-        if (p->owned && p->acked > p->sent)
-            rd_kafka_topic_partition_list_add(l, topic_name(s, p),
-                                              p->partition)->offset =
-                p->acked;
-    }
-    pthread_mutex_unlock(&s->mu);
-    rd_kafka_resp_err_t e =
-        l->cnt ? rd_kafka_commit(s->rk, l, 0) : RD_KAFKA_RESP_ERR_NO_ERROR;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; !e && i < l->cnt; i++) {
-        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
-        if (p && !l->elems[i].err)
-            p->sent = l->elems[i].offset;
-    }
-    pthread_mutex_unlock(&s->mu);
-    rd_kafka_topic_partition_list_destroy(l);
-    if (!e)
-        return 0;
-    fprintf(stderr, "idem %s: %s: committing offsets: %s; the job's "
-            "checkpoint keeps them, and the next commit tries again\n",
-            s->cmd, s->u.display, rd_kafka_err2str(e));
-    return -1;
+    return commit_offsets((k_source *)base, NULL);
 }
 
 /* Is any partition of ours short of its end at the assignment? Before
