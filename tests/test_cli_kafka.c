@@ -14,11 +14,13 @@
  * lowered (3 s) so that a killed member leaves the group soon. */
 #include <fcntl.h>
 #include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -719,4 +721,65 @@ Test(kafka, many_partitions_and_long_topic_names)
                  t_read(t_at("err"), NULL));
     expect_output_in("wide", 200, nkeys, KEY_IN_VALUE);
     expect_committed_in("g", in, 32);
+}
+
+/* A loopback port nothing listens on (the kernel's pick). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
+              !getsockname(fd, (struct sockaddr *)&a, &n));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* idem_source_lag_messages as the endpoint on port serves it; -1 when
+ * it is not there (yet). */
+static long long scrape_lag(int port)
+{
+    if (t_sh("cd '%s' && curl -sf http://127.0.0.1:%d/metrics > scrape",
+             t_dir, port) != 0)
+        return -1;
+    char *body = t_read(t_at("scrape"), NULL);
+    const char *p = strstr(body, "\nidem_source_lag_messages{");
+    p = p ? strstr(p, "} ") : NULL;
+    long long lag = p ? strtoll(p + 2, NULL, 10) : -1;
+    free(body);
+    return lag;
+}
+
+/* Scrape until the lag is `want` (-2: any above 0). */
+static long long await_lag(int port, long long want)
+{
+    int64_t until = t_mono_ms() + 120000;
+    long long lag;
+    while ((lag = scrape_lag(port)) != want && !(want == -2 && lag > 0)) {
+        cr_assert_lt(t_mono_ms(), until, "lag %lld, not %lld", lag, want);
+        t_sleep_ms(200);
+    }
+    return lag;
+}
+
+/* The source's lag on the metrics endpoint: the messages of the group's
+ * partitions not read yet, from their high watermarks. While the
+ * handler holds the first batch, the rest is behind; then none is. */
+Test(kafka, the_lag_of_the_source_from_the_high_watermarks)
+{
+    int nkeys = produce(300, KEY_AS_KEY);
+    int port = free_port();
+    pid_t a = t_cli_start(t_dir, "run --key @key --from %s --to %s --batch "
+                          "10 --metrics-listen 127.0.0.1:%d --exec "
+                          "'\"$IDEM_PROGS/handler\" waitfor=gate' 2>err",
+                          src("group=g"), dst(), port);
+    long long lag = await_lag(port, -2);
+    cr_assert_leq(lag, 300);
+    t_put("gate", "");
+    await_count("out", 4, nkeys);
+    await_lag(port, 0);
+    kill(a, SIGTERM);
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err"), NULL));
+    expect_results(nkeys);
 }

@@ -49,6 +49,7 @@ typedef struct kpart {
     int64_t done;          /* next offset after the last line marked */
     int64_t acked;         /* next offset after the last line acked */
     int64_t sent;          /* acked already committed */
+    int64_t start;         /* where the assignment started, -1: unknown */
     int64_t resume;        /* where a rewind goes: done, else the first
                             * offset handed out since the assignment */
     int64_t end_at_assign; /* the partition's end when assigned: what a
@@ -101,7 +102,8 @@ static kpart *part_of(k_source *s, const char *topic, int32_t partition)
     s->parts = v;
     kpart *p = &v[s->nparts];
     *p = (kpart){.topic = -1, .partition = partition, .ckpt = -1,
-                 .done = -1, .acked = -1, .sent = -1, .resume = -1};
+                 .done = -1, .acked = -1, .sent = -1, .resume = -1,
+                 .start = -1};
     for (size_t i = 0; i < s->u.ntopics; i++)
         if (!strcmp(s->u.topics[i], topic))
             p->topic = (int)i;
@@ -229,7 +231,7 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
                                (int)s->u.timeout_ms) ? INT64_MAX : hi;
         p->owned = 1;
         p->eof = 0;
-        p->resume = off;
+        p->resume = p->start = off;
         p->done = p->done > off ? p->done : off;
         p->acked = p->sent = -1;
     }
@@ -493,11 +495,10 @@ static int event(k_source *s, const rd_kafka_message_t *m)
     return ND_ERR;
 }
 
-/* Every partition marked at its end really there: librdkafka's fetch
- * position at the partition's last known end. An end of partition is
- * reported now and then before the end (librdkafka's mock does it on
- * long partitions), which must not end a run by --idle-exit. */
-static int really_at_end(k_source *s)
+/* The partitions we own, each with librdkafka's fetch position (the
+ * next offset it hands out; unset, below 0, until it has handed out one
+ * since the assignment). NULL when librdkafka cannot tell. */
+static rd_kafka_topic_partition_list_t *positions(k_source *s)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
     pthread_mutex_lock(&s->mu);
@@ -506,7 +507,20 @@ static int really_at_end(k_source *s)
             rd_kafka_topic_partition_list_add(l, topic_name(s, &s->parts[i]),
                                               s->parts[i].partition);
     pthread_mutex_unlock(&s->mu);
-    int at_end = rd_kafka_position(s->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (rd_kafka_position(s->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return l;
+    rd_kafka_topic_partition_list_destroy(l);
+    return NULL;
+}
+
+/* Every partition marked at its end really there: librdkafka's fetch
+ * position at the partition's last known end. An end of partition is
+ * reported now and then before the end (librdkafka's mock does it on
+ * long partitions), which must not end a run by --idle-exit. */
+static int really_at_end(k_source *s)
+{
+    rd_kafka_topic_partition_list_t *l = positions(s);
+    int at_end = l != NULL;
     for (int i = 0; at_end && i < l->cnt; i++) {
         int64_t lo, hi;
         rd_kafka_topic_partition_t *t = &l->elems[i];
@@ -517,7 +531,8 @@ static int really_at_end(k_source *s)
                                                 t->partition, &lo, &hi) ||
                  t->offset >= hi;
     }
-    rd_kafka_topic_partition_list_destroy(l);
+    if (l)
+        rd_kafka_topic_partition_list_destroy(l);
     return at_end;
 }
 
@@ -579,6 +594,36 @@ static int k_next(source *base, nd_line *l, int wait)
         if (!wait && !m)
             return ND_IDLE;
     }
+}
+
+/* Messages of our partitions not handed out yet: each one's end (its
+ * high watermark, as the last fetch saw it) less where reading stands
+ * (the fetch position, else where the assignment started). The
+ * partitions whose end or start is not known yet are left out; -1
+ * while none is known. Asked after each batch read. */
+static long long k_lag(source *base)
+{
+    k_source *s = (k_source *)base;
+    rd_kafka_topic_partition_list_t *l = positions(s);
+    long long lag = -1;
+    for (int i = 0; l && i < l->cnt; i++) {
+        rd_kafka_topic_partition_t *t = &l->elems[i];
+        int64_t lo, hi, at = t->offset;
+        if (at < 0) {
+            pthread_mutex_lock(&s->mu);
+            kpart *p = part_of(s, t->topic, t->partition);
+            at = p ? p->start : -1;
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (at < 0 || rd_kafka_get_watermark_offsets(s->rk, t->topic,
+                                                     t->partition, &lo, &hi) ||
+            hi < 0)
+            continue;
+        lag = (lag < 0 ? 0 : lag) + (hi > at ? hi - at : 0);
+    }
+    if (l)
+        rd_kafka_topic_partition_list_destroy(l);
+    return lag;
 }
 
 static void k_release(source *base)
@@ -707,6 +752,6 @@ static int k_in_doubt(source *base)
 
 static const source_ops k_source_ops = {
     .next = k_next, .release = k_release, .wait = k_wait, .err = k_err,
-    .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush,
+    .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush, .lag = k_lag,
     .worker = k_worker, .close = k_close, .mark = k_mark, .pos = k_pos,
     .resume = k_resume, .no_pending = 1, .in_doubt = k_in_doubt};
