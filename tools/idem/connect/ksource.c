@@ -39,6 +39,13 @@
 
 #define POLL_SLICE_MS 250
 #define COMMIT_RETRY_MS 1000
+/* A member that stops heartbeating leaves the group after this long:
+ * 10 s (Kafka's default before 3.0) rather than librdkafka's 45 s, so
+ * that a killed worker's partitions move on sooner, and a restart on a
+ * mock cluster (which waits out the last member's session, docs/
+ * streams.md) is not held for most of a minute. The heartbeat runs in
+ * librdkafka's thread, whatever the handler does. */
+#define SESSION_TIMEOUT_MS "10000"
 
 typedef struct kpart {
     int topic;             /* index in u.topics, -1: not a topic of ours */
@@ -330,6 +337,7 @@ static int make_consumer(k_source *s)
                           "enable.auto.offset.store", "false",
                           "enable.partition.eof", "true",
                           "auto.offset.reset", "earliest",
+                          "session.timeout.ms", SESSION_TIMEOUT_MS,
                           "partition.assignment.strategy",
                           "cooperative-sticky", NULL};
     rd_kafka_conf_t *c = kafka_conf(s->cmd, &s->u, base);
