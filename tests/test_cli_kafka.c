@@ -68,8 +68,18 @@ static void setup(void)
     brokers[strcspn(brokers, "\n")] = 0;
 }
 
+/* A run a test started without --idle-exit (it stops it with SIGTERM):
+ * killed here if the test failed before, so that it does not outlive
+ * the test. */
+static pid_t runner_pid;
+
 static void teardown(void)
 {
+    if (runner_pid > 0) {
+        kill(runner_pid, SIGKILL);
+        waitpid(runner_pid, NULL, 0);
+        runner_pid = 0;
+    }
     fclose(mock_in);
     kill(mock_pid, SIGKILL);
     waitpid(mock_pid, NULL, 0);
@@ -639,9 +649,10 @@ Test(kafka, offset_commits_that_failed_are_made_again_while_idle)
     snprintf(cmd, sizeof cmd, "errors 8 100000 %d",
              RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
     mock(cmd);  /* every OffsetCommit fails */
-    pid_t a = t_cli_start(t_dir, "dedup --key event_id --from %s --to %s "
-                          "--batch 50 --store local:sa 2>err1",
-                          src("group=g&consumer=a"), dst());
+    pid_t a = runner_pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                                       "%s --to %s --batch 50 --store "
+                                       "local:sa 2>err1",
+                                       src("group=g&consumer=a"), dst());
     await_count("out", 4, nkeys);
     mock("clear 8");
     /* a, idle, commits again what the group refused. */
@@ -651,13 +662,14 @@ Test(kafka, offset_commits_that_failed_are_made_again_while_idle)
         cr_assert_lt(t_mono_ms(), until, "%s", why);
         t_sleep_ms(200);
     }
-    /* b, with a store of its own, is given half of them: it starts
+    /* b, with a store of its own, is given some of them: it starts
      * where a committed. */
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--idle-exit 2s --store local:sb 2>err2",
                        src("group=g&consumer=b"), dst()), 0, "%s",
                  t_read(t_at("err2"), NULL));
     kill(a, SIGTERM);
+    runner_pid = 0;
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert(t_grep(t_at("err2"), " 0 lines read"), "%s",
               t_read(t_at("err2"), NULL));
@@ -770,16 +782,17 @@ Test(kafka, the_lag_of_the_source_from_the_high_watermarks)
 {
     int nkeys = produce(300, KEY_AS_KEY);
     int port = free_port();
-    pid_t a = t_cli_start(t_dir, "run --key @key --from %s --to %s --batch "
-                          "10 --metrics-listen 127.0.0.1:%d --exec "
-                          "'\"$IDEM_PROGS/handler\" waitfor=gate' 2>err",
-                          src("group=g"), dst(), port);
+    pid_t a = runner_pid = t_cli_start(
+        t_dir, "run --key @key --from %s --to %s --batch 10 "
+        "--metrics-listen 127.0.0.1:%d --exec '\"$IDEM_PROGS/handler\" "
+        "waitfor=gate' 2>err", src("group=g"), dst(), port);
     long long lag = await_lag(port, -2);
     cr_assert_leq(lag, 300);
     t_put("gate", "");
     await_count("out", 4, nkeys);
     await_lag(port, 0);
     kill(a, SIGTERM);
+    runner_pid = 0;
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err"), NULL));
     expect_results(nkeys);
 }

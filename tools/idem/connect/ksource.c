@@ -163,8 +163,10 @@ static int commit_offsets(k_source *s,
         if (p && !l->elems[i].err)
             p->sent = l->elems[i].offset;
     }
-    int first = e && !s->retry_at;
-    s->retry_at = e ? cli_mono_ms() + COMMIT_RETRY_MS : 0;
+    int first = e && !s->retry_at, left = 0;
+    for (size_t i = 0; !e && i < s->nparts; i++)  /* left out by `only` */
+        left |= s->parts[i].owned && s->parts[i].acked > s->parts[i].sent;
+    s->retry_at = e ? cli_mono_ms() + COMMIT_RETRY_MS : left ? s->retry_at : 0;
     pthread_mutex_unlock(&s->mu);
     rd_kafka_topic_partition_list_destroy(l);
     pthread_mutex_unlock(&s->cmu);
