@@ -556,7 +556,7 @@ static int idem__runner_finish(idem_runner *r, size_t from, size_t to)
             rc = st;
     }
     if (!rc && q)
-        rc = idem_complete_many(r->s, r->items, q, r->st, IDEM_NOSYNC);
+        rc = idem__complete_held(r->s, r->items, q, r->st);
     for (size_t k = 0; !rc && k < q; k++) {
         size_t i = r->owner[k];
         r->held[i] = 0;

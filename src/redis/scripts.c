@@ -307,9 +307,9 @@
     "end\n"                                                                \
     "return out\n"
 
-/* RECS: the keys; ARG: now, then token, response, ttl_ms and request id
- * of each key. -> one 0-or-why per key. */
-#define IDEM__LUA_COMPLETE                                                 \
+/* complete(): one key's completion -> 0 or why; a retry with the same
+ * request id answers 0 again. */
+#define IDEM__LUA_COMPLETE_FN                                              \
     "local function complete(k, tok, resp, ttl, rid, now)\n"               \
     "  local r = load(k, now)\n"                                           \
     "  if r and r.status == 1 and r.token == tok and r.fid == rid then\n"  \
@@ -320,7 +320,12 @@
     "  update(k, ttl, 'status', 1, 'response', resp, 'lease', 0,\n"        \
     "    'expires', now + ttl, 'fid', rid)\n"                              \
     "  return 0\n"                                                         \
-    "end\n"                                                                \
+    "end\n"
+
+/* RECS: the keys; ARG: now, then token, response, ttl_ms and request id
+ * of each key. -> one 0-or-why per key. */
+#define IDEM__LUA_COMPLETE                                                 \
+    IDEM__LUA_COMPLETE_FN                                                  \
     "local now = start()\n"                                                \
     "local out = {}\n"                                                     \
     "for i, k in ipairs(RECS) do\n"                                        \
@@ -640,11 +645,14 @@
  * script before it), and answers 1, or {1, answer...} with writes (each
  * a string: an integer's as text). The writes' answers stay in the key
  * (wout) under the sync's id (wid): the same call sent again after a
- * lost reply answers them again instead of writing twice. */
-#define IDEM__LUA_CKPT_PUT                                                 \
+ * lost reply answers them again instead of writing twice. KEEP: a Lua
+ * expression, true when the call keeps its answers; MID: what runs
+ * between the writes and the key (out: the answers so far, or nil). */
+#define IDEM__LUA_CKPT_WRITE(KEEP, MID)                                    \
     "local k = KEYS[1]\n"                                                  \
     "local t = redis.call('TYPE', k).ok\n"                                 \
-    "if ARGV[5] ~= '' and t == 'hash' and\n"                               \
+    "local keep = " KEEP "\n"                                              \
+    "if keep and t == 'hash' and\n"                                        \
     "   redis.call('HGET', k, 'wid') == ARGV[4] then\n"                    \
     "  return cmsgpack.unpack(redis.call('HGET', k, 'wout'))\n"            \
     "end\n"                                                                \
@@ -660,6 +668,7 @@
     "    out[i + 1] = tostring(redis.call(unpack(ws[i])))\n"               \
     "  end\n"                                                              \
     "end\n"                                                                \
+    MID                                                                    \
     "if t ~= 'none' then redis.call('DEL', k) end\n"                       \
     "if ARGV[3] == '' then\n"                                              \
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2])\n"              \
@@ -667,10 +676,35 @@
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2],\n"              \
     "    'intent', ARGV[3], 'iid', ARGV[4])\n"                             \
     "end\n"                                                                \
-    "if out then\n"                                                        \
+    "if keep then\n"                                                       \
     "  redis.call('HSET', k, 'wid', ARGV[4], 'wout', cmsgpack.pack(out))\n" \
     "end\n"                                                                \
     "return out or 1\n"
+
+#define IDEM__LUA_CKPT_PUT IDEM__LUA_CKPT_WRITE("ARGV[5] ~= ''", "")
+
+/* The checkpoint write with completions applied in it (ckpt.c: one
+ * server, layout hash; after the hash prelude). ARGV as the put's, then
+ * the completions: a msgpack array of strings, five per completion
+ * (record, token, response, ttl_ms, request id), "" for none. They run
+ * after the writes (a write that fails stops the script with every key
+ * still PENDING) and before the key, each checked by its token as the
+ * complete script checks it. -> as the put's, or {1, answer...,
+ * 0-or-why...} with completions: one answer per write, then one 0-or-why
+ * per completion. */
+#define IDEM__LUA_CKPT_COMMIT                                              \
+    IDEM__LUA_COMPLETE_FN                                                  \
+    IDEM__LUA_CKPT_WRITE(                                                  \
+        "ARGV[5] ~= '' or ARGV[6] ~= ''",                                  \
+        "if ARGV[6] ~= '' then\n"                                          \
+        "  out = out or {1}\n"                                             \
+        "  local now = start()\n"                                          \
+        "  local cs = cmsgpack.unpack(ARGV[6])\n"                          \
+        "  for i = 1, #cs, 5 do\n"                                         \
+        "    out[#out + 1] = complete(cs[i], cs[i + 1], cs[i + 2],\n"      \
+        "      tonumber(cs[i + 3]), cs[i + 4], now)\n"                     \
+        "  end\n"                                                          \
+        "end\n")
 
 /* -> false if there is none, {'bad', why} if the key is not what idem
  * writes, else {'ok', blob, intent or '', iid or ''}. Reads only. */
@@ -715,6 +749,7 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CKPT_PUT,
         IDEM__LUA_CKPT_GET,
         IDEM__LUA_CKPT_CLEAR,
+        IDEM__LUA_HASH_ALL IDEM__LUA_CKPT_COMMIT,
     },
     {
         IDEM__LUA_DAY_ALL IDEM__LUA_GRANT("false") IDEM__LUA_CLAIM,
@@ -732,6 +767,9 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CKPT_PUT,
         IDEM__LUA_CKPT_GET,
         IDEM__LUA_CKPT_CLEAR,
+        /* Not used: the day layout's records are not named by the key
+         * alone, and its completions stay in the intent (ckpt.c). */
+        IDEM__LUA_CKPT_PUT,
     },
 };
 
