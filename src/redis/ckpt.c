@@ -55,7 +55,22 @@
  * An intent is a sequence of writes, each: op (1 byte: 'c' complete, 'f'
  * fail, 'r' retryable fail), token (8 bytes), ttl_ms (8), request id
  * length (1) and bytes, key length (4) and bytes, value length (4) and
- * bytes; integers little-endian. */
+ * bytes; integers little-endian.
+ *
+ * On one server with layout hash every record is reachable from step
+ * 1's script (no slot to respect, a record named by its key alone), so
+ * the completions are not put in the intent: the script applies them
+ * itself (IDEM__LUA_CKPT_COMMIT), after the caller's writes and before
+ * the key, each checked by its token in the same atomic step. Else the
+ * check (the extend script) and the completion (the complete script)
+ * read and write every record again in script calls of their own, and
+ * the intent is written and removed; for a stream batch that was most
+ * of the server's work per key. Their answers come
+ * back with the writes' (and are kept under the sync's id with them), a
+ * refused one as step 2 reports it. The runner's completions (claims it
+ * keeps renewed itself, idem__complete_held) are not even checked
+ * before: the script's check is the one that counts. Failures, rare in
+ * a batch, still go through the intent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

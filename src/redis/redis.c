@@ -12,8 +12,8 @@
  * There is nothing to flush: a write is applied when its reply arrives,
  * and with wait=N replicated as well, so sync() has nothing left to do,
  * except after a checkpoint was queued: then completes and fails are
- * checked at once and applied together with the checkpoint by sync()
- * (ckpt.c). */
+ * checked (at once, or for the runner's completions by the sync's own
+ * script) and applied together with the checkpoint by sync() (ckpt.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
