@@ -177,7 +177,7 @@ Test(redis_commit, the_batch_path_is_taken)
 {
     th_servers sv;
     th_start_single(&sv);
-    char addr[64], pfx[128], keys[50][8];
+    char addr[64], pfx[128], keys[50][16];
     snprintf(addr, sizeof addr, "127.0.0.1:%d", sv.ports[0]);
     redisContext *c = th_connect(sv.ports[0]);
     long calls[2];
