@@ -555,8 +555,10 @@ static int idem__runner_finish(idem_runner *r, size_t from, size_t to)
         else
             rc = st;
     }
+    /* Held: renewed by idem__runner_keepalive() before commit(), so a
+     * store that commits them in one step may check them there. */
     if (!rc && q)
-        rc = idem_complete_many(r->s, r->items, q, r->st, IDEM_NOSYNC);
+        rc = idem__complete_held(r->s, r->items, q, r->st);
     for (size_t k = 0; !rc && k < q; k++) {
         size_t i = r->owner[k];
         r->held[i] = 0;

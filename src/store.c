@@ -434,20 +434,37 @@ static int idem__check_completion(idem_store *s, const idem_completion *c)
     return rc;
 }
 
-int idem_complete_many(idem_store *s, const idem_completion *items, size_t n,
-                       int *statuses, unsigned flags)
+/* idem_complete_many(); `held`: idem__complete_held(). */
+static int idem__complete_many(idem_store *s, const idem_completion *items,
+                               size_t n, int *statuses, unsigned flags,
+                               int held)
 {
     IDEM__ENTER(s);
     if (n && (!items || !statuses))
         return idem__fail(s, IDEM_EINVAL, "items or statuses is NULL");
     for (size_t i = 0; i < n; i++)
         statuses[i] = idem__check_completion(s, &items[i]);
-    int rc = n ? s->be->complete_many(s, items, n, statuses) : 0;
+    int (*op)(idem_store *, const idem_completion *, size_t, int *) =
+        held && s->be->complete_held ? s->be->complete_held
+                                     : s->be->complete_many;
+    int rc = n ? op(s, items, n, statuses) : 0;
     uint64_t done = 0;  /* a batch cut short left the rest unanswered */
     for (size_t i = 0; i < n; i++)
         done += !idem__metrics_error(&s->m, statuses[i]) && !rc;
     idem__ctr_add(&s->m.completions, done);
     return idem__finish_batch(s, rc, flags);
+}
+
+int idem_complete_many(idem_store *s, const idem_completion *items, size_t n,
+                       int *statuses, unsigned flags)
+{
+    return idem__complete_many(s, items, n, statuses, flags, 0);
+}
+
+int idem__complete_held(idem_store *s, const idem_completion *items,
+                        size_t n, int *statuses)
+{
+    return idem__complete_many(s, items, n, statuses, IDEM_NOSYNC, 1);
 }
 
 int idem_complete(idem_store *s, const void *key, size_t keylen,

@@ -56,6 +56,12 @@ struct idem__backend {
                       const idem__claim_args *a, idem_outcome *outs);
     int (*complete_many)(idem_store *s, const idem_completion *items,
                          size_t n, int *statuses);
+    /* Optional (NULL: complete_many): completions of claims the caller
+     * holds and keeps renewed (the runner), which may be checked at the
+     * commit that applies them instead of at once: see
+     * idem__complete_held(). */
+    int (*complete_held)(idem_store *s, const idem_completion *items,
+                         size_t n, int *statuses);
     int (*fail)(idem_store *s, const void *key, size_t keylen,
                 uint64_t token, const void *err, size_t len, int retryable);
     int (*extend)(idem_store *s, const void *key, size_t keylen,
@@ -124,6 +130,16 @@ int idem__fail(idem_store *s, int code, const char *fmt, ...)
  * keys it reached). */
 int idem__extend_many(idem_store *s, const idem_completion *items, size_t n,
                       int64_t lease_ms, int *statuses);
+
+/* idem_complete_many() with IDEM_NOSYNC for claims the caller holds
+ * and keeps renewed, so that none can have run out since its last
+ * renewal (the runner's commit). A backend that commits them with a
+ * queued checkpoint in one step may check each token there, atomically
+ * with the completion, instead of at once: a token refused then is
+ * reported by the sync (IDEM_ELOST, the key in the detail) rather than
+ * in statuses. */
+int idem__complete_held(idem_store *s, const idem_completion *items,
+                        size_t n, int *statuses);
 
 /* Make the handle refuse further writes and syncs (see the runner). */
 void idem__poison(idem_store *s, int code);

@@ -55,7 +55,22 @@
  * An intent is a sequence of writes, each: op (1 byte: 'c' complete, 'f'
  * fail, 'r' retryable fail), token (8 bytes), ttl_ms (8), request id
  * length (1) and bytes, key length (4) and bytes, value length (4) and
- * bytes; integers little-endian. */
+ * bytes; integers little-endian.
+ *
+ * On one server with layout hash every record is reachable from step
+ * 1's script (no slot to respect, a record named by its key alone), so
+ * the completions are not put in the intent: the script applies them
+ * itself (IDEM__LUA_CKPT_COMMIT), after the caller's writes and before
+ * the key, each checked by its token in the same atomic step. Else the
+ * check (the extend script) and the completion (the complete script)
+ * read and write every record again in script calls of their own, and
+ * the intent is written and removed; for a stream batch that was most
+ * of the server's work per key. Their answers come
+ * back with the writes' (and are kept under the sync's id with them), a
+ * refused one as step 2 reports it. The runner's completions (claims it
+ * keeps renewed itself, idem__complete_held) are not even checked
+ * before: the script's check is the one that counts. Failures, rare in
+ * a batch, still go through the intent. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,12 +87,18 @@ int idem__ckpt_queued(idem_store *s)
     return idem__r(s)->ck.name != NULL;
 }
 
+int idem__ckpt_folds(const idem__redis *r)
+{
+    return !r->cfg.cluster && r->cfg.layout == IDEM__LAYOUT_HASH;
+}
+
 void idem__ckpt_free(idem__rckpt *ck)
 {
     free(ck->name);
     idem__buf_free(&ck->blob);
     idem__buf_free(&ck->intent);
     idem__buf_free(&ck->writes);
+    idem__buf_free(&ck->comps);
     memset(ck, 0, sizeof *ck);
 }
 
@@ -136,6 +157,12 @@ static int idem__mp_head(idem__buf *b, unsigned char tag, size_t n)
     return idem__buf_append(b, h, sizeof h);
 }
 
+/* One msgpack str32: header and bytes. */
+static int idem__mp_str(idem__buf *b, const void *p, size_t n)
+{
+    return idem__mp_head(b, 0xdb, n) || idem__buf_append(b, p, n);
+}
+
 int idem__ckpt_write_cmd(idem_store *s, int argc, const char *const *argv,
                          const size_t *argvlen, int keyidx, size_t *index)
 {
@@ -165,8 +192,7 @@ int idem__ckpt_write_cmd(idem_store *s, int argc, const char *const *argv,
     size_t was = ck->writes.len;
     int bad = idem__mp_head(&ck->writes, 0xdd, (size_t)argc);
     for (int i = 0; !bad && i < argc; i++)
-        bad = idem__mp_head(&ck->writes, 0xdb, argvlen[i]) ||
-              idem__buf_append(&ck->writes, argv[i], argvlen[i]);
+        bad = idem__mp_str(&ck->writes, argv[i], argvlen[i]);
     if (bad) {
         ck->writes.len = was;
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
@@ -195,11 +221,12 @@ int idem__ckpt_reply(idem_store *s, size_t index, const char **text,
     }
 }
 
-/* Keep the answers of step 1's writes (v: {1, answer...}). */
-static int idem__keep_replies(idem_store *s, const redisReply *v)
+/* Keep the answers of step 1's n writes (v: {1, answer...}). */
+static int idem__keep_replies(idem_store *s, const redisReply *v,
+                              size_t count)
 {
     idem__redis *r = idem__r(s);
-    for (size_t i = 1; i < v->elements; i++) {
+    for (size_t i = 1; i <= count; i++) {
         const redisReply *e = v->element[i];
         size_t n = e->type == REDIS_REPLY_STRING ? e->len : 0;
         if (idem__buf_append(&r->wreply, &n, sizeof n) ||
@@ -276,14 +303,14 @@ static int idem__intent_next(idem__reader *rd, idem__iwrite *w)
  * Applying an intent (step 2) */
 
 /* The first key whose write was refused, as the detail. */
-static void idem__refused(idem_store *s, const idem__iwrite *w, int code)
+static void idem__refused(idem_store *s, const void *key, size_t keylen,
+                          int code)
 {
     char why[sizeof s->detail];
     idem__scopy(why, sizeof why, s->detail);
     idem__fail(s, code, "the write of key '%.*s' queued with the "
                "checkpoint was not applied: %s",
-               (int)(w->keylen > 200 ? 200 : w->keylen),
-               (const char *)w->key, why);
+               (int)(keylen > 200 ? 200 : keylen), (const char *)key, why);
 }
 
 /* Apply the n writes of an intent (already checked by decoding): the
@@ -322,7 +349,7 @@ static int idem__intent_apply(idem_store *s, const idem__buf *in, size_t n)
                                              w[i].ttl_ms, w[i].rid);
         if (one == IDEM_ELOST || one == IDEM_EPROTO) {
             if (!refused)
-                idem__refused(s, &w[i], one);
+                idem__refused(s, w[i].key, w[i].keylen, one);
             refused = refused ? refused : one;
         } else if (one) {
             rc = one;
@@ -484,21 +511,48 @@ int idem__ckpt_put(idem_store *s, const char *name, const void *blob,
 /* ------------------------------------------------------------------------
  * Checks (while a checkpoint is queued) */
 
-int idem__ckpt_hold_completes(idem_store *s, const idem_completion *items,
-                              size_t n, int *st)
+/* A completion for the one script to apply: its record, token,
+ * response, TTL and request id, as IDEM__LUA_CKPT_COMMIT reads them. */
+static int idem__comp_add(idem__redis *r, idem__buf *b, uint64_t token,
+                          int64_t ttl_ms, const char *rid,
+                          const idem_completion *c)
 {
-    idem__rckpt *ck = &idem__r(s)->ck;
-    int rc = idem__redis_extend_many(s, items, n, s->opts.lease_ms, st);
+    char tok[24], ttl[24];
+    int nt = snprintf(tok, sizeof tok, "%llu", (unsigned long long)token);
+    int nl = snprintf(ttl, sizeof ttl, "%lld", (long long)ttl_ms);
+    size_t was = b->len;
+    int bad = idem__mp_head(b, 0xdb, r->cfg.prefixlen + c->keylen + 2) ||
+              idem__record_name(r, b, c->key, c->keylen) ||
+              idem__mp_str(b, tok, (size_t)nt) ||
+              idem__mp_str(b, c->response, c->len) ||
+              idem__mp_str(b, ttl, (size_t)nl) ||
+              idem__mp_str(b, rid, strlen(rid));
+    if (bad)
+        b->len = was;
+    return bad ? IDEM_ENOMEM : 0;
+}
+
+int idem__ckpt_hold_completes(idem_store *s, const idem_completion *items,
+                              size_t n, int *st, int check)
+{
+    idem__redis *r = idem__r(s);
+    idem__rckpt *ck = &r->ck;
+    int fold = idem__ckpt_folds(r);
+    int rc = check ? idem__redis_extend_many(s, items, n, s->opts.lease_ms,
+                                             st)
+                   : 0;
     for (size_t i = 0; i < n && !rc; i++) {
         if (st[i])
             continue;
         char rid[24];
         idem__rid(s, rid);
         const idem_completion *c = &items[i];
-        if (idem__intent_add(&ck->intent, 'c', c->token,
-                             c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms, rid,
-                             c->key, c->keylen, c->response, c->len))
+        int64_t ttl = c->ttl_ms ? c->ttl_ms : s->opts.ttl_ms;
+        if (fold ? idem__comp_add(r, &ck->comps, c->token, ttl, rid, c)
+                 : idem__intent_add(&ck->intent, 'c', c->token, ttl, rid,
+                                    c->key, c->keylen, c->response, c->len))
             rc = idem__fail(s, IDEM_ENOMEM, "out of memory");
+        ck->ncomps += fold && !rc;
     }
     return rc;
 }
@@ -524,22 +578,68 @@ int idem__ckpt_hold_fail(idem_store *s, const void *key, size_t keylen,
 /* ------------------------------------------------------------------------
  * Sync */
 
-/* Step 1. *refused: the key holds another sync's intent, not applied. */
+/* The msgpack str32 at *p: its bytes and length; *p moves past it. */
+static const unsigned char *idem__mp_next(const unsigned char **p, size_t *n)
+{
+    const unsigned char *q = *p;
+    *n = (size_t)q[1] << 24 | (size_t)q[2] << 16 | (size_t)q[3] << 8 | q[4];
+    *p = q + 5 + *n;
+    return q + 5;
+}
+
+/* The completions' answers, after the writes' in v: 0, or IDEM_ELOST
+ * for the first refused with its key in the detail (the rest are
+ * applied), or IDEM_EPROTO. Walks comps (see idem__comp_add): the key
+ * is its record's name without PREFIX{ and }. */
+static int idem__comps_answers(idem_store *s, const idem__rckpt *ck,
+                               const redisReply *v)
+{
+    size_t pl = idem__r(s)->cfg.prefixlen;
+    const unsigned char *p = ck->comps.data + 5;   /* past the array head */
+    int lost = 0;
+    for (size_t i = 0; i < ck->ncomps; i++) {
+        size_t namel, tokl, skip;
+        const unsigned char *name = idem__mp_next(&p, &namel);
+        const unsigned char *tok = idem__mp_next(&p, &tokl);
+        for (int f = 0; f < 3; f++)
+            (void)idem__mp_next(&p, &skip);
+        char num[24] = "";
+        memcpy(num, tok, tokl < sizeof num ? tokl : sizeof num - 1);
+        int one = idem__finish_answer_of(s, v->element[ck->nwrites + 1 + i],
+                                      strtoull(num, NULL, 10));
+        if (one == IDEM_EPROTO)
+            return one;
+        if (one && !lost) {
+            idem__refused(s, name + pl + 1, namel - pl - 2, one);
+            lost = one;
+        }
+    }
+    return lost;
+}
+
+/* Step 1, with the completions when the script applies them (comps).
+ * *refused: the key holds another sync's intent, not applied. *lost:
+ * completions refused by their keys (the detail names the first); the
+ * rest stands. */
 static int idem__ckpt_write(idem_store *s, const idem__rckpt *ck,
-                            const char *iid, int *refused)
+                            const char *iid, int *refused, int *lost)
 {
     idem__one one;
-    int rc = idem__ckpt_begin(s, &one, IDEM__S_CKPT_PUT, ck->name);
+    int rc = idem__ckpt_begin(s, &one, ck->ncomps ? IDEM__S_CKPT_COMMIT
+                                                  : IDEM__S_CKPT_PUT,
+                              ck->name);
     if (rc)
         return rc;
     idem__arg(one.it, ck->blob.data, ck->blob.len);
     idem__arg(one.it, ck->intent.data, ck->intent.len);
     idem__arg(one.it, iid, strlen(iid));
     idem__arg(one.it, ck->writes.data, ck->writes.len);
+    if (ck->ncomps)
+        idem__arg(one.it, ck->comps.data, ck->comps.len);
     rc = idem__one_run(s, &one, 1);
     const redisReply *v = rc ? NULL : one.it->reply;
     int written = v && v->type == REDIS_REPLY_ARRAY &&
-                  v->elements == ck->nwrites + 1;
+                  v->elements == ck->nwrites + ck->ncomps + 1;
     if (v && v->type == REDIS_REPLY_ERROR)
         rc = idem__fail(s, IDEM_EPROTO, "%s: a write queued with checkpoint "
                         "'%s' failed: %s", s->uri, ck->name, v->str);
@@ -548,7 +648,12 @@ static int idem__ckpt_write(idem_store *s, const idem__rckpt *ck,
                         "checkpoint write", s->uri);
     *refused = v && !rc && !written && v->integer == 0;
     if (written)
-        rc = idem__keep_replies(s, v);
+        rc = idem__keep_replies(s, v, ck->nwrites);
+    if (written && !rc)
+        *lost = idem__comps_answers(s, ck, v);
+    if (*lost == IDEM_EPROTO)
+        rc = idem__fail(s, IDEM_EPROTO, "%s: unexpected reply to a "
+                        "checkpoint write", s->uri);
     idem__one_end(&one);
     return rc;
 }
@@ -557,10 +662,10 @@ static int idem__ckpt_write(idem_store *s, const idem__rckpt *ck,
  * between its steps 1 and 3 if the key holds one: its writes belong to
  * the checkpoint it wrote, which this one replaces. */
 static int idem__ckpt_write_over(idem_store *s, const idem__rckpt *ck,
-                                 const char *iid)
+                                 const char *iid, int *lost)
 {
     int refused = 0;
-    int rc = idem__ckpt_write(s, ck, iid, &refused);
+    int rc = idem__ckpt_write(s, ck, iid, &refused, lost);
     for (int tries = 0; !rc && refused && tries < 3; tries++) {
         idem__one one;
         const redisReply *rep = NULL;
@@ -572,7 +677,7 @@ static int idem__ckpt_write_over(idem_store *s, const idem__rckpt *ck,
         if (rc == IDEM_ENOTFOUND)
             rc = 0;
         if (!rc)
-            rc = idem__ckpt_write(s, ck, iid, &refused);
+            rc = idem__ckpt_write(s, ck, iid, &refused, lost);
     }
     if (!rc && refused)
         rc = idem__fail(s, IDEM_ETIMEOUT, "%s: checkpoint '%s' keeps being "
@@ -580,17 +685,18 @@ static int idem__ckpt_write_over(idem_store *s, const idem__rckpt *ck,
     return rc;
 }
 
-/* The queued writes as one msgpack array, as step 1 sends them. */
-static int idem__writes_array(idem_store *s, idem__rckpt *ck)
+/* n queued items (writes, or completions' strings) in b as one msgpack
+ * array, as step 1 sends them. */
+static int idem__mp_array(idem_store *s, idem__buf *b, size_t n)
 {
     idem__buf all = {0};
-    if (idem__mp_head(&all, 0xdd, ck->nwrites) ||
-        idem__buf_append(&all, ck->writes.data, ck->writes.len)) {
+    if (idem__mp_head(&all, 0xdd, n) ||
+        idem__buf_append(&all, b->data, b->len)) {
         idem__buf_free(&all);
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     }
-    idem__buf_free(&ck->writes);
-    ck->writes = all;
+    idem__buf_free(b);
+    *b = all;
     return 0;
 }
 
@@ -613,7 +719,8 @@ int idem__ckpt_sync(idem_store *s)
                           "checkpoint to carry them; they are dropped",
                           s->uri);
     }
-    if (ck.nwrites && idem__writes_array(s, &ck)) {
+    if ((ck.nwrites && idem__mp_array(s, &ck.writes, ck.nwrites)) ||
+        (ck.ncomps && idem__mp_array(s, &ck.comps, 5 * ck.ncomps))) {
         idem__ckpt_free(&ck);
         return IDEM_ENOMEM;
     }
@@ -622,12 +729,18 @@ int idem__ckpt_sync(idem_store *s)
     idem__rid(s, iid);
     /* The id also tells a resent step 1 (a lost reply) that its writes
      * ran: see IDEM__LUA_CKPT_PUT. */
-    int rc = idem__ckpt_write_over(s, &ck, n || ck.nwrites ? iid : "");
+    int lost = 0;
+    int rc = idem__ckpt_write_over(s, &ck, n || ck.nwrites || ck.ncomps
+                                               ? iid : "", &lost);
+    char why[sizeof s->detail];
+    idem__scopy(why, sizeof why, s->detail);
     if (!rc && n > 0) {
         rc = idem__intent_apply(s, &ck.intent, (size_t)n);
         if (!rc || rc == IDEM_ELOST || rc == IDEM_EPROTO)
             idem__ckpt_clear(s, ck.name, iid, strlen(iid));
     }
+    if (!rc && lost)
+        rc = idem__fail(s, lost, "%s", why);
     idem__ckpt_free(&ck);
     return rc;
 }

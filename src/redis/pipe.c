@@ -64,7 +64,7 @@ int idem__batch_init(idem_store *s, idem__rbatch *b, int script, size_t n)
                script == IDEM__S_CLAIM_DONE || script == IDEM__S_EXTEND;
     /* Checkpoint scripts name their key whole, in any layout. */
     b->raw = script == IDEM__S_CKPT_PUT || script == IDEM__S_CKPT_GET ||
-             script == IDEM__S_CKPT_CLEAR;
+             script == IDEM__S_CKPT_CLEAR || script == IDEM__S_CKPT_COMMIT;
     b->items = calloc(n ? n : 1, sizeof *b->items);
     b->order = calloc(n ? n : 1, sizeof *b->order);
     b->cmds = calloc(n ? n : 1, sizeof *b->cmds);
@@ -120,6 +120,21 @@ static void idem__item_slot(const idem__redis *r, const idem__rbatch *b,
     it->slot = r->cfg.cluster ? slot : slot % (unsigned)r->cfg.pool;
 }
 
+int idem__record_name(const idem__redis *r, idem__buf *out, const void *key,
+                      size_t keylen)
+{
+    /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
+     * commands land on one slot whatever the prefix. A KEY holding '}'
+     * is still stored under its exact bytes; its tag then ends at its
+     * first '}', which only changes which slot it shares. */
+    return idem__buf_append(out, r->cfg.prefix, r->cfg.prefixlen) ||
+                   idem__buf_append(out, "{", 1) ||
+                   idem__buf_append(out, key, keylen) ||
+                   idem__buf_append(out, "}", 1)
+               ? IDEM_ENOMEM
+               : 0;
+}
+
 idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
                             size_t keylen)
 {
@@ -129,15 +144,8 @@ idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
     int wrap = !day && !b->raw;
     memset(it, 0, sizeof *it);
     it->name_off = b->names.len;
-    /* PREFIX{KEY}: the braces make KEY the hash tag, so all of a key's
-     * commands land on one slot whatever the prefix. A KEY holding '}'
-     * is still stored under its exact bytes; its tag then ends at its
-     * first '}', which only changes which slot it shares. */
-    if ((wrap && (idem__buf_append(&b->names, r->cfg.prefix,
-                                   r->cfg.prefixlen) ||
-                  idem__buf_append(&b->names, "{", 1))) ||
-        idem__buf_append(&b->names, key, keylen) ||
-        (wrap && idem__buf_append(&b->names, "}", 1)))
+    if (wrap ? idem__record_name(r, &b->names, key, keylen)
+             : idem__buf_append(&b->names, key, keylen))
         return NULL;
     it->name_len = b->names.len - it->name_off;
     b->nitems++;

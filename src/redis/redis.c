@@ -12,8 +12,8 @@
  * There is nothing to flush: a write is applied when its reply arrives,
  * and with wait=N replicated as well, so sync() has nothing left to do,
  * except after a checkpoint was queued: then completes and fails are
- * checked at once and applied together with the checkpoint by sync()
- * (ckpt.c). */
+ * checked (at once, or for the runner's completions by the sync's own
+ * script) and applied together with the checkpoint by sync() (ckpt.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +297,12 @@ static int idem__finish_reply(idem_store *s, const redisReply *rep,
     return v ? idem__why_lost(s, v, token) : 0;
 }
 
+int idem__finish_answer_of(idem_store *s, const redisReply *rep,
+                        uint64_t token)
+{
+    return idem__finish_reply(s, rep, token, "complete");
+}
+
 /* Completes and extends: the caller's completions and their statuses. */
 typedef struct idem__finishes {
     const idem_completion *items;
@@ -381,8 +387,20 @@ static int idem__redis_complete_many(idem_store *s,
         if (!st[i] && items[i].ttl_ms)
             rc = idem__ttl_fits(s, items[i].ttl_ms, "TTL");
     if (!rc && idem__ckpt_queued(s))
-        return idem__ckpt_hold_completes(s, items, n, st);
+        return idem__ckpt_hold_completes(s, items, n, st, 1);
     return idem__complete_with(s, items, n, st, NULL, rc);
+}
+
+/* Held claims (idem__complete_held) with a checkpoint queued that the
+ * sync commits in one script: checked there, so not now (and in layout
+ * hash, which that takes, every TTL fits). */
+static int idem__redis_complete_held(idem_store *s,
+                                     const idem_completion *items, size_t n,
+                                     int *st)
+{
+    if (!idem__ckpt_queued(s) || !idem__ckpt_folds(idem__r(s)))
+        return idem__redis_complete_many(s, items, n, st);
+    return idem__ckpt_hold_completes(s, items, n, st, 0);
 }
 
 int idem__redis_extend_many(idem_store *s, const idem_completion *items,
@@ -855,6 +873,7 @@ static int idem__redis_check_uri(idem_store *s, const char *rest,
 #define IDEM__REDIS_OPS                                                    \
     .close = idem__redis_close, .claim_many = idem__redis_claim_many,      \
     .complete_many = idem__redis_complete_many, .fail = idem__redis_fail,  \
+    .complete_held = idem__redis_complete_held,                            \
     .extend = idem__redis_extend, .get = idem__redis_get,                  \
     .forget = idem__redis_forget, .sync = idem__redis_sync,                \
     .checkpoint_put = idem__ckpt_put, .checkpoint_get = idem__ckpt_get,    \

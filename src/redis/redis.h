@@ -111,6 +111,9 @@ typedef struct idem__rckpt {
     idem__buf intent;
     idem__buf writes;             /* idem_checkpoint_write()'s, msgpack */
     size_t nwrites;
+    idem__buf comps;              /* completions the put applies (ckpt.c,
+                                   * one script): msgpack strings */
+    size_t ncomps;
 } idem__rckpt;
 
 typedef struct idem__redis {
@@ -205,6 +208,10 @@ void idem__batch_free(idem__rbatch *b);
 /* Add key; fill its arguments with idem__arg*. NULL on ENOMEM. */
 idem__ritem *idem__item_add(idem_store *s, idem__rbatch *b, const void *key,
                             size_t keylen);
+/* The hash layout's name of key's record, PREFIX{KEY}, appended to out.
+ * 0 or IDEM_ENOMEM. */
+int idem__record_name(const idem__redis *r, idem__buf *out, const void *key,
+                      size_t keylen);
 void idem__arg(idem__ritem *it, const void *p, size_t n);
 void idem__argnum(idem__ritem *it, int slot, long long v);
 /* A request id unique to this handle and, by its random base, to every
@@ -244,6 +251,10 @@ int idem__redis_complete_run(idem_store *s, const idem_completion *items,
 int idem__redis_fail_run(idem_store *s, const void *key, size_t keylen,
                          uint64_t token, const void *err, size_t len,
                          int retryable, int64_t ttl_ms, const char *rid);
+/* A finishing script's answer rep for token: 0 or IDEM_ELOST, or
+ * IDEM_EPROTO for an answer that is neither (the detail says which). */
+int idem__finish_answer_of(idem_store *s, const redisReply *rep,
+                        uint64_t token);
 /* The extend_many op: renew each token's lease, per key 0 or
  * IDEM_ELOST. */
 int idem__redis_extend_many(idem_store *s, const idem_completion *items,
@@ -262,10 +273,15 @@ int idem__ckpt_write_cmd(idem_store *s, int argc, const char *const *argv,
 int idem__ckpt_reply(idem_store *s, size_t index, const char **text,
                      size_t *len);
 int idem__ckpt_queued(idem_store *s);
-/* Check completions / a failure now (the token holds the key; its lease
- * is renewed) and queue them to be applied by the next sync. */
+/* Queue completions to be applied by the next sync; with check, each
+ * is checked now first (the token holds the key; its lease is renewed),
+ * else only by the sync (idem__ckpt_folds() must hold then). */
 int idem__ckpt_hold_completes(idem_store *s, const idem_completion *items,
-                              size_t n, int *st);
+                              size_t n, int *st, int check);
+/* Does the sync apply the queued completions in its one script (a single
+ * server, layout hash), rather than after it? */
+int idem__ckpt_folds(const idem__redis *r);
+/* Check a failure now (as for completions) and queue it. */
 int idem__ckpt_hold_fail(idem_store *s, const void *key, size_t keylen,
                          uint64_t token, const void *err, size_t len,
                          int retryable);

@@ -37,7 +37,8 @@
  *
  * A layout prelude defines RECS (the records' names), ARG (the
  * arguments as the bodies see them: now, then the script's own) and
- * start(), fresh(), raw(), create(), update(), response() and del().
+ * start(), fresh(), raw(), fin() (the five fields a completion reads),
+ * create(), update(), response() and del().
  *
  * Claims and completes take up to 64 keys of one slot per call, because
  * the fixed cost of a script call on the server is larger than the work
@@ -97,6 +98,11 @@
     "    'attempts')\n"                                                    \
     "end\n"                                                                \
     "local function fresh(k) return redis.call('EXISTS', k) == 0 end\n"    \
+    "local function fin(k)\n"                                              \
+    "  local v = redis.call('HMGET', k, 'status', 'token', 'expires',\n"   \
+    "    'released', 'fid')\n"                                             \
+    "  return v[1], v[2], v[3], v[4], v[5]\n"                              \
+    "end\n"                                                                \
     "local function create(k, ttl, old, ...)\n"                            \
     "  if old then redis.call('DEL', k) end\n"                             \
     "  redis.call('HSET', k, ...)\n"                                       \
@@ -154,6 +160,11 @@
     "  return nil\n"                                                       \
     "end\n"                                                                \
     "local function raw(k) return find(k) or {false} end\n"                \
+    "local function fin(k)\n"                                              \
+    "  local t = find(k)\n"                                                \
+    "  if not t then return false end\n"                                   \
+    "  return t[1], t[2], t[4], t[6], t[9]\n"                              \
+    "end\n"                                                                \
     "local function fresh(k) return find(k) == nil end\n"                  \
     "local function put(k, t, f)\n"                                        \
     "  for j = 1, #f, 2 do\n"                                              \
@@ -242,13 +253,13 @@
  * lease_until is token / 1000 + lease_ms. The record of an expired key
  * is replaced whole. */
 #define IDEM__LUA_CLAIM                                                    \
-    "local now_s, lease_s, exp_s, tok_n, tok_s\n"                          \
+    "local now_s, lease_s, exp_s, ttl_s, tok_n, tok_s\n"                   \
     "local function claim(k, fp, rid, now, lease_ms, ttl_ms)\n"            \
     "  if fresh(k) then\n"                                                 \
     /* The common case, a fresh key: every value is a string made once    \
      * per call (formatting numbers costs more than the write itself),    \
      * and the answer is the token alone. */                              \
-    "    grant(k, now, ttl_ms, false, 'status', '0', 'token', tok_s,\n"    \
+    "    grant(k, now, ttl_s, false, 'status', '0', 'token', tok_s,\n"     \
     "      'attempts', '1', 'lease', lease_s, 'expires', exp_s,\n"         \
     "      'created_ts', now_s, 'fp', fp, 'cid', rid)\n"                   \
     "    return tok_n\n"                                                   \
@@ -300,6 +311,7 @@
     "tok_s = string.format('%.0f', now_us)\n"                              \
     "lease_s = string.format('%.0f', now + lease_ms)\n"                    \
     "exp_s = string.format('%.0f', now + ttl_ms)\n"                        \
+    "ttl_s = string.format('%.0f', ttl_ms)\n"                              \
     "local out = {}\n"                                                     \
     "for i, k in ipairs(RECS) do\n"                                        \
     "  out[i] = claim(k, ARG[2 + 2 * i], ARG[3 + 2 * i], now, lease_ms,\n" \
@@ -307,26 +319,46 @@
     "end\n"                                                                \
     "return out\n"
 
+/* complete(): one key's completion -> 0 or why; a retry with the same
+ * request id answers 0 again. */
+/* complete(): one key's completion (ttl: ms as a string) -> 0 or why; a
+ * retry with the same request id answers 0 again. It makes what load()
+ * and why_not() decide from the five fields it needs, read by fin(),
+ * and writes strings made once per call and TTL: a completion is most
+ * of the one-script commit's work per key, and Lua's tables, numbers
+ * and strings made per key are most of a completion's cost. */
+#define IDEM__LUA_COMPLETE_FN                                              \
+    "local exp_of = {}\n"                                                  \
+    "local function complete(k, tok, resp, ttl, rid, now)\n"               \
+    "  local st, t, exp, rel, fid = fin(k)\n"                              \
+    "  if not st or now >= (tonumber(exp) or 0) then return 1 end\n"       \
+    "  st = tonumber(st)\n"                                                \
+    "  if st == 1 and (t or '0') == tok and (fid or '') == rid then\n"     \
+    "    return 0\n"                                                       \
+    "  end\n"                                                              \
+    "  if st ~= 0 then return 2 end\n"                                     \
+    "  if rel == '1' then return 3 end\n"                                  \
+    "  if (t or '0') ~= tok then return 4 end\n"                           \
+    "  local e = exp_of[ttl]\n"                                            \
+    "  if not e then\n"                                                    \
+    "    e = string.format('%.0f', now + tonumber(ttl))\n"                 \
+    "    exp_of[ttl] = e\n"                                                \
+    "  end\n"                                                              \
+    "  update(k, ttl, 'status', '1', 'response', resp, 'lease', '0',\n"    \
+    "    'expires', e, 'fid', rid)\n"                                      \
+    "  return 0\n"                                                         \
+    "end\n"
+
 /* RECS: the keys; ARG: now, then token, response, ttl_ms and request id
  * of each key. -> one 0-or-why per key. */
 #define IDEM__LUA_COMPLETE                                                 \
-    "local function complete(k, tok, resp, ttl, rid, now)\n"               \
-    "  local r = load(k, now)\n"                                           \
-    "  if r and r.status == 1 and r.token == tok and r.fid == rid then\n"  \
-    "    return 0\n"                                                       \
-    "  end\n"                                                              \
-    "  local w = why_not(r, tok)\n"                                        \
-    "  if w ~= 0 then return w end\n"                                      \
-    "  update(k, ttl, 'status', 1, 'response', resp, 'lease', 0,\n"        \
-    "    'expires', now + ttl, 'fid', rid)\n"                              \
-    "  return 0\n"                                                         \
-    "end\n"                                                                \
+    IDEM__LUA_COMPLETE_FN                                                  \
     "local now = start()\n"                                                \
     "local out = {}\n"                                                     \
     "for i, k in ipairs(RECS) do\n"                                        \
     "  local a = 4 * i - 2\n"                                              \
-    "  out[i] = complete(k, ARG[a], ARG[a + 1], tonumber(ARG[a + 2]),\n"   \
-    "    ARG[a + 3], now)\n"                                               \
+    "  out[i] = complete(k, ARG[a], ARG[a + 1], ARG[a + 2], ARG[a + 3],\n" \
+    "    now)\n"                                                           \
     "end\n"                                                                \
     "return out\n"
 
@@ -642,11 +674,14 @@
  * tostring's, which prints 1e+15), empty for a nil or an array (not a
  * table's address). The writes' answers stay in the key (wout) under
  * the sync's id (wid): the same call sent again after a lost reply
- * answers them again instead of writing twice. */
-#define IDEM__LUA_CKPT_PUT                                                 \
+ * answers them again instead of writing twice. KEEP: a Lua expression,
+ * true when the call keeps its answers; MID: what runs between the
+ * writes and the key (out: the answers so far, or nil). */
+#define IDEM__LUA_CKPT_WRITE(KEEP, MID)                                    \
     "local k = KEYS[1]\n"                                                  \
     "local t = redis.call('TYPE', k).ok\n"                                 \
-    "if ARGV[5] ~= '' and t == 'hash' and\n"                               \
+    "local keep = " KEEP "\n"                                              \
+    "if keep and t == 'hash' and\n"                                        \
     "   redis.call('HGET', k, 'wid') == ARGV[4] then\n"                    \
     "  return cmsgpack.unpack(redis.call('HGET', k, 'wout'))\n"            \
     "end\n"                                                                \
@@ -665,6 +700,7 @@
     "    out[i + 1] = a or ''\n"                                           \
     "  end\n"                                                              \
     "end\n"                                                                \
+    MID                                                                    \
     "if t ~= 'none' then redis.call('DEL', k) end\n"                       \
     "if ARGV[3] == '' then\n"                                              \
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2])\n"              \
@@ -672,10 +708,35 @@
     "  redis.call('HSET', k, 'idem', '1', 'blob', ARGV[2],\n"              \
     "    'intent', ARGV[3], 'iid', ARGV[4])\n"                             \
     "end\n"                                                                \
-    "if out then\n"                                                        \
+    "if keep then\n"                                                       \
     "  redis.call('HSET', k, 'wid', ARGV[4], 'wout', cmsgpack.pack(out))\n" \
     "end\n"                                                                \
     "return out or 1\n"
+
+#define IDEM__LUA_CKPT_PUT IDEM__LUA_CKPT_WRITE("ARGV[5] ~= ''", "")
+
+/* The checkpoint write with completions applied in it (ckpt.c: one
+ * server, layout hash; after the hash prelude). ARGV as the put's, then
+ * the completions: a msgpack array of strings, five per completion
+ * (record, token, response, ttl_ms, request id), "" for none. They run
+ * after the writes (a write that fails stops the script with every key
+ * still PENDING) and before the key, each checked by its token as the
+ * complete script checks it. -> as the put's, or {1, answer...,
+ * 0-or-why...} with completions: one answer per write, then one 0-or-why
+ * per completion. */
+#define IDEM__LUA_CKPT_COMMIT                                              \
+    IDEM__LUA_COMPLETE_FN                                                  \
+    IDEM__LUA_CKPT_WRITE(                                                  \
+        "ARGV[5] ~= '' or ARGV[6] ~= ''",                                  \
+        "if ARGV[6] ~= '' then\n"                                          \
+        "  out = out or {1}\n"                                             \
+        "  local now = start()\n"                                          \
+        "  local cs = cmsgpack.unpack(ARGV[6])\n"                          \
+        "  for i = 1, #cs, 5 do\n"                                         \
+        "    out[#out + 1] = complete(cs[i], cs[i + 1], cs[i + 2],\n"      \
+        "      cs[i + 3], cs[i + 4], now)\n"                               \
+        "  end\n"                                                          \
+        "end\n")
 
 /* -> false if there is none, {'bad', why} if the key is not what idem
  * writes, else {'ok', blob, intent or '', iid or ''}. Reads only. */
@@ -720,6 +781,7 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CKPT_PUT,
         IDEM__LUA_CKPT_GET,
         IDEM__LUA_CKPT_CLEAR,
+        IDEM__LUA_HASH_ALL IDEM__LUA_CKPT_COMMIT,
     },
     {
         IDEM__LUA_DAY_ALL IDEM__LUA_GRANT("false") IDEM__LUA_CLAIM,
@@ -737,6 +799,9 @@ static const char *const idem__scripts[IDEM__LAYOUTS][IDEM__S_COUNT] = {
         IDEM__LUA_CKPT_PUT,
         IDEM__LUA_CKPT_GET,
         IDEM__LUA_CKPT_CLEAR,
+        /* Not used: the day layout's records are not named by the key
+         * alone, and its completions stay in the intent (ckpt.c). */
+        IDEM__LUA_CKPT_PUT,
     },
 };
 

@@ -20,6 +20,7 @@ enum idem__script {
     IDEM__S_CKPT_PUT,        /* checkpoints: PREFIX checkpoint:{NAME} */
     IDEM__S_CKPT_GET,
     IDEM__S_CKPT_CLEAR,
+    IDEM__S_CKPT_COMMIT,     /* the put, with completions applied in it */
     IDEM__S_COUNT
 };
 
