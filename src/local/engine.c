@@ -271,7 +271,7 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
-    size_t n = idem__frame_size(keylen, vallen);
+    size_t n = idem__frame_size(r, keylen, vallen);
     int rc = idem__log_append(&en->log, now, n, &dst, &seg, &off);
     if (rc)
         return rc;
@@ -611,7 +611,8 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
-    rc = idem__log_append(&en->log, now, idem__frame_size(keylen, 0), &dst,
+    rc = idem__log_append(&en->log, now,
+                          idem__frame_size(&fo.f.rec, keylen, 0), &dst,
                           &seg, &off);
     if (rc)
         return rc;
@@ -693,7 +694,8 @@ static int idem__eng_ckpt_put(idem_store *s, const char *name,
     uint32_t seg, off;
     idem__rec r = {.expires = INT64_MAX};
     int rc = idem__log_append(&en->log, idem__now(s),
-                              idem__frame_size(nlen, len), &dst, &seg, &off);
+                              idem__frame_size(&r, nlen, len), &dst, &seg,
+                              &off);
     if (rc)
         return rc;
     idem__frame_encode(dst, IDEM__R_CHECKPOINT, &r, name, nlen, blob, len);

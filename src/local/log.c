@@ -242,12 +242,12 @@ int idem__log_commit(idem__log *lg)
                           "an earlier write failed; reopen the store");
     if (!lg->in_group)
         return 0;
-    size_t n = idem__frame_size(0, 0);
-    if (idem__buf_reserve(&lg->wbuf, n))
-        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     /* The group began where the last commit ended; saying so lets
      * recovery tell damage inside this group from damage before it. */
     idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
+    size_t n = idem__frame_size(&none, 0, 0);
+    if (idem__buf_reserve(&lg->wbuf, n))
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     idem__frame_encode(lg->wbuf.data + lg->wbuf.len, IDEM__R_COMMIT, &none,
                        NULL, 0, NULL, 0);
     lg->wbuf.len += n;

@@ -581,8 +581,8 @@ static int idem__seal_rewrite(idem__rewrite *w)
 {
     if (w->durable_len <= w->commit_len)
         return 0;
-    size_t n = idem__frame_size(0, 0);
     idem__rec none = {0};
+    size_t n = idem__frame_size(&none, 0, 0);
     w->out.len = (size_t)w->durable_len;
     if (idem__buf_reserve(&w->out, n))
         return IDEM_ENOMEM;

@@ -23,6 +23,7 @@ static const char bench_usage[] =
     "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
     "                  [--keys random|ordered] [-n N] [--batch B]\n"
     "                  [--value-size BYTES] [--reopen] [--skip N]\n"
+    "                  [--every N]\n"
     "\n"
     "Measures a store. Prints one line of name=value pairs, among them\n"
     "ops_per_sec. Every batch is synced (durable).\n"
@@ -41,6 +42,8 @@ static const char bench_usage[] =
     "                     check one key is there\n"
     "  --skip N           start at key N (default 0): new keys for a store\n"
     "                     that holds keys 0..N-1 from an earlier run\n"
+    "  --every N          also print, to stderr, the rate of each N keys\n"
+    "                     (is it sustained at the end as at the start?)\n"
     "\n"
     "A store past its hot budget (local:PATH?hot=SIZE) also reports its\n"
     "hot and cold keys, and the filter probes, disk reads and false\n"
@@ -49,7 +52,7 @@ static const char bench_usage[] =
 typedef struct bench_cfg {
     const char *uri, *workload;
     int random_keys, reopen;
-    size_t n, batch, value_size, skip;
+    size_t n, batch, value_size, skip, every;
 } bench_cfg;
 
 /* Key i, deterministic: the replay workload regenerates the same keys. */
@@ -107,13 +110,27 @@ static int run_batch(idem_store *s, const bench_cfg *c, bench_buf *b,
     return rc;
 }
 
+/* With --every: the rate since the last line, once per N keys. */
+static void progress(const bench_cfg *c, size_t done, size_t m,
+                     double *since)
+{
+    if (!c->every || done / c->every == (done - m) / c->every)
+        return;
+    double now = cli_mono_s();
+    fprintf(stderr, "idem bench: %zu keys, %.0f/s over the last %zu\n",
+            c->skip + done, (double)c->every / (now - *since), c->every);
+    *since = now;
+}
+
 static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
                    int complete, size_t *news)
 {
+    double since = cli_mono_s();
     for (size_t i = 0; i < c->n; i += c->batch) {
         size_t m = c->n - i < c->batch ? c->n - i : c->batch;
         if (run_batch(s, c, b, i, m, complete, news))
             return 1;
+        progress(c, i + m, m, &since);
     }
     return 0;
 }
@@ -138,12 +155,12 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
         {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
         {"skip", 1, 0, 'S'},       {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"every", 1, 0, 'e'},      {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
                                             "replay", NULL};
     static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
-                     16, 0};
+                     16, 0, 0};
     int ch, rc = 0, i = 0;
     uint64_t v = 0;
     while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
@@ -162,10 +179,13 @@ static int parse(int argc, char **argv, bench_cfg *c)
         case 'b':
             rc = parse_size(optarg, "--batch", 1000000, &c->batch);
             break;
-        case 'v':
-            rc = parse_size(optarg, "--value-size", IDEM_VALUE_MAX,
-                            &c->value_size);
+        case 'v':  /* 0: DONE records with an empty response */
+            rc = cli_number("bench", "--value-size", optarg, 0,
+                            IDEM_VALUE_MAX, &v);
+            c->value_size = (size_t)v;
             break;
+        case 'e': rc = parse_size(optarg, "--every", BENCH_N_MAX, &c->every);
+                  break;
         case 'r': c->reopen = 1; break;
         case 'S':
             rc = cli_number("bench", "--skip", optarg, 0, BENCH_N_MAX, &v);
@@ -236,7 +256,7 @@ int cli_cmd_bench(int argc, char **argv)
                    malloc(c.batch * sizeof(idem_key)),
                    malloc(c.batch * sizeof(idem_outcome)),
                    malloc(c.batch * sizeof(idem_completion)),
-                   malloc(c.batch * sizeof(int)), calloc(1, c.value_size)};
+                   malloc(c.batch * sizeof(int)), calloc(1, c.value_size + 1)};
     idem_store *s = NULL;
     long rss0 = rss_kib();
     rc = !b.names || !b.keys || !b.outs || !b.items || !b.st || !b.value;
