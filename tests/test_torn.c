@@ -26,6 +26,14 @@ static char seg_path[4300];
 static unsigned char *orig;   /* the newest segment as written */
 static size_t orig_len;
 static size_t ends[BATCHES];  /* its length after each batch's commit */
+static const char *query = "";  /* "?hot=0": the older segments go cold */
+
+static const char *store_uri(void)
+{
+    static char uri[4400];
+    snprintf(uri, sizeof uri, "%s%s", t_local_uri(dir), query);
+    return uri;
+}
 
 static void key_of(char *buf, size_t n, int b, int i)
 {
@@ -62,9 +70,9 @@ static void build(uint64_t segment_bytes, int how)
     dir = t_tmpdir();
     idem_opts o = t_options();
     /* Below what idem_opts takes, the URI's segment= sets the size. */
-    char uri[4400];
-    snprintf(uri, sizeof uri, "%s?segment=%llu", t_local_uri(dir),
-             (unsigned long long)segment_bytes);
+    char uri[4500];
+    snprintf(uri, sizeof uri, "%s%ssegment=%llu", store_uri(),
+             *query ? "&" : "?", (unsigned long long)segment_bytes);
     idem_store *s;
     cr_assert_eq(idem_open(uri, &o, &s), 0);
     for (int b = 0; b < BATCHES; b++) {
@@ -103,7 +111,7 @@ static void expect_batches(int good, const char *what, size_t at)
 {
     idem_store *s;
     idem_opts o = t_options();
-    int rc = idem_open(t_local_uri(dir), &o, &s);
+    int rc = idem_open(store_uri(), &o, &s);
     cr_assert_eq(rc, 0, "%s at %zu: %s", what, at, idem_errdetail(s));
     for (int b = 0; b < BATCHES; b++) {
         for (int i = 0; i < PER; i++) {
@@ -166,6 +174,32 @@ Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
 {
     build(64u << 20, KILLED);
     garble_every_byte_of_last_batch();
+    t_rmdir(dir);
+}
+
+/* A segment per batch and no hot budget: batches 0..8 are in cold
+ * segments (key indexes, the filters in front of them, PATH/COLD written
+ * at each close and adopted at each open), batch 9 in the newest. Cut or
+ * garbled anywhere past its header, the newest loses batch 9 alone. */
+Test(torn, cold_segments_and_a_torn_newest, .timeout = 600)
+{
+    query = "?hot=0";
+    build(1, KILLED);
+    cr_assert_eq(orig_len, ends[BATCHES - 1]);
+    for (size_t at = 32; at <= orig_len; at++) {
+        write_file(seg_path, orig, at);
+        expect_batches(at == orig_len ? BATCHES : BATCHES - 1, "cut", at);
+    }
+    idem_store *s;
+    idem_opts o = t_options();
+    cr_assert_eq(idem_open(store_uri(), &o, &s), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_read(s, &st, sizeof st), 0);
+    cr_assert_geq(st.cold_segments, BATCHES - 1);
+    idem_close(s);
+    char cold[4400];
+    snprintf(cold, sizeof cold, "%s/COLD", dir);
+    cr_assert_eq(access(cold, F_OK), 0);
     t_rmdir(dir);
 }
 
