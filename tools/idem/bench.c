@@ -398,7 +398,8 @@ static void seed_print(const seed_run *r, const idem_stats *st, double secs,
            cli_shown_uri(c->uri), c->rate, c->simulate, r->n, c->batch, secs,
            (double)r->n / secs, (double)r->n / secs / (double)c->rate,
            r->fresh, r->repeats, r->replays, r->busy, r->through, r->lost,
-           st->live_keys, rss_kib_used * 1024, (double)rss_kib_used * 1024.0 / keys,
+           st->live_keys, rss_kib_used * 1024,
+           (double)rss_kib_used * 1024.0 / keys,
            st->disk_bytes, (double)st->disk_bytes / keys, p99 * 1e3,
            r->nlat ? r->lat[r->nlat - 1] * 1e3 : 0.0);
     print_cold(st);
