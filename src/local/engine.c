@@ -367,8 +367,13 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
                     h[j][0] = h[j][1] = 0;
                 idem__index_prefetch(&en->ix, h[j], 0);
             }
-            for (size_t j = 0; j < m; j++)
+            for (size_t j = 0; j < m; j++) {
                 idem__index_prefetch(&en->ix, h[j], 1);
+                /* RAM will lack most keys of a claim: the filter in
+                 * front of the cold segments is asked next. */
+                if (en->log.ncold)
+                    idem__cfilter_prefetch(&en->log.cf, h[j]);
+            }
         }
         if (outs[i].status)
             continue;
