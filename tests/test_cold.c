@@ -499,3 +499,29 @@ Test(cold, stats_get_fills_only_the_first_fields)
     cr_assert_eq(st.hot_keys + st.cold_keys, GROUPS * PER_GROUP);
     cr_assert_eq(idem_close(s), 0);
 }
+
+/* idem bench --workload seed: repeats arriving within the hour and
+ * within the TTL, on an injected clock, past the hot budget and across
+ * segment drops, and not one of them let through as NEW. */
+Test(cold, seed_workload_lets_no_repeat_through, .timeout = 300)
+{
+    cr_assert_eq(t_cli(dir, "bench --workload seed --rate 50 --simulate "
+                            "7300 --ttl 3600 --repeats 20 --batch 50 "
+                            "--store '%s?hot=64k&segment=64k' > out",
+                       t_local_uri(dir)),
+                 0);
+    char out[4500];
+    snprintf(out, sizeof out, "%s/out", dir);
+    char *o = t_read(out, NULL);
+    cr_assert(strstr(o, " duplicates_through=0 ") &&
+                  strstr(o, " new_not_new=0 "), "%s", o);
+    unsigned long long rep = 0, replayed = 0, cold = 0;
+    cr_assert(sscanf(strstr(o, " repeats="), " repeats=%llu replayed=%llu",
+                     &rep, &replayed) == 2, "%s", o);
+    cr_assert_gt(replayed, 1000, "%s", o);
+    cr_assert_gt(rep, replayed / 2, "%s", o);
+    cr_assert(strstr(o, " cold_segments="), "%s", o);
+    sscanf(strstr(o, " cold_segments="), " cold_segments=%llu", &cold);
+    cr_assert_gt(cold, 0, "%s", o);
+    free(o);
+}

@@ -211,7 +211,7 @@ static int parse(int argc, char **argv, bench_cfg *c)
                                   366 * 86400, &c->simulate); break;
         case 'P': rc = cli_number("bench", "--repeats", optarg, 0, 100,
                                   &c->repeats); break;
-        case 'T': rc = cli_number("bench", "--ttl", optarg, 3601,
+        case 'T': rc = cli_number("bench", "--ttl", optarg, 3600,
                                   366 * 86400, &c->ttl_s); break;
         case 'r': c->reopen = 1; break;
         case 'S':
@@ -303,13 +303,19 @@ static int seed_is_repeat(const seed_run *r, uint64_t i)
 }
 
 /* The earlier new message that message i repeats: 80 % within the hour
- * before it, the rest within the TTL. UINT64_MAX when there is none yet
- * (i is then new itself). A message is new unless it repeats one. */
+ * before it, the rest within the TTL, less a minute and a batch (the
+ * clock moves a batch at a time: a repeat at the TTL's very end may find
+ * its original gone, rightly). UINT64_MAX when there is none yet (i is
+ * then new itself). A message is new unless it repeats one. */
 static uint64_t seed_original(const seed_run *r, uint64_t i)
 {
-    double ttl = (double)r->c->ttl_s, u = seed_u(i, 0x5eed2);
-    double back_s = seed_u(i, 0x5eed3) < 0.8 ? u * 3600.0
-                                              : 3600.0 + u * (ttl - 3601.0);
+    const bench_cfg *c = r->c;
+    double max = (double)c->ttl_s - 60.0 - (double)c->batch / (double)c->rate;
+    double hour = max < 3600.0 ? max : 3600.0, u = seed_u(i, 0x5eed2);
+    double back_s = seed_u(i, 0x5eed3) < 0.8 ? u * hour
+                                              : hour + u * (max - hour);
+    if (back_s < 0)
+        return UINT64_MAX;
     uint64_t d = 1 + (uint64_t)(back_s * (double)r->c->rate);
     if (d > i)
         return UINT64_MAX;
