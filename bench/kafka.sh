@@ -46,8 +46,9 @@ if ! command -v kcat >/dev/null || [ ! -x "$BUILD/progs/kafka_mock" ]; then
 fi
 # kcat counts the outputs (kcat -P lost messages on the mock here, so
 # the input is loaded by kafka_alo --load, which awaits each delivery).
-# The mock keeps 16 000 to 30 000 messages a partition (older ones are
-# dropped), so the topics get a partition for every 10 000 messages.
+# The mock keeps at most 5 MB a partition (older messages are dropped),
+# so the topics get a partition for every 10 000 messages, which the
+# load spreads evenly (kafka_alo --load).
 parts=$(((N + 9999) / 10000))
 [ "$parts" -ge 4 ] || parts=4
 topics="in:$parts"

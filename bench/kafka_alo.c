@@ -74,10 +74,14 @@ static int copy(rd_kafka_t *p, const char *out, rd_kafka_message_t *m)
     }
 }
 
-/* --load: stdin's lines into topic; 0, or 1 if one was not delivered. */
+/* --load: stdin's lines into topic; 0, or 1 if one was not delivered.
+ * Each line goes to a partition of its own drawing (no sticky
+ * partitioning, which fills one partition at a time): the partitions
+ * get about as many each, and none more than the mock keeps. */
 static int load(const char *brokers, const char *topic)
 {
-    const char *props[] = {"linger.ms", "20", NULL};
+    const char *props[] = {"linger.ms", "20", "sticky.partitioning.linger.ms",
+                           "0", NULL};
     rd_kafka_t *p = client(RD_KAFKA_PRODUCER, brokers, props);
     char line[4096];
     while (fgets(line, sizeof line, stdin)) {

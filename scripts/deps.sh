@@ -7,7 +7,7 @@ PKGS="gcc make pkg-config libssl-dev libxxhash-dev libcriterion-dev
       liblmdb-dev libhiredis-dev uuid-dev redis-server redis-tools
       redis-sentinel faketime mawk libyajl-dev shellcheck python3 strace
       libmicrohttpd-dev prometheus libnats-dev nats-server librdkafka-dev
-      kcat"
+      kcat curl"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" ||

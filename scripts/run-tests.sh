@@ -12,12 +12,13 @@
 # by its timeout. Without these variables a test starts its own servers.
 BUILD=${1:-build}
 out=$(mktemp)
+tap=$(mktemp)
 root=$(mktemp -d "${TMPDIR:-/tmp}/idem-redis-XXXXXX")
 tests=
 cleanup() {
     [ -z "$tests" ] || kill "$tests" 2>/dev/null
     sh scripts/redis-test.sh stop "$root"
-    rm -rf "$out" "$root"
+    rm -rf "$out" "$tap" "$root"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
@@ -49,7 +50,7 @@ esac
 # the run; tail follows the file only while the tests run. Every test has
 # a timeout: its own, its suite's, or the default given here.
 "$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-2}" \
-    --timeout "${IDEM_TEST_TIMEOUT:-600}" \
+    --timeout "${IDEM_TEST_TIMEOUT:-600}" --tap="$tap" \
     ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} >"$out" 2>&1 &
 tests=$!
 tail -n +1 -f --pid="$tests" "$out"
@@ -59,6 +60,28 @@ if [ -z "$syn" ]; then
     echo "0 passed, 1 failed"
     exit 1
 fi
+# Where the time went: the slowest tests and suites, so that a suite
+# that grows past its share of CI's budget shows before the budget does.
+sed -n 's/^ok - \([^ ]*\)  (\([0-9.]*\)s).*/\2 \1/p; s/^not ok - \([^ ]*\)  (\([0-9.]*\)s).*/\2 \1/p' \
+    "$tap" | sort -rn | awk '
+    { t[NR] = $0; split($2, p, "::"); suite[p[1]] += $1; all += $1 }
+    END {
+        printf "slowest tests (%.0f s of test time in all):\n", all
+        for (i = 1; i <= 8 && i <= NR; i++) {
+            split(t[i], f, " ")
+            printf "  %7.1f s  %s\n", f[1], f[2]
+        }
+        printf "slowest suites:"
+        n = 0
+        for (s in suite) order[++n] = sprintf("%09.2f %s", suite[s], s)
+        for (i = 1; i <= n; i++)
+            for (j = i + 1; j <= n; j++)
+                if (order[j] > order[i]) { x = order[i]; order[i] = order[j]; order[j] = x }
+        for (i = 1; i <= 8 && i <= n; i++) {
+            split(order[i], f, " ")
+            printf " %s %.0f s%s", f[2], f[1], i < 8 && i < n ? "," : "\n"
+        }
+    }'
 tested=$(echo "$syn" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
 passing=$(echo "$syn" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
 failed=$((tested - passing))

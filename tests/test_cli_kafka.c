@@ -14,11 +14,13 @@
  * lowered (3 s) so that a killed member leaves the group soon. */
 #include <fcntl.h>
 #include <librdkafka/rdkafka.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -28,6 +30,10 @@
 #define GROUP_PARAMS "session.timeout.ms=3000&heartbeat.interval.ms=500"
 
 static pid_t mock_pid;
+/* What was produced so far in this test: messages, distinct keys, and
+ * the generator's state (a second produce() goes on from the first). */
+static int produced, fresh, repeat_from;
+static unsigned gen_x;
 static FILE *mock_in, *mock_out;
 static char brokers[256];
 
@@ -35,6 +41,8 @@ static char brokers[256];
 static void setup(void)
 {
     t_dir_init();
+    produced = fresh = repeat_from = 0;
+    gen_x = 777;
     int to[2], from[2];
     /* Close-on-exec: the idem processes a test starts must not hold the
      * mock's input open, which ends it when the test ends. */
@@ -60,8 +68,18 @@ static void setup(void)
     brokers[strcspn(brokers, "\n")] = 0;
 }
 
+/* A run a test started without --idle-exit (it stops it with SIGTERM):
+ * killed here if the test failed before, so that it does not outlive
+ * the test. */
+static pid_t runner_pid;
+
 static void teardown(void)
 {
+    if (runner_pid > 0) {
+        kill(runner_pid, SIGKILL);
+        waitpid(runner_pid, NULL, 0);
+        runner_pid = 0;
+    }
     fclose(mock_in);
     kill(mock_pid, SIGKILL);
     waitpid(mock_pid, NULL, 0);
@@ -104,20 +122,21 @@ static rd_kafka_t *client(rd_kafka_type_t t, const char *group)
     return rk;
 }
 
-/* n messages into topic in: one in five repeats an earlier key; the
- * key is e<K>, by `how`; every message has the header note=n<I> and
- * its value {"event_id":"eK","amount":"..","note":"nI"} (no event_id
- * when the key is elsewhere). Returns the number of distinct keys. */
-static int produce(int n, int how)
+/* n messages into topic: one in five repeats an earlier key; the key
+ * is e<K>, by `how`; every message has the header note=n<I> and its
+ * value {"event_id":"eK","amount":"..","note":"nI"} (no event_id when
+ * the key is elsewhere). Returns the number of distinct keys so far. */
+static int produce_to(const char *topic, int n, int how)
 {
     rd_kafka_t *rk = client(RD_KAFKA_PRODUCER, NULL);
-    int fresh = 0;
-    unsigned x = 777;
-    cr_assert_leq(n, MAXN);
-    for (int i = 0; i < n; i++) {
+    unsigned x = gen_x;
+    cr_assert_leq(produced + n, MAXN);
+    for (int i = produced; i < produced + n; i++) {
         x = x * 1103515245u + 12345u;
-        int repeat = (x >> 8) % 5 == 0 && fresh;
-        int k = repeat ? (int)((x >> 12) % fresh) : fresh++;
+        int repeat = (x >> 8) % 5 == 0 && fresh > repeat_from;
+        int k = repeat ? repeat_from + (int)((x >> 12) % (unsigned)(fresh -
+                                                            repeat_from))
+                       : fresh++;
         if (!repeat)
             first_of[k] = i;
         char key[32], note[32], value[200];
@@ -137,7 +156,7 @@ static int produce(int n, int how)
         if (how == KEY_IN_HEADER)
             rd_kafka_header_add(h, "idempotency-key", -1, key, -1);
         cr_assert_eq(rd_kafka_producev(
-                         rk, RD_KAFKA_V_TOPIC("in"),
+                         rk, RD_KAFKA_V_TOPIC(topic),
                          RD_KAFKA_V_VALUE(value, strlen(value)),
                          RD_KAFKA_V_KEY(key, strlen(key)),
                          RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
@@ -147,7 +166,14 @@ static int produce(int n, int how)
     }
     cr_assert_eq(rd_kafka_flush(rk, 30000), 0);
     rd_kafka_destroy(rk);
+    produced += n;
+    gen_x = x;
     return fresh;
+}
+
+static int produce(int n, int how)
+{
+    return produce_to("in", n, how);
 }
 
 typedef struct out_msg {
@@ -217,10 +243,11 @@ static int key_number(const char *s)
 /* The output holds keys e0 .. e(nkeys-1) once each, every message that
  * of its key's first input message: value, message key and headers,
  * plus idem-key. Fence markers are passed over. */
-static void expect_output(int nkeys, int how)
+static void expect_output_in(const char *topic, int nparts, int nkeys,
+                             int how)
 {
     static out_msg out[2 * MAXN];
-    int n = read_topic("out", 4, out, 2 * MAXN), got = 0;
+    int n = read_topic(topic, nparts, out, 2 * MAXN), got = 0;
     char *seen = calloc((size_t)nkeys, 1);
     for (int i = 0; i < n; i++) {
         if (out[i].fence)
@@ -242,6 +269,11 @@ static void expect_output(int nkeys, int how)
     }
     cr_assert_eq(got, nkeys, "%d messages for %d keys", got, nkeys);
     free(seen);
+}
+
+static void expect_output(int nkeys, int how)
+{
+    expect_output_in("out", 4, nkeys, how);
 }
 
 /* run's output: keys e0 .. e(nkeys-1) once each, each a result done,
@@ -267,41 +299,101 @@ static void expect_results(int nkeys)
     free(seen);
 }
 
-/* Group g's committed offsets are the ends of topic in. */
-static void expect_committed_to_the_end(const char *g)
+/* The first partition of topic (nparts partitions) whose offset
+ * committed by group g is short of its end, described in why; -1 when
+ * none is. */
+static int short_of_the_end(const char *g, const char *topic, int nparts,
+                            char *why, size_t n)
 {
     rd_kafka_t *rk = client(RD_KAFKA_CONSUMER, g);
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
-    for (int i = 0; i < 4; i++)
-        rd_kafka_topic_partition_list_add(l, "in", i);
+    rd_kafka_topic_partition_list_t *l =
+        rd_kafka_topic_partition_list_new(nparts);
+    for (int i = 0; i < nparts; i++)
+        rd_kafka_topic_partition_list_add(l, topic, i);
     cr_assert_eq(rd_kafka_committed(rk, l, 20000), 0);
-    for (int i = 0; i < 4; i++) {
+    int at = -1;
+    for (int i = 0; at < 0 && i < nparts; i++) {
         int64_t lo, hi;
-        cr_assert_eq(rd_kafka_query_watermark_offsets(rk, "in", i, &lo, &hi,
+        cr_assert_eq(rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
                                                       20000), 0);
-        cr_assert_eq(l->elems[i].offset, hi, "partition %d: committed "
-                     "%lld, end %lld", i, (long long)l->elems[i].offset,
-                     (long long)hi);
+        if (l->elems[i].offset != hi) {
+            at = i;
+            snprintf(why, n, "partition %d: committed %lld, end %lld", i,
+                     (long long)l->elems[i].offset, (long long)hi);
+        }
     }
     rd_kafka_topic_partition_list_destroy(l);
     rd_kafka_destroy(rk);
+    return at;
+}
+
+/* Group g's committed offsets are the ends of topic (nparts
+ * partitions). */
+static void expect_committed_in(const char *g, const char *topic,
+                                int nparts)
+{
+    char why[200];
+    cr_assert_lt(short_of_the_end(g, topic, nparts, why, sizeof why), 0,
+                 "%s", why);
+}
+
+static void expect_committed_to_the_end(const char *g)
+{
+    expect_committed_in(g, "in", 4);
+}
+
+static const char *src_of(const char *topic, const char *params)
+{
+    static char b[2][800];
+    static int t;
+    t ^= 1;
+    snprintf(b[t], sizeof b[t], "'kafka://%s/%s?%s&" GROUP_PARAMS "'",
+             brokers, topic, params);
+    return b[t];
 }
 
 static const char *src(const char *params)
 {
-    static char b[2][600];
-    static int t;
-    t ^= 1;
-    snprintf(b[t], sizeof b[t], "'kafka://%s/in?%s&" GROUP_PARAMS "'",
-             brokers, params);
-    return b[t];
+    return src_of("in", params);
+}
+
+static const char *dst_of(const char *topic)
+{
+    static char b[800];
+    snprintf(b, sizeof b, "'kafka://%s/%s'", brokers, topic);
+    return b;
 }
 
 static const char *dst(void)
 {
-    static char b[600];
-    snprintf(b, sizeof b, "'kafka://%s/out'", brokers);
-    return b;
+    return dst_of("out");
+}
+
+/* Messages in topic (nparts partitions): the sum of their ends. */
+static long count_topic(const char *topic, int nparts)
+{
+    rd_kafka_t *rk = client(RD_KAFKA_PRODUCER, NULL);
+    long n = 0;
+    for (int i = 0; i < nparts; i++) {
+        int64_t lo, hi;
+        cr_assert_eq(rd_kafka_query_watermark_offsets(rk, topic, i, &lo, &hi,
+                                                      20000), 0);
+        n += (long)hi;
+    }
+    rd_kafka_destroy(rk);
+    return n;
+}
+
+/* Wait (up to two minutes) until topic holds n messages. */
+static void await_count(const char *topic, int nparts, long n)
+{
+    int64_t until = t_mono_ms() + 120000;
+    long got;
+    while ((got = count_topic(topic, nparts)) < n) {
+        cr_assert_lt(t_mono_ms(), until, "%s holds %ld of %ld", topic, got,
+                     n);
+        t_sleep_ms(200);
+    }
 }
 
 /* ---- tests */
@@ -543,4 +635,164 @@ Test(kafka, bad_uris_and_properties_say_what_is_wrong_and_no_secret)
     cr_assert(t_grep(t_at("err"), "127.0.0.1:1"));
     cr_assert(!t_grep(t_at("err"), "secret"), "%s",
               t_read(t_at("err"), NULL));
+}
+
+/* Offset commits that the group refused are made again while the
+ * reader is idle, not only by the next batch's commit, which may never
+ * come: else a new owner of the partitions (here with a store of its
+ * own) starts from the stale offsets and writes again what the first
+ * one wrote, and the group's offsets stay behind. */
+Test(kafka, offset_commits_that_failed_are_made_again_while_idle)
+{
+    int nkeys = produce(400, KEY_IN_VALUE);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "errors 8 100000 %d",
+             RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
+    mock(cmd);  /* every OffsetCommit fails */
+    pid_t a = runner_pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                                       "%s --to %s --batch 50 --store "
+                                       "local:sa 2>err1",
+                                       src("group=g&consumer=a"), dst());
+    await_count("out", 4, nkeys);
+    mock("clear 8");
+    /* a, idle, commits again what the group refused. */
+    char why[200];
+    int64_t until = t_mono_ms() + 60000;
+    while (short_of_the_end("g", "in", 4, why, sizeof why) >= 0) {
+        cr_assert_lt(t_mono_ms(), until, "%s", why);
+        t_sleep_ms(200);
+    }
+    /* b, with a store of its own, is given some of them: it starts
+     * where a committed. */
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 2s --store local:sb 2>err2",
+                       src("group=g&consumer=b"), dst()), 0, "%s",
+                 t_read(t_at("err2"), NULL));
+    kill(a, SIGTERM);
+    runner_pid = 0;
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert(t_grep(t_at("err2"), " 0 lines read"), "%s",
+              t_read(t_at("err2"), NULL));
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+}
+
+/* A worker whose checkpoint holds older offsets than the group's (its
+ * partitions were another worker's since) starts from the group's: when
+ * reading them fails for a moment, it asks again rather than starting
+ * from its own checkpoint and writing again what the other one wrote. */
+Test(kafka, a_worker_with_an_older_checkpoint_never_starts_from_it)
+{
+    produce(200, KEY_IN_VALUE);
+#define WORKER "dedup --key event_id --from %s --to %s --idle-exit 500ms " \
+               "--store local:s%s 2>>err"
+    cr_assert_eq(t_cli(t_dir, WORKER, src("group=g&consumer=b"), dst(), "b"),
+                 0, "%s", t_read(t_at("err"), NULL));
+    repeat_from = fresh;  /* a's store knows none of b's keys, nor needs to */
+    int nkeys = produce(300, KEY_IN_VALUE);
+    cr_assert_eq(t_cli(t_dir, WORKER, src("group=g&consumer=a"), dst(), "a"),
+                 0, "%s", t_read(t_at("err"), NULL));
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "errors 9 3 %d",
+             RD_KAFKA_RESP_ERR_INVALID_REQUEST);
+    mock(cmd);  /* the next three OffsetFetch fail */
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 500ms --store local:sb 2>err2",
+                       src("group=g&consumer=b"), dst()), 0, "%s",
+                 t_read(t_at("err2"), NULL));
+    /* Nothing is read again (the sink's read-back would keep the output
+     * right, but every message would be claimed and counted anew). */
+    cr_assert(t_grep(t_at("err2"), " 0 lines read"), "%s",
+              t_read(t_at("err2"), NULL));
+    mock("clear 9");
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+}
+
+/* Many partitions and a long topic name: the source's and the sink's
+ * positions are long, and a checkpoint keeps them whole (a position cut
+ * short is one a resumed run cannot read back from). */
+Test(kafka, many_partitions_and_long_topic_names)
+{
+    static const char in[] = "orders.payments.eu-west-1.settlement-events."
+                             "with-a-long-name-as-some-companies-name-them";
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "topic %s:32", in);
+    mock(cmd);
+    mock("topic wide:200");
+    int nkeys = produce_to(in, 600, KEY_IN_VALUE);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 500ms --batch 40 --store local:store",
+             src_of(in, "group=g"), dst_of("wide"));
+    setenv("IDEM_TEST_KILL_AT", "sink-written:3", 1);
+    int st = t_cli(t_dir, "%s 2>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output_in("wide", 200, nkeys, KEY_IN_VALUE);
+    expect_committed_in("g", in, 32);
+}
+
+/* A loopback port nothing listens on (the kernel's pick). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t n = sizeof a;
+    cr_assert(fd >= 0 && !bind(fd, (struct sockaddr *)&a, sizeof a) &&
+              !getsockname(fd, (struct sockaddr *)&a, &n));
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+/* idem_source_lag_messages as the endpoint on port serves it; -1 when
+ * it is not there (yet). */
+static long long scrape_lag(int port)
+{
+    if (t_sh("cd '%s' && curl -sf http://127.0.0.1:%d/metrics > scrape",
+             t_dir, port) != 0)
+        return -1;
+    char *body = t_read(t_at("scrape"), NULL);
+    const char *p = strstr(body, "\nidem_source_lag_messages{");
+    p = p ? strstr(p, "} ") : NULL;
+    long long lag = p ? strtoll(p + 2, NULL, 10) : -1;
+    free(body);
+    return lag;
+}
+
+/* Scrape until the lag is `want` (-2: any above 0). */
+static long long await_lag(int port, long long want)
+{
+    int64_t until = t_mono_ms() + 120000;
+    long long lag;
+    while ((lag = scrape_lag(port)) != want && !(want == -2 && lag > 0)) {
+        cr_assert_lt(t_mono_ms(), until, "lag %lld, not %lld", lag, want);
+        t_sleep_ms(200);
+    }
+    return lag;
+}
+
+/* The source's lag on the metrics endpoint: the messages of the group's
+ * partitions not read yet, from their high watermarks. While the
+ * handler holds the first batch, the rest is behind; then none is. */
+Test(kafka, the_lag_of_the_source_from_the_high_watermarks)
+{
+    int nkeys = produce(300, KEY_AS_KEY);
+    int port = free_port();
+    pid_t a = runner_pid = t_cli_start(
+        t_dir, "run --key @key --from %s --to %s --batch 10 "
+        "--metrics-listen 127.0.0.1:%d --exec '\"$IDEM_PROGS/handler\" "
+        "waitfor=gate' 2>err", src("group=g"), dst(), port);
+    long long lag = await_lag(port, -2);
+    cr_assert_leq(lag, 300);
+    t_put("gate", "");
+    await_count("out", 4, nkeys);
+    await_lag(port, 0);
+    kill(a, SIGTERM);
+    runner_pid = 0;
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err"), NULL));
+    expect_results(nkeys);
 }

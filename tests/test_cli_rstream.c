@@ -400,13 +400,21 @@ Test(rstream, a_dead_consumers_entries_are_taken_over)
                           "--batch 50 --lease 1s --commit-interval 10ms "
                           "--exec '\"$IDEM_PROGS/handler\" sleep=20' "
                           "2>err1", src("group=g&consumer=a"), dst());
-    usleep(600 * 1000);
+    /* Killed once it holds entries, however slow the machine: polled,
+     * not slept, so a loaded run does not kill it before its first read. */
+    long long pending = 0;
+    for (int i = 0; i < 1000 && !pending; i++) {
+        usleep(10 * 1000);
+        redisReply *p = th_cmd(rc, "XPENDING %s g", in);
+        /* an error until the consumer has made its group */
+        pending = p->type == REDIS_REPLY_ARRAY ? p->element[0]->integer : 0;
+        freeReplyObject(p);
+    }
     kill(a, SIGKILL);
     t_wait(a);
-    redisReply *r = th_cmd(rc, "XPENDING %s g", in);
-    long long pending = r->element[0]->integer;
-    freeReplyObject(r);
-    cr_assert_gt(pending, 0, "the killed consumer left nothing pending");
+    cr_assert_gt(pending, 0, "the consumer read nothing in 10 s: %s",
+                 t_read(t_at("err1"), NULL));
+    redisReply *r;
     cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
                        "--idle-exit 2500ms --lease 1s --exec "
                        "'\"$IDEM_PROGS/handler\"' 2>err2",
@@ -737,6 +745,55 @@ static void logged_run(char *buf, size_t n, const char *to,
              from);
 }
 
+/* Killed (IDEM_TEST_KILL_AT) at points 1..3 of `point` in turn, `runs`
+ * times, then run to its end. Every run must be killed there: the point
+ * comes before the input is done. */
+static void killed_at(const char *point, int runs, const char *args)
+{
+    for (int i = 0; i < runs; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s:%d", point, 1 + i % 3);
+        cr_assert_eq(cli_at(at, args), 128 + SIGKILL, "run %d not killed "
+                     "at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+}
+
+/* Acknowledgements are not waited for (rsource.c): a kill -9 just after
+ * an XACK was sent, before its answer was read. Its entries were
+ * committed; acknowledged or not, they are duplicates when they come
+ * again: each key still once in the output, in order, and nothing is
+ * left pending. Through read-back (a local: store) and for run too. */
+Test(rstream, kill9_with_an_acknowledgement_unanswered)
+{
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job ka",
+             src("group=g"), dst());
+    killed_at("acks-sent", 8, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+    freeReplyObject(th_cmd(rc, "DEL %s", out));
+    snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --exec '\"$IDEM_PROGS/handler\" "
+             "log' --store local:store --job kr", src("group=r"), dst());
+    killed_at("acks-sent", 6, args);
+    redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
+    cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys",
+                 r->elements, nkeys);
+    for (size_t i = 0; i < r->elements; i++) {
+        char key[32];
+        snprintf(key, sizeof key, "e%zu", i);
+        cr_assert_str_eq(r->element[i]->element[1]->element[1]->str, key);
+    }
+    freeReplyObject(r);
+    expect_nothing_pending("r");
+    /* Killed between batches, the handler had nothing in flight. */
+    cr_assert_eq(t_sh("test -z \"$(cut -d' ' -f1 '%s/log' | sort | uniq -d)"
+                      "\"", t_dir), 0, "the handler ran a key twice");
+}
+
 /* Two pipelines on one host into one output, both consumers named after
  * the host: each has its own checkpoint. A reads k, writes it and dies
  * before its commit; B then commits further entries. When A runs again
@@ -857,7 +914,9 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", a));
     freeReplyObject(th_cmd(rc, "XADD %s * event_id r1", in));
     freeReplyObject(th_cmd(rc, "XADD %s * event_id k", in));
-    const char *common = "run --key event_id --lease 300ms --batch 1 "
+    /* A's lease is long enough that A, renewing it every third while
+     * its handler sleeps, keeps k on a loaded machine until it dies. */
+    const char *common = "run --key event_id --lease 1s --batch 1 "
                          "--backoff 10ms";
     read_back_only = 1;  /* A's entry written before its commit */
     snprintf(cmd_a, sizeof cmd_a, "%s --to %s --store 'redis://%s?prefix="
@@ -866,12 +925,15 @@ Test(rstream, a_takeover_reads_the_recent_entries_up_to_now)
              "sleep=200'", common, dst(), addr, store, addr, a, t_dir);
     snprintf(cmd_b, sizeof cmd_b, "%s --to %s --store 'redis://%s?prefix="
              "%s' --from 'redis-stream://%s/%s?group=g&consumer=b' "
-             "--idle-exit 1500ms --exec '\"$IDEM_PROGS/handler\" %s/log "
+             "--idle-exit 3s --exec '\"$IDEM_PROGS/handler\" %s/log "
              "flaky=r1'", common, dst(), addr, store, addr, in, t_dir);
     setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
     pid_t pa = t_cli_start(t_dir, "%s 2>>err", cmd_a);
     unsetenv("IDEM_TEST_KILL_AT");
-    usleep(100 * 1000);  /* A holds k */
+    /* A holds k once its handler has it. */
+    for (int i = 0; i < 1000 && t_sh("grep -q '^k ' '%s/log' 2>/dev/null",
+                                     t_dir); i++)
+        usleep(10 * 1000);
     cr_assert_eq(cli_at(NULL, cmd_b), 0, "%s",
                  t_read(t_at("err"), NULL));
     t_wait(pa);

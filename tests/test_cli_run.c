@@ -375,13 +375,17 @@ Test(cli_run, a_binary_key_is_dead_lettered_in_base64)
 }
 
 /* A handler that exits at once is restarted with growing gaps (from
- * --backoff, doubled), not in a tight loop: within two seconds a loop
- * would restart it hundreds of times. */
+ * --backoff, doubled), not in a tight loop: within a second of its first
+ * restart a loop would restart it hundreds of times. SIGTERM comes once
+ * idem has restarted it (its signal handlers are set by then). */
 Test(cli_run, restarts_back_off)
 {
     cr_assert_eq(t_cli(t_dir, "run --key id --store local:b --restart 100000 "
                               "--exec 'exit 3' --output out in 2> err & "
-                              "sleep 2; kill -TERM $!; wait $!"), 0);
+                              "i=0; until grep -q 'restarting the handler' "
+                              "err || [ $i -ge 600 ]; do sleep 0.05; "
+                              "i=$((i + 1)); done; sleep 1; kill -TERM $!; "
+                              "wait $!"), 0);
     cr_assert_eq(t_sh("test $(grep -c 'restarting the handler' '%s') -ge 1 "
                       "&& test $(grep -c 'restarting the handler' '%s') "
                       "-lt 15", t_at("err"), t_at("err")), 0, "%s",

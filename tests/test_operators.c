@@ -250,6 +250,20 @@ Test(secrets, a_uri_for_a_file_is_refused_without_its_password)
     free(dir);
 }
 
+/* A handler's shell script: run FN on idem (its parent) and on every
+ * process of its own group (the watcher), appending to OUT, then answer.
+ * Builtins only in the loop (no fork per process): on a loaded machine
+ * hundreds of processes must be looked at within the handler's lease. */
+#define EACH_IN_GROUP(FN, OUT)                                          \
+    "group() { g=; read -r l 2>/dev/null < \"$1/stat\" || return 0; "   \
+    "l=${l##*) }; set -- $l; g=$3; }\n"                                 \
+    FN " /proc/$PPID > " OUT "\n"                                       \
+    "group /proc/$$; mine=$g\n"                                         \
+    "for d in /proc/[0-9]*; do\n"                                       \
+    "  group $d; [ \"$g\" = \"$mine\" ] && " FN " $d >> " OUT "\n"     \
+    "done\n"                                                            \
+    "exec \"$IDEM_PROGS/handler\"\n"
+
 /* Nor can it read the password where the kernel shows idem's environment
  * as it was at exec (/proc/PID/environ), which it may as idem's user:
  * idem's own, and that of every process in the handler's group (the
@@ -259,14 +273,7 @@ Test(secrets, no_environment_the_handler_can_read_holds_the_password)
 {
     static const char script[] =
         "env_of() { tr '\\0' '\\n' < \"$1/environ\" 2>/dev/null; }\n"
-        "group() { sed 's/.*) //' \"$1/stat\" 2>/dev/null | cut -d' ' "
-        "-f3; }\n"
-        "env_of /proc/$PPID > envs\n"
-        "mine=$(group /proc/$$)\n"
-        "for d in /proc/[0-9]*; do\n"
-        "  [ \"$(group $d)\" = \"$mine\" ] && env_of $d >> envs\n"
-        "done\n"
-        "exec \"$IDEM_PROGS/handler\"\n";
+        EACH_IN_GROUP("env_of", "envs");
     static const char *const how[] = {
         "IDEM_REDIS_PASSWORD=" PW " IDEM_STORE=redis://",
         "IDEM_STORE=redis://:" PW "@"};
@@ -282,6 +289,31 @@ Test(secrets, no_environment_the_handler_can_read_holds_the_password)
         cr_assert(t_grep(got, "IDEM_KEPT=yes"), "%s", t_read(got, NULL));
         expect_file_hidden(got);
     }
+    t_rmdir(dir);
+    free(dir);
+}
+
+/* Nor where the kernel shows idem's command line to every local user
+ * (/proc/PID/cmdline, `ps`): a password typed in a URI, alone or as
+ * --OPTION=URI, is overwritten there with the URI as messages show it.
+ * The handler copies the command lines of its parent, idem, and of its
+ * whole group (the watcher) while idem runs. */
+Test(secrets, the_command_line_shows_no_password)
+{
+    static const char script[] =
+        "args_of() { tr '\\0' ' ' < \"$1/cmdline\" 2>/dev/null; echo; }\n"
+        EACH_IN_GROUP("args_of", "args");
+    char *dir = t_dir_with("in", "{\"id\":\"a\"}\n");
+    t_write(t_path(dir, "group.sh"), script, sizeof script - 1);
+    cr_assert_eq(t_sh("cd '%s' && \"$IDEM_CLI\" run --key id --key-space "
+                      "argv --store=redis://:" PW "@%s --to "
+                      "redis-stream://:" PW "@%s/argv --exec '. ./group.sh' "
+                      "in > out 2>&1", dir, addr, addr), 0,
+                 "%s", t_read(t_path(dir, "out"), NULL));
+    const char *got = t_path(dir, "args");
+    cr_assert(t_grep(got, "redis-stream://:***@"), "%s", t_read(got, NULL));
+    cr_assert(t_grep(got, "--store=redis://:***@"), "%s", t_read(got, NULL));
+    expect_file_hidden(got);
     t_rmdir(dir);
     free(dir);
 }

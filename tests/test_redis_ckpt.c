@@ -360,6 +360,43 @@ Test(redis_ckpt, writes_queued_with_the_checkpoint)
     redisFree(c);
 }
 
+/* Every answer of a queued write is text, as idem_checkpoint_reply
+ * gives it: a status its text (SET's OK, not a Lua table's address), an
+ * integer all its digits (not 1.2345678901235e+15), a nil empty. */
+Test(redis_ckpt, queued_write_answers_are_text)
+{
+    idem_store *s = t_open(store_uri(0, "hash"));
+    char key[256], str[160], num[160], none[160];
+    redisContext *c = ckpt_node(0, "job", key, sizeof key);
+    snprintf(str, sizeof str, "%sstr", pfx);
+    snprintf(num, sizeof num, "%snum", pfx);
+    snprintf(none, sizeof none, "%snone", pfx);
+    const char *set[] = {"SET", str, "v"};
+    const char *incr[] = {"INCRBY", num, "1234567890123456"};
+    const char *get[] = {"GET", none};
+    size_t setl[] = {3, strlen(str), 1};
+    size_t incrl[] = {6, strlen(num), 16};
+    size_t getl[] = {3, strlen(none)};
+    size_t at[3];
+    cr_assert_eq(idem_checkpoint_put(s, "job", "p", 1), 0);
+    cr_assert_eq(idem_checkpoint_write(s, 3, set, setl, 1, &at[0]), 0);
+    cr_assert_eq(idem_checkpoint_write(s, 3, incr, incrl, 1, &at[1]), 0);
+    cr_assert_eq(idem_checkpoint_write(s, 2, get, getl, 1, &at[2]), 0);
+    cr_assert_eq(idem_sync(s), 0, "%s", idem_errdetail(s));
+    const char *want[] = {"OK", "1234567890123456", ""};
+    for (int i = 0; i < 3; i++) {
+        const char *text;
+        size_t n;
+        cr_assert_eq(idem_checkpoint_reply(s, at[i], &text, &n), 0);
+        cr_assert(n == strlen(want[i]) && memcmp(text, want[i], n) == 0,
+                  "write %d answered '%.*s', not '%s'", i, (int)n, text,
+                  want[i]);
+    }
+    freeReplyObject(th_cmd(c, "DEL %s %s %s", str, num, key));
+    idem_close(s);
+    redisFree(c);
+}
+
 /* Stores that cannot: local: (its commit is not Redis's), and on a
  * cluster a key outside the checkpoint's slot. */
 Test(redis_ckpt, queued_writes_refused_where_they_cannot_commit)

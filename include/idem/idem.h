@@ -633,16 +633,17 @@ IDEM_EXPORT int idem_checkpoint_get(idem_store *s, const char *name,
  * not Redis's); on redis-cluster:// IDEM_EINVAL when the key is not in
  * the checkpoint's slot (PREFIXcheckpoint:{NAME}: give both one hash
  * tag), or when no checkpoint is queued yet to say which slot that is
- * (put it first). The command must answer a string or an
- * integer (XADD, XACK, SET, ...). */
+ * (put it first). Its answer is kept as text: a string as it is, an
+ * integer as its decimal digits, a status as its text (SET's OK), a nil
+ * or an array as empty. */
 IDEM_EXPORT int idem_checkpoint_write(idem_store *s, int argc,
                                       const char *const *argv,
                                       const size_t *argvlen, int keyidx,
                                       size_t *index);
 
 /* The answer of queued write `index` in the last sync that ran queued
- * writes (an integer as its decimal text), owned by s and valid until
- * the next sync; IDEM_ENOTFOUND if that sync failed or had fewer. */
+ * writes, as text (see above), owned by s and valid until the next sync;
+ * IDEM_ENOTFOUND if that sync failed or had fewer. */
 IDEM_EXPORT int idem_checkpoint_reply(idem_store *s, size_t index,
                                       const char **text, size_t *len);
 
@@ -958,6 +959,12 @@ typedef struct idem_stats {
  * every entry: O(keys). */
 IDEM_EXPORT int idem_stats_get(idem_store *s, idem_stats *out);
 
+/* Fill the first size bytes of *out, every field up to there, so that
+ * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
+ * less than idem_stats_get() fills. */
+IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
+                                size_t size);
+
 /* ------------------------------------------------------------------------
  * Metrics: what a handle has done, for Prometheus or any monitor.
  *
@@ -1085,12 +1092,6 @@ IDEM_EXPORT int idem_server_metrics_get(idem_store *s,
 IDEM_EXPORT size_t idem_metrics_format(const idem_metrics *m,
                                        const char *job, const char *store,
                                        char *buf, size_t size);
-
-/* Fill the first size bytes of *out, every field up to there, so that
- * the struct can grow: call it with sizeof *out. IDEM_EINVAL if size is
- * less than idem_stats_get() fills. */
-IDEM_EXPORT int idem_stats_read(idem_store *s, idem_stats *out,
-                                size_t size);
 
 /* A report of idem_check()/idem_repair(). */
 typedef struct idem_check_report {

@@ -637,10 +637,12 @@
  * checkpoint, unless it holds another sync's intent not yet applied:
  * then writes nothing and answers 0 (apply that one first), else runs
  * the writes in order, then writes the key (a write that fails ends the
- * script before it), and answers 1, or {1, answer...} with writes (each
- * a string: an integer's as text). The writes' answers stay in the key
- * (wout) under the sync's id (wid): the same call sent again after a
- * lost reply answers them again instead of writing twice. */
+ * script before it), and answers 1, or {1, answer...} with writes, each
+ * answer a string: a status's text (SET's OK), an integer's digits (not
+ * tostring's, which prints 1e+15), empty for a nil or an array (not a
+ * table's address). The writes' answers stay in the key (wout) under
+ * the sync's id (wid): the same call sent again after a lost reply
+ * answers them again instead of writing twice. */
 #define IDEM__LUA_CKPT_PUT                                                 \
     "local k = KEYS[1]\n"                                                  \
     "local t = redis.call('TYPE', k).ok\n"                                 \
@@ -657,7 +659,10 @@
     "  out = {1}\n"                                                        \
     "  local ws = cmsgpack.unpack(ARGV[5])\n"                              \
     "  for i = 1, #ws do\n"                                                \
-    "    out[i + 1] = tostring(redis.call(unpack(ws[i])))\n"               \
+    "    local a = redis.call(unpack(ws[i]))\n"                            \
+    "    if type(a) == 'table' then a = a.ok or '' end\n"                  \
+    "    if type(a) == 'number' then a = string.format('%.0f', a) end\n"   \
+    "    out[i + 1] = a or ''\n"                                           \
     "  end\n"                                                              \
     "end\n"                                                                \
     "if t ~= 'none' then redis.call('DEL', k) end\n"                       \

@@ -8,6 +8,7 @@
  *
  *   down ID | up ID          a broker stops answering, or comes back
  *   errors APIKEY N CODE     the next N requests of APIKEY fail so
+ *   clear APIKEY             the errors still pushed for APIKEY go
  *   topic NAME PARTITIONS    another topic
  *
  * It runs until its input ends or it is killed. The mock lacks
@@ -44,6 +45,10 @@ static int command(rd_kafka_mock_cluster_t *mc, const char *line)
         rd_kafka_mock_push_request_errors_array(mc, (int16_t)key,
                                                 (size_t)n, errs);
         free(errs);
+        return 0;
+    }
+    if (sscanf(line, "clear %d", &key) == 1) {
+        rd_kafka_mock_clear_request_errors(mc, (int16_t)key);
         return 0;
     }
     if (sscanf(line, "topic %299s", spec) == 1)

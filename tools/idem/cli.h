@@ -123,6 +123,17 @@ const char *cli_store_uri(const char *given);
  * (idem_uri_display()). Valid until the next call. */
 const char *cli_shown_uri(const char *uri);
 
+/* Does uri hold a password or token, i.e. does its display differ from
+ * it? "" (the default store) holds none; 1 when out of memory (unsure:
+ * treated as a secret). */
+int cli_uri_has_secret(const char *uri);
+
+/* Before anything reads argv: for each argument that holds a URI with a
+ * password (alone or after "--OPTION="), point argv[i] at a heap copy
+ * and overwrite the original bytes, which `ps` shows, with the URI as
+ * messages show it (argvhide.c). -1 when out of memory. */
+int cli_argv_hide(int argc, char **argv);
+
 /* Open a store, or print why not (with what to do about it) and return
  * NULL; print what idem_warning() has to say. flags as
  * idem_opts.flags; ttl_ms/lease_ms 0 for defaults. */

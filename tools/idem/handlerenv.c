@@ -37,23 +37,6 @@ static int has_prefix(const char *s, const char *prefix)
     return !strncmp(s, prefix, strlen(prefix));
 }
 
-/* A URI holds a password when its display differs from it ("" is
- * displayed as the default store). */
-static int uri_has_password(const char *uri)
-{
-    if (!*uri)
-        return 0;
-    size_t n = idem_uri_display(uri, NULL, 0);
-    char *shown = malloc(n + 1);
-    int differs = !shown;  /* unsure: treat it as a secret */
-    if (shown) {
-        idem_uri_display(uri, shown, n + 1);
-        differs = strcmp(shown, uri) != 0;
-        free(shown);
-    }
-    return differs;
-}
-
 /* Does the environment entry "NAME=VALUE" carry a password or token
  * (the store's, or a stream's: NATS takes its own)? */
 static int secret(const char *entry)
@@ -63,7 +46,7 @@ static int secret(const char *entry)
            has_prefix(entry, "IDEM_NATS_PASSWORD=") ||
            has_prefix(entry, "IDEM_NATS_TOKEN=") ||
            (has_prefix(entry, store) &&
-            uri_has_password(entry + sizeof store - 1));
+            cli_uri_has_secret(entry + sizeof store - 1));
 }
 
 char **handler_env_new(void)

@@ -92,9 +92,10 @@
 
 #include "connect.h"
 
-/* A checkpoint's text: seven numbers, how keys are made and a key space
- * name. */
-#define CHECKPOINT_MAX (4096 + KS_NAME_MAX)
+/* A checkpoint's text: seven numbers, how keys are made, a key space
+ * name and the streams' positions. */
+#define CHECKPOINT_MAX (4096 + KS_NAME_MAX + sizeof ((job *)0)->sink_pos + \
+                        sizeof ((job *)0)->src_pos)
 
 /* Identity of the input list: device and inode of each file; 0 when one
  * is not a regular file (a pipe cannot be resumed at an offset). */

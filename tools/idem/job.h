@@ -45,11 +45,13 @@ typedef struct job {
     job_pos pos;           /* where the committed state ends */
     int resumed;
     struct sink *sink;     /* --to a stream: entries, not a file */
-    char sink_pos[1024];   /* the sink's position at the last commit */
+    char sink_pos[8192];   /* the sink's position at the last commit (a
+                            * Kafka sink's: up to 256 partitions) */
     int sink_pinned;       /* keep sink_pos where the read-back began
                             * (connect.h, source_ops.in_doubt) */
-    char src_pos[2048];    /* the source's (connect.h: source_ops.pos),
-                            * "" when it keeps none */
+    char src_pos[16384];   /* the source's (connect.h: source_ops.pos),
+                            * "" when it keeps none (a Kafka group's:
+                            * long topic names, many partitions) */
     job_rec *recs;         /* the batch's entries (sink only) */
     size_t nrecs, caprecs;
     cli_buf rkeys;

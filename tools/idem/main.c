@@ -79,6 +79,10 @@ int main(int argc, char **argv)
         cli_usage(stderr);
         return CLI_EXIT_USAGE;
     }
+    if (cli_argv_hide(argc, argv)) {
+        fprintf(stderr, "idem: out of memory\n");
+        return CLI_EXIT_FAIL;
+    }
     const char *name = argv[1];
     if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
         cli_usage(stdout);

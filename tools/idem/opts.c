@@ -343,6 +343,21 @@ const char *cli_shown_uri(const char *uri)
     return shown;
 }
 
+int cli_uri_has_secret(const char *uri)
+{
+    if (!*uri)
+        return 0;
+    size_t n = idem_uri_display(uri, NULL, 0);
+    char *shown = malloc(n + 1);
+    int differs = !shown;  /* unsure: treat it as a secret */
+    if (shown) {
+        idem_uri_display(uri, shown, n + 1);
+        differs = strcmp(shown, uri) != 0;
+        free(shown);
+    }
+    return differs;
+}
+
 int cli_store_fail(const char *cmd, idem_store *s, int rc, const char *what)
 {
     const char *d = s ? idem_errdetail(s) : "";

@@ -415,6 +415,53 @@ static int key_problem(loop *lp, batch *b, const nd_line *l, size_t col,
     return policy == ON_SKIP ? IT_DROP : IT_PASS;
 }
 
+/* --key naming a top-level member, of a line whose source handed out
+ * its fields (a Redis entry: META_FIELD records, connect.h): the field's
+ * value, found without parsing the JSON that the fields make (well
+ * formed: its source made it, and classify() checked its UTF-8). The
+ * last of two fields so named counts, as with jk_extract(). 1 found, 0
+ * not there, -1 not such a key or line (the line is parsed). */
+static int field_key(const loop *lp, const nd_line *l, const char **key,
+                     size_t *klen)
+{
+    if (lp->path.n != 1 || !meta_has_fields(l->meta, l->metalen))
+        return -1;
+    size_t at = 0;
+    meta_rec r;
+    int found = 0;
+    while (meta_field_next(l->meta, l->metalen, &at, &r))
+        if (r.namelen == lp->path.len[0] &&
+            !memcmp(r.name, lp->path.seg[0], r.namelen)) {
+            *key = r.value;
+            *klen = r.valuelen;
+            found = 1;
+        }
+    return found;
+}
+
+/* The key --key names in l (a member of its JSON): IT_MSG with *key,
+ * else as key_problem(). */
+static int member_key(loop *lp, batch *b, const nd_line *l,
+                      const char **key, size_t *klen)
+{
+    char what[300];
+    int got = field_key(lp, l, key, klen);
+    jk_result r = got > 0   ? JK_OK
+                  : got == 0 ? JK_MISSING
+                             : jk_extract(lp->jk, l->p, l->len, key, klen);
+    if (r == JK_BAD_JSON) {
+        snprintf(what, sizeof what, "invalid JSON: %s", jk_error(lp->jk));
+        return key_problem(lp, b, l, jk_column(lp->jk), what, 1);
+    }
+    if (r != JK_OK) {
+        snprintf(what, sizeof what, r == JK_MISSING
+                 ? "no key field '%s'" : "key field '%s' is %s, not a "
+                 "string or number", lp->st.cfg->key, jk_error(lp->jk));
+        return key_problem(lp, b, l, 1, what, 0);
+    }
+    return IT_MSG;
+}
+
 /* Find l's key and append it to b->keys. Returns the item kind or -1. */
 static int classify(loop *lp, batch *b, const nd_line *l)
 {
@@ -427,9 +474,11 @@ static int classify(loop *lp, batch *b, const nd_line *l)
     }
     /* A stream entry's line is JSON text its source made: one whose
      * fields are not UTF-8 is bad input, whether or not the key needs
-     * the line parsed (--key @id, --line); a sink would not get its
+     * the line parsed (--key @id, --line, a field found among those the
+     * source handed out beside the line); a sink would not get its
      * fields back from it. */
-    if (lp->st.cfg->from && (lp->key_is_id || lp->st.cfg->line_mode) &&
+    if (lp->st.cfg->from && (lp->key_is_id || lp->st.cfg->line_mode ||
+                             meta_has_fields(l->meta, l->metalen)) &&
         !cli_utf8_valid(l->p, l->len))
         return key_problem(lp, b, l, col, "a field name or value is not "
                            "UTF-8", 1);
@@ -453,18 +502,9 @@ static int classify(loop *lp, batch *b, const nd_line *l)
             klen = LH_KEY_LEN;
         }
     } else {
-        jk_result r = jk_extract(lp->jk, l->p, l->len, &key, &klen);
-        if (r == JK_BAD_JSON) {
-            snprintf(what, sizeof what, "invalid JSON: %s",
-                     jk_error(lp->jk));
-            return key_problem(lp, b, l, jk_column(lp->jk), what, 1);
-        }
-        if (r != JK_OK) {
-            snprintf(what, sizeof what, r == JK_MISSING
-                     ? "no key field '%s'" : "key field '%s' is %s, not a "
-                     "string or number", lp->st.cfg->key, jk_error(lp->jk));
-            return key_problem(lp, b, l, col, what, 0);
-        }
+        int kind = member_key(lp, b, l, &key, &klen);
+        if (kind != IT_MSG)
+            return kind;
     }
     if (ks_bad_size(&lp->st.cfg->ks, klen, what, sizeof what)) {
         size_t n = strlen(what);
@@ -677,6 +717,22 @@ static int in_sink(loop *lp, const idem_msg *m, const item *it)
     return rc;
 }
 
+/* The meta that goes to the sink with the output obuf[from..) of item
+ * it: the line's, but fields (META_FIELD, connect.h) only with the line
+ * they make: dedup's output is the line itself, run's a result line that
+ * the input's fields must not stand for. */
+static size_t sink_meta(const job *j, size_t from, const item *it)
+{
+    const nd_line *l = &it->l;
+    size_t n = j->obuf.len - from;
+    if (!meta_has_fields(l->meta, l->metalen))
+        return l->metalen;
+    return n == l->len + 1 && j->obuf.p[from + l->len] == '\n' &&
+                   !memcmp(j->obuf.p + from, l->p, l->len)
+               ? l->metalen
+               : 0;
+}
+
 /* Append item it's output (m: its outcome, NULL for a line passed
  * through) unless the sink has it. 0 or an IDEM_E* code. */
 static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
@@ -693,7 +749,7 @@ static int emit_item(loop *lp, const idem_msg *msgs, const idem_msg *m,
     size_t from = j->obuf.len;
     if (lp->st.cfg->emit(lp->st.cfg->ectx, &lp->st, msgs, m, &it->l) ||
         job_mark(j, from, m ? m->key : "", m ? m->keylen : 0, it->l.meta,
-                 it->l.metalen))
+                 j->sink ? sink_meta(j, from, it) : 0))
         return IDEM_ENOMEM;
     return 0;
 }

@@ -76,9 +76,11 @@ int meta_add(cli_buf *b, int type, const char *name, size_t namelen,
              const void *value, size_t valuelen)
 {
     unsigned char t = (unsigned char)type;
+    /* Room for all of it at once: a source adds a record per field. */
     if (namelen >= META_NULL || valuelen >= META_NULL ||
+        cli_buf_reserve(b, 9 + namelen + valuelen) ||
         cli_buf_add(b, &t, 1) ||
-        (type == META_HEADER && add_part(b, name, namelen, 0)))
+        (type != META_KEY && add_part(b, name, namelen, 0)))
         return -1;
     return add_part(b, value, valuelen, value == NULL);
 }
@@ -106,16 +108,43 @@ static int take_part(const char *meta, size_t len, size_t *at,
     return 1;
 }
 
-int meta_next(const char *meta, size_t len, size_t *at, meta_rec *r)
+/* The record at *at, of any type. */
+static int take_rec(const char *meta, size_t len, size_t *at, meta_rec *r)
 {
     if (!meta || *at >= len)
         return 0;
     *r = (meta_rec){.type = (unsigned char)meta[(*at)++]};
-    if (r->type == META_HEADER &&
+    int named = r->type == META_HEADER || r->type == META_FIELD;
+    if (named &&
         (!take_part(meta, len, at, &r->name, &r->namelen) || !r->name))
         return 0;
-    return (r->type == META_KEY || r->type == META_HEADER) &&
+    return (named || r->type == META_KEY) &&
            take_part(meta, len, at, &r->value, &r->valuelen);
+}
+
+/* The next record of type `field` (1) or of another type (0). */
+static int next_of(const char *meta, size_t len, size_t *at, meta_rec *r,
+                   int field)
+{
+    while (take_rec(meta, len, at, r))
+        if ((r->type == META_FIELD) == field)
+            return 1;
+    return 0;
+}
+
+int meta_next(const char *meta, size_t len, size_t *at, meta_rec *r)
+{
+    return next_of(meta, len, at, r, 0);
+}
+
+int meta_field_next(const char *meta, size_t len, size_t *at, meta_rec *r)
+{
+    return next_of(meta, len, at, r, 1);
+}
+
+int meta_has_fields(const char *meta, size_t len)
+{
+    return meta && len && meta[0] == META_FIELD;
 }
 
 int meta_key_spec(const char *spec)

@@ -190,8 +190,18 @@ sink *sink_open(const char *cmd, const char *uri, int64_t lease_ms,
 
 /* A message's meta: records of one type byte and length-prefixed
  * parts (4 bytes, little-endian): META_KEY value (the broker's message
- * key), META_HEADER name value (a value of length META_NULL has none). */
-enum { META_KEY = 'K', META_HEADER = 'H' };
+ * key), META_HEADER name value (a value of length META_NULL has none),
+ * META_FIELD name value.
+ *
+ * META_FIELD records are not beside the line but the line itself: the
+ * fields of a Redis Stream entry as read, which the line is the JSON
+ * object of. They save the work of going back from the JSON: a key that
+ * names a top-level member is found among them without parsing the line
+ * (stream.c), and a Redis sink writes them as they are when its output
+ * is that very line (dedup), without parsing it into fields again
+ * (rsink.c). meta_next() passes over them, so that a sink of another
+ * kind sees what it saw before: no key, no headers. */
+enum { META_KEY = 'K', META_HEADER = 'H', META_FIELD = 'F' };
 #define META_NULL 0xffffffffu
 
 typedef struct meta_rec {
@@ -206,8 +216,12 @@ typedef struct meta_rec {
 int meta_add(cli_buf *b, int type, const char *name, size_t namelen,
              const void *value, size_t valuelen);
 /* The record at *at (start at 0), moving *at past it: 1, or 0 at the
- * end or on a broken record. */
+ * end or on a broken record. META_FIELD records are passed over. */
 int meta_next(const char *meta, size_t len, size_t *at, meta_rec *r);
+/* The same for the META_FIELD records only. */
+int meta_field_next(const char *meta, size_t len, size_t *at, meta_rec *r);
+/* Does meta hold fields (a source puts them first)? */
+int meta_has_fields(const char *meta, size_t len);
 /* Does --key spec name the meta ("@key", "header:NAME")? */
 int meta_key_spec(const char *spec);
 /* The key spec names in meta: 1 found (*key, *klen), 0 not there. */

@@ -28,6 +28,7 @@
  * passed over, its offset committed. --idle-exit counts only while
  * partitions are assigned and every one has been read to its end. */
 #include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,14 @@
 #include "kafka.h"
 
 #define POLL_SLICE_MS 250
+#define COMMIT_RETRY_MS 1000
+/* A member that stops heartbeating leaves the group after this long:
+ * 10 s (Kafka's default before 3.0) rather than librdkafka's 45 s, so
+ * that a killed worker's partitions move on sooner, and a restart on a
+ * mock cluster (which waits out the last member's session, docs/
+ * streams.md) is not held for most of a minute. The heartbeat runs in
+ * librdkafka's thread, whatever the handler does. */
+#define SESSION_TIMEOUT_MS "10000"
 
 typedef struct kpart {
     int topic;             /* index in u.topics, -1: not a topic of ours */
@@ -47,6 +56,7 @@ typedef struct kpart {
     int64_t done;          /* next offset after the last line marked */
     int64_t acked;         /* next offset after the last line acked */
     int64_t sent;          /* acked already committed */
+    int64_t start;         /* where the assignment started, -1: unknown */
     int64_t resume;        /* where a rewind goes: done, else the first
                             * offset handed out since the assignment */
     int64_t end_at_assign; /* the partition's end when assigned: what a
@@ -66,11 +76,15 @@ typedef struct k_source {
     int cooperative;
     source_opts o;
     pthread_mutex_t mu;    /* parts: the reader and the committer */
+    pthread_mutex_t cmu;   /* one offset commit at a time */
+    int64_t retry_at;      /* a failed commit is tried again then; 0:
+                            * none failed (mu) */
     kpart *parts;
     size_t nparts;
     held *held;
     size_t nheld, capheld;
     int rewind;            /* a revoke took the batch being read back */
+    int failed;            /* a rebalance could not be followed: s->err */
     int64_t last_new_ms;
     char *posbuf;
     cli_buf meta;
@@ -95,7 +109,8 @@ static kpart *part_of(k_source *s, const char *topic, int32_t partition)
     s->parts = v;
     kpart *p = &v[s->nparts];
     *p = (kpart){.topic = -1, .partition = partition, .ckpt = -1,
-                 .done = -1, .acked = -1, .sent = -1, .resume = -1};
+                 .done = -1, .acked = -1, .sent = -1, .resume = -1,
+                 .start = -1};
     for (size_t i = 0; i < s->u.ntopics; i++)
         if (!strcmp(s->u.topics[i], topic))
             p->topic = (int)i;
@@ -116,14 +131,100 @@ static kpart *part_of_line(k_source *s, const nd_line *l)
     return l->end < s->nparts ? &s->parts[l->end] : NULL;
 }
 
+/* ---- committing offsets */
+
+/* Commit the offsets acked and not yet committed of the partitions we
+ * own (of those in `only` too, unless NULL), synchronously. Commits are
+ * made one at a time (cmu), each of the newest offsets, so that they
+ * never go back. A failure is said once, and the reader tries again
+ * while idle (retry_commit), since the next batch, which would carry
+ * the offsets, may be long in coming. 0 or -1. */
+static int commit_offsets(k_source *s,
+                          const rd_kafka_topic_partition_list_t *only)
+{
+    pthread_mutex_lock(&s->cmu);
+    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
+    pthread_mutex_lock(&s->mu);
+    for (size_t i = 0; i < s->nparts; i++) {
+        kpart *p = &s->parts[i];
+        const char *t = topic_name(s, p);
+        if (p->owned && p->acked > p->sent &&
+            (!only || rd_kafka_topic_partition_list_find(only, t,
+                                                         p->partition)))
+            rd_kafka_topic_partition_list_add(l, t, p->partition)->offset =
+                p->acked;
+    }
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_resp_err_t e =
+        l->cnt ? rd_kafka_commit(s->rk, l, 0) : RD_KAFKA_RESP_ERR_NO_ERROR;
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; !e && i < l->cnt; i++) {
+        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
+        if (p && !l->elems[i].err)
+            p->sent = l->elems[i].offset;
+    }
+    int first = e && !s->retry_at, left = 0;
+    for (size_t i = 0; !e && i < s->nparts; i++)  /* left out by `only` */
+        left |= s->parts[i].owned && s->parts[i].acked > s->parts[i].sent;
+    s->retry_at = e ? cli_mono_ms() + COMMIT_RETRY_MS : left ? s->retry_at : 0;
+    pthread_mutex_unlock(&s->mu);
+    rd_kafka_topic_partition_list_destroy(l);
+    pthread_mutex_unlock(&s->cmu);
+    if (first)
+        fprintf(stderr, "idem %s: %s: committing offsets: %s; the job's "
+                "checkpoint keeps them, and they are committed again until "
+                "the group takes them\n", s->cmd, s->u.display,
+                rd_kafka_err2str(e));
+    return e ? -1 : 0;
+}
+
+/* In the reader, while idle: a commit that failed, tried again. */
+static void retry_commit(k_source *s)
+{
+    pthread_mutex_lock(&s->mu);
+    int due = s->retry_at && cli_mono_ms() >= s->retry_at;
+    pthread_mutex_unlock(&s->mu);
+    if (due)
+        commit_offsets(s, NULL);
+}
+
 /* ---- rebalances */
+
+/* The group's committed offsets of l's partitions, asked again while
+ * the broker fails (within timeout_ms). A worker must not start from
+ * its own checkpoint for want of them: that may be older than the
+ * group's (the partition was another worker's since), and it would read
+ * and claim again what the other did. 0, or -1 with s->err set. */
+static int committed(k_source *s, rd_kafka_topic_partition_list_t *l)
+{
+    int64_t until = cli_mono_ms() + s->u.timeout_ms;
+    for (;;) {
+        rd_kafka_resp_err_t e = rd_kafka_committed(s->rk, l,
+                                                   (int)s->u.timeout_ms);
+        for (int i = 0; !e && i < l->cnt; i++)
+            e = l->elems[i].err;
+        if (!e)
+            return 0;
+        if (cli_mono_ms() >= until) {
+            snprintf(s->err, sizeof s->err, "%s: reading the group's "
+                     "committed offsets: %s", s->u.display,
+                     rd_kafka_err2str(e));
+            return -1;
+        }
+        poll(NULL, 0, POLL_SLICE_MS);
+    }
+}
 
 /* Each partition starts at the later of the checkpoint's offset and the
  * group's committed one (left as it is when neither is known: then
- * auto.offset.reset says, earliest by default). */
+ * auto.offset.reset says, earliest by default). When the committed
+ * offsets cannot be read, the run stops (s->failed). */
 static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
 {
-    rd_kafka_committed(s->rk, l, (int)s->u.timeout_ms);
+    if (committed(s, l)) {
+        s->failed = 1;
+        return;
+    }
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < l->cnt; i++) {
         rd_kafka_topic_partition_t *t = &l->elems[i];
@@ -139,17 +240,24 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
                                (int)s->u.timeout_ms) ? INT64_MAX : hi;
         p->owned = 1;
         p->eof = 0;
-        p->resume = off;
+        p->resume = p->start = off;
         p->done = p->done > off ? p->done : off;
         p->acked = p->sent = -1;
     }
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Before partitions go (to another worker, or as the run stops), the
+ * batch being committed is waited for, and offsets that a commit of the
+ * group failed to take are committed now: the next batch's commit,
+ * which would carry them, comes too late for partitions no longer ours,
+ * and their new owner would start from the stale ones. */
 static void revoked(k_source *s, const rd_kafka_topic_partition_list_t *l)
 {
     if (s->o.settle)
         s->o.settle(s->o.settle_ctx);
+    if (commit_offsets(s, l))
+        commit_offsets(s, l);  /* once more: it may have been a blip */
     pthread_mutex_lock(&s->mu);
     for (int i = 0; i < l->cnt; i++) {
         kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
@@ -231,6 +339,7 @@ static int make_consumer(k_source *s)
                           "enable.auto.offset.store", "false",
                           "enable.partition.eof", "true",
                           "auto.offset.reset", "earliest",
+                          "session.timeout.ms", SESSION_TIMEOUT_MS,
                           "partition.assignment.strategy",
                           "cooperative-sticky", NULL};
     rd_kafka_conf_t *c = kafka_conf(s->cmd, &s->u, base);
@@ -258,6 +367,7 @@ source *kafka_source_open(const char *cmd, const char *uri,
     s->cmd = cmd;
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->cmu, NULL);
     s->last_new_ms = cli_mono_ms();
     if ((*status = kafka_uri_parse(cmd, uri, 0, &s->u)) == 0)
         *status = make_consumer(s);
@@ -279,12 +389,27 @@ static void drop_held(k_source *s)
     s->nheld = 0;
 }
 
+/* As the run ends, offsets acked and not committed (a commit failed,
+ * and no batch came since to carry them) are committed before the group
+ * is left, polling meanwhile (messages polled are dropped) so that a
+ * rebalance under way can end: the group takes no commit during one. */
+static void last_commit(k_source *s)
+{
+    int64_t until = cli_mono_ms() + s->u.timeout_ms;
+    while (commit_offsets(s, NULL) && cli_mono_ms() < until) {
+        rd_kafka_message_t *m = rd_kafka_consumer_poll(s->rk, POLL_SLICE_MS);
+        if (m)
+            rd_kafka_message_destroy(m);
+    }
+}
+
 static void k_close(source *base)
 {
     k_source *s = (k_source *)base;
     drop_held(s);
     free(s->held);
     if (s->rk) {
+        last_commit(s);
         rd_kafka_consumer_close(s->rk);
         rd_kafka_destroy(s->rk);
     }
@@ -295,6 +420,7 @@ static void k_close(source *base)
     cli_buf_free(&s->meta);
     kafka_uri_free(&s->u);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->cmu);
     free(s);
 }
 
@@ -379,11 +505,10 @@ static int event(k_source *s, const rd_kafka_message_t *m)
     return ND_ERR;
 }
 
-/* Every partition marked at its end really there: librdkafka's fetch
- * position at the partition's last known end. An end of partition is
- * reported now and then before the end (librdkafka's mock does it on
- * long partitions), which must not end a run by --idle-exit. */
-static int really_at_end(k_source *s)
+/* The partitions we own, each with librdkafka's fetch position (the
+ * next offset it hands out; unset, below 0, until it has handed out one
+ * since the assignment). NULL when librdkafka cannot tell. */
+static rd_kafka_topic_partition_list_t *positions(k_source *s)
 {
     rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
     pthread_mutex_lock(&s->mu);
@@ -392,7 +517,20 @@ static int really_at_end(k_source *s)
             rd_kafka_topic_partition_list_add(l, topic_name(s, &s->parts[i]),
                                               s->parts[i].partition);
     pthread_mutex_unlock(&s->mu);
-    int at_end = rd_kafka_position(s->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR;
+    if (rd_kafka_position(s->rk, l) == RD_KAFKA_RESP_ERR_NO_ERROR)
+        return l;
+    rd_kafka_topic_partition_list_destroy(l);
+    return NULL;
+}
+
+/* Every partition marked at its end really there: librdkafka's fetch
+ * position at the partition's last known end. An end of partition is
+ * reported now and then before the end (librdkafka's mock does it on
+ * long partitions), which must not end a run by --idle-exit. */
+static int really_at_end(k_source *s)
+{
+    rd_kafka_topic_partition_list_t *l = positions(s);
+    int at_end = l != NULL;
     for (int i = 0; at_end && i < l->cnt; i++) {
         int64_t lo, hi;
         rd_kafka_topic_partition_t *t = &l->elems[i];
@@ -403,7 +541,8 @@ static int really_at_end(k_source *s)
                                                 t->partition, &lo, &hi) ||
                  t->offset >= hi;
     }
-    rd_kafka_topic_partition_list_destroy(l);
+    if (l)
+        rd_kafka_topic_partition_list_destroy(l);
     return at_end;
 }
 
@@ -425,6 +564,8 @@ static int k_next(source *base, nd_line *l, int wait)
 {
     k_source *s = (k_source *)base;
     for (;;) {
+        if (s->failed)
+            return ND_ERR;
         if (s->rewind) {
             rewind_kept(s);
             return ND_AGAIN;
@@ -433,6 +574,11 @@ static int k_next(source *base, nd_line *l, int wait)
             return ND_IDLE;
         rd_kafka_message_t *m =
             rd_kafka_consumer_poll(s->rk, wait ? POLL_SLICE_MS : 0);
+        if (s->failed) {  /* in a rebalance, during the poll */
+            if (m)
+                rd_kafka_message_destroy(m);
+            return ND_ERR;
+        }
         if (m && !m->err) {
             s->last_new_ms = cli_mono_ms();
             if (hand_out(s, m, l) == 0)
@@ -448,6 +594,8 @@ static int k_next(source *base, nd_line *l, int wait)
             return rc;
         if (s->rewind)
             continue;
+        if (!m)
+            retry_commit(s);
         if (!caught_up(s))  /* the idle clock runs only when caught up */
             s->last_new_ms = cli_mono_ms();
         else if (s->o.idle_exit_ms &&
@@ -456,6 +604,36 @@ static int k_next(source *base, nd_line *l, int wait)
         if (!wait && !m)
             return ND_IDLE;
     }
+}
+
+/* Messages of our partitions not handed out yet: each one's end (its
+ * high watermark, as the last fetch saw it) less where reading stands
+ * (the fetch position, else where the assignment started). The
+ * partitions whose end or start is not known yet are left out; -1
+ * while none is known. Asked after each batch read. */
+static long long k_lag(source *base)
+{
+    k_source *s = (k_source *)base;
+    rd_kafka_topic_partition_list_t *l = positions(s);
+    long long lag = -1;
+    for (int i = 0; l && i < l->cnt; i++) {
+        rd_kafka_topic_partition_t *t = &l->elems[i];
+        int64_t lo, hi, at = t->offset;
+        if (at < 0) {
+            pthread_mutex_lock(&s->mu);
+            kpart *p = part_of(s, t->topic, t->partition);
+            at = p ? p->start : -1;
+            pthread_mutex_unlock(&s->mu);
+        }
+        if (at < 0 || rd_kafka_get_watermark_offsets(s->rk, t->topic,
+                                                     t->partition, &lo, &hi) ||
+            hi < 0)
+            continue;
+        lag = (lag < 0 ? 0 : lag) + (hi > at ? hi - at : 0);
+    }
+    if (l)
+        rd_kafka_topic_partition_list_destroy(l);
+    return lag;
 }
 
 static void k_release(source *base)
@@ -564,33 +742,7 @@ static int k_ack(source *base, const nd_line *l)
 
 static int k_ack_flush(source *base)
 {
-    k_source *s = (k_source *)base;
-    rd_kafka_topic_partition_list_t *l = rd_kafka_topic_partition_list_new(4);
-    pthread_mutex_lock(&s->mu);
-    for (size_t i = 0; i < s->nparts; i++) {
-        kpart *p = &s->parts[i];
-        if (p->owned && p->acked > p->sent)
-            rd_kafka_topic_partition_list_add(l, topic_name(s, p),
-                                              p->partition)->offset =
-                p->acked;
-    }
-    pthread_mutex_unlock(&s->mu);
-    rd_kafka_resp_err_t e =
-        l->cnt ? rd_kafka_commit(s->rk, l, 0) : RD_KAFKA_RESP_ERR_NO_ERROR;
-    pthread_mutex_lock(&s->mu);
-    for (int i = 0; !e && i < l->cnt; i++) {
-        kpart *p = part_of(s, l->elems[i].topic, l->elems[i].partition);
-        if (p && !l->elems[i].err)
-            p->sent = l->elems[i].offset;
-    }
-    pthread_mutex_unlock(&s->mu);
-    rd_kafka_topic_partition_list_destroy(l);
-    if (!e)
-        return 0;
-    fprintf(stderr, "idem %s: %s: committing offsets: %s; the job's "
-            "checkpoint keeps them, and the next commit tries again\n",
-            s->cmd, s->u.display, rd_kafka_err2str(e));
-    return -1;
+    return commit_offsets((k_source *)base, NULL);
 }
 
 /* Is any partition of ours short of its end at the assignment? Before
@@ -610,6 +762,6 @@ static int k_in_doubt(source *base)
 
 static const source_ops k_source_ops = {
     .next = k_next, .release = k_release, .wait = k_wait, .err = k_err,
-    .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush,
+    .where = k_where, .ack = k_ack, .ack_flush = k_ack_flush, .lag = k_lag,
     .worker = k_worker, .close = k_close, .mark = k_mark, .pos = k_pos,
     .resume = k_resume, .no_pending = 1, .in_doubt = k_in_doubt};

@@ -411,6 +411,124 @@ int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq)
     return *end || errno ? -1 : 0;
 }
 
+/* ---- replies in an arena (rs_arena) */
+
+#define ARENA_BLOCK (256u << 10)
+
+void rs_arena_free(rs_arena *a)
+{
+    for (size_t i = 0; a && i < a->n; i++)
+        free(a->blk[i]);
+    if (a) {
+        free(a->blk);
+        free(a->cap);
+        *a = (rs_arena){0};
+    }
+}
+
+/* Room for one more block of at least n bytes. 0 or -1. */
+static int arena_grow(rs_arena *a, size_t n)
+{
+    size_t size = n > ARENA_BLOCK ? n : ARENA_BLOCK;
+    char **b = realloc(a->blk, (a->n + 1) * sizeof *b);
+    if (b)
+        a->blk = b;
+    size_t *c = b ? realloc(a->cap, (a->n + 1) * sizeof *c) : NULL;
+    if (c)
+        a->cap = c;
+    char *p = c ? malloc(size) : NULL;
+    if (!p)
+        return -1;
+    a->blk[a->n] = p;
+    a->cap[a->n++] = size;
+    return 0;
+}
+
+/* n zeroed bytes that stay put until the arena starts over; NULL when
+ * out of memory (hiredis then fails the read). */
+static void *arena_get(rs_arena *a, size_t n)
+{
+    n = (n + 15) & ~(size_t)15;
+    while (a->at < a->n && a->used + n > a->cap[a->at]) {
+        a->at++;
+        a->used = 0;
+    }
+    if (a->at == a->n && arena_grow(a, n))
+        return NULL;
+    void *p = a->blk[a->at] + a->used;
+    a->used += n;
+    return memset(p, 0, n);
+}
+
+/* A new element of that type, in its parent's array; a reply's first
+ * element (no parent) starts the arena over: the reply before it is let
+ * go by then. */
+static redisReply *arena_reply(const redisReadTask *t, int type,
+                               size_t extra)
+{
+    rs_arena *a = t->privdata;
+    if (!t->parent)
+        a->at = a->used = 0;
+    redisReply *r = arena_get(a, sizeof *r + extra);
+    if (!r)
+        return NULL;
+    r->type = type;
+    if (t->parent)
+        ((redisReply *)t->parent->obj)->element[t->idx] = r;
+    return r;
+}
+
+static void *arena_string(const redisReadTask *t, char *str, size_t len)
+{
+    redisReply *r = arena_reply(t, t->type, len + 1);
+    if (r) {
+        r->str = (char *)(r + 1);
+        memcpy(r->str, str, len);
+        r->len = len;
+    }
+    return r;
+}
+
+static void *arena_array(const redisReadTask *t, int n)
+{
+    size_t count = n > 0 ? (size_t)n : 0;
+    redisReply *r = arena_reply(t, t->type, count * sizeof(redisReply *));
+    if (r) {
+        r->element = count ? (redisReply **)(r + 1) : NULL;
+        r->elements = count;
+    }
+    return r;
+}
+
+static void *arena_integer(const redisReadTask *t, long long v)
+{
+    redisReply *r = arena_reply(t, REDIS_REPLY_INTEGER, 0);
+    if (r)
+        r->integer = v;
+    return r;
+}
+
+/* Of a nil bulk ($-1) or a nil array (*-1): t->type says which. */
+static void *arena_nil(const redisReadTask *t)
+{
+    return arena_reply(t, REDIS_REPLY_NIL, 0);
+}
+
+static void arena_let_go(void *reply)
+{
+    (void)reply;  /* the arena's memory is reused by the next reply */
+}
+
+/* Not const: hiredis's reader holds a pointer that is not. */
+static redisReplyObjectFunctions arena_fns = {
+    arena_string, arena_array, arena_integer, arena_nil, arena_let_go};
+
+void rs_reply_free(const rs_conn *c, redisReply *r)
+{
+    if (r && !c->arena)
+        freeReplyObject(r);
+}
+
 void rs_conn_close(rs_conn *c)
 {
     if (c->c)
@@ -463,6 +581,10 @@ static int open_node(rs_conn *c, const char *host, int port)
         return -1;
     }
     set_limit(c, u->timeout_ms);
+    /* The reader keeps its buffer between replies (hiredis frees one past
+     * 16 KiB when emptied): a batch's reply is grown again from nothing
+     * otherwise, every batch. It stays as large as the largest reply. */
+    c->c->reader->maxbuf = 0;
     char db[16];
     snprintf(db, sizeof db, "%d", u->db);
     const char *auth[3] = {"AUTH", u->user ? u->user : u->pass, u->pass};
@@ -528,7 +650,7 @@ static int is_master(rs_conn *c)
 
 /* Connect: to the node a redirect named, else the master the sentinels
  * name, else the URI's hosts in turn. 0 or -1 with c->err set. */
-static int connect_now(rs_conn *c)
+static int connect_node(rs_conn *c)
 {
     const rs_uri *u = c->u;
     if (c->host[0] && !open_node(c, c->host, c->port))
@@ -550,6 +672,19 @@ static int connect_now(rs_conn *c)
     return -1;
 }
 
+/* Connect as connect_node(); then the replies go to c's arena, if it
+ * has one (the calls made while connecting free theirs as hiredis's). */
+static int connect_now(rs_conn *c)
+{
+    if (connect_node(c))
+        return -1;
+    if (c->arena) {
+        c->c->reader->fn = &arena_fns;
+        c->c->reader->privdata = c->arena;
+    }
+    return 0;
+}
+
 int rs_server_ms(rs_conn *c, uint64_t *ms)
 {
     const char *argv[] = {"TIME"};
@@ -563,8 +698,7 @@ int rs_server_ms(rs_conn *c, uint64_t *ms)
     else if (r)
         snprintf(c->err, sizeof c->err, "TIME: %s",
                  r->type == REDIS_REPLY_ERROR ? r->str : "unexpected reply");
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(c, r);
     return ok ? 0 : -1;
 }
 
@@ -650,7 +784,7 @@ redisReply *rs_call(rs_conn *c, int argc, const char **argv,
         int redirect = moved(c, r), again = !redirect && transient(r);
         if ((!redirect && !again) || cli_mono_ms() >= until)
             return r;  /* an answer, or the error of the last try */
-        freeReplyObject(r);
+        rs_reply_free(c, r);
         if (again) {
             rs_conn_close(c);  /* a failover may have moved the master */
             pause_ms(100);

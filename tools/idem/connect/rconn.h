@@ -43,8 +43,26 @@ void rs_uri_free(rs_uri *u);
  * in the sink and its keys. */
 void rs_uri_ident(const rs_uri *u, int worker, char *buf, size_t size);
 
+/* Replies built in blocks of memory that the next reply on the
+ * connection reuses, instead of two allocations per element (hiredis's
+ * own objects): a batch of entries is thousands of elements. The
+ * connection's owner keeps it and frees it (rs_arena_free) after the
+ * connection. */
+typedef struct rs_arena {
+    char **blk;             /* blocks, and their sizes */
+    size_t *cap;
+    size_t n;
+    size_t at, used;        /* the block in use, and its bytes used */
+} rs_arena;
+
+void rs_arena_free(rs_arena *a);
+
 typedef struct rs_conn {
     const rs_uri *u;
+    rs_arena *arena;        /* set before connecting: replies live in it
+                             * until the next reply is read, and are let
+                             * go with rs_reply_free (never
+                             * freeReplyObject); NULL: hiredis's own */
     redisContext *c;        /* NULL until connected */
     int64_t limit_ms;       /* the socket's time limit now; 0: unset */
     char host[256];         /* the node a cluster redirected us to; "" */
@@ -63,6 +81,8 @@ typedef struct rs_conn {
  * set. */
 redisReply *rs_call(rs_conn *c, int argc, const char **argv,
                     const size_t *lens, int64_t extra_ms, int retry);
+/* Let go of a reply read on c (NULL: nothing). */
+void rs_reply_free(const rs_conn *c, redisReply *r);
 void rs_conn_close(rs_conn *c);
 /* Why the last read or write on c failed, for a message: the socket's
  * time limit passing is said as such, not as EAGAIN's text. */

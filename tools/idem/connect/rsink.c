@@ -4,7 +4,11 @@
  * line's top-level members are its fields in order (string values
  * decoded, any other value as its JSON text), and the field idem-key
  * holds the message's key (set_key). A line that is not a JSON
- * object (--line) is one field, data.
+ * object (--line) is one field, data. A line that came with its fields
+ * (dedup from a Redis Stream: META_FIELD meta, connect.h) is written
+ * with those, not parsed. The batch's XADDs are formatted into one
+ * buffer (resp_command) and sent as one write at the flush, whose
+ * answers all come before the commit (below).
  *
  * Exactly once without a transaction across the stream and the store:
  * the job's checkpoint, committed with the batch's records, holds the ID
@@ -75,7 +79,8 @@ typedef struct rs_sink {
     int64_t window_ms;
     char pos[32];
     char last[32];       /* ID of the last entry of the pipeline */
-    size_t queued;       /* XADDs sent, replies not read */
+    size_t queued;       /* XADDs queued, replies not read */
+    cli_buf out;         /* ... in the protocol's form, until the flush */
     keymap back;         /* read back after the checkpoint */
     keymap recent;       /* entries since recent_from, for takeovers */
     int64_t recent_at;   /* when it was read whole (monotonic ms), 0:
@@ -138,6 +143,7 @@ static void rs_close(sink *base)
     km_free(&k->back);
     km_free(&k->recent);
     jf_free(&k->f);
+    cli_buf_free(&k->out);
     free(k->argv);
     free(k->argl);
     free(k);
@@ -382,11 +388,29 @@ static int rs_has(sink *base, const void *key, size_t keylen, int recent,
                            status, result, rlen);
 }
 
-/* Fields of text[0..len): its members, or one field "data"; the index
- * of idem-key's value, if it has one. */
-static int to_fields(rs_sink *k, const char *text, size_t len)
+/* The fields a source handed out with the line (META_FIELD records,
+ * connect.h), which the line is the JSON object of: taken as they are,
+ * not parsed back out of the JSON. 1, or -1 out of memory. */
+static int meta_fields(rs_sink *k, const char *meta, size_t metalen)
 {
-    int rc = jf_parse(&k->f, text, len);
+    size_t at = 0;
+    meta_rec r;
+    k->f.buf.len = k->f.nf = 0;
+    while (meta_field_next(meta, metalen, &at, &r))
+        if (jf_push(&k->f, r.name, r.namelen) ||
+            jf_push(&k->f, r.value, r.valuelen))
+            return -1;
+    return 1;
+}
+
+/* Fields of text[0..len): the fields it came with (meta), else its
+ * members, or one field "data"; the index of idem-key's value, if it
+ * has one. */
+static int to_fields(rs_sink *k, const char *text, size_t len,
+                     const char *meta, size_t metalen)
+{
+    int rc = meta_has_fields(meta, metalen) ? meta_fields(k, meta, metalen)
+                                            : jf_parse(&k->f, text, len);
     if (rc < 0)
         return -1;
     if (!rc && (jf_push(&k->f, "data", 4) || jf_push(&k->f, text, len)))
@@ -413,6 +437,45 @@ static int set_key(rs_sink *k, const void *key, size_t keylen)
         return -1;
     f->off[i] = off;
     f->len[i] = keylen;
+    return 0;
+}
+
+/* "*N\r\n" or "$N\r\n" at p; where it ends. */
+static char *resp_head(char *p, char type, size_t n)
+{
+    char d[24];
+    size_t i = 0;
+    do
+        d[i++] = (char)('0' + n % 10);
+    while ((n /= 10) != 0);
+    *p++ = type;
+    while (i)
+        *p++ = d[--i];
+    *p++ = '\r';
+    *p++ = '\n';
+    return p;
+}
+
+/* One command appended to b as the protocol has it (what
+ * redisAppendCommandArgv would queue, without an allocation per
+ * command): the batch's XADDs go to the server as one write. 0 or -1. */
+static int resp_command(cli_buf *b, size_t argc, const char **argv,
+                        const size_t *lens)
+{
+    size_t need = 24;
+    for (size_t i = 0; i < argc; i++)
+        need += lens[i] + 24;
+    if (cli_buf_reserve(b, need))
+        return -1;
+    char *p = resp_head(b->p + b->len, '*', argc);
+    for (size_t i = 0; i < argc; i++) {
+        p = resp_head(p, '$', lens[i]);
+        memcpy(p, argv[i], lens[i]);
+        p += lens[i];
+        *p++ = '\r';
+        *p++ = '\n';
+    }
+    b->len = (size_t)(p - b->p);
     return 0;
 }
 
@@ -471,8 +534,9 @@ static int queue_xadd(rs_sink *k, size_t n)
 static int rs_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *meta, size_t metalen)
 {
-    (void)meta;  /* Redis entries carry no key or headers of their own */
-    (void)metalen;
+    /* Redis entries carry no key or headers of their own; a line's meta
+     * may hold its fields (stream.c passes them only with the line they
+     * make). */
     rs_sink *k = (rs_sink *)base;
     if (rs_lock_lost(k->lock))
         return cli_fail(k->cmd, "%s: the job's lock was not renewed for "
@@ -481,7 +545,7 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
                         "written; run the job again", k->u.display), -1;
     while (len && (text[len - 1] == '\n' || text[len - 1] == '\r'))
         len--;
-    if (to_fields(k, text, len) || set_key(k, key, keylen))
+    if (to_fields(k, text, len, meta, metalen) || set_key(k, key, keylen))
         return cli_fail(k->cmd, "out of memory"), -1;
     char maxlen[24];
     snprintf(maxlen, sizeof maxlen, "%" PRIu64, k->u.maxlen);
@@ -502,12 +566,10 @@ static int rs_put(sink *base, const char *text, size_t len, const void *key,
         argv[n] = k->f.buf.p + k->f.off[i], lens[n++] = k->f.len[i];
     if (k->st)
         return queue_xadd(k, n);
-    int rc = rs_conn_ready(&k->c) ? fail(k, "connecting", NULL)
-             : redisAppendCommandArgv(k->c.c, (int)n, argv, lens) != REDIS_OK
-                 ? fail(k, "XADD", NULL)
-                 : 0;
-    k->queued += rc == 0;
-    return rc;
+    if (resp_command(&k->out, n, argv, lens))
+        return cli_fail(k->cmd, "out of memory"), -1;
+    k->queued++;
+    return 0;
 }
 
 /* After a failure nothing queued can be trusted: the connection goes,
@@ -517,7 +579,7 @@ static int broken(rs_sink *k, const char *what, const redisReply *r)
     snprintf(k->c.err, sizeof k->c.err, "%s", rs_conn_why(&k->c));
     fail(k, what, r && r->type == REDIS_REPLY_ERROR ? r : NULL);
     rs_conn_close(&k->c);
-    k->queued = 0;
+    k->queued = k->out.len = 0;
     return -1;
 }
 
@@ -550,6 +612,14 @@ static int rs_flush(sink *base)
         k->pending = 2;
     if (k->st)
         return 0;  /* written by the commit */
+    if (k->queued && rs_conn_ready(&k->c)) {
+        k->queued = k->out.len = 0;
+        return fail(k, "connecting", NULL);
+    }
+    if (k->queued && redisAppendFormattedCommand(k->c.c, k->out.p,
+                                                 k->out.len) != REDIS_OK)
+        return broken(k, "XADD", NULL);
+    k->out.len = 0;
     for (; k->queued; k->queued--) {
         void *rv = NULL;
         if (redisGetReply(k->c.c, &rv) != REDIS_OK)

@@ -16,8 +16,10 @@
  *      stop signal or --idle-exit is seen.
  *
  * An entry is acknowledged only after the commit that covers it, by the
- * committing thread on a connection of its own (rs_source_ack): a crash
+ * committing thread on a connection of its own (rs_ack_flush): a crash
  * before that leaves it pending, and round 1 or 2 hands it out again.
+ * The XACK's answer is read with the next batch's (send_acks says why
+ * that is safe), so the committing thread waits no round trip for it.
  * An entry that the stream no longer holds (trimmed by MAXLEN or XDEL
  * while pending) comes back without fields: it cannot be processed, so
  * it is acknowledged, counted and reported, never waited for.
@@ -35,7 +37,10 @@
  * An entry becomes the JSON object of its fields in order, every value a
  * string: {"event_id":"e1","amount":"12"}. Names and values must be
  * UTF-8 (JSON has no other strings); an entry that is not is bad input
- * (--on-bad-input) like a bad JSON line.
+ * (--on-bad-input) like a bad JSON line. The fields also go with the
+ * line as its meta (META_FIELD, connect.h), so that the key and a Redis
+ * sink take them from there, not by parsing the JSON back. A reply's
+ * room is kept for the next one (chunk_done): no allocation per batch.
  *
  * On the store's own server (rs_on_store) the source joins the store
  * (rs_join): the XACKs of a commit are queued with its checkpoint and
@@ -54,11 +59,12 @@
 
 #define BLOCK_SLICE_MS 250
 
-/* One reply's entries, as JSON lines in text. */
+/* One reply's entries, as JSON lines in text, each followed by its
+ * fields as meta (META_FIELD records, connect.h). */
 typedef struct chunk {
     cli_buf text;
     nd_line *lines;
-    size_t n;
+    size_t n, cap;            /* lines used, and room */
 } chunk;
 
 typedef struct rs_source {
@@ -66,6 +72,7 @@ typedef struct rs_source {
     const char *cmd;
     rs_uri u;
     rs_conn rd, ack;          /* the reader's; the committer's */
+    rs_arena arena;           /* the reader's replies (rconn.h) */
     uint64_t batch;
     int64_t lease_ms, idle_exit_ms;
     volatile const sig_atomic_t *stop;
@@ -78,12 +85,17 @@ typedef struct rs_source {
     int64_t last_new_ms;      /* for --idle-exit */
     chunk *chunks;            /* held until release; the last is read */
     size_t nchunks, handed;   /* lines of the last chunk handed out */
+    chunk spare;              /* a released chunk's room, for the next
+                               * reply: no allocation per batch */
     const char **ackv;        /* XACK arguments: stream, group, IDs */
     size_t *ackl;
     size_t nack, capack;
     cli_buf ackids;
+    int acks_out;             /* an XACK sent, its answer not read */
+    cli_buf sent;             /* its IDs, each ended by a NUL */
     idem_store *st;           /* joined: XACKs go with its checkpoint */
     uint64_t trimmed;
+    cli_buf trim_ids;         /* trimmed entries of the reply in hand */
     struct delivery {     /* of the entries a round hands out again: */
         uint64_t ms, seq; /* the entry's ID, and the earliest its */
         uint64_t since;   /* output can have been written (XPENDING) */
@@ -124,8 +136,7 @@ static int make_group(rs_source *s)
                      strncmp(r->str, "BUSYGROUP", 9));
     if (bad)
         failed(s, "creating the consumer group", r);
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
     return bad ? -1 : 0;
 }
 
@@ -144,6 +155,7 @@ source *rs_source_open(const char *cmd, const char *uri,
         return NULL;
     }
     s->rd.u = s->ack.u = &s->u;
+    s->rd.arena = &s->arena;
     rs_uri_ident(&s->u, 1, s->worker, sizeof s->worker);
     s->batch = o->batch;
     s->lease_ms = o->lease_ms;
@@ -160,27 +172,52 @@ source *rs_source_open(const char *cmd, const char *uri,
     return &s->base;
 }
 
+static void chunk_free(chunk *c)
+{
+    cli_buf_free(&c->text);
+    free(c->lines);
+    *c = (chunk){0};
+}
+
+/* c's room becomes the spare one, or is freed when there is one. */
+static void chunk_done(rs_source *s, chunk *c)
+{
+    if (s->spare.lines) {
+        chunk_free(c);
+        return;
+    }
+    s->spare = *c;
+    s->spare.n = s->spare.text.len = 0;
+    *c = (chunk){0};
+}
+
 static void drop_chunks(rs_source *s)
 {
-    for (size_t i = 0; i < s->nchunks; i++) {
-        cli_buf_free(&s->chunks[i].text);
-        free(s->chunks[i].lines);
-    }
+    for (size_t i = 0; i < s->nchunks; i++)
+        chunk_done(s, &s->chunks[i]);
     free(s->chunks);
     s->chunks = NULL;
     s->nchunks = s->handed = 0;
 }
 
+static int flush_acks(rs_source *s, int wait);
+
 static void rs_close(source *base)
 {
     rs_source *s = (rs_source *)base;
+    if (s->acks_out)
+        flush_acks(s, 1);
     drop_chunks(s);
+    chunk_free(&s->spare);
     rs_conn_close(&s->rd);
     rs_conn_close(&s->ack);
+    rs_arena_free(&s->arena);
     rs_uri_free(&s->u);
     free(s->ackv);
     free(s->ackl);
     cli_buf_free(&s->ackids);
+    cli_buf_free(&s->sent);
+    cli_buf_free(&s->trim_ids);
     free(s->dlv);
     free(s);
 }
@@ -291,10 +328,75 @@ static int queue_acks(rs_source *s)
     return 0;
 }
 
-/* XACK what is queued, on conn (joined: with the checkpoint); 0 or -1
- * with s->err set. */
-static int send_acks(rs_source *s, rs_conn *conn)
+/* The answer of the XACK in flight, if one is: 0, or -1 after putting
+ * its IDs back in the queue, to go again with the next ones. */
+static int ack_answer(rs_source *s)
 {
+    if (!s->acks_out)
+        return 0;
+    s->acks_out = 0;
+    void *rv = NULL;
+    int ok = s->ack.c && redisGetReply(s->ack.c, &rv) == REDIS_OK &&
+             ((redisReply *)rv)->type == REDIS_REPLY_INTEGER;
+    if (rv)
+        freeReplyObject(rv);
+    else
+        rs_conn_close(&s->ack);  /* no answer: the connection is spent */
+    if (ok)
+        return 0;
+    for (size_t at = 0; at < s->sent.len;) {
+        size_t n = strlen(s->sent.p + at);
+        if (queue_ack(s, s->sent.p + at, n))
+            break;  /* those left stay pending: duplicates later */
+        at += n + 1;
+    }
+    return -1;
+}
+
+/* Send the XACK built in ackv without waiting for its answer (read by
+ * ack_answer at the next flush); its IDs are kept until then. 0, or -1
+ * when it could not be sent whole. */
+static int send_unanswered(rs_source *s)
+{
+    rs_conn *c = &s->ack;
+    int done = 0;
+    if (rs_conn_ready(c) ||
+        redisAppendCommandArgv(c->c, (int)(s->nack + 3), s->ackv,
+                               s->ackl) != REDIS_OK)
+        return -1;
+    while (!done)
+        if (redisBufferWrite(c->c, &done) != REDIS_OK) {
+            rs_conn_close(c);
+            return -1;
+        }
+    s->sent.len = 0;
+    for (size_t i = 0; i < s->nack; i++)
+        if (cli_buf_add(&s->sent, s->ackv[i + 3], s->ackl[i + 3]) ||
+            cli_buf_add(&s->sent, "", 1))
+            break;  /* those not kept are not sent again on a failure */
+    s->acks_out = 1;
+    cli_kill_point("acks-sent");  /* before their answer */
+    return 0;
+}
+
+/* XACK what is queued (joined: with the checkpoint); 0 or -1 with s->err
+ * set.
+ *
+ * An acknowledgement is not waited for: the XACK of one commit is sent,
+ * and its answer read with the next commit's (or when the source
+ * closes), so that the committing thread does not spend a round trip on
+ * it per batch. This only moves when an entry is forgotten, never before
+ * its commit: ack_flush runs after the commit that covers the entries
+ * (stream.c), and the XACK is sent then. An XACK lost (a kill -9 just
+ * after it was sent, a connection lost, a MOVED or other error for an
+ * answer) leaves its entries pending, which is safe: they come again,
+ * their keys committed, as duplicates, and are acknowledged then. A
+ * failed one is sent again at once with the next, through rs_call
+ * (which follows a redirect and connects again), waiting for its
+ * answer; so does the last one (wait) before the source closes. */
+static int send_acks(rs_source *s, int wait)
+{
+    int failed_before = ack_answer(s) != 0;
     if (!s->nack)
         return 0;
     s->ackv[0] = "XACK", s->ackl[0] = 4;
@@ -304,26 +406,34 @@ static int send_acks(rs_source *s, rs_conn *conn)
         s->ackv[i + 3] = s->ackids.p + (uintptr_t)s->ackv[i + 3];
     if (s->st)
         return queue_acks(s);
-    redisReply *r = rs_call(conn, (int)(s->nack + 3), s->ackv, s->ackl, 0,
-                            1);
+    if (!wait && !failed_before && send_unanswered(s) == 0) {
+        s->nack = 0;
+        return 0;
+    }
+    redisReply *r = rs_call(&s->ack, (int)(s->nack + 3), s->ackv, s->ackl,
+                            0, 1);
     int bad = !r || r->type == REDIS_REPLY_ERROR;
     if (bad)
         snprintf(s->err, sizeof s->err, "%.400s: XACK: %.1000s",
-                 s->u.display, r ? r->str : conn->err);
+                 s->u.display, r ? r->str : s->ack.err);
     if (r)
         freeReplyObject(r);
     s->nack = 0;
     return bad ? -1 : 0;
 }
 
-static int rs_ack_flush(source *base)
+static int flush_acks(rs_source *s, int wait)
 {
-    rs_source *s = (rs_source *)base;
-    if (send_acks(s, &s->ack) == 0)
+    if (send_acks(s, wait) == 0)
         return 0;
     fprintf(stderr, "idem %s: %s; the entries stay pending and come again "
             "as duplicates\n", s->cmd, s->err);
     return -1;
+}
+
+static int rs_ack_flush(source *base)
+{
+    return flush_acks((rs_source *)base, 0);
 }
 
 static int rs_join(source *base, idem_store *st)
@@ -333,17 +443,50 @@ static int rs_join(source *base, idem_store *st)
     return s->st != NULL;
 }
 
-/* An entry gone from the stream is acknowledged by the reader at once:
- * nothing will ever bring its fields back. */
-static int ack_trimmed(rs_source *s, const redisReply *id)
+/* An entry gone from the stream is acknowledged by the reader:
+ * nothing will ever bring its fields back. Its ID is kept until the
+ * reply it came in is let go (the reader's replies share an arena:
+ * rconn.h), then the reply's go in one XACK (ack_trimmed). 0 or -1. */
+static int note_trimmed(rs_source *s, const redisReply *id)
 {
-    const char *argv[] = {"XACK", s->u.stream, s->u.group, id->str};
-    size_t lens[] = {4, s->u.streamlen, strlen(s->u.group), id->len};
-    redisReply *r = rs_call(&s->rd, 4, argv, lens, 0, 1);
-    int bad = !r || r->type == REDIS_REPLY_ERROR;
-    if (r)
-        freeReplyObject(r);
-    return bad ? -1 : 0;
+    s->trimmed++;
+    return cli_buf_add(&s->trim_ids, id->str, id->len) ||
+                   cli_buf_add(&s->trim_ids, "", 1)
+               ? -1
+               : 0;
+}
+
+/* The XACK of the entries noted trimmed, after a read that returned
+ * `got`: got, or ND_ERR when the XACK failed. */
+static long ack_trimmed(rs_source *s, long got)
+{
+    size_t n = 0;
+    for (size_t at = 0; at < s->trim_ids.len; at++)
+        n += s->trim_ids.p[at] == '\0';
+    const char **v = n && got >= 0 ? malloc((n + 3) * sizeof *v) : NULL;
+    size_t *l = v ? malloc((n + 3) * sizeof *l) : NULL;
+    if (n && got >= 0 && !l)
+        got = failed(s, "acknowledging trimmed entries (out of memory)",
+                     NULL);
+    if (l) {
+        v[0] = "XACK", l[0] = 4;
+        v[1] = s->u.stream, l[1] = s->u.streamlen;
+        v[2] = s->u.group, l[2] = strlen(s->u.group);
+        size_t at = 0;
+        for (size_t i = 3; i < n + 3; i++) {
+            v[i] = s->trim_ids.p + at;
+            l[i] = strlen(v[i]);
+            at += l[i] + 1;
+        }
+        redisReply *r = rs_call(&s->rd, (int)(n + 3), v, l, 0, 1);
+        if (!r || r->type == REDIS_REPLY_ERROR)
+            got = failed(s, "XACK of trimmed entries", r);
+        rs_reply_free(&s->rd, r);
+    }
+    free(v);
+    free(l);
+    s->trim_ids.len = 0;
+    return got;
 }
 
 /* One XPENDING line [id, consumer, idle, deliveries] into d. 0 or -1. */
@@ -395,8 +538,7 @@ static void deliveries(rs_source *s, const char *start, const char *idle,
     for (size_t i = 0; d && i < r->elements; i++)
         if (delivery_of(r->element[i], now, &d[s->ndlv]) == 0)
             s->ndlv++;
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
 }
 
 static int by_id(const void *a, const void *b)
@@ -417,8 +559,31 @@ static uint64_t since_of(const rs_source *s, uint64_t ms, uint64_t seq)
     return t ? t : 1;
 }
 
-/* Append entry e ([id, [f, v, ...]]) to c as a JSON line; a trimmed
- * entry (no fields) is acknowledged at once instead. 0 or -1. */
+/* Entry e's fields f ([f, v, ...]) to c, as a JSON object (*len bytes)
+ * and then as META_FIELD records. 0 or -1. */
+static int add_fields(chunk *c, const redisReply *f, size_t *len)
+{
+    size_t off = c->text.len;
+    int rc = cli_buf_add(&c->text, "{", 1);
+    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        rc = (i && cli_buf_add(&c->text, ",", 1)) ||
+             cli_buf_json_string(&c->text, k->str, k->len) ||
+             cli_buf_add(&c->text, ":", 1) ||
+             cli_buf_json_string(&c->text, v->str, v->len);
+    }
+    rc = rc || cli_buf_add(&c->text, "}", 1);
+    *len = c->text.len - off;
+    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
+        const redisReply *k = f->element[i], *v = f->element[i + 1];
+        rc = meta_add(&c->text, META_FIELD, k->str, k->len, v->str, v->len);
+    }
+    return rc ? -1 : 0;
+}
+
+/* Append entry e ([id, [f, v, ...]]) to c as a JSON line with its fields
+ * as meta; a trimmed entry (no fields) is acknowledged at once instead.
+ * 0 or -1. */
 static int add_entry(rs_source *s, chunk *c, const redisReply *e,
                      int again)
 {
@@ -429,24 +594,16 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
     uint64_t ms, seq;
     if (rs_id_parse(id->str, id->len, &ms, &seq))
         return -1;
-    if (f->type != REDIS_REPLY_ARRAY) {
-        s->trimmed++;
-        return ack_trimmed(s, id);
-    }
-    size_t off = c->text.len;
-    int rc = cli_buf_add(&c->text, "{", 1);
-    for (size_t i = 0; !rc && i + 1 < f->elements; i += 2) {
-        const redisReply *k = f->element[i], *v = f->element[i + 1];
-        rc = (i && cli_buf_add(&c->text, ",", 1)) ||
-             cli_buf_json_string(&c->text, k->str, k->len) ||
-             cli_buf_add(&c->text, ":", 1) ||
-             cli_buf_json_string(&c->text, v->str, v->len);
-    }
-    if (rc || cli_buf_add(&c->text, "}", 1))
+    if (f->type != REDIS_REPLY_ARRAY)
+        return note_trimmed(s, id);
+    size_t off = c->text.len, len;
+    if (add_fields(c, f, &len))
         return -1;
     c->lines[c->n++] = (nd_line){.p = (const char *)(uintptr_t)off,
-                                 .len = c->text.len - off, .lineno = seq,
-                                 .end = ms, .again = again,
+                                 .len = len, .lineno = seq, .end = ms,
+                                 .again = again,
+                                 .meta = (const char *)(uintptr_t)(off + len),
+                                 .metalen = c->text.len - off - len,
                                  .since = again ? since_of(s, ms, seq) : 0};
     return 0;
 }
@@ -455,29 +612,33 @@ static int add_entry(rs_source *s, chunk *c, const redisReply *e,
  * handed out before). Returns how many lines it holds, or -1. */
 static long take_entries(rs_source *s, const redisReply *arr, int again)
 {
-    chunk c = {0};
     if (arr->type != REDIS_REPLY_ARRAY)
         return -1;
-    if (!(c.lines = malloc((arr->elements + 1) * sizeof *c.lines)))
-        return -1;
-    for (size_t i = 0; i < arr->elements; i++)
-        if (add_entry(s, &c, arr->element[i], again)) {
-            cli_buf_free(&c.text);
-            free(c.lines);
+    chunk c = s->spare;
+    s->spare = (chunk){0};
+    if (c.cap < arr->elements + 1) {
+        nd_line *v = realloc(c.lines, (arr->elements + 1) * sizeof *v);
+        if (!v) {
+            chunk_free(&c);
             return -1;
         }
-    for (size_t i = 0; i < c.n; i++)
-        c.lines[i].p = c.text.p + (uintptr_t)c.lines[i].p;
-    if (!c.n) {
-        free(c.lines);
-        cli_buf_free(&c.text);
-        return 0;
+        c.lines = v;
+        c.cap = arr->elements + 1;
     }
-    chunk *v = realloc(s->chunks, (s->nchunks + 1) * sizeof *v);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < arr->elements; i++)
+        rc = add_entry(s, &c, arr->element[i], again);
+    for (size_t i = 0; !rc && i < c.n; i++) {
+        nd_line *l = &c.lines[i];
+        l->p = c.text.p + (uintptr_t)l->p;
+        l->meta = c.text.p + (uintptr_t)l->meta;
+    }
+    chunk *v = rc || !c.n ? NULL
+               : realloc(s->chunks, (s->nchunks + 1) * sizeof *v);
     if (!v) {
-        free(c.lines);
-        cli_buf_free(&c.text);
-        return -1;
+        long got = rc || c.n ? -1 : 0;
+        chunk_done(s, &c);
+        return got;
     }
     s->chunks = v;
     s->chunks[s->nchunks++] = c;
@@ -544,9 +705,8 @@ static long read_group(rs_source *s, const char *from, int64_t block_ms)
             got = failed(s, "reading entries (out of memory, or a reply "
                          "that is not a stream's)", NULL);
     }
-    if (r)
-        freeReplyObject(r);
-    return got;
+    rs_reply_free(&s->rd, r);
+    return ack_trimmed(s, got);
 }
 
 /* XAUTOCLAIM of entries idle longer than the lease. */
@@ -581,9 +741,8 @@ static long claim_idle(rs_source *s)
     }
     if (!strcmp(s->claim_cursor, "0-0"))
         s->next_claim_ms = cli_mono_ms() + s->lease_ms / 2;
-    if (r)
-        freeReplyObject(r);
-    return got;
+    rs_reply_free(&s->rd, r);
+    return ack_trimmed(s, got);
 }
 
 /* Round 1 while it lasts: this consumer's pending list, after
@@ -675,8 +834,7 @@ static long long rs_lag(source *base)
                 lag = v->integer;
         }
     }
-    if (r)
-        freeReplyObject(r);
+    rs_reply_free(&s->rd, r);
     return lag;
 }
 
