@@ -395,7 +395,7 @@ Test(keygen_cli, bad_options_exit_2, .timeout = 60)
         {ARGS("keygen", "fingerprint", "--decode", "abc"), "cannot be decoded"},
         {ARGS("bench", "--kyes", "ordered"), "did you mean --keys?"},
         {ARGS("bench", "--workload", "claims"),
-         "--workload is one of claim|claim-complete|replay, not 'claims'"},
+         "--workload is one of claim|claim-complete|replay|seed, not 'claims'"},
         {ARGS("bench", "-n", "0"), "-n wants a whole number from 1"},
         {ARGS("bench", "extra"), "unexpected argument 'extra'"},
         {ARGS("get", "KEY", "--jsn"), "did you mean --json?"},

@@ -400,13 +400,13 @@ Test(local, damaged_record_read_back_is_an_error)
     claim_complete(s, "k", "resp");
     cr_assert_eq(idem_sync(s), 0);
     /* The disk (or someone) damages the COMPLETE frame under the open
-     * store: header 32, CLAIM frame 88 bytes, then the COMPLETE frame,
-     * whose type byte is at 13. */
+     * store: header 32, CLAIM frame 48 bytes (40, a lease, the key, to a
+     * multiple of 8), then the COMPLETE frame, whose type byte is at 13. */
     char path[4300];
     snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     FILE *f = fopen(path, "r+b");
     cr_assert(f);
-    cr_assert_eq(fseek(f, 32 + 88 + 13, SEEK_SET), 0);
+    cr_assert_eq(fseek(f, 32 + 48 + 13, SEEK_SET), 0);
     cr_assert_eq(fputc(0xee, f), 0xee);
     fclose(f);
     idem_key k = {"k", 1, NULL};

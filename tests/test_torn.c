@@ -17,6 +17,7 @@
 #include <xxhash.h>
 
 #include "common.h"
+#include "local/record.h"
 
 enum { BATCHES = 10, PER = 8 };
 
@@ -25,6 +26,14 @@ static char seg_path[4300];
 static unsigned char *orig;   /* the newest segment as written */
 static size_t orig_len;
 static size_t ends[BATCHES];  /* its length after each batch's commit */
+static const char *query = "";  /* "?hot=0": the older segments go cold */
+
+static const char *store_uri(void)
+{
+    static char uri[4400];
+    snprintf(uri, sizeof uri, "%s%s", t_local_uri(dir), query);
+    return uri;
+}
 
 static void key_of(char *buf, size_t n, int b, int i)
 {
@@ -60,9 +69,12 @@ static void build(uint64_t segment_bytes, int how)
 {
     dir = t_tmpdir();
     idem_opts o = t_options();
-    o.segment_bytes = segment_bytes;
+    /* Below what idem_opts takes, the URI's segment= sets the size. */
+    char uri[4500];
+    snprintf(uri, sizeof uri, "%s%ssegment=%llu", store_uri(),
+             *query ? "&" : "?", (unsigned long long)segment_bytes);
     idem_store *s;
-    cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), 0);
+    cr_assert_eq(idem_open(uri, &o, &s), 0);
     for (int b = 0; b < BATCHES; b++) {
         for (int i = 0; i < PER; i++) {
             char key[32];
@@ -99,7 +111,7 @@ static void expect_batches(int good, const char *what, size_t at)
 {
     idem_store *s;
     idem_opts o = t_options();
-    int rc = idem_open(t_local_uri(dir), &o, &s);
+    int rc = idem_open(store_uri(), &o, &s);
     cr_assert_eq(rc, 0, "%s at %zu: %s", what, at, idem_errdetail(s));
     for (int b = 0; b < BATCHES; b++) {
         for (int i = 0; i < PER; i++) {
@@ -128,21 +140,18 @@ static int committed_in(size_t len)
     return good;
 }
 
-Test(torn, cut_at_every_offset, .timeout = 300)
+static void cut_at_every_offset(void)
 {
-    build(64u << 20, KILLED);
     for (size_t at = ends[BATCHES - 4]; at < orig_len; at++) {
         write_file(seg_path, orig, at);
         expect_batches(committed_in(at), "cut", at);
     }
     write_file(seg_path, orig, orig_len);
     expect_batches(BATCHES, "intact", orig_len);
-    t_rmdir(dir);
 }
 
-Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
+static void garble_every_byte_of_last_batch(void)
 {
-    build(64u << 20, KILLED);
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     for (size_t at = ends[BATCHES - 2]; at < orig_len; at++) {
@@ -152,6 +161,118 @@ Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
         expect_batches(BATCHES - 1, "garble", at);
     }
     free(bad);
+}
+
+Test(torn, cut_at_every_offset, .timeout = 300)
+{
+    build(64u << 20, KILLED);
+    cut_at_every_offset();
+    t_rmdir(dir);
+}
+
+Test(torn, garble_every_byte_of_last_batch, .timeout = 300)
+{
+    build(64u << 20, KILLED);
+    garble_every_byte_of_last_batch();
+    t_rmdir(dir);
+}
+
+/* A segment per batch and no hot budget: batches 0..8 are in cold
+ * segments (key indexes, the filters in front of them, PATH/COLD written
+ * at each close and adopted at each open), batch 9 in the newest. Cut or
+ * garbled anywhere past its header, the newest loses batch 9 alone. */
+Test(torn, cold_segments_and_a_torn_newest, .timeout = 600)
+{
+    query = "?hot=0";
+    build(1, KILLED);
+    cr_assert_eq(orig_len, ends[BATCHES - 1]);
+    for (size_t at = 32; at <= orig_len; at++) {
+        write_file(seg_path, orig, at);
+        expect_batches(at == orig_len ? BATCHES : BATCHES - 1, "cut", at);
+    }
+    idem_store *s;
+    idem_opts o = t_options();
+    cr_assert_eq(idem_open(store_uri(), &o, &s), 0);
+    idem_stats st;
+    cr_assert_eq(idem_stats_read(s, &st, sizeof st), 0);
+    cr_assert_geq(st.cold_segments, BATCHES - 1);
+    idem_close(s);
+    char cold[4400];
+    snprintf(cold, sizeof cold, "%s/COLD", dir);
+    cr_assert_eq(access(cold, F_OK), 0);
+    t_rmdir(dir);
+}
+
+/* Frame f as version 2 wrote it (record.h), at dst; its length. A
+ * COMMIT's created is where its group begins in the new bytes. */
+static size_t put_version_2(unsigned char *dst, const idem__frame *f)
+{
+    size_t len = (80 + f->keylen + f->vallen + 7) & ~(size_t)7;
+    memset(dst, 0, len);
+    uint32_t l = (uint32_t)len, keylen = f->keylen, vallen = f->vallen;
+    memcpy(dst + 8, &l, 4);
+    dst[12] = 2;
+    dst[13] = f->type;
+    dst[14] = f->rec.state;
+    dst[15] = (uint8_t)((f->rec.has_fp ? 1 : 0) | (f->rec.released ? 2 : 0));
+    memcpy(dst + 16, &f->rec.attempts, 4);
+    memcpy(dst + 20, &keylen, 4);
+    memcpy(dst + 24, &f->rec.created, 8);
+    memcpy(dst + 32, &f->rec.expires, 8);
+    memcpy(dst + 40, &f->rec.lease, 8);
+    memcpy(dst + 48, f->rec.fp, 16);
+    memcpy(dst + 64, &vallen, 4);
+    memcpy(dst + 72, &f->rec.token, 8);
+    memcpy(dst + 80, f->key, f->keylen);
+    memcpy(dst + 80 + f->keylen, f->val, f->vallen);
+    uint64_t check = XXH3_64bits(dst + 8, len - 8);
+    memcpy(dst, &check, 8);
+    return len;
+}
+
+/* Rewrite the newest segment (orig) in version 2 frames, as an idem
+ * before version 3 wrote it, and move ends[] with it. */
+static void make_version_2(void)
+{
+    unsigned char *out = calloc(1, orig_len * 2 + 64);
+    cr_assert(out);
+    memcpy(out, orig, 32);
+    size_t at = 32, to = 32, group = 32;
+    int b = 0;
+    while (at < orig_len) {
+        idem__frame f;
+        cr_assert_eq(idem__frame_decode(orig + at, orig_len - at, &f, 1), 0);
+        if (f.type == IDEM__R_COMMIT)
+            f.rec.created = (int64_t)group;
+        to += put_version_2(out + to, &f);
+        at += f.len;
+        if (f.type == IDEM__R_COMMIT) {
+            group = to;
+            if (b < BATCHES && ends[b] == at)
+                ends[b++] = to;
+        }
+    }
+    cr_assert_eq(b, BATCHES);
+    free(orig);
+    orig = out;
+    orig_len = to;
+    write_file(seg_path, orig, orig_len);
+}
+
+/* Version 2 frames are still read, and torn ones are cut as before. */
+Test(torn, version_2_frames_cut_and_garbled, .timeout = 600)
+{
+    build(64u << 20, KILLED);
+    make_version_2();
+    /* Each open seals the tail: the second run starts from the kill's. */
+    char tail[4300];
+    snprintf(tail, sizeof tail, "%s/TAIL", dir);
+    size_t tail_len;
+    char *killed = t_read(tail, &tail_len);
+    cut_at_every_offset();
+    t_write(tail, killed, tail_len);
+    free(killed);
+    garble_every_byte_of_last_batch();
     t_rmdir(dir);
 }
 
@@ -201,22 +322,23 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     size_t n;
     load_file(first, &p, &n);
     cr_assert_gt(n, 400);
-    /* Frame 1 claims batch0-key0 (96 bytes from offset 32); frame 2, at
-     * 128, completes it. Damage frame 2. */
-    p[128 + 80] ^= 0xff;
+    /* Frame 1 claims batch0-key0 (56 bytes from offset 32: a 40-byte
+     * header, a lease, the key); frame 2, at 88, completes it. Damage
+     * frame 2. */
+    p[88 + 20] ^= 0xff;
     write_file(first, p, n);
     free(p);
     idem_store *s;
     idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
     cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record "
-                                        "at offset 128"),
+                                        "at offset 88"),
               "%s", idem_errdetail(s));
     idem_close(s);
     idem_check_report rep;
     cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT);
     cr_assert_eq(rep.damaged, 1);
-    cr_assert(strstr(rep.first_damage, "offset 128"), "%s", rep.first_damage);
+    cr_assert(strstr(rep.first_damage, "offset 88"), "%s", rep.first_damage);
     cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
                  rep.first_damage);
     cr_assert_eq(rep.damaged, 1);
@@ -249,7 +371,7 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
 
 Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
 {
-    build(4096, CLOSED);
+    build(2048, CLOSED);  /* five segments or more: 4.. hold batch 9 */
     char path[4300];
     /* A garbled segment header, a lost segment file, a damaged IDEM. */
     snprintf(path, sizeof path, "%s/seg-00000002.log", dir);

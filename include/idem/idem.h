@@ -940,11 +940,16 @@ typedef struct idem_stats {
     uint64_t hot_keys;         /* keys in the RAM index */
     uint64_t cold_keys;        /* keys in cold segments (at most) */
     uint64_t cold_segments;    /* segments whose keys left RAM */
-    uint64_t cold_index_bytes; /* their Bloom filters (file pages) */
+    uint64_t cold_index_bytes; /* their Bloom filters (file pages) and
+                                * the one in front of them all (RAM) */
     uint64_t cold_lookups;     /* lookups RAM did not answer */
-    uint64_t filter_probes;    /* Bloom filters asked by those */
+    uint64_t filter_probes;    /* Bloom filters asked by those (the one
+                                * in front, then on a maybe each cold
+                                * segment's) */
     uint64_t index_searches;   /* filter hits: key indexes searched */
-    uint64_t filter_false_positives;  /* filter hits the index denied */
+    uint64_t filter_false_positives;  /* filter hits the index denied (or,
+                                       * for the one in front, that no
+                                       * cold segment held) */
     uint64_t cold_reads;       /* frames read from cold segments */
     uint64_t cold_rebuilt;     /* key indexes built again at open */
 } idem_stats;

@@ -270,6 +270,7 @@ static void idem__cold_point(idem__cold *c)
     c->max_token = idem__get64(h + 56);
     c->records = idem__get64(h + 64);
     c->nckpts = idem__get32(h + 72);
+    c->body = idem__get64(h + 80);
     c->blocks = (const uint64_t *)(c->img + IDEM__KIX_HDR);
     c->ents = (const idem__kent *)(c->img + IDEM__KIX_HDR + c->nblocks * 64);
     c->ckpts = (const uint32_t *)(c->ents + c->nents);

@@ -64,6 +64,7 @@ typedef struct idem__cold {
     int64_t max_expires;
     uint64_t max_token;
     uint64_t records;
+    uint64_t body;           /* XXH3-64 of the body: which build it is */
 } idem__cold;
 
 /* The keyed 128-bit hash every index of the store uses (inline: the

@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -260,8 +261,28 @@ static int idem__meta_parse(idem_store *s, const char *path,
 /* Replace PATH/name with len bytes, whole or not at all: write a
  * temporary, fsync it, rename it over name, fsync the directory. A crash
  * leaves the old file or the new one, never a mix. */
-int idem__dir_replace(idem_store *s, int dirfd, const char *path,
-                      const char *name, const void *data, size_t len)
+/* Write the n pieces whole: 0, or -1 with errno (ENOSPC for a write
+ * that took nothing). */
+static int idem__write_all(int fd, const struct iovec *iov, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const unsigned char *p = iov[i].iov_base;
+        size_t left = iov[i].iov_len;
+        while (left) {
+            ssize_t w = write(fd, p, left);
+            if (w <= 0) {
+                errno = w == 0 ? ENOSPC : errno;
+                return -1;
+            }
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
+int idem__dir_replace_v(idem_store *s, int dirfd, const char *path,
+                        const char *name, const struct iovec *iov, int n)
 {
     char tmp[32];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
@@ -269,10 +290,8 @@ int idem__dir_replace(idem_store *s, int dirfd, const char *path,
     if (fd < 0)
         return idem__fail(s, idem__errno_code(errno), "%s/%s: %s", path,
                           name, strerror(errno));
-    ssize_t w = write(fd, data, len);
-    int ok = w == (ssize_t)len && fsync(fd) == 0;
-    /* A short write is a full disk; a failed one or a sync sets errno. */
-    int err = w >= 0 && w < (ssize_t)len ? ENOSPC : errno;
+    int ok = idem__write_all(fd, iov, n) == 0 && fsync(fd) == 0;
+    int err = errno;
     close(fd);
     if (ok && (renameat(dirfd, tmp, dirfd, name) != 0 || fsync(dirfd) != 0))
         ok = 0, err = errno;
@@ -281,6 +300,13 @@ int idem__dir_replace(idem_store *s, int dirfd, const char *path,
                           "%s/%s: cannot write: %s", path, name,
                           strerror(err));
     return 0;
+}
+
+int idem__dir_replace(idem_store *s, int dirfd, const char *path,
+                      const char *name, const void *data, size_t len)
+{
+    struct iovec one = {(void *)data, len};
+    return idem__dir_replace_v(s, dirfd, path, name, &one, 1);
 }
 
 int idem__dir_meta_create(idem_store *s, int dirfd, const char *path,

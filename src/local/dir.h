@@ -81,6 +81,12 @@ int idem__dir_tail_read(idem_store *s, int dirfd, const char *path,
 int idem__dir_replace(idem_store *s, int dirfd, const char *path,
                       const char *name, const void *data, size_t len);
 
+/* The same with the bytes in n pieces, of any size (a write may take
+ * less than it was given: the rest is written after it). */
+struct iovec;
+int idem__dir_replace_v(idem_store *s, int dirfd, const char *path,
+                        const char *name, const struct iovec *iov, int n);
+
 /* Replace PATH/TAIL with *t, durably (see dir.c). */
 int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
                          const idem__tail *t);

@@ -57,6 +57,8 @@ typedef struct idem__engine {
                               * oldest hot sealed segment goes cold */
     int hot_limited;         /* hot_keys is a limit (local:, not mem:) */
     uint64_t cold_lookups, filter_probes, searches, bloom_fp, cold_reads;
+    uint64_t merged_fp;      /* maybes of the filter in front (coldfilter.h)
+                              * that no cold segment held */
 } idem__engine;
 
 /* RAM an index entry costs, slot included (index.h): what hot=BYTES is
@@ -155,6 +157,9 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     if (!lg->ncold)
         return 0;
     en->cold_lookups++;
+    en->filter_probes++;
+    if (!idem__cfilter_maybe(&lg->cf, fo->h))
+        return 0;
     idem__probe p;
     idem__probe_init(&p, fo->h);
     for (size_t i = lg->ncold; i-- > 0;)
@@ -174,6 +179,7 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
         fo->live = fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
         return 0;
     }
+    en->merged_fp++;  /* the filter in front said maybe, no segment has it */
     return 0;
 }
 
@@ -234,11 +240,12 @@ static int idem__may_shadow(const idem__engine *en, const uint64_t h[2],
     const idem__log *lg = &en->log;
     if (!en->hot_limited && !lg->ncold)
         return 0;
+    int cold = lg->ncold && idem__cfilter_maybe(&lg->cf, h);
     for (size_t i = 0; i < lg->nsegs && lg->segs[i].id < seg; i++) {
         const idem__seg *g = &lg->segs[i];
         if (g->max_expires <= now)
             continue;
-        if (g->cold ? idem__cold_maybe(g->cold, h) : en->hot_limited)
+        if (g->cold ? cold && idem__cold_maybe(g->cold, h) : en->hot_limited)
             return 1;
     }
     return 0;
@@ -264,7 +271,7 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
-    size_t n = idem__frame_size(keylen, vallen);
+    size_t n = idem__frame_size(r, keylen, vallen);
     int rc = idem__log_append(&en->log, now, n, &dst, &seg, &off);
     if (rc)
         return rc;
@@ -360,8 +367,13 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
                     h[j][0] = h[j][1] = 0;
                 idem__index_prefetch(&en->ix, h[j], 0);
             }
-            for (size_t j = 0; j < m; j++)
+            for (size_t j = 0; j < m; j++) {
                 idem__index_prefetch(&en->ix, h[j], 1);
+                /* RAM will lack most keys of a claim: the filter in
+                 * front of the cold segments is asked next. */
+                if (en->log.ncold)
+                    idem__cfilter_prefetch(&en->log.cf, h[j]);
+            }
         }
         if (outs[i].status)
             continue;
@@ -604,7 +616,8 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
-    rc = idem__log_append(&en->log, now, idem__frame_size(keylen, 0), &dst,
+    rc = idem__log_append(&en->log, now,
+                          idem__frame_size(&fo.f.rec, keylen, 0), &dst,
                           &seg, &off);
     if (rc)
         return rc;
@@ -686,7 +699,8 @@ static int idem__eng_ckpt_put(idem_store *s, const char *name,
     uint32_t seg, off;
     idem__rec r = {.expires = INT64_MAX};
     int rc = idem__log_append(&en->log, idem__now(s),
-                              idem__frame_size(nlen, len), &dst, &seg, &off);
+                              idem__frame_size(&r, nlen, len), &dst, &seg,
+                              &off);
     if (rc)
         return rc;
     idem__frame_encode(dst, IDEM__R_CHECKPOINT, &r, name, nlen, blob, len);
@@ -775,7 +789,7 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
 #define IDEM__FEW 8
 
 /* Drop (or empty, then drop) the oldest segments while that is cheap. */
-static int idem__retire_segments(idem_store *s, int64_t now)
+static int idem__retire_oldest(idem_store *s, int64_t now)
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
@@ -803,6 +817,16 @@ static int idem__retire_segments(idem_store *s, int64_t now)
         en->dropped_total++;
     }
     return 0;
+}
+
+/* Then the filter in front of the cold segments may be far larger than
+ * what is left needs; without memory to build it again it is gone, and
+ * lookups ask each segment's own filter: slower, never wrong. */
+static int idem__retire_segments(idem_store *s, int64_t now)
+{
+    int rc = idem__retire_oldest(s, now);
+    (void)idem__cfilter_fit(&idem__eng(s)->log);
+    return rc;
 }
 
 static int idem__eng_sweep(idem_store *s, size_t max_work,
@@ -876,6 +900,9 @@ static int idem__cold_out(idem_store *s, idem__seg *g)
     }
     g->cold = c;
     lg->ncold++;
+    /* Without the filter in front, lookups ask every segment's own:
+     * slower, never wrong, so the segment goes cold all the same. */
+    (void)idem__cfilter_add(lg, lg->ncold - 1);
     for (uint32_t id = 0; id < en->ix.hw; id++)
         if (idem__index_at(&en->ix, id)->seg == g->id)
             idem__index_remove_id(&en->ix, id);
@@ -954,11 +981,12 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
         out->cold_index_bytes += idem__cold_bytes(lg->segs[i].cold);
         out->cold_segments++;
     }
+    out->cold_index_bytes += idem__cfilter_bytes(&lg->cf);
     out->live_keys += out->cold_keys;
     out->cold_lookups = en->cold_lookups;
     out->filter_probes = en->filter_probes;
     out->index_searches = en->searches;
-    out->filter_false_positives = en->bloom_fp;
+    out->filter_false_positives = en->bloom_fp + en->merged_fp;
     out->cold_reads = en->cold_reads;
     out->cold_rebuilt = lg->kix_rebuilt;
     out->oldest_ms = lg->nsegs ? lg->segs[0].created : 0;
@@ -1086,6 +1114,10 @@ static int idem__eng_close(idem_store *s)
     int rc = idem__forked(s)     ? 0
              : en->log.broken ? en->log.broken
                               : idem__log_seal(&en->log);
+    /* Open builds the filter in front of the cold segments again when
+     * this fails: it is derived data. */
+    if (!rc && !idem__forked(s))
+        rc = idem__cfilter_save(&en->log);
     idem__engine_free(en);
     s->impl = NULL;
     return rc;

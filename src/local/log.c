@@ -242,12 +242,12 @@ int idem__log_commit(idem__log *lg)
                           "an earlier write failed; reopen the store");
     if (!lg->in_group)
         return 0;
-    size_t n = idem__frame_size(0, 0);
-    if (idem__buf_reserve(&lg->wbuf, n))
-        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     /* The group began where the last commit ended; saying so lets
      * recovery tell damage inside this group from damage before it. */
     idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
+    size_t n = idem__frame_size(&none, 0, 0);
+    if (idem__buf_reserve(&lg->wbuf, n))
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     idem__frame_encode(lg->wbuf.data + lg->wbuf.len, IDEM__R_COMMIT, &none,
                        NULL, 0, NULL, 0);
     lg->wbuf.len += n;
@@ -385,6 +385,8 @@ int idem__log_drop_oldest(idem__log *lg)
             unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd) != 0)
             return idem__log_ioerr(lg, "unlink", g->id, errno);
     }
+    if (g->cold)
+        idem__cfilter_gone(&lg->cf, g->cold);
     lg->ncold -= g->cold != NULL;
     idem__seg_release(lg, g);
     memmove(lg->segs, lg->segs + 1, (lg->nsegs - 1) * sizeof *lg->segs);
@@ -397,6 +399,7 @@ void idem__log_close(idem__log *lg)
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
     free(lg->segs);
+    idem__cfilter_free(&lg->cf);
     idem__buf_free(&lg->wbuf);
     if (lg->dirfd >= 0)
         close(lg->dirfd);

@@ -28,6 +28,7 @@
 #define IDEM_LOG_H
 
 #include "cold.h"
+#include "coldfilter.h"
 #include "common.h"
 #include "dir.h"
 #include "store.h"
@@ -67,6 +68,7 @@ typedef struct idem__log {
     uint64_t segment_bytes;
     int64_t segment_span_ms;
     size_t ncold;           /* segs[0, ncold) are cold, the rest hot */
+    idem__cfilter cf;       /* in front of the cold segments' filters */
     uint64_t kix_rebuilt;   /* key indexes built again at open */
     const unsigned char *secret;  /* the store's key hash secret */
 } idem__log;

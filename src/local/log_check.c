@@ -35,13 +35,13 @@ static int idem__bad(char *why, size_t n, const char *fmt, ...)
     return IDEM_ECORRUPT;
 }
 
-/* Does segment g end with a COMMIT frame? Both header sizes count: a
- * store written before version 2 frames ends its old segments with a
- * 72-byte COMMIT. */
+/* Does segment g end with a COMMIT frame? Every version's size counts: a
+ * store written before version 3 frames ends its old segments with an
+ * 80- or 72-byte COMMIT. */
 static int idem__ends_with_commit(idem__log *lg, const idem__seg *g)
 {
-    static const size_t sizes[] = {IDEM__REC_HDR2, IDEM__REC_HDR};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    const size_t *sizes = idem__commit_sizes;
+    for (size_t i = 0; sizes[i]; i++) {
         const unsigned char *p;
         size_t avail;
         idem__frame f;

@@ -1,7 +1,8 @@
 /* record.h - the on-disk record format of the log engine.
  *
- * A record is a checksummed, length-prefixed, versioned frame. Version 2,
- * the one written:
+ * A record is a checksummed, length-prefixed, versioned frame. Version 3,
+ * the one written, has a 40-byte header and carries only the fields a
+ * record needs beyond it (most records need none, or a lease):
  *
  *   off  size  field
  *     0     8  check    XXH3-64 of bytes [8, len)
@@ -9,7 +10,29 @@
  *    12     1  version  IDEM__REC_VERSION
  *    13     1  type     IDEM__R_*: the operation that wrote it
  *    14     1  state    idem_state after the operation
- *    15     1  flags    IDEM__RF_*
+ *    15     1  flags    IDEM__RF_*: which optional fields follow
+ *    16     2  keylen
+ *    18     2  attempts (the low 16 bits; RF_ATT32: the field below)
+ *    20     8  created  ms
+ *    28     4  ttl      expires - created, signed (0 with RF_EXP64)
+ *    32     8  token
+ *    40        optional fields, in this order, each only if its flag is set:
+ *                RF_ATT32   4  attempts
+ *                RF_EXP64   8  expires
+ *                RF_LEASE   4  lease - created, signed
+ *                RF_LEASE64 8  lease
+ *                RF_VAL     4  vallen (else 0)
+ *                RF_FP     16  fp
+ *              then key bytes, value bytes, zero padding to a multiple of 8
+ *
+ * So a claim of a 36-byte key takes 80 bytes, and so does a DONE record
+ * with an empty response: version 2 took 120 for each.
+ *
+ * Version 2, still read, has an 80-byte header with every field:
+ *
+ *   off  size  field
+ *     0     8  check, 8 4 len, 12 1 version, 13 1 type, 14 1 state,
+ *    15     1  flags (RF_FP, RF_RELEASED only)
  *    16     4  attempts claims granted on the record
  *    20     4  keylen
  *    24     8  created  ms
@@ -43,20 +66,21 @@
 #error "the idem log format is little-endian; port record.c first"
 #endif
 
-#define IDEM__REC_VERSION 2
-/* The header of the frames written (version 2). */
+#define IDEM__REC_VERSION 3
+/* The header of the frames written (version 3), optional fields aside. */
+#define IDEM__REC_HDR3 40u
+/* Version 2's header, and version 1's. */
 #define IDEM__REC_HDR2 80u
-/* The smallest header of any version (version 1): a scanner looking for
- * a frame needs at least this many bytes. */
-#define IDEM__REC_HDR 72u
+#define IDEM__REC_HDR1 72u
+/* The smallest header of any version: a scanner looking for a frame
+ * needs at least this many bytes. */
+#define IDEM__REC_HDR IDEM__REC_HDR3
 
-/* The layout above, as docs/internals.md states it: the fingerprint fills
- * [48, 64), the token ends the version 2 header, which is version 1's
- * plus the 8-byte token. */
-_Static_assert(48 + IDEM_FP_LEN == 64, "the fingerprint ends at vallen");
-_Static_assert(IDEM__REC_HDR == 72, "a version 1 frame header is 72 bytes");
-_Static_assert(IDEM__REC_HDR2 == IDEM__REC_HDR + 8,
-               "a version 2 frame header is 80 bytes, the token last");
+/* The layouts above, as docs/internals.md states them. */
+_Static_assert(48 + IDEM_FP_LEN == 64, "v2: the fingerprint ends at vallen");
+_Static_assert(IDEM__REC_HDR2 == IDEM__REC_HDR1 + 8,
+               "a version 2 frame header is version 1's plus the token");
+_Static_assert(IDEM__REC_HDR3 == 32 + 8, "version 3 ends with the token");
 
 enum idem__rtype {
     IDEM__R_CLAIM = 1,
@@ -74,6 +98,11 @@ enum idem__rtype {
 
 #define IDEM__RF_FP 1u
 #define IDEM__RF_RELEASED 2u
+#define IDEM__RF_LEASE 4u      /* version 3 on: which fields follow */
+#define IDEM__RF_LEASE64 8u
+#define IDEM__RF_EXP64 16u
+#define IDEM__RF_ATT32 32u
+#define IDEM__RF_VAL 64u
 
 /* A decoded frame. key/val point into the frame's bytes. */
 typedef struct idem__frame {
@@ -86,8 +115,12 @@ typedef struct idem__frame {
     uint32_t vallen;
 } idem__frame;
 
-/* Bytes a frame with these sizes takes. */
-size_t idem__frame_size(size_t keylen, size_t vallen);
+/* Bytes the frame of record r with these sizes takes. */
+size_t idem__frame_size(const idem__rec *r, size_t keylen, size_t vallen);
+
+/* The sizes a COMMIT frame written by any version may have, 0 ended
+ * (log_check.c looks for one at a segment's end). */
+extern const size_t idem__commit_sizes[];
 
 /* Encode a frame into dst, which has idem__frame_size() bytes. */
 void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,

@@ -477,6 +477,8 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                                                 &records);
     }
     free(ids);
+    if (!rc)
+        idem__cfilter_open(lg);
     /* Everything checked out: now build the state, sized up front. */
     if (!rc && records)
         rc = reserve(ctx, records);
@@ -579,8 +581,8 @@ static int idem__seal_rewrite(idem__rewrite *w)
 {
     if (w->durable_len <= w->commit_len)
         return 0;
-    size_t n = idem__frame_size(0, 0);
     idem__rec none = {0};
+    size_t n = idem__frame_size(&none, 0, 0);
     w->out.len = (size_t)w->durable_len;
     if (idem__buf_reserve(&w->out, n))
         return IDEM_ENOMEM;
@@ -720,6 +722,21 @@ static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
     return idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
 }
 
+/* PATH/name, derived data, does not check out: count it as damage (open
+ * would build it again); repair deletes it, and open builds it again. */
+static int idem__derived_damage(idem__log *lg, const char *name, int repair,
+                                idem_check_report *r, const char *why)
+{
+    if (repair && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd)))
+        return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
+                          strerror(errno));
+    r->damaged++;
+    if (!r->first_damage[0])
+        snprintf(r->first_damage, sizeof r->first_damage, "%.120s/%s: %s",
+                 lg->dir, name, why);
+    return 0;
+}
+
 /* Segment id's key index, if it has one: does it check out whole, and
  * was it built from the segment as it is? Check counts one that does not
  * as damage (open would build it again); repair deletes it, and open
@@ -741,19 +758,25 @@ static int idem__check_kix(idem__log *lg, uint32_t id, int repair,
                                     &sg.created) == 0 &&
                 idem__cold_load(lg->dirfd, &sg, &c) == 0;
     idem__close_seg(&g);
-    if (sound) {
+    if (sound)
         idem__cold_free(&c);
-        return 0;
-    }
-    if (repair && (unlinkat(lg->dirfd, name, 0) != 0 || fsync(lg->dirfd)))
-        return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
-                          strerror(errno));
-    r->damaged++;
-    if (!r->first_damage[0])
-        snprintf(r->first_damage, sizeof r->first_damage,
-                 "%.120s/%s: the key index does not check out (open "
-                 "builds it again from its segment)", lg->dir, name);
-    return 0;
+    return sound ? 0
+                 : idem__derived_damage(lg, name, repair, r,
+                                        "the key index does not check out "
+                                        "(open builds it again from its "
+                                        "segment)");
+}
+
+/* PATH/COLD, the filter in front of the cold segments, if there is one:
+ * as a key index, derived data that open builds again. */
+static int idem__check_cold(idem__log *lg, int repair, idem_check_report *r)
+{
+    return idem__cfilter_file_sound(lg->dirfd)
+               ? 0
+               : idem__derived_damage(lg, IDEM__COLD_FILE, repair, r,
+                                      "the cold keys' filter does not check "
+                                      "out (open builds it again from the "
+                                      "key indexes)");
 }
 
 /* Run fn on segments ids[from, n) of lg's directory. */
@@ -808,6 +831,8 @@ int idem__local_check(idem_store *s, const char *rest, int repair,
     }
     if (!rc)
         rc = idem__visit_segs(&lg, ids, from, n, fn, repair, r);
+    if (!rc)
+        rc = idem__check_cold(&lg, repair, r);
     if (rc && !r->first_damage[0])
         snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
                  s->detail);

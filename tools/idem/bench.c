@@ -4,7 +4,14 @@
  * scripts (bench/run.sh) can set it beside reference systems measured in
  * the same run. Keys are 36 bytes, like a printed UUID: random (a PRNG,
  * so key generation costs next to nothing) or ordered (a zero-padded
- * counter). Every batch is synced, so the figures are durable ones. */
+ * counter). Every batch is synced, so the figures are durable ones.
+ *
+ * The seed workload is the load the project was asked to carry: 5e4
+ * messages a second for a day, some of them repeats, 80 % of those
+ * within an hour of their original. A day of it at that rate takes a
+ * day, so the store runs on an injected clock that moves 1/rate of a
+ * second a message: the run takes as long as the store needs, and says
+ * how many times faster than the real rate that was. */
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -20,9 +27,11 @@
 #define BENCH_N_MAX 1000000000000ull
 
 static const char bench_usage[] =
-    "usage: idem bench [--store URI] [--workload claim|claim-complete|replay]\n"
+    "usage: idem bench [--store URI]\n"
+    "                  [--workload claim|claim-complete|replay|seed]\n"
     "                  [--keys random|ordered] [-n N] [--batch B]\n"
     "                  [--value-size BYTES] [--reopen] [--skip N]\n"
+    "                  [--every N]\n"
     "\n"
     "Measures a store. Prints one line of name=value pairs, among them\n"
     "ops_per_sec. Every batch is synced (durable).\n"
@@ -41,6 +50,16 @@ static const char bench_usage[] =
     "                     check one key is there\n"
     "  --skip N           start at key N (default 0): new keys for a store\n"
     "                     that holds keys 0..N-1 from an earlier run\n"
+    "  --every N          also print, to stderr, the rate of each N keys\n"
+    "                     (is it sustained at the end as at the start?)\n"
+    "\n"
+    "seed: messages offered at --rate N a second (default 50000) of an\n"
+    "injected clock for --simulate SECONDS (default 86400); --repeats\n"
+    "PERCENT of them (default 10) repeat an earlier message, 80 %% of those\n"
+    "within the hour, the rest within the TTL (--ttl SECONDS, default\n"
+    "86400). Each NEW is completed with an empty response. Prints RAM,\n"
+    "disk, the repeats that got through as NEW (exit status 1 unless 0)\n"
+    "and the p99 latency of a batch, which is every claim's in it.\n"
     "\n"
     "A store past its hot budget (local:PATH?hot=SIZE) also reports its\n"
     "hot and cold keys, and the filter probes, disk reads and false\n"
@@ -49,7 +68,8 @@ static const char bench_usage[] =
 typedef struct bench_cfg {
     const char *uri, *workload;
     int random_keys, reopen;
-    size_t n, batch, value_size, skip;
+    size_t n, batch, value_size, skip, every;
+    uint64_t rate, simulate, repeats, ttl_s;   /* seed */
 } bench_cfg;
 
 /* Key i, deterministic: the replay workload regenerates the same keys. */
@@ -107,13 +127,27 @@ static int run_batch(idem_store *s, const bench_cfg *c, bench_buf *b,
     return rc;
 }
 
+/* With --every: the rate since the last line, once per N keys. */
+static void progress(const bench_cfg *c, size_t done, size_t m,
+                     double *since)
+{
+    if (!c->every || done / c->every == (done - m) / c->every)
+        return;
+    double now = cli_mono_s();
+    fprintf(stderr, "idem bench: %zu keys, %.0f/s over the last %zu\n",
+            c->skip + done, (double)c->every / (now - *since), c->every);
+    *since = now;
+}
+
 static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
                    int complete, size_t *news)
 {
+    double since = cli_mono_s();
     for (size_t i = 0; i < c->n; i += c->batch) {
         size_t m = c->n - i < c->batch ? c->n - i : c->batch;
         if (run_batch(s, c, b, i, m, complete, news))
             return 1;
+        progress(c, i + m, m, &since);
     }
     return 0;
 }
@@ -138,12 +172,14 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"keys", 1, 0, 'k'},       {"batch", 1, 0, 'b'},
         {"value-size", 1, 0, 'v'}, {"reopen", 0, 0, 'r'},
         {"skip", 1, 0, 'S'},       {"help", 0, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"every", 1, 0, 'e'},      {"rate", 1, 0, 'R'},
+        {"simulate", 1, 0, 'D'},   {"repeats", 1, 0, 'P'},
+        {"ttl", 1, 0, 'T'},        {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
-                                            "replay", NULL};
+                                            "replay", "seed", NULL};
     static const char *const keys[] = {"ordered", "random", NULL};
     *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
-                     16, 0};
+                     16, 0, 0, 50000, 86400, 10, 86400};
     int ch, rc = 0, i = 0;
     uint64_t v = 0;
     while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
@@ -162,10 +198,21 @@ static int parse(int argc, char **argv, bench_cfg *c)
         case 'b':
             rc = parse_size(optarg, "--batch", 1000000, &c->batch);
             break;
-        case 'v':
-            rc = parse_size(optarg, "--value-size", IDEM_VALUE_MAX,
-                            &c->value_size);
+        case 'v':  /* 0: DONE records with an empty response */
+            rc = cli_number("bench", "--value-size", optarg, 0,
+                            IDEM_VALUE_MAX, &v);
+            c->value_size = (size_t)v;
             break;
+        case 'e': rc = parse_size(optarg, "--every", BENCH_N_MAX, &c->every);
+                  break;
+        case 'R': rc = cli_number("bench", "--rate", optarg, 1, 10000000,
+                                  &c->rate); break;
+        case 'D': rc = cli_number("bench", "--simulate", optarg, 1,
+                                  366 * 86400, &c->simulate); break;
+        case 'P': rc = cli_number("bench", "--repeats", optarg, 0, 100,
+                                  &c->repeats); break;
+        case 'T': rc = cli_number("bench", "--ttl", optarg, 3600,
+                                  366 * 86400, &c->ttl_s); break;
         case 'r': c->reopen = 1; break;
         case 'S':
             rc = cli_number("bench", "--skip", optarg, 0, BENCH_N_MAX, &v);
@@ -226,6 +273,218 @@ static void print_cold(const idem_stats *st)
                (double)(misses ? misses : 1));
 }
 
+/* ------------------------------------------------------------------------
+ * The seed workload */
+
+typedef struct seed_run {
+    const bench_cfg *c;
+    int64_t now_ms;            /* the injected clock */
+    uint64_t n;                /* messages */
+    uint64_t repeats, replays, busy, through, fresh, lost;
+    double *lat;               /* seconds of each batch */
+    size_t nlat;
+} seed_run;
+
+static int64_t seed_clock(void *ctx)
+{
+    return ((const seed_run *)ctx)->now_ms;
+}
+
+/* A uniform double in [0, 1) drawn from x and salt. */
+static double seed_u(uint64_t x, uint64_t salt)
+{
+    uint64_t s = x ^ salt;
+    return (double)(bench_splitmix(&s) >> 11) * 0x1p-53;
+}
+
+static int seed_is_repeat(const seed_run *r, uint64_t i)
+{
+    return seed_u(i, 0x5eed1) * 100.0 < (double)r->c->repeats;
+}
+
+/* The earlier new message that message i repeats: 80 % within the hour
+ * before it, the rest within the TTL, less a minute and a batch (the
+ * clock moves a batch at a time: a repeat at the TTL's very end may find
+ * its original gone, rightly). UINT64_MAX when there is none yet (i is
+ * then new itself). A message is new unless it repeats one. */
+static uint64_t seed_original(const seed_run *r, uint64_t i)
+{
+    const bench_cfg *c = r->c;
+    double max = (double)c->ttl_s - 60.0 - (double)c->batch / (double)c->rate;
+    double hour = max < 3600.0 ? max : 3600.0, u = seed_u(i, 0x5eed2);
+    double back_s = seed_u(i, 0x5eed3) < 0.8 ? u * hour
+                                              : hour + u * (max - hour);
+    if (back_s < 0)
+        return UINT64_MAX;
+    uint64_t d = 1 + (uint64_t)(back_s * (double)r->c->rate);
+    if (d > i)
+        return UINT64_MAX;
+    uint64_t j = i - d;
+    while (seed_is_repeat(r, j))  /* the nearest message that is new */
+        if (j-- == 0)
+            return UINT64_MAX;
+    return j;
+}
+
+/* Claim messages [first, first + m): each new one must be NEW and is
+ * completed (empty response); each repeat must not be NEW. */
+static int seed_batch(idem_store *s, seed_run *r, bench_buf *b,
+                      uint64_t first, size_t m)
+{
+    for (size_t j = 0; j < m; j++) {
+        uint64_t i = first + j;
+        uint64_t o = seed_is_repeat(r, i) ? seed_original(r, i) : UINT64_MAX;
+        bench_key(1, o == UINT64_MAX ? i : o, b->names + j * (KEYLEN + 1));
+        b->keys[j] = (idem_key){b->names + j * (KEYLEN + 1), KEYLEN, NULL};
+        b->st[j] = o != UINT64_MAX;  /* a repeat (st is free until the
+                                      * completions' statuses) */
+    }
+    int rc = idem_claim_many(s, b->keys, m, NULL, b->outs, IDEM_NOSYNC);
+    size_t q = 0;
+    for (size_t j = 0; !rc && j < m; j++) {
+        idem_outcome_kind k = b->outs[j].kind;
+        r->repeats += b->st[j];
+        r->through += b->st[j] && k == IDEM_NEW;
+        r->replays += b->st[j] && k == IDEM_REPLAY;
+        r->busy += b->st[j] && k == IDEM_BUSY;  /* original in this batch */
+        r->lost += !b->st[j] && k != IDEM_NEW;
+        if (k == IDEM_NEW)
+            b->items[q++] = (idem_completion){b->keys[j].key, KEYLEN,
+                                              b->outs[j].token, NULL, 0, 0};
+    }
+    r->fresh += q;
+    if (!rc)
+        rc = idem_complete_many(s, b->items, q, b->st, 0);
+    uint64_t expired;
+    if (!rc)  /* what a deployment's periodic sweep does, a little a batch */
+        rc = idem_sweep(s, 4 * m, &expired);
+    if (rc)
+        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+    return rc;
+}
+
+static int seed_all(idem_store *s, seed_run *r, bench_buf *b)
+{
+    const bench_cfg *c = r->c;
+    int64_t t0 = r->now_ms;
+    double since = cli_mono_s();
+    for (uint64_t i = 0; i < r->n; i += c->batch) {
+        size_t m = r->n - i < c->batch ? (size_t)(r->n - i) : c->batch;
+        r->now_ms = t0 + (int64_t)((double)i * 1000.0 / (double)c->rate);
+        double t = cli_mono_s();
+        if (seed_batch(s, r, b, i, m))
+            return 1;
+        r->lat[r->nlat++] = cli_mono_s() - t;
+        progress(c, (size_t)(i + m), m, &since);
+    }
+    return 0;
+}
+
+static int seed_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void seed_print(const seed_run *r, const idem_stats *st, double secs,
+                       long rss_kib_used)
+{
+    const bench_cfg *c = r->c;
+    qsort(r->lat, r->nlat, sizeof *r->lat, seed_cmp);
+    double p99 = r->nlat ? r->lat[(r->nlat - 1) * 99 / 100] : 0;
+    double keys = st->live_keys ? (double)st->live_keys : 1.0;
+    printf("workload=seed store=%s rate=%" PRIu64 " simulated_s=%" PRIu64
+           " messages=%" PRIu64 " batch=%zu seconds=%.3f"
+           " msgs_per_sec=%.0f times_real_time=%.2f new=%" PRIu64
+           " repeats=%" PRIu64 " replayed=%" PRIu64 " busy=%" PRIu64
+           " duplicates_through=%" PRIu64 " new_not_new=%" PRIu64
+           " live_keys=%" PRIu64 " anon_rss_bytes=%ld"
+           " anon_rss_bytes_per_key=%.1f disk_bytes=%" PRIu64
+           " disk_bytes_per_key=%.1f p99_batch_ms=%.2f max_batch_ms=%.2f",
+           cli_shown_uri(c->uri), c->rate, c->simulate, r->n, c->batch, secs,
+           (double)r->n / secs, (double)r->n / secs / (double)c->rate,
+           r->fresh, r->repeats, r->replays, r->busy, r->through, r->lost,
+           st->live_keys, rss_kib_used * 1024,
+           (double)rss_kib_used * 1024.0 / keys,
+           st->disk_bytes, (double)st->disk_bytes / keys, p99 * 1e3,
+           r->nlat ? r->lat[r->nlat - 1] * 1e3 : 0.0);
+    print_cold(st);
+    printf("\n");
+}
+
+/* 0, or 1 when it failed or a repeat got through as NEW. */
+static int bench_seed(const bench_cfg *c, bench_buf *b)
+{
+    seed_run r = {.c = c, .now_ms = 1767225600000LL,  /* 2026-01-01 */
+                  .n = c->rate * c->simulate};
+    r.lat = malloc((size_t)(r.n / c->batch + 1) * sizeof *r.lat);
+    idem_opts o;
+    idem_opts_init(&o);
+    o.clock = seed_clock;
+    o.clock_ctx = &r;
+    o.ttl_ms = (int64_t)c->ttl_s * 1000;
+    long rss0 = rss_kib();
+    idem_store *s = r.lat ? cli_open_with("bench", c->uri, &o) : NULL;
+    if (!r.lat)
+        fputs("idem bench: out of memory\n", stderr);
+    int rc = s ? 0 : r.lat ? cli_open_status() : 1;
+    double t0 = cli_mono_s();
+    if (!rc)
+        rc = seed_all(s, &r, b);
+    double secs = cli_mono_s() - t0;
+    idem_stats st = {0};
+    if (!rc && (rc = idem_stats_read(s, &st, sizeof st)) != 0)
+        fprintf(stderr, "idem bench: stats: %s\n", idem_errdetail(s));
+    if (!rc)
+        seed_print(&r, &st, secs, rss_kib() - rss0);
+    if (s && idem_close(s) && !rc)
+        rc = 1;
+    free(r.lat);
+    return rc ? rc : r.through || r.lost ? 1 : 0;
+}
+
+/* The claim, claim-complete and replay workloads. */
+static int bench_plain(const bench_cfg *c, bench_buf *b)
+{
+    idem_store *s = cli_open("bench", c->uri, 0, 0, 0);
+    long rss0 = rss_kib();
+    int rc = s ? 0 : cli_open_status();
+    int replay = !strcmp(c->workload, "replay");
+    size_t news = 0, seeded = 0;
+    if (!rc && replay)
+        rc = run_all(s, c, b, 1, &seeded);
+    double t0 = cli_mono_s();
+    if (!rc)
+        rc = run_all(s, c, b, !strcmp(c->workload, "claim-complete"), &news);
+    double secs = cli_mono_s() - t0, reopen = 0;
+    long rss1 = rss_kib();
+    idem_stats st = {0};
+    if (!rc)
+        idem_stats_read(s, &st, sizeof st);
+    if (!rc && c->reopen)
+        rc = reopen_check(c, &s, &reopen);
+    if (!rc) {
+        printf("workload=%s store=%s keys=%s n=%zu batch=%zu seconds=%.3f "
+               "ops_per_sec=%.0f new=%zu index_bytes_per_key=%.1f "
+               "anon_rss_bytes_per_key=%.1f",
+               c->workload, cli_shown_uri(c->uri),
+               c->random_keys ? "random" : "ordered", c->n,
+               c->batch, secs, (double)c->n / secs, news,
+               st.live_keys ? (double)st.index_bytes / (double)st.live_keys
+                            : 0.0,
+               (double)(rss1 - rss0) * 1024.0 / (double)c->n);
+        printf(" disk_bytes_per_key=%.1f",
+               (double)st.disk_bytes / (double)(c->n ? c->n : 1));
+        print_cold(&st);
+        if (c->reopen)
+            printf(" reopen_seconds=%.3f", reopen);
+        printf("\n");
+    }
+    if (s)
+        idem_close(s);
+    return rc;
+}
+
 int cli_cmd_bench(int argc, char **argv)
 {
     bench_cfg c;
@@ -236,47 +495,13 @@ int cli_cmd_bench(int argc, char **argv)
                    malloc(c.batch * sizeof(idem_key)),
                    malloc(c.batch * sizeof(idem_outcome)),
                    malloc(c.batch * sizeof(idem_completion)),
-                   malloc(c.batch * sizeof(int)), calloc(1, c.value_size)};
-    idem_store *s = NULL;
-    long rss0 = rss_kib();
+                   malloc(c.batch * sizeof(int)), calloc(1, c.value_size + 1)};
     rc = !b.names || !b.keys || !b.outs || !b.items || !b.st || !b.value;
     if (rc)
         fputs("idem bench: out of memory\n", stderr);
-    if (!rc && !(s = cli_open("bench", c.uri, 0, 0, 0)))
-        rc = cli_open_status();
-    int replay = !strcmp(c.workload, "replay");
-    size_t news = 0, seeded = 0;
-    if (!rc && replay)
-        rc = run_all(s, &c, &b, 1, &seeded);
-    double t0 = cli_mono_s();
-    if (!rc)
-        rc = run_all(s, &c, &b, !strcmp(c.workload, "claim-complete"), &news);
-    double secs = cli_mono_s() - t0, reopen = 0;
-    long rss1 = rss_kib();
-    idem_stats st = {0};
-    if (!rc)
-        idem_stats_read(s, &st, sizeof st);
-    if (!rc && c.reopen)
-        rc = reopen_check(&c, &s, &reopen);
-    if (!rc) {
-        printf("workload=%s store=%s keys=%s n=%zu batch=%zu seconds=%.3f "
-               "ops_per_sec=%.0f new=%zu index_bytes_per_key=%.1f "
-               "anon_rss_bytes_per_key=%.1f",
-               c.workload, cli_shown_uri(c.uri),
-               c.random_keys ? "random" : "ordered", c.n,
-               c.batch, secs, (double)c.n / secs, news,
-               st.live_keys ? (double)st.index_bytes / (double)st.live_keys
-                            : 0.0,
-               (double)(rss1 - rss0) * 1024.0 / (double)c.n);
-        printf(" disk_bytes_per_key=%.1f",
-               (double)st.disk_bytes / (double)(c.n ? c.n : 1));
-        print_cold(&st);
-        if (c.reopen)
-            printf(" reopen_seconds=%.3f", reopen);
-        printf("\n");
-    }
-    if (s)
-        idem_close(s);
+    else
+        rc = !strcmp(c.workload, "seed") ? bench_seed(&c, &b)
+                                         : bench_plain(&c, &b);
     free(b.names);
     free(b.keys);
     free(b.outs);
