@@ -358,6 +358,64 @@ Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
               t_read(t_at("err"), NULL));
 }
 
+/* As above with a batch of 400 read back (through a consumer of the
+ * output stream, not message by message), one of its messages deleted
+ * by hand before the restart: the others are found written, the deleted
+ * one is said (its key written again), and each key is there once. */
+Test(nats, a_large_batch_past_the_window_is_read_back_through_a_consumer)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    int nkeys = fill(2000);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 400 --lease 1s --store "
+             "local:store --job w", src("durable=d"), dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:3", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+    uint64_t written = last_seq("OUT");
+    cr_assert_geq(written, 700, "the killed batch was not written");
+    /* One of the killed batch's messages (not its last: the end of the
+     * stream is not a hole) deleted before the restart. */
+    cr_assert_eq(js_DeleteMsg(js, "OUT", written - 1, NULL, NULL),
+                 NATS_OK);
+    t_sleep_ms(1500);  /* past the window: the server's fence is gone */
+    finish(args, "d");
+    cr_assert(t_grep(t_at("err"), "found already written"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "1 message of stream OUT"), "%s",
+              t_read(t_at("err"), NULL));
+    /* Each key once but the deleted message's, written again at the
+     * end: the stream holds nkeys messages and one hole. */
+    jsStreamInfo *si = NULL;
+    cr_assert_eq(js_GetStreamInfo(&si, js, "OUT", NULL, NULL), NATS_OK);
+    cr_assert_eq(si->State.Msgs, (uint64_t)nkeys, "%s",
+                 t_read(t_at("err"), NULL));
+    jsStreamInfo_Destroy(si);
+    char *seen = calloc((size_t)nkeys, 1);
+    for (uint64_t q = 1; q <= last_seq("OUT"); q++) {
+        natsMsg *m = NULL;
+        if (q == written - 1)
+            continue;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        int k = key_number(header(m, "idem-key"));
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %d twice", k);
+        seen[k] = 1;
+        natsMsg_Destroy(m);
+    }
+    free(seen);
+    cr_assert_eq(pending("d"), 0);
+}
+
 /* nats-server killed and started again while dedup runs: the run goes
  * on or fails; rerun, the output is exact. */
 Test(nats, the_server_restarted_under_load)
