@@ -531,6 +531,58 @@ static int header_value(const char *key, size_t keylen, size_t max)
            !strchr(" \t", key[0]) && !strchr(" \t", key[keylen - 1]);
 }
 
+/* The status member of a run's result line ("" if none). */
+static size_t status_of(jfields *f, const char *data, size_t len,
+                        const char **st)
+{
+    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
+    *st = i >= 0 ? f->buf.p + f->off[i] : "";
+    return i >= 0 ? f->len[i] : 0;
+}
+
+/* m: text on our subject, keyed (Nats-Msg-Id and idem-key: k->key). */
+static natsStatus keyed(ns_sink *k, const char *text, size_t len,
+                        natsMsg **m)
+{
+    natsStatus st = natsMsg_Create(m, k->u.name, NULL, text, (int)len);
+    st = st ? st : natsMsgHeader_Set(*m, "Nats-Msg-Id", k->key);
+    return st ? st : natsMsgHeader_Set(*m, "idem-key", k->key);
+}
+
+/* What takes the place of a message over the server's max_payload,
+ * which no stream of the server would take, so that it would stop every
+ * run at it: a marker of its key, named by its header idem-too-large
+ * (the size of the data left out), with the data {"key":…,"status":…,
+ * "error":…} (status: a run's, so that read-back still finds the
+ * outcome). The input keeps the message itself. */
+static natsStatus marker(ns_sink *k, const char *text, size_t len,
+                         size_t keylen, natsMsg **m)
+{
+    const char *stv;
+    size_t sn = status_of(&k->f, text, len, &stv);
+    char size[32];
+    snprintf(size, sizeof size, "%zu", len);
+    cli_buf d = {0};
+    int rc = cli_buf_str(&d, "{") ||
+             cli_buf_bytes_member(&d, "key", "key_base64", k->key, keylen) ||
+             (sn && (cli_buf_str(&d, ",\"status\":") ||
+                     cli_buf_json_string(&d, stv, sn))) ||
+             cli_buf_fmt(&d, ",\"error\":\"too large: %zu bytes of data, "
+                         "over the server's max_payload of %" PRId64
+                         " bytes with the headers\"}", len,
+                         natsConnection_GetMaxPayload(k->l.nc));
+    natsStatus st = rc ? NATS_NO_MEMORY : keyed(k, d.p, d.len, m);
+    st = st ? st : natsMsgHeader_Set(*m, "idem-too-large", size);
+    cli_buf_free(&d);
+    if (!st)
+        fprintf(stderr, "idem %s: %s: the message of key '%.200s' (%zu "
+                "bytes of data) is over the server's max_payload (%" PRId64
+                " bytes with the headers): written as a marker with the "
+                "header idem-too-large instead\n", k->cmd, k->u.display,
+                k->key, len, natsConnection_GetMaxPayload(k->l.nc));
+    return st;
+}
+
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *meta, size_t metalen)
 {
@@ -544,23 +596,18 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     memcpy(k->key, key, keylen);
     k->key[keylen] = 0;
     natsMsg *m = NULL;
-    natsStatus st = natsMsg_Create(&m, k->u.name, NULL, text, (int)len);
+    natsStatus st = keyed(k, text, len, &m);
     st = st ? st : copy_headers(m, meta, metalen);
-    st = st ? st : natsMsgHeader_Set(m, "Nats-Msg-Id", k->key);
-    st = st ? st : natsMsgHeader_Set(m, "idem-key", k->key);
     st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+    if (st == NATS_MAX_PAYLOAD) {  /* found before it is sent */
+        natsMsg_Destroy(m);
+        m = NULL;
+        st = marker(k, text, len, keylen, &m);
+        st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+    }
     natsMsg_Destroy(m);  /* NULL once published */
     k->published |= !st;
     return st ? fail(k, "publishing", st) : 0;
-}
-
-/* The status member of a run's result line ("" if none). */
-static size_t status_of(jfields *f, const char *data, size_t len,
-                        const char **st)
-{
-    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
-    *st = i >= 0 ? f->buf.p + f->off[i] : "";
-    return i >= 0 ? f->len[i] : 0;
 }
 
 /* Is the stream's message orig the one we published (data, idem-key),
