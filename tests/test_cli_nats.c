@@ -928,6 +928,46 @@ Test(nats, a_done_result_is_not_dropped_for_the_gave_up_one)
     cr_assert_eq(pending("d"), 1);
 }
 
+/* run --replay emit: a duplicate's line repeats its key's result, and
+ * with the key as its Nats-Msg-Id the server dropped it as a duplicate
+ * of that result inside the window (and took it outside). Each replay
+ * has a Nats-Msg-Id of its own, and all are written, in order; the
+ * first results keep the key as theirs. */
+Test(nats, replays_are_written_inside_the_duplicate_window)
+{
+    static const int keys[] = {0, 0, 1, 0, 1};
+    for (int i = 0; i < 5; i++) {
+        char data[64];
+        snprintf(data, sizeof data, "{\"event_id\":\"e%d\",\"n\":%d}",
+                 keys[i], i);
+        cr_assert_eq(js_Publish(NULL, js, "in", data, (int)strlen(data),
+                                NULL, NULL), NATS_OK);
+    }
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --replay emit --from %s "
+                       "--to %s --idle-exit 1s --batch 2 --exec "
+                       "'\"$IDEM_PROGS/handler\"' 2>err", src("durable=d"),
+                       dst()), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 5, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("d"), 0);
+    char ids[5][1100];
+    for (uint64_t q = 1; q <= 5; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        int k = keys[q - 1], rep = q > 3 || q == 2;
+        cr_assert_eq(key_number(header(m, "idem-key")), k);
+        cr_assert_eq(strstr(natsMsg_GetData(m), "\"replayed\":true") != NULL,
+                     rep, "%s", natsMsg_GetData(m));
+        const char *id = header(m, "Nats-Msg-Id");
+        snprintf(ids[q - 1], sizeof ids[q - 1], "%s", id);
+        cr_assert(rep ? !strncmp(id, header(m, "idem-key"), 2) &&
+                            strstr(id, "#replay-")
+                      : !strcmp(id, header(m, "idem-key")), "%s", id);
+        for (uint64_t p = 1; p < q; p++)
+            cr_assert_str_neq(ids[p - 1], id);
+        natsMsg_Destroy(m);
+    }
+}
+
 /* A durable consumer made elsewhere that would lose messages on a kill
  * (AckNone: acknowledged on delivery; AckAll: acknowledged with a later
  * one), or filters another subject than asked, is refused. */

@@ -34,7 +34,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "jfields.h"
@@ -68,6 +70,8 @@ typedef struct ns_sink {
     jfields f;
     int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
+    uint64_t replay_id;    /* this sink's replays: drawn at open */
+    uint64_t replays;      /* ... and counted */
 } ns_sink;
 
 static const sink_ops ns_sink_ops;
@@ -163,6 +167,9 @@ sink *ns_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
     pthread_mutex_init(&k->mu, NULL);
     k->window_ms = 2 * lease_ms + 10000;
     snprintf(k->pos, sizeof k->pos, "0");
+    if (getrandom(&k->replay_id, sizeof k->replay_id, 0) !=
+        (ssize_t)sizeof k->replay_id)  /* not drawn: the clock's */
+        k->replay_id = (uint64_t)time(NULL) ^ (uint64_t)getpid() << 32;
     if ((*status = nu_parse(cmd, uri, 1, &k->u)) != 0 ||
         (*status = nl_open(cmd, &k->u, &k->l, on_pub_ack, k)) != 0 ||
         (*status = find_stream(k) ? 1 : 0) != 0) {
@@ -540,12 +547,35 @@ static size_t status_of(jfields *f, const char *data, size_t len,
     return i >= 0 ? f->len[i] : 0;
 }
 
-/* m: text on our subject, keyed (Nats-Msg-Id and idem-key: k->key). */
+/* Is text a run's line for a duplicate, under --replay emit
+ * ("replayed":true)? (dedup writes no duplicates: its data is the
+ * input's own, which may hold any member.) */
+static int replayed(ns_sink *k, const char *text, size_t len)
+{
+    if (strcmp(k->cmd, "run") || jf_parse(&k->f, text, len) <= 0)
+        return 0;
+    long i = jf_find(&k->f, "replayed");
+    return i >= 0 && k->f.len[i] == 4 &&
+           !memcmp(k->f.buf.p + k->f.off[i], "true", 4);
+}
+
+/* m: text on our subject, keyed: idem-key k->key, and Nats-Msg-Id the
+ * key too, but for a replay. A replay repeats its key's result for a
+ * later message of the key, and the server would drop it as a duplicate
+ * of that result within the window (and take it after): its Nats-Msg-Id
+ * is KEY#replay-R-N instead, R drawn for the sink and N counting, so
+ * that every replay is written. */
 static natsStatus keyed(ns_sink *k, const char *text, size_t len,
                         natsMsg **m)
 {
+    char id[sizeof k->key + 64];
+    int replay = replayed(k, text, len);
+    if (replay)
+        snprintf(id, sizeof id, "%s#replay-%016" PRIx64 "-%" PRIu64, k->key,
+                 k->replay_id, ++k->replays);
     natsStatus st = natsMsg_Create(m, k->u.name, NULL, text, (int)len);
-    st = st ? st : natsMsgHeader_Set(*m, "Nats-Msg-Id", k->key);
+    st = st ? st : natsMsgHeader_Set(*m, "Nats-Msg-Id",
+                                     replay ? id : k->key);
     return st ? st : natsMsgHeader_Set(*m, "idem-key", k->key);
 }
 
@@ -553,11 +583,13 @@ static natsStatus keyed(ns_sink *k, const char *text, size_t len,
  * which no stream of the server would take, so that it would stop every
  * run at it: a marker of its key, named by its header idem-too-large
  * (the size of the data left out), with the data {"key":…,"status":…,
- * "error":…} (status: a run's, so that read-back still finds the
- * outcome). The input keeps the message itself. */
+ * "replayed":true,"error":…} (status and replayed: a run's, so that
+ * read-back still finds the outcome and a replay stays one). The input
+ * keeps the message itself. */
 static natsStatus marker(ns_sink *k, const char *text, size_t len,
                          size_t keylen, natsMsg **m)
 {
+    int rep = replayed(k, text, len);
     const char *stv;
     size_t sn = status_of(&k->f, text, len, &stv);
     char size[32];
@@ -567,6 +599,7 @@ static natsStatus marker(ns_sink *k, const char *text, size_t len,
              cli_buf_bytes_member(&d, "key", "key_base64", k->key, keylen) ||
              (sn && (cli_buf_str(&d, ",\"status\":") ||
                      cli_buf_json_string(&d, stv, sn))) ||
+             (rep && cli_buf_str(&d, ",\"replayed\":true")) ||
              cli_buf_fmt(&d, ",\"error\":\"too large: %zu bytes of data, "
                          "over the server's max_payload of %" PRId64
                          " bytes with the headers\"}", len,
