@@ -616,6 +616,38 @@ static natsStatus marker(ns_sink *k, const char *text, size_t len,
     return st;
 }
 
+/* m's size on the wire, data and headers, as libnats encodes them
+ * ("NATS/1.0\r\n", "NAME: VALUE\r\n" each, "\r\n"); 0 if unknown. */
+static int64_t wire_size(natsMsg *m)
+{
+    const char **keys = NULL;
+    int nk = 0;
+    int64_t n = natsMsg_GetDataLength(m) + 12;
+    if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK)
+        return 0;
+    for (int i = 0; n && i < nk; i++) {
+        const char **vals = NULL;
+        int nv = 0;
+        if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)
+            n = 0;
+        for (int j = 0; n && j < nv; j++)
+            n += (int64_t)(strlen(keys[i]) + strlen(vals[j]) + 4);
+        free((void *)vals);
+    }
+    free((void *)keys);
+    return n;
+}
+
+/* libnats says NATS_MAX_PAYLOAD: is m truly over the server's limit, by
+ * our own count? (libnats compares with the limit of the server's INFO,
+ * which it clears and parses again on a reconnect: a marker for a
+ * message that fits would lose it.) */
+static int over_max_payload(ns_sink *k, natsMsg *m)
+{
+    int64_t max = natsConnection_GetMaxPayload(k->l.nc);
+    return max > 0 && wire_size(m) > max;
+}
+
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *meta, size_t metalen)
 {
@@ -632,7 +664,7 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     natsStatus st = keyed(k, text, len, &m);
     st = st ? st : copy_headers(m, meta, metalen);
     st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
-    if (st == NATS_MAX_PAYLOAD) {  /* found before it is sent */
+    if (st == NATS_MAX_PAYLOAD && over_max_payload(k, m)) {
         natsMsg_Destroy(m);
         m = NULL;
         st = marker(k, text, len, keylen, &m);
