@@ -506,22 +506,30 @@ static int not_copied(const char *name)
            !strcmp(name, "Nats-Rollup");
 }
 
-/* The input's headers (meta's) on m, but for those not_copied(). */
+/* The input's headers (meta's) on m, but for those not_copied(): each
+ * name and value made strings in a buffer on the stack (on the heap
+ * only when longer). */
 static natsStatus copy_headers(natsMsg *m, const char *meta, size_t metalen)
 {
     natsStatus st = NATS_OK;
     size_t at = 0;
     meta_rec r;
+    char small[512];
     while (!st && meta_next(meta, metalen, &at, &r)) {
         if (r.type != META_HEADER || !r.value)
             continue;
-        char *name = strndup(r.name, r.namelen);
-        char *value = strndup(r.value, r.valuelen);
-        st = !name || !value  ? NATS_NO_MEMORY
-             : not_copied(name) ? NATS_OK
-                                : natsMsgHeader_Add(m, name, value);
-        free(name);
-        free(value);
+        size_t need = r.namelen + r.valuelen + 2;
+        char *name = need <= sizeof small ? small : malloc(need);
+        if (!name)
+            return NATS_NO_MEMORY;
+        char *value = name + r.namelen + 1;
+        memcpy(name, r.name, r.namelen);
+        name[r.namelen] = 0;
+        memcpy(value, r.value, r.valuelen);
+        value[r.valuelen] = 0;
+        st = not_copied(name) ? NATS_OK : natsMsgHeader_Add(m, name, value);
+        if (name != small)
+            free(name);
     }
     return st;
 }
