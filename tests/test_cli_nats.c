@@ -780,12 +780,26 @@ Test(nats, a_message_too_large_for_the_output_is_written_as_a_marker)
     natsMsg_Destroy(m);
 }
 
+/* Pull requests waiting on durable d. */
+static int waiting(const char *d)
+{
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, js, "IN", d, NULL, NULL) != NATS_OK)
+        return 0;
+    int n = (int)ci->NumWaiting;
+    jsConsumerInfo_Destroy(ci);
+    return n;
+}
+
 /* A worker killed while a second one runs with --idle-exit: the dead
  * one's messages come back after AckWait (3 s), longer than the idle
- * time (1 s). The second does not end while they are still to come. */
+ * time (1 s). The second does not end while they are still to come.
+ * Both wait on the durable before the messages come (a worker that
+ * finds messages held by another at its start waits AckWait first, and
+ * the other could take them all meanwhile), the messages put at once
+ * (new messages start the idle time again). */
 Test(nats, idle_exit_waits_for_a_dead_workers_messages)
 {
-    int nkeys = fill(300);
     const char *redis = th_redis_addr();
     const char *prefix = th_prefix();
 #define IDLE "dedup --key event_id --from %s --to %s --idle-exit %s "   \
@@ -795,9 +809,15 @@ Test(nats, idle_exit_waits_for_a_dead_workers_messages)
                           src("durable=d&worker=b&ack_wait_ms=3000"), dst(),
                           "1s", redis, prefix, 2);
     setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
-    int sa = t_cli(t_dir, IDLE, src("durable=d&worker=a&ack_wait_ms=3000"),
-                   dst(), "1s", redis, prefix, 1);
+    pid_t a = t_cli_start(t_dir, IDLE,
+                          src("durable=d&worker=a&ack_wait_ms=3000"), dst(),
+                          "1s", redis, prefix, 1);
     unsetenv("IDEM_TEST_KILL_AT");
+    for (int i = 0; i < 600 && waiting("d") < 2; i++)
+        t_sleep_ms(50);
+    cr_assert_geq(waiting("d"), 2, "the workers did not start");
+    int nkeys = fill(300);
+    int sa = t_wait(a);
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     cr_assert_eq(sa, 128 + SIGKILL, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(pending("d"), 0, "b ended with messages to come: %s",
