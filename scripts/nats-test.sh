@@ -7,11 +7,12 @@
 #                              (after a kill -9)
 #   nats-test.sh stop DIR      kill -9 it
 #
-# With NATS_TEST_CONF set, the server also reads that configuration
-# file (the tests' nkey and operator users); DIR/conf keeps its name for
-# restart. Its pid file is DIR/pid, so scripts/redis-test.sh stop on a directory
-# above DIR kills it too (run-tests.sh does so at exit). Ports are picked
-# at random in 30000-39999 and retried when taken.
+# With NATS_TEST_CONF set at start, the server also reads that
+# configuration file (the tests' nkey and operator users); DIR/conf keeps
+# its name for restart. Its pid file is DIR/pid, so
+# scripts/redis-test.sh stop on a directory above DIR kills it too
+# (run-tests.sh does so at exit). Ports are picked at random in
+# 30000-39999 and retried when taken.
 set -eu
 cmd=$1
 dir=$2
