@@ -7,16 +7,21 @@
 #                              (after a kill -9)
 #   nats-test.sh stop DIR      kill -9 it
 #
-# Its pid file is DIR/pid, so scripts/redis-test.sh stop on a directory
-# above DIR kills it too (run-tests.sh does so at exit). Ports are picked
-# at random in 30000-39999 and retried when taken.
+# With NATS_TEST_CONF set at start, the server also reads that
+# configuration file (the tests' nkey and operator users); DIR/conf keeps
+# its name for restart. Its pid file is DIR/pid, so
+# scripts/redis-test.sh stop on a directory above DIR kills it too
+# (run-tests.sh does so at exit). Ports are picked at random in
+# 30000-39999 and retried when taken.
 set -eu
 cmd=$1
 dir=$2
 
 launch() {
-    nats-server -a 127.0.0.1 -p "$1" -js -sd "$dir/store" -P "$dir/pid" \
-        -l "$dir/log" </dev/null >/dev/null 2>&1 &
+    conf=$(cat "$dir/conf" 2>/dev/null || true)
+    nats-server ${conf:+-c "$conf"} -a 127.0.0.1 -p "$1" -js \
+        -sd "$dir/store" -P "$dir/pid" -l "$dir/log" </dev/null \
+        >/dev/null 2>&1 &
     # Generous: the machine may be loaded. Ready once it answers.
     for _i in $(seq 1 300); do
         if grep -q "Server is ready" "$dir/log" 2>/dev/null; then
@@ -33,6 +38,7 @@ launch() {
 case "$cmd" in
 start)
     mkdir -p "$dir"
+    printf '%s' "${NATS_TEST_CONF:-}" >"$dir/conf"
     for _try in 1 2 3 4 5 6 7 8 9 10; do
         n=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
         p=$((30000 + n % 10000))

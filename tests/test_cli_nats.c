@@ -15,6 +15,8 @@
  * Every check reads the output stream itself (js_GetMsg, sequence by
  * sequence): each key's first message exactly once, in input order. */
 #include <nats/nats.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -358,6 +360,64 @@ Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
               t_read(t_at("err"), NULL));
 }
 
+/* As above with a batch of 400 read back (through a consumer of the
+ * output stream, not message by message), one of its messages deleted
+ * by hand before the restart: the others are found written, the deleted
+ * one is said (its key written again), and each key is there once. */
+Test(nats, a_large_batch_past_the_window_is_read_back_through_a_consumer)
+{
+    jsStreamConfig sc;
+    jsStreamConfig_Init(&sc);
+    const char *subj = "out";
+    sc.Name = "OUT";
+    sc.Subjects = &subj;
+    sc.SubjectsLen = 1;
+    sc.Duplicates = 1000 * 1000000LL;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    int nkeys = fill(2000);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1500ms --batch 400 --lease 1s --store "
+             "local:store --job w", src("durable=d"), dst());
+    setenv("IDEM_TEST_KILL_AT", "sink-written:3", 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+    uint64_t written = last_seq("OUT");
+    cr_assert_geq(written, 700, "the killed batch was not written");
+    /* One of the killed batch's messages (not its last: the end of the
+     * stream is not a hole) deleted before the restart. */
+    cr_assert_eq(js_DeleteMsg(js, "OUT", written - 1, NULL, NULL),
+                 NATS_OK);
+    t_sleep_ms(1500);  /* past the window: the server's fence is gone */
+    finish(args, "d");
+    cr_assert(t_grep(t_at("err"), "found already written"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "1 message of stream OUT"), "%s",
+              t_read(t_at("err"), NULL));
+    /* Each key once but the deleted message's, written again at the
+     * end: the stream holds nkeys messages and one hole. */
+    jsStreamInfo *si = NULL;
+    cr_assert_eq(js_GetStreamInfo(&si, js, "OUT", NULL, NULL), NATS_OK);
+    cr_assert_eq(si->State.Msgs, (uint64_t)nkeys, "%s",
+                 t_read(t_at("err"), NULL));
+    jsStreamInfo_Destroy(si);
+    char *seen = calloc((size_t)nkeys, 1);
+    for (uint64_t q = 1; q <= last_seq("OUT"); q++) {
+        natsMsg *m = NULL;
+        if (q == written - 1)
+            continue;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        int k = key_number(header(m, "idem-key"));
+        cr_assert(k >= 0 && k < nkeys && !seen[k], "key %d twice", k);
+        seen[k] = 1;
+        natsMsg_Destroy(m);
+    }
+    free(seen);
+    cr_assert_eq(pending("d"), 0);
+}
+
 /* nats-server killed and started again while dedup runs: the run goes
  * on or fails; rerun, the output is exact. */
 Test(nats, the_server_restarted_under_load)
@@ -679,10 +739,11 @@ Test(nats, the_same_command_twice_at_once)
 }
 
 /* A message that fits the server's max_payload (1 MiB) in IN but not
- * once the sink has set its two headers: the run stops and says why;
- * the message is not lost (still pending, its key not written), and
- * every rerun stops the same way until the limit is raised. */
-Test(nats, a_message_too_large_for_the_output_stops_the_run_unlost)
+ * once the sink has set its two headers: no stream of the server takes
+ * it, and it stopped every run at it. Now a marker of its key takes its
+ * place, named by the header idem-too-large, and the messages after it
+ * go on, in order; a rerun writes nothing again. */
+Test(nats, a_message_too_large_for_the_output_is_written_as_a_marker)
 {
     size_t n = 1048576 - 40;
     char *data = malloc(n + 1);
@@ -697,23 +758,48 @@ Test(nats, a_message_too_large_for_the_output_stops_the_run_unlost)
                  nats_GetLastError(NULL));
     natsMsg_Destroy(m);
     free(data);
+    put_with_header("x-after", "1");  /* e0 again: a duplicate */
+    put_with_header("x-after", "2");  /* e1 */
     for (int i = 0; i < 2; i++)
         cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                            "--idle-exit 1s --lease 1s 2>err",
-                           src("durable=d"), dst()), 1, "%s",
+                           src("durable=d"), dst()), 0, "%s",
                      t_read(t_at("err"), NULL));
-    cr_assert(t_grep(t_at("err"), "maximum"), "%s",
-              t_read(t_at("err"), NULL));
-    cr_assert_eq(last_seq("OUT"), 0);
-    cr_assert_eq(pending("d"), 1);
+    cr_assert_eq(last_seq("OUT"), 2, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("d"), 0);
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 1, NULL, NULL), NATS_OK);
+    cr_assert_str_eq(header(m, "idem-key"), "e0");
+    cr_assert_str_eq(header(m, "idem-too-large"), "1048536");
+    cr_assert(strstr(natsMsg_GetData(m), "\"key\":\"e0\""), "%s",
+              natsMsg_GetData(m));
+    cr_assert(strstr(natsMsg_GetData(m), "too large"));
+    natsMsg_Destroy(m);
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 2, NULL, NULL), NATS_OK);
+    cr_assert_str_eq(header(m, "idem-key"), "e1");
+    cr_assert(!header(m, "idem-too-large"));
+    natsMsg_Destroy(m);
+}
+
+/* Pull requests waiting on durable d. */
+static int waiting(const char *d)
+{
+    jsConsumerInfo *ci = NULL;
+    if (js_GetConsumerInfo(&ci, js, "IN", d, NULL, NULL) != NATS_OK)
+        return 0;
+    int n = (int)ci->NumWaiting;
+    jsConsumerInfo_Destroy(ci);
+    return n;
 }
 
 /* A worker killed while a second one runs with --idle-exit: the dead
  * one's messages come back after AckWait (3 s), longer than the idle
- * time (1 s). The second does not end while they are still to come. */
+ * time (1 s). The second does not end while they are still to come.
+ * Both wait on the durable before the messages come (a worker that
+ * finds messages held by another at its start waits AckWait first, and
+ * the other could take them all meanwhile), the messages put at once
+ * (new messages start the idle time again). */
 Test(nats, idle_exit_waits_for_a_dead_workers_messages)
 {
-    int nkeys = fill(300);
     const char *redis = th_redis_addr();
     const char *prefix = th_prefix();
 #define IDLE "dedup --key event_id --from %s --to %s --idle-exit %s "   \
@@ -723,9 +809,15 @@ Test(nats, idle_exit_waits_for_a_dead_workers_messages)
                           src("durable=d&worker=b&ack_wait_ms=3000"), dst(),
                           "1s", redis, prefix, 2);
     setenv("IDEM_TEST_KILL_AT", "sink-written:1", 1);
-    int sa = t_cli(t_dir, IDLE, src("durable=d&worker=a&ack_wait_ms=3000"),
-                   dst(), "1s", redis, prefix, 1);
+    pid_t a = t_cli_start(t_dir, IDLE,
+                          src("durable=d&worker=a&ack_wait_ms=3000"), dst(),
+                          "1s", redis, prefix, 1);
     unsetenv("IDEM_TEST_KILL_AT");
+    for (int i = 0; i < 600 && waiting("d") < 2; i++)
+        t_sleep_ms(50);
+    cr_assert_geq(waiting("d"), 2, "the workers did not start");
+    int nkeys = fill(300);
+    int sa = t_wait(a);
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     cr_assert_eq(sa, 128 + SIGKILL, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(pending("d"), 0, "b ended with messages to come: %s",
@@ -858,6 +950,46 @@ Test(nats, a_done_result_is_not_dropped_for_the_gave_up_one)
     cr_assert_eq(pending("d"), 1);
 }
 
+/* run --replay emit: a duplicate's line repeats its key's result, and
+ * with the key as its Nats-Msg-Id the server dropped it as a duplicate
+ * of that result inside the window (and took it outside). Each replay
+ * has a Nats-Msg-Id of its own, and all are written, in order; the
+ * first results keep the key as theirs. */
+Test(nats, replays_are_written_inside_the_duplicate_window)
+{
+    static const int keys[] = {0, 0, 1, 0, 1};
+    for (int i = 0; i < 5; i++) {
+        char data[64];
+        snprintf(data, sizeof data, "{\"event_id\":\"e%d\",\"n\":%d}",
+                 keys[i], i);
+        cr_assert_eq(js_Publish(NULL, js, "in", data, (int)strlen(data),
+                                NULL, NULL), NATS_OK);
+    }
+    cr_assert_eq(t_cli(t_dir, "run --key event_id --replay emit --from %s "
+                       "--to %s --idle-exit 1s --batch 2 --exec "
+                       "'\"$IDEM_PROGS/handler\"' 2>err", src("durable=d"),
+                       dst()), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 5, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(pending("d"), 0);
+    char ids[5][1100];
+    for (uint64_t q = 1; q <= 5; q++) {
+        natsMsg *m = NULL;
+        cr_assert_eq(js_GetMsg(&m, js, "OUT", q, NULL, NULL), NATS_OK);
+        int k = keys[q - 1], rep = q > 3 || q == 2;
+        cr_assert_eq(key_number(header(m, "idem-key")), k);
+        cr_assert_eq(strstr(natsMsg_GetData(m), "\"replayed\":true") != NULL,
+                     rep, "%s", natsMsg_GetData(m));
+        const char *id = header(m, "Nats-Msg-Id");
+        snprintf(ids[q - 1], sizeof ids[q - 1], "%s", id);
+        cr_assert(rep ? !strncmp(id, header(m, "idem-key"), 2) &&
+                            strstr(id, "#replay-")
+                      : !strcmp(id, header(m, "idem-key")), "%s", id);
+        for (uint64_t p = 1; p < q; p++)
+            cr_assert_str_neq(ids[p - 1], id);
+        natsMsg_Destroy(m);
+    }
+}
+
 /* A durable consumer made elsewhere that would lose messages on a kill
  * (AckNone: acknowledged on delivery; AckAll: acknowledged with a later
  * one), or filters another subject than asked, is refused. */
@@ -942,4 +1074,233 @@ Test(nats, headers_named_as_the_sinks_own_in_another_case)
         cr_assert_eq(key_number(header(m, "Nats-Msg-Id")), (int)q - 1);
         natsMsg_Destroy(m);
     }
+}
+
+/* Credentials: nkey= and creds=, against servers of their own that ask
+ * for them. Debian has neither nsc nor nk, so the keys are made here:
+ * an nkey is an Ed25519 key (OpenSSL's) in NATS's text form: base32 of
+ * a prefix byte naming its role, the key, and a CRC-16 (XMODEM), as the
+ * nkeys library writes it; a creds file holds a user JWT (claims signed
+ * by its account's key, the account's by its operator's) and the user's
+ * seed. */
+enum { NK_SEED = 18 << 3, NK_OPERATOR = 14 << 3, NK_ACCOUNT = 0,
+       NK_USER = 20 << 3 };
+
+typedef struct nkey {
+    unsigned char seed[32], pub[32];
+    char seed_txt[64], pub_txt[64];
+} nkey;
+
+static unsigned crc16(const unsigned char *p, size_t n)
+{
+    unsigned crc = 0;
+    for (size_t i = 0; i < n; i++) {
+        crc ^= (unsigned)p[i] << 8;
+        for (int b = 0; b < 8; b++)
+            crc = crc & 0x8000 ? (crc << 1) ^ 0x1021 : crc << 1;
+        crc &= 0xffff;
+    }
+    return crc;
+}
+
+/* p[0..n) and its CRC in base32 (no padding) into out. */
+static void nk_text(unsigned char *p, size_t n, char *out)
+{
+    static const char b32[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+    unsigned crc = crc16(p, n);
+    p[n] = (unsigned char)(crc & 0xff);
+    p[n + 1] = (unsigned char)(crc >> 8);
+    n += 2;
+    unsigned acc = 0;
+    int bits = 0;
+    for (size_t i = 0; i < n; i++) {
+        acc = (acc << 8) | p[i];
+        for (bits += 8; bits >= 5; bits -= 5)
+            *out++ = b32[(acc >> (bits - 5)) & 31];
+    }
+    if (bits)
+        *out++ = b32[(acc << (5 - bits)) & 31];
+    *out = 0;
+}
+
+static void nk_make(nkey *k, int role)
+{
+    cr_assert_eq(RAND_bytes(k->seed, 32), 1);
+    EVP_PKEY *pk = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL,
+                                                k->seed, 32);
+    size_t n = 32;
+    cr_assert(pk && EVP_PKEY_get_raw_public_key(pk, k->pub, &n) == 1);
+    EVP_PKEY_free(pk);
+    unsigned char raw[40];
+    raw[0] = (unsigned char)(NK_SEED | role >> 5);
+    raw[1] = (unsigned char)((role & 31) << 3);
+    memcpy(raw + 2, k->seed, 32);
+    nk_text(raw, 34, k->seed_txt);
+    raw[0] = (unsigned char)role;
+    memcpy(raw + 1, k->pub, 32);
+    nk_text(raw, 33, k->pub_txt);
+}
+
+/* p[0..n) in base64url without padding, appended to out. */
+static void b64url(const unsigned char *p, size_t n, char *out)
+{
+    static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                            "abcdefghijklmnopqrstuvwxyz0123456789-_";
+    out += strlen(out);
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)p[i] << 16 |
+                     (i + 1 < n ? (unsigned)p[i + 1] << 8 : 0) |
+                     (i + 2 < n ? p[i + 2] : 0);
+        *out++ = t[v >> 18 & 63];
+        *out++ = t[v >> 12 & 63];
+        if (i + 1 < n)
+            *out++ = t[v >> 6 & 63];
+        if (i + 2 < n)
+            *out++ = t[v & 63];
+    }
+    *out = 0;
+}
+
+/* A JWT of claims `nats` (a JSON object's members) about sub, signed by
+ * iss, into out (size 4096). */
+static void jwt(const nkey *iss, const char *sub, const char *name,
+                const char *nats, char *out)
+{
+    static int jti;
+    char claims[2048];
+    snprintf(claims, sizeof claims, "{\"jti\":\"T%08dJTI\",\"iat\":%ld,"
+             "\"iss\":\"%s\",\"name\":\"%s\",\"sub\":\"%s\",\"nats\":{%s,"
+             "\"version\":2}}", ++jti, (long)time(NULL) - 60, iss->pub_txt,
+             name, sub, nats);
+    static const char head[] = "{\"typ\":\"JWT\",\"alg\":\"ed25519-nkey\"}";
+    out[0] = 0;
+    b64url((const unsigned char *)head, strlen(head), out);
+    memcpy(out + strlen(out), ".", 2);
+    b64url((const unsigned char *)claims, strlen(claims), out);
+    EVP_PKEY *pk = EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, NULL,
+                                                iss->seed, 32);
+    EVP_MD_CTX *md = EVP_MD_CTX_new();
+    unsigned char sig[64];
+    size_t n = sizeof sig;
+    cr_assert(pk && md && EVP_DigestSignInit(md, NULL, NULL, NULL, pk) == 1);
+    cr_assert_eq(EVP_DigestSign(md, sig, &n, (const unsigned char *)out,
+                                strlen(out)), 1);
+    EVP_MD_CTX_free(md);
+    EVP_PKEY_free(pk);
+    memcpy(out + strlen(out), ".", 2);
+    b64url(sig, n, out);
+}
+
+/* The suite's server replaced by one with configuration conf, connected
+ * to with o; its streams IN and OUT made. */
+static void start_with(const char *conf, natsOptions *o)
+{
+    sh_nats("stop");
+    t_put("auth.conf", conf);
+    setenv("NATS_TEST_CONF", t_at("auth.conf"), 1);
+    char *d = t_tmpdir();
+    snprintf(ndir, sizeof ndir, "%s/nats-auth", d);
+    free(d);
+    sh_nats("start");
+    unsetenv("NATS_TEST_CONF");
+    char *p = t_read(t_at("port.out"), NULL);
+    port = (int)strtol(p, NULL, 10);
+    free(p);
+    jsCtx_Destroy(js);
+    natsConnection_Destroy(nc);
+    char url[64];
+    snprintf(url, sizeof url, "nats://127.0.0.1:%d", port);
+    cr_assert_eq(natsOptions_SetURL(o, url), NATS_OK);
+    cr_assert_eq(natsConnection_Connect(&nc, o), NATS_OK, "%s",
+                 nats_GetLastError(NULL));
+    natsOptions_Destroy(o);
+    cr_assert_eq(natsConnection_JetStream(&js, nc, NULL), NATS_OK);
+    add_stream("IN", "in", 0);
+    add_stream("OUT", "out", 120000);
+}
+
+/* dedup from IN to out with the URI parameters cred on both sides:
+ * exit 0, or (bad) 1; and the seed nowhere in what idem says. */
+static void dedup_with(const char *cred, int bad, const char *seed)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from "
+             "'nats://127.0.0.1:%d/IN?durable=d&%s' --to "
+             "'nats://127.0.0.1:%d/out?%s' --idle-exit 1s", port, cred,
+             port, cred);
+    int st = t_cli(t_dir, "%s 2>err", args);
+    cr_assert_eq(st, bad ? 1 : 0, "%s: %s", cred, t_read(t_at("err"), NULL));
+    cr_assert(!t_grep(t_at("err"), seed), "%s", t_read(t_at("err"), NULL));
+}
+
+Test(nats, an_nkey_user_is_let_in_by_its_seed_file)
+{
+    nkey user, other;
+    nk_make(&user, NK_USER);
+    nk_make(&other, NK_USER);
+    char conf[256];
+    snprintf(conf, sizeof conf, "authorization { users = [ { nkey: %s } ] }\n",
+             user.pub_txt);
+    t_put("user.nk", user.seed_txt);
+    t_put("other.nk", other.seed_txt);
+    natsOptions *o = NULL;
+    cr_assert_eq(natsOptions_Create(&o), NATS_OK);
+    cr_assert_eq(natsOptions_SetNKeyFromSeed(o, user.pub_txt,
+                                             t_at("user.nk")), NATS_OK);
+    start_with(conf, o);
+    int nkeys = fill(50);
+    char cred[512];
+    snprintf(cred, sizeof cred, "nkey=%s&nkey_pub=%s", t_at("other.nk"),
+             other.pub_txt);
+    dedup_with(cred, 1, other.seed_txt);  /* a key the server lacks */
+    snprintf(cred, sizeof cred, "nkey=%s&nkey_pub=%s", t_at("user.nk"),
+             user.pub_txt);
+    dedup_with(cred, 0, user.seed_txt);
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+}
+
+Test(nats, a_creds_file_of_an_operators_user_lets_it_in)
+{
+    nkey op, sys, acc, user, other;
+    nk_make(&op, NK_OPERATOR);
+    nk_make(&sys, NK_ACCOUNT);  /* JetStream asks for a system account */
+    nk_make(&acc, NK_ACCOUNT);
+    nk_make(&user, NK_USER);
+    nk_make(&other, NK_USER);
+    char opjwt[4096], sysjwt[4096], accjwt[4096], ujwt[4096], conf[16384],
+        creds[8192];
+    jwt(&op, op.pub_txt, "op", "\"type\":\"operator\"", opjwt);
+    jwt(&op, sys.pub_txt, "sys", "\"type\":\"account\"", sysjwt);
+    jwt(&op, acc.pub_txt, "acc", "\"limits\":{\"subs\":-1,\"data\":-1,"
+        "\"payload\":-1,\"imports\":-1,\"exports\":-1,\"wildcards\":true,"
+        "\"conn\":-1,\"leaf\":-1,\"mem_storage\":-1,\"disk_storage\":-1,"
+        "\"streams\":-1,\"consumer\":-1},\"type\":\"account\"", accjwt);
+    jwt(&acc, user.pub_txt, "u", "\"pub\":{},\"sub\":{},\"subs\":-1,"
+        "\"data\":-1,\"payload\":-1,\"type\":\"user\"", ujwt);
+    snprintf(conf, sizeof conf, "operator: %s\nsystem_account: %s\n"
+             "resolver: MEMORY\nresolver_preload: { %s: %s, %s: %s }\n",
+             opjwt, sys.pub_txt, sys.pub_txt, sysjwt, acc.pub_txt, accjwt);
+    static const char creds_fmt[] =
+        "-----BEGIN NATS USER JWT-----\n%s\n------END NATS USER JWT------\n"
+        "\n-----BEGIN USER NKEY SEED-----\n%s\n------END USER NKEY "
+        "SEED------\n";
+    snprintf(creds, sizeof creds, creds_fmt, ujwt, user.seed_txt);
+    t_put("user.creds", creds);
+    /* The user's JWT with another's seed: its nonce signed wrong. */
+    snprintf(creds, sizeof creds, creds_fmt, ujwt, other.seed_txt);
+    t_put("other.creds", creds);
+    natsOptions *o = NULL;
+    cr_assert_eq(natsOptions_Create(&o), NATS_OK);
+    cr_assert_eq(natsOptions_SetUserCredentialsFromFiles(
+                     o, t_at("user.creds"), NULL), NATS_OK);
+    start_with(conf, o);
+    int nkeys = fill(50);
+    char cred[512];
+    snprintf(cred, sizeof cred, "creds=%s", t_at("other.creds"));
+    dedup_with(cred, 1, other.seed_txt);
+    snprintf(cred, sizeof cred, "creds=%s", t_at("user.creds"));
+    dedup_with(cred, 0, user.seed_txt);
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
 }

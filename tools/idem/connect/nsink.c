@@ -22,21 +22,31 @@
  * back (the stream's limits, a purge) are said: their keys, if the dead
  * run wrote them, are written again.
  *
- * Reading back is one request per message (js_GetMsg, which any stream
- * answers; direct gets need allow_direct): cheap for the batch or two in
- * doubt after a crash, slow for a window of a busy stream. */
+ * Reading back goes through an ordered consumer of the stream from the
+ * position on, filtered to our subject: the server pushes the messages
+ * in order, one request for all of them (a message at a time was 2,000
+ * a second). A few (the recent ones since the last batch) are still
+ * asked one by one (js_GetMsg), which a consumer's own requests would
+ * outweigh; the time search by binary search (seq_at) asks a few too.
+ * Direct gets of many at once are not in nats-server 2.9. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "jfields.h"
 #include "keymap.h"
 #include "nconn.h"
 #include "nstream.h"
+
+/* Up to this many messages to read back are asked one by one: a
+ * consumer costs a few requests of its own. */
+#define SCAN_EACH_MAX 32
 
 typedef struct ns_sink {
     sink base;
@@ -60,6 +70,8 @@ typedef struct ns_sink {
     jfields f;
     int published;         /* any message yet */
     char key[1024];        /* the key as a header value */
+    uint64_t replay_id;    /* this sink's replays: drawn at open */
+    uint64_t replays;      /* ... and counted */
 } ns_sink;
 
 static const sink_ops ns_sink_ops;
@@ -155,6 +167,9 @@ sink *ns_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
     pthread_mutex_init(&k->mu, NULL);
     k->window_ms = 2 * lease_ms + 10000;
     snprintf(k->pos, sizeof k->pos, "0");
+    if (getrandom(&k->replay_id, sizeof k->replay_id, 0) !=
+        (ssize_t)sizeof k->replay_id)  /* not drawn: the clock's */
+        k->replay_id = (uint64_t)time(NULL) ^ (uint64_t)getpid() << 32;
     if ((*status = nu_parse(cmd, uri, 1, &k->u)) != 0 ||
         (*status = nl_open(cmd, &k->u, &k->l, on_pub_ack, k)) != 0 ||
         (*status = find_stream(k) ? 1 : 0) != 0) {
@@ -201,8 +216,10 @@ static const char *ns_name(const sink *base)
     return ((const ns_sink *)base)->u.display;
 }
 
-/* The stream's last sequence and first. 0 or -1. */
-static int stream_seqs(ns_sink *k, uint64_t *first, uint64_t *last)
+/* The stream's first sequence and last, and how many messages it
+ * deleted from its inside (ndel; may be NULL). 0 or -1. */
+static int stream_seqs(ns_sink *k, uint64_t *first, uint64_t *last,
+                       uint64_t *ndel)
 {
     jsStreamInfo *si = NULL;
     natsStatus st = js_GetStreamInfo(&si, k->l.js, k->stream, NULL, NULL);
@@ -210,6 +227,8 @@ static int stream_seqs(ns_sink *k, uint64_t *first, uint64_t *last)
         return fail(k, "reading the stream's state", st);
     *first = si->State.FirstSeq;
     *last = si->State.LastSeq;
+    if (ndel)
+        *ndel = si->State.NumDeleted;
     jsStreamInfo_Destroy(si);
     return 0;
 }
@@ -219,7 +238,7 @@ static int ns_start(sink *base)
 {
     ns_sink *k = (ns_sink *)base;
     uint64_t first, last;
-    if (stream_seqs(k, &first, &last))
+    if (stream_seqs(k, &first, &last, NULL))
         return -1;
     snprintf(k->pos, sizeof k->pos, "%" PRIu64, last);
     return 0;
@@ -259,16 +278,68 @@ static int remember(ns_sink *k, natsMsg *m, keymap *map)
     return 0;
 }
 
-/* The messages after sequence *from up to the stream's last into map;
- * *from becomes the last read. 0 or -1. */
-static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
+/* How many of the stream's messages in (after, last] were deleted from
+ * its inside (a message deleted by hand, or by a limit per subject),
+ * when it has any (ndel): a consumer passes over them unseen. 0 or -1. */
+static int deleted_within(ns_sink *k, uint64_t after, uint64_t last,
+                          uint64_t *n)
 {
-    uint64_t first, last;
-    if (stream_seqs(k, &first, &last))
-        return -1;
-    k->gone += first > *from + 1 ? first - *from - 1 : 0;
-    for (uint64_t seq = *from + 1 > first ? *from + 1 : first; seq <= last;
-         seq++) {
+    jsOptions jo;
+    jsOptions_Init(&jo);
+    jo.Stream.Info.DeletedDetails = true;
+    jsStreamInfo *si = NULL;
+    natsStatus st = js_GetStreamInfo(&si, k->l.js, k->stream, &jo, NULL);
+    if (st)
+        return fail(k, "reading the stream's deleted messages", st);
+    for (int i = 0; i < si->State.DeletedLen; i++)
+        *n += si->State.Deleted[i] > after && si->State.Deleted[i] <= last;
+    jsStreamInfo_Destroy(si);
+    return 0;
+}
+
+/* The messages of our subject in [start, last] into map, through an
+ * ordered consumer of the stream (one request for all, the server
+ * pushing them in order with flow control), which passes over deleted
+ * messages and those of other subjects. It ends at last, or when the
+ * server says none of ours is left. 0 or -1. */
+static int scan_consumer(ns_sink *k, uint64_t start, uint64_t last,
+                         keymap *map)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = k->stream;
+    so.Ordered = true;
+    so.Config.DeliverPolicy = js_DeliverByStartSequence;
+    so.Config.OptStartSeq = start;
+    natsSubscription *sub = NULL;
+    jsConsumerInfo *ci = NULL;
+    natsStatus st = js_SubscribeSync(&sub, k->l.js, k->u.name, NULL, &so,
+                                     NULL);
+    st = st ? st : natsSubscription_GetConsumerInfo(&ci, sub, NULL, NULL);
+    int more = !st && ci->NumPending + ci->Delivered.Consumer > 0, rc = 0;
+    jsConsumerInfo_Destroy(ci);
+    while (!st && !rc && more) {
+        natsMsg *m = NULL;
+        jsMsgMetaData *md = NULL;
+        st = natsSubscription_NextMsg(&m, sub, k->u.timeout_ms);
+        st = st ? st : natsMsg_GetMetaData(&md, m);
+        if (!st && md->Sequence.Stream <= last)
+            rc = remember(k, m, map);
+        more = !st && md->NumPending > 0 && md->Sequence.Stream < last;
+        jsMsgMetaData_Destroy(md);
+        natsMsg_Destroy(m);
+    }
+    if (sub)
+        natsSubscription_Unsubscribe(sub);  /* and its consumer */
+    natsSubscription_Destroy(sub);
+    return st ? fail(k, "reading the stream back", st) : rc;
+}
+
+/* The messages in [start, last] one by one into map (js_GetMsg, which
+ * tells a deleted one). 0 or -1. */
+static int scan_each(ns_sink *k, uint64_t start, uint64_t last, keymap *map)
+{
+    for (uint64_t seq = start; seq <= last; seq++) {
         int gone;
         natsMsg *m = get(k, seq, &gone);
         if (!m && !gone)
@@ -278,9 +349,30 @@ static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
         natsMsg_Destroy(m);
         if (rc)
             return -1;
-        *from = seq;
     }
     return 0;
+}
+
+/* The messages after sequence *from up to the stream's last into map;
+ * *from becomes the last read. A few (the recent ones since the last
+ * batch, a batch in doubt) are asked one by one; more, through a
+ * consumer. 0 or -1. */
+static int scan_after(ns_sink *k, uint64_t *from, keymap *map)
+{
+    uint64_t first, last, ndel;
+    if (stream_seqs(k, &first, &last, &ndel))
+        return -1;
+    k->gone += first > *from + 1 ? first - *from - 1 : 0;
+    uint64_t start = *from + 1 > first ? *from + 1 : first;
+    if (start > last)
+        return 0;
+    int rc = last - start < SCAN_EACH_MAX
+                 ? scan_each(k, start, last, map)
+                 : scan_consumer(k, start, last, map) ||
+                       (ndel && deleted_within(k, start - 1, last, &k->gone));
+    if (!rc)
+        *from = last;
+    return rc ? -1 : 0;
 }
 
 static int ns_read_back(sink *base, const char *pos)
@@ -312,7 +404,7 @@ static int ns_read_back(sink *base, const char *pos)
 static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
 {
     uint64_t lo, hi;
-    if (stream_seqs(k, &lo, &hi))
+    if (stream_seqs(k, &lo, &hi, NULL))
         return -1;
     lo += !lo;  /* an empty stream says 0; sequences start at 1 */
     hi++;
@@ -414,22 +506,30 @@ static int not_copied(const char *name)
            !strcmp(name, "Nats-Rollup");
 }
 
-/* The input's headers (meta's) on m, but for those not_copied(). */
+/* The input's headers (meta's) on m, but for those not_copied(): each
+ * name and value made strings in a buffer on the stack (on the heap
+ * only when longer). */
 static natsStatus copy_headers(natsMsg *m, const char *meta, size_t metalen)
 {
     natsStatus st = NATS_OK;
     size_t at = 0;
     meta_rec r;
+    char small[512];
     while (!st && meta_next(meta, metalen, &at, &r)) {
         if (r.type != META_HEADER || !r.value)
             continue;
-        char *name = strndup(r.name, r.namelen);
-        char *value = strndup(r.value, r.valuelen);
-        st = !name || !value  ? NATS_NO_MEMORY
-             : not_copied(name) ? NATS_OK
-                                : natsMsgHeader_Add(m, name, value);
-        free(name);
-        free(value);
+        size_t need = r.namelen + r.valuelen + 2;
+        char *name = need <= sizeof small ? small : malloc(need);
+        if (!name)
+            return NATS_NO_MEMORY;
+        char *value = name + r.namelen + 1;
+        memcpy(name, r.name, r.namelen);
+        name[r.namelen] = 0;
+        memcpy(value, r.value, r.valuelen);
+        value[r.valuelen] = 0;
+        st = not_copied(name) ? NATS_OK : natsMsgHeader_Add(m, name, value);
+        if (name != small)
+            free(name);
     }
     return st;
 }
@@ -446,6 +546,116 @@ static int header_value(const char *key, size_t keylen, size_t max)
            !strchr(" \t", key[0]) && !strchr(" \t", key[keylen - 1]);
 }
 
+/* The status member of a run's result line ("" if none). */
+static size_t status_of(jfields *f, const char *data, size_t len,
+                        const char **st)
+{
+    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
+    *st = i >= 0 ? f->buf.p + f->off[i] : "";
+    return i >= 0 ? f->len[i] : 0;
+}
+
+/* Is text a run's line for a duplicate, under --replay emit
+ * ("replayed":true)? (dedup writes no duplicates: its data is the
+ * input's own, which may hold any member.) */
+static int replayed(ns_sink *k, const char *text, size_t len)
+{
+    if (strcmp(k->cmd, "run") || jf_parse(&k->f, text, len) <= 0)
+        return 0;
+    long i = jf_find(&k->f, "replayed");
+    return i >= 0 && k->f.len[i] == 4 &&
+           !memcmp(k->f.buf.p + k->f.off[i], "true", 4);
+}
+
+/* m: text on our subject, keyed: idem-key k->key, and Nats-Msg-Id the
+ * key too, but for a replay. A replay repeats its key's result for a
+ * later message of the key, and the server would drop it as a duplicate
+ * of that result within the window (and take it after): its Nats-Msg-Id
+ * is KEY#replay-R-N instead, R drawn for the sink and N counting, so
+ * that every replay is written. */
+static natsStatus keyed(ns_sink *k, const char *text, size_t len,
+                        natsMsg **m)
+{
+    char id[sizeof k->key + 64];
+    int replay = replayed(k, text, len);
+    if (replay)
+        snprintf(id, sizeof id, "%s#replay-%016" PRIx64 "-%" PRIu64, k->key,
+                 k->replay_id, ++k->replays);
+    natsStatus st = natsMsg_Create(m, k->u.name, NULL, text, (int)len);
+    st = st ? st : natsMsgHeader_Set(*m, "Nats-Msg-Id",
+                                     replay ? id : k->key);
+    return st ? st : natsMsgHeader_Set(*m, "idem-key", k->key);
+}
+
+/* What takes the place of a message over the server's max_payload,
+ * which no stream of the server would take, so that it would stop every
+ * run at it: a marker of its key, named by its header idem-too-large
+ * (the size of the data left out), with the data {"key":…,"status":…,
+ * "replayed":true,"error":…} (status and replayed: a run's, so that
+ * read-back still finds the outcome and a replay stays one). The input
+ * keeps the message itself. */
+static natsStatus marker(ns_sink *k, const char *text, size_t len,
+                         size_t keylen, natsMsg **m)
+{
+    int rep = replayed(k, text, len);
+    const char *stv;
+    size_t sn = status_of(&k->f, text, len, &stv);
+    char size[32];
+    snprintf(size, sizeof size, "%zu", len);
+    cli_buf d = {0};
+    int rc = cli_buf_str(&d, "{") ||
+             cli_buf_bytes_member(&d, "key", "key_base64", k->key, keylen) ||
+             (sn && (cli_buf_str(&d, ",\"status\":") ||
+                     cli_buf_json_string(&d, stv, sn))) ||
+             (rep && cli_buf_str(&d, ",\"replayed\":true")) ||
+             cli_buf_fmt(&d, ",\"error\":\"too large: %zu bytes of data, "
+                         "over the server's max_payload of %" PRId64
+                         " bytes with the headers\"}", len,
+                         natsConnection_GetMaxPayload(k->l.nc));
+    natsStatus st = rc ? NATS_NO_MEMORY : keyed(k, d.p, d.len, m);
+    st = st ? st : natsMsgHeader_Set(*m, "idem-too-large", size);
+    cli_buf_free(&d);
+    if (!st)
+        fprintf(stderr, "idem %s: %s: the message of key '%.200s' (%zu "
+                "bytes of data) is over the server's max_payload (%" PRId64
+                " bytes with the headers): written as a marker with the "
+                "header idem-too-large instead\n", k->cmd, k->u.display,
+                k->key, len, natsConnection_GetMaxPayload(k->l.nc));
+    return st;
+}
+
+/* m's size on the wire, data and headers, as libnats encodes them
+ * ("NATS/1.0\r\n", "NAME: VALUE\r\n" each, "\r\n"); 0 if unknown. */
+static int64_t wire_size(natsMsg *m)
+{
+    const char **keys = NULL;
+    int nk = 0;
+    int64_t n = natsMsg_GetDataLength(m) + 12;
+    if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK)
+        return 0;
+    for (int i = 0; n && i < nk; i++) {
+        const char **vals = NULL;
+        int nv = 0;
+        if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)
+            n = 0;
+        for (int j = 0; n && j < nv; j++)
+            n += (int64_t)(strlen(keys[i]) + strlen(vals[j]) + 4);
+        free((void *)vals);
+    }
+    free((void *)keys);
+    return n;
+}
+
+/* libnats says NATS_MAX_PAYLOAD: is m truly over the server's limit, by
+ * our own count? (libnats compares with the limit of the server's INFO,
+ * which it clears and parses again on a reconnect: a marker for a
+ * message that fits would lose it.) */
+static int over_max_payload(ns_sink *k, natsMsg *m)
+{
+    int64_t max = natsConnection_GetMaxPayload(k->l.nc);
+    return max > 0 && wire_size(m) > max;
+}
+
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
                   size_t keylen, const char *meta, size_t metalen)
 {
@@ -459,23 +669,18 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     memcpy(k->key, key, keylen);
     k->key[keylen] = 0;
     natsMsg *m = NULL;
-    natsStatus st = natsMsg_Create(&m, k->u.name, NULL, text, (int)len);
+    natsStatus st = keyed(k, text, len, &m);
     st = st ? st : copy_headers(m, meta, metalen);
-    st = st ? st : natsMsgHeader_Set(m, "Nats-Msg-Id", k->key);
-    st = st ? st : natsMsgHeader_Set(m, "idem-key", k->key);
     st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+    if (st == NATS_MAX_PAYLOAD && over_max_payload(k, m)) {
+        natsMsg_Destroy(m);
+        m = NULL;
+        st = marker(k, text, len, keylen, &m);
+        st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+    }
     natsMsg_Destroy(m);  /* NULL once published */
     k->published |= !st;
     return st ? fail(k, "publishing", st) : 0;
-}
-
-/* The status member of a run's result line ("" if none). */
-static size_t status_of(jfields *f, const char *data, size_t len,
-                        const char **st)
-{
-    long i = jf_parse(f, data, len) > 0 ? jf_find(f, "status") : -1;
-    *st = i >= 0 ? f->buf.p + f->off[i] : "";
-    return i >= 0 ? f->len[i] : 0;
 }
 
 /* Is the stream's message orig the one we published (data, idem-key),
