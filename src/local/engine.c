@@ -1114,10 +1114,12 @@ static int idem__eng_close(idem_store *s)
     int rc = idem__forked(s)     ? 0
              : en->log.broken ? en->log.broken
                               : idem__log_seal(&en->log);
-    /* Open builds the filter in front of the cold segments again when
-     * this fails: it is derived data. */
+    /* The filter in front of the cold segments is derived data: open
+     * builds it again from the key indexes when its file is missing,
+     * old or damaged, so a failure to save it is no failure of close
+     * (every record is durable by now). */
     if (!rc && !idem__forked(s))
-        rc = idem__cfilter_save(&en->log);
+        (void)idem__cfilter_save(&en->log);
     idem__engine_free(en);
     s->impl = NULL;
     return rc;
