@@ -329,10 +329,9 @@ Test(nats, run_kill9_results_once_in_order)
     cr_log_info("nats run: %ld kills", landed);
 }
 
-/* Killed just after writing a batch, rerun after the output stream's
- * duplicate window (1 s) has passed: the server would take the messages
- * again, so only read-back keeps them once. */
-Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
+/* The output stream's duplicate window down to 1 s, so that a test can
+ * wait it out; max_msgs > 0 also keeps only that many messages. */
+static void one_second_window(int64_t max_msgs)
 {
     jsStreamConfig sc;
     jsStreamConfig_Init(&sc);
@@ -341,17 +340,34 @@ Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
     sc.Subjects = &subj;
     sc.SubjectsLen = 1;
     sc.Duplicates = 1000 * 1000000LL;
+    if (max_msgs > 0)
+        sc.MaxMsgs = max_msgs;
     cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+}
+
+/* Run args until IDEM_TEST_KILL_AT's point kills it (after the sink's
+ * write of a batch, before its commit). */
+static void killed_at_sink(const char *args, const char *point)
+{
+    setenv("IDEM_TEST_KILL_AT", point, 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
+                 t_read(t_at("err"), NULL));
+}
+
+/* Killed just after writing a batch, rerun after the output stream's
+ * duplicate window (1 s) has passed: the server would take the messages
+ * again, so only read-back keeps them once. */
+Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
+{
+    one_second_window(0);
     int nkeys = fill(200);
     char args[1024];
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 1500ms --batch 30 --lease 1s --commit-interval "
              "10ms --store local:store --job w", src("durable=d"), dst());
-    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
-    int st = t_cli(t_dir, "%s 2>>err", args);
-    unsetenv("IDEM_TEST_KILL_AT");
-    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
-                 t_read(t_at("err"), NULL));
+    killed_at_sink(args, "sink-written:2");
     cr_assert_geq(last_seq("OUT"), 31, "the killed batch was not written");
     t_sleep_ms(1500);  /* past the window: the server's fence is gone */
     finish(args, "d");
@@ -366,24 +382,13 @@ Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
  * one is said (its key written again), and each key is there once. */
 Test(nats, a_large_batch_past_the_window_is_read_back_through_a_consumer)
 {
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subj = "out";
-    sc.Name = "OUT";
-    sc.Subjects = &subj;
-    sc.SubjectsLen = 1;
-    sc.Duplicates = 1000 * 1000000LL;
-    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    one_second_window(0);
     int nkeys = fill(2000);
     char args[1024];
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 1500ms --batch 400 --lease 1s --store "
              "local:store --job w", src("durable=d"), dst());
-    setenv("IDEM_TEST_KILL_AT", "sink-written:3", 1);
-    int st = t_cli(t_dir, "%s 2>>err", args);
-    unsetenv("IDEM_TEST_KILL_AT");
-    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
-                 t_read(t_at("err"), NULL));
+    killed_at_sink(args, "sink-written:3");
     uint64_t written = last_seq("OUT");
     cr_assert_geq(written, 700, "the killed batch was not written");
     /* One of the killed batch's messages (not its last: the end of the
@@ -644,14 +649,7 @@ Test(nats, a_handler_slower_than_ack_wait_gets_each_message_once)
  * must not be written a second time. */
 Test(nats, a_worker_resumed_past_its_lease_does_not_write_again)
 {
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subj = "out";
-    sc.Name = "OUT";
-    sc.Subjects = &subj;
-    sc.SubjectsLen = 1;
-    sc.Duplicates = 1000 * 1000000LL;
-    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    one_second_window(0);
     fill(1);
     const char *redis = th_redis_addr();
     const char *prefix = th_prefix();
@@ -685,25 +683,13 @@ Test(nats, a_worker_resumed_past_its_lease_does_not_write_again)
  * again. That is said, not hidden. */
 Test(nats, output_deleted_before_read_back_is_said)
 {
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subj = "out";
-    sc.Name = "OUT";
-    sc.Subjects = &subj;
-    sc.SubjectsLen = 1;
-    sc.Duplicates = 1000 * 1000000LL;
-    sc.MaxMsgs = 5;
-    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    one_second_window(5);
     fill(60);
     char args[1024];
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 1500ms --batch 20 --lease 1s --store local:store "
              "--job t", src("durable=d"), dst());
-    setenv("IDEM_TEST_KILL_AT", "sink-written:2", 1);
-    int st = t_cli(t_dir, "%s 2>>err", args);
-    unsetenv("IDEM_TEST_KILL_AT");
-    cr_assert_eq(st, 128 + SIGKILL, "not killed at the sink: %s",
-                 t_read(t_at("err"), NULL));
+    killed_at_sink(args, "sink-written:2");
     t_sleep_ms(1500);  /* past the window */
     finish(args, "d");
     cr_assert(t_grep(t_at("err"), "deleted"), "%s",
@@ -857,14 +843,7 @@ Test(nats, nats_into_a_file_under_kill9)
  * the duplicate window: each key once, in order. */
 Test(nats, a_file_into_nats_past_the_window)
 {
-    jsStreamConfig sc;
-    jsStreamConfig_Init(&sc);
-    const char *subj = "out";
-    sc.Name = "OUT";
-    sc.Subjects = &subj;
-    sc.SubjectsLen = 1;
-    sc.Duplicates = 1000 * 1000000LL;
-    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    one_second_window(0);
     static char in[200 * 32];
     size_t len = 0;
     for (int i = 0; i < 200; i++)
