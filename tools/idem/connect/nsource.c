@@ -387,10 +387,26 @@ static int ns_ack_flush(source *base)
     return -1;
 }
 
-/* One fetch of up to a batch (at most FETCH_MAX): waiting a slice when
- * `wait`, else only what is there. A lost connection (the server
- * restarting) reads as nothing yet: libnats reconnects on its own.
- * Messages fetched, or ND_ERR. */
+/* How many one fetch asks for: up to a batch (at most FETCH_MAX), but
+ * one while messages are waiting in the subscription already: those of
+ * an earlier pull that came after its fetch had stopped waiting (a
+ * loaded machine). libnats before 3.10 (nats.c #749) takes those first,
+ * asks the server for the rest, and then keeps on until it has as many
+ * as that rest: with more than half a batch waiting it never has, and
+ * writes past the end of its list (the heap aborts of issue #14). Asked
+ * for one, it has taken it, or none, before it asks the server. */
+static int fetch_size(const ns_source *s)
+{
+    int waiting = 0;
+    if (natsSubscription_GetPending(s->sub, &waiting, NULL) == NATS_OK &&
+        waiting > 0)
+        return 1;
+    return (int)(s->batch < FETCH_MAX ? s->batch : FETCH_MAX);
+}
+
+/* One fetch (fetch_size): waiting a slice when `wait`, else only what is
+ * there. A lost connection (the server restarting) reads as nothing
+ * yet: libnats reconnects on its own. Messages fetched, or ND_ERR. */
 static long fetch(ns_source *s, int wait)
 {
     natsMsgList_Destroy(&s->got);
@@ -404,7 +420,7 @@ static long fetch(ns_source *s, int wait)
     }
     jsFetchRequest fr;
     jsFetchRequest_Init(&fr);
-    fr.Batch = (int)(s->batch < FETCH_MAX ? s->batch : FETCH_MAX);
+    fr.Batch = fetch_size(s);
     fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
     fr.NoWait = !wait;
     natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
