@@ -394,7 +394,9 @@ static int ns_ack_flush(source *base)
  * asks the server for the rest, and then keeps on until it has as many
  * as that rest: with more than half a batch waiting it never has, and
  * writes past the end of its list (the heap aborts of issue #14). Asked
- * for one, it has taken it, or none, before it asks the server. */
+ * for one, it has taken it, or none, before it asks the server. Left
+ * open: more than half a batch coming in between this look and the
+ * fetch's own (libnats 3.10 has no such window). */
 static int fetch_size(const ns_source *s)
 {
     int waiting = 0;
