@@ -82,6 +82,8 @@ sed -n 's/^ok - \([^ ]*\)  (\([0-9.]*\)s).*/\2 \1/p; s/^not ok - \([^ ]*\)  (\([
             printf " %s %.0f s%s", f[2], f[1], i < 8 && i < n ? "," : "\n"
         }
     }'
+# The failures last, beside the count, where a log's tail shows them.
+sed -n 's/^not ok - \([^ ]*\) .*/failed: \1/p' "$tap"
 tested=$(echo "$syn" | sed -n 's/.*Tested: \([0-9]*\).*/\1/p')
 passing=$(echo "$syn" | sed -n 's/.*Passing: \([0-9]*\).*/\1/p')
 failed=$((tested - passing))

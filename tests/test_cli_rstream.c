@@ -1248,7 +1248,8 @@ Test(rstream, one_script_leaves_nothing_written_before_the_commit)
     int nkeys = fill(100);
     char args[1024];
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
-             "--batch 10 --idle-exit 200ms --store 'redis://%s?prefix=%s'",
+             "--batch 10 --idle-exit 200ms --lease 1s "
+             "--store 'redis://%s?prefix=%s'",
              src("group=g"), dst(), addr, th_prefix());
     cr_assert_eq(cli_at("sink-written:1", args), 128 + SIGKILL);
     cr_assert(t_grep(t_at("err"), "one-script commit"), "%s",
