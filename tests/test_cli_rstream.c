@@ -94,6 +94,14 @@ static int fill_to(int n, FILE *f)
     return fresh;
 }
 
+static long long out_len(void)
+{
+    redisReply *r = th_cmd(rc, "XLEN %s", out);
+    long long n = r->integer;
+    freeReplyObject(r);
+    return n;
+}
+
 static int fill(int n)
 {
     return fill_to(n, NULL);
@@ -529,23 +537,22 @@ Test(rstream, sigterm_stops_gracefully_and_the_next_run_goes_on)
     int nkeys = fill(300);
     pid_t p = t_cli_start(t_dir, "run --key event_id --from %s --to %s "
                           "--batch 20 --commit-interval 10ms --exec "
-                          "'\"$IDEM_PROGS/handler\" sleep=5' 2>err",
+                          "'\"$IDEM_PROGS/handler\" sleep=10' 2>err",
                           src("group=g"), dst());
-    usleep(700 * 1000);
+    /* Stopped once something is written, however slow the machine: the
+     * rest takes seconds (10 ms an entry), so the stop lands mid-stream. */
+    for (int i = 0; i < 3000 && out_len() == 0; i++)
+        usleep(10 * 1000);
     kill(p, SIGTERM);
     cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
     cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"));
-    redisReply *r = th_cmd(rc, "XLEN %s", out);
-    long long done = r->integer;
-    freeReplyObject(r);
+    long long done = out_len();
     cr_assert(done > 0 && done < nkeys, "%lld of %d done at the stop",
               done, nkeys);
     cr_assert_eq(t_cli(t_dir, "run --key event_id --from %s --to %s "
                        "--idle-exit 300ms --exec '\"$IDEM_PROGS/handler\"' "
                        "2>err", src("group=g"), dst()), 0);
-    r = th_cmd(rc, "XLEN %s", out);
-    cr_assert_eq(r->integer, nkeys);
-    freeReplyObject(r);
+    cr_assert_eq(out_len(), nkeys);
     expect_nothing_pending("g");
 }
 
@@ -690,14 +697,6 @@ static int cli_at(const char *kill_at, const char *args)
     int st = t_cli(t_dir, "%s 2>>err", args);
     unsetenv("IDEM_TEST_KILL_AT");
     return st;
-}
-
-static long long out_len(void)
-{
-    redisReply *r = th_cmd(rc, "XLEN %s", out);
-    long long n = r->integer;
-    freeReplyObject(r);
-    return n;
 }
 
 /* The output stream is known by the stream it names: the same output
