@@ -1,10 +1,12 @@
 /* tests/test_cli_run.c - `idem run` end to end with tests/progs/handler:
  * results, duplicates and replays, failures, retries, and a handler that
  * exits, hangs, writes garbage or answers out of step. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -380,12 +382,15 @@ Test(cli_run, a_binary_key_is_dead_lettered_in_base64)
  * idem has restarted it (its signal handlers are set by then). */
 Test(cli_run, restarts_back_off)
 {
-    cr_assert_eq(t_cli(t_dir, "run --key id --store local:b --restart 100000 "
-                              "--exec 'exit 3' --output out in 2> err & "
-                              "i=0; until grep -q 'restarting the handler' "
-                              "err || [ $i -ge 600 ]; do sleep 0.05; "
-                              "i=$((i + 1)); done; sleep 1; kill -TERM $!; "
-                              "wait $!"), 0);
+    pid_t p = t_cli_start(t_dir, "run --key id --store local:b --restart "
+                          "100000 --exec 'exit 3' --output out in 2> err");
+    for (int i = 0; i < 3000 && (access(t_at("err"), F_OK) != 0 ||
+                                 !t_grep(t_at("err"), "restarting the "
+                                         "handler")); i++)
+        t_sleep_ms(10);
+    t_sleep_ms(1000);
+    kill(p, SIGTERM);
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
     cr_assert_eq(t_sh("test $(grep -c 'restarting the handler' '%s') -ge 1 "
                       "&& test $(grep -c 'restarting the handler' '%s') "
                       "-lt 15", t_at("err"), t_at("err")), 0, "%s",
