@@ -38,7 +38,10 @@
 # those alone). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
 # the server ran for it per input entry (INFO commandstats, reset before
 # the run): each command's calls and microseconds, commands run inside
-# scripts counted apart from the EVALSHA that ran them.
+# scripts counted apart from the EVALSHA that ran them; and at the end,
+# on the same server, bench/stream_scripts: the one-script commit's
+# parts apart (claims, completions, XADDs through the script, the same
+# XADDs sent by a client), server CPU per key.
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_STREAM_N:-1000000}
@@ -185,3 +188,7 @@ echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
 echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
 echo "stream_redis_readback_vs_alo=$(ratio "$redis_rb" "$alo")" \
     "(one script vs read-back: $(ratio "$redis" "$redis_rb"))"
+if [ "$COMMANDS" = 1 ]; then
+    echo "# the one-script commit's parts (bench/stream_scripts)"
+    "$BUILD/bench/stream_scripts" "$port" "$N"
+fi
