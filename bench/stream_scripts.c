@@ -21,9 +21,11 @@
  * One line per step: system=NAME n=N script_us_per_key (EVALSHA time, the
  * commands inside included) server_cpu_us_per_key (INFO cpu), then each
  * command's time per key (INFO commandstats, reset before the step; the
- * commands run inside scripts are counted apart too). The differences
- * say what each part costs: commit minus claims is the completion,
- * commit-xadd minus commit the XADD through the script. */
+ * commands run inside scripts are counted apart too). The server times
+ * its commands by the clock, so on a loaded machine they swell with the
+ * time it waited for a core; its CPU per key is the figure to compare.
+ * The differences say what each part costs: commit minus claims is the
+ * completion, commit-xadd minus commit the XADD through the script. */
 #include <hiredis/hiredis.h>
 #include <stdio.h>
 #include <stdlib.h>
