@@ -35,12 +35,19 @@
 # three run in turn (default 1; each round's figures are printed, and the
 # ratios of the best run of each). IDEM_BENCH_STREAM_SYSTEMS runs only
 # the systems named (e.g. "stream-alo idem-local"; the checks then judge
-# those alone).
+# those alone). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
+# the server ran for it per input entry (INFO commandstats, reset before
+# the run): each command's calls and microseconds, commands run inside
+# scripts counted apart from the EVALSHA that ran them; and at the end,
+# on the same server, bench/stream_scripts: the one-script commit's
+# parts apart (claims, completions, XADDs through the script, the same
+# XADDs sent by a client), server CPU per key.
 set -eu
 BUILD=${1:-build}
 N=${IDEM_BENCH_STREAM_N:-1000000}
 BATCH=${IDEM_BENCH_STREAM_BATCH:-1000}
 ROUNDS=${IDEM_BENCH_STREAM_ROUNDS:-1}
+COMMANDS=${IDEM_BENCH_STREAM_COMMANDS:-0}
 SYSTEMS=${IDEM_BENCH_STREAM_SYSTEMS:-stream-alo idem-local idem-redis \
 idem-redis-rb}
 IDLE=0.5
@@ -58,6 +65,16 @@ fi
 rcli() { redis-cli -p "$port" "$@"; }
 now() { date +%s.%N; }
 r() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# The server's work per entry since the last reset, one line per
+# command: "  command calls_per_entry us_per_entry".
+commands_per_entry() {
+    rcli info commandstats | tr -d '\r' | awk -F'[:,=]' -v n="$N" '
+        /^cmdstat_/ {
+            sub(/^cmdstat_/, "", $1)
+            printf "  %s calls_per_entry=%.3f us_per_entry=%.2f\n", \
+                $1, $3 / n, $5 / n
+        }' | sort -t= -k3 -rn
+}
 server_cpu() {
     rcli info cpu | tr -d '\r' |
         awk -F: '/^used_cpu_(user|sys):/ { s += $2 } END { print s }'
@@ -93,6 +110,7 @@ contender() {
         --from "$(src "$group")" --to "$(dst "$group")" --store "$1" \
         --batch "$BATCH" --idle-exit 500ms --quiet ;;
     esac
+    [ "$COMMANDS" = 1 ] && rcli config resetstat >/dev/null
     c0=$(server_cpu)
     t0=$(now)
     rc=0
@@ -104,6 +122,7 @@ contender() {
     fi
     t1=$(now)
     c1=$(server_cpu)
+    [ "$COMMANDS" = 1 ] && commands_per_entry
     out=$(rcli xlen "$group")
     pending=$(rcli xpending in "$group" | head -n 1)
     rcli unlink "$group" >/dev/null
@@ -169,3 +188,7 @@ echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
 echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
 echo "stream_redis_readback_vs_alo=$(ratio "$redis_rb" "$alo")" \
     "(one script vs read-back: $(ratio "$redis" "$redis_rb"))"
+if [ "$COMMANDS" = 1 ]; then
+    echo "# the one-script commit's parts (bench/stream_scripts)"
+    "$BUILD/bench/stream_scripts" "$port" "$N"
+fi
