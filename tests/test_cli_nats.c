@@ -9,8 +9,10 @@
  * a duplicate window shared by two subjects or two outcomes of a key, a
  * stream trimmed before read-back, a worker resumed past its lease, a
  * handler slower than AckWait, --idle-exit beside a dead worker, the same
- * command twice, a message too large for the output, files on either
- * side, and the NATS secrets kept from the handler.
+ * command twice, a message too large for the output (the server's
+ * max_payload, the output stream's max_msg_size, a run's result), late
+ * answers to pulls given up, files on either side, and the NATS secrets
+ * kept from the handler.
  *
  * Every check reads the output stream itself (js_GetMsg, sequence by
  * sequence): each key's first message exactly once, in input order. */
@@ -97,8 +99,10 @@ static int note_of[MAXN];
 
 /* n messages on "in": data {"event_id":"eK","amount":"A","note":"nI"},
  * headers Nats-Msg-Id mI (unique), x-key eK and x-note nI; one in five
- * repeats an earlier key. Returns the number of distinct keys. */
-static int fill(int n)
+ * repeats an earlier key. Each awaits its PubAck, or (core) is only
+ * sent: a stopped server gets them once it goes on. Returns the number
+ * of distinct keys. */
+static int fill_by(int n, int core)
 {
     int fresh = 0;
     unsigned x = 777;
@@ -121,10 +125,16 @@ static int fill(int n)
         natsMsgHeader_Set(m, "x-key", v);
         snprintf(v, sizeof v, "n%d", i);
         natsMsgHeader_Set(m, "x-note", v);
-        cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK);
+        cr_assert_eq(core ? natsConnection_PublishMsg(nc, m)
+                          : js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK);
         natsMsg_Destroy(m);
     }
     return fresh;
+}
+
+static int fill(int n)
+{
+    return fill_by(n, 0);
 }
 
 static uint64_t last_seq(const char *stream)
@@ -329,9 +339,9 @@ Test(nats, run_kill9_results_once_in_order)
     cr_log_info("nats run: %ld kills", landed);
 }
 
-/* The output stream's duplicate window down to 1 s, so that a test can
- * wait it out; max_msgs > 0 also keeps only that many messages. */
-static void one_second_window(int64_t max_msgs)
+/* The output stream's duplicate window (ms); max_msgs > 0 keeps only
+ * that many messages, max_size > 0 refuses larger ones (max_msg_size). */
+static void update_out(int64_t window_ms, int64_t max_msgs, int32_t max_size)
 {
     jsStreamConfig sc;
     jsStreamConfig_Init(&sc);
@@ -339,10 +349,19 @@ static void one_second_window(int64_t max_msgs)
     sc.Name = "OUT";
     sc.Subjects = &subj;
     sc.SubjectsLen = 1;
-    sc.Duplicates = 1000 * 1000000LL;
+    sc.Duplicates = window_ms * 1000000LL;
     if (max_msgs > 0)
         sc.MaxMsgs = max_msgs;
-    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK);
+    if (max_size > 0)
+        sc.MaxMsgSize = max_size;
+    cr_assert_eq(js_UpdateStream(NULL, js, &sc, NULL, NULL), NATS_OK, "%s",
+                 nats_GetLastError(NULL));
+}
+
+/* The duplicate window down to 1 s, so that a test can wait it out. */
+static void one_second_window(int64_t max_msgs)
+{
+    update_out(1000, max_msgs, 0);
 }
 
 /* Run args until IDEM_TEST_KILL_AT's point kills it (after the sink's
@@ -724,46 +743,121 @@ Test(nats, the_same_command_twice_at_once)
     expect_output(nkeys, 1, 0);
 }
 
+/* One message on "in" without headers: {"event_id":"eK","pad":"x…"},
+ * len bytes of data. */
+static void put_sized(int k, size_t len)
+{
+    char *data = malloc(len + 1);
+    cr_assert(data);
+    int head = snprintf(data, len + 1, "{\"event_id\":\"e%d\",\"pad\":\"", k);
+    cr_assert(head > 0 && (size_t)head + 2 <= len);
+    memset(data + head, 'x', len - (size_t)head - 2);
+    memcpy(data + len - 2, "\"}", 2);
+    cr_assert_eq(js_Publish(NULL, js, "in", data, (int)len, NULL, NULL),
+                 NATS_OK, "%s", nats_GetLastError(NULL));
+    free(data);
+}
+
+/* OUT's message seq is key ek's: with marker > 0, a marker of that many
+ * bytes of data left out, whose data says `says`; else not a marker. */
+static void expect_at(uint64_t seq, int k, long marker, const char *says)
+{
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", seq, NULL, NULL), NATS_OK);
+    cr_assert_eq(key_number(header(m, "idem-key")), k, "message %llu",
+                 (unsigned long long)seq);
+    const char *size = header(m, "idem-too-large");
+    if (marker) {
+        cr_assert(size && strtol(size, NULL, 10) == marker, "%s",
+                  size ? size : "not a marker");
+        cr_assert(strstr(natsMsg_GetData(m), says), "%s",
+                  natsMsg_GetData(m));
+        cr_assert(strstr(natsMsg_GetData(m), "too large"));
+    }
+    cr_assert(marker || !size, "message %llu is a marker",
+              (unsigned long long)seq);
+    natsMsg_Destroy(m);
+}
+
+/* args twice: the first run writes a marker (exit status 3, said), the
+ * second nothing again (0); the output holds n messages. */
+static void twice_with_a_marker(const char *args, uint64_t n)
+{
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli(t_dir, "%s 2>err%d", args, i), i ? 0 : 3, "%s",
+                     t_read(t_at(i ? "err1" : "err0"), NULL));
+    cr_assert(t_grep(t_at("err0"), "written as a marker"));
+    cr_assert(t_grep(t_at("err0"), "1 message was not done here"), "%s",
+              t_read(t_at("err0"), NULL));
+    cr_assert_eq(last_seq("OUT"), n, "%s", t_read(t_at("err1"), NULL));
+    cr_assert_eq(pending("d"), 0);
+}
+
 /* A message that fits the server's max_payload (1 MiB) in IN but not
  * once the sink has set its two headers: no stream of the server takes
  * it, and it stopped every run at it. Now a marker of its key takes its
  * place, named by the header idem-too-large, and the messages after it
- * go on, in order; a rerun writes nothing again. */
+ * go on, in order; the run exits 3; a rerun writes nothing again. */
 Test(nats, a_message_too_large_for_the_output_is_written_as_a_marker)
 {
-    size_t n = 1048576 - 40;
-    char *data = malloc(n + 1);
-    cr_assert(data);
-    memset(data, 'x', n);
-    memcpy(data, "{\"event_id\":\"e0\",\"pad\":\"", 24);
-    memcpy(data + n - 2, "\"}", 2);
-    natsMsg *m = NULL;
-    cr_assert_eq(natsMsg_Create(&m, "in", NULL, data, (int)n), NATS_OK);
-    natsMsgHeader_Set(m, "Nats-Msg-Id", "m0");
-    cr_assert_eq(js_PublishMsg(NULL, js, m, NULL, NULL), NATS_OK, "%s",
-                 nats_GetLastError(NULL));
-    natsMsg_Destroy(m);
-    free(data);
+    put_sized(0, 1048576 - 40);
     put_with_header("x-after", "1");  /* e0 again: a duplicate */
     put_with_header("x-after", "2");  /* e1 */
-    for (int i = 0; i < 2; i++)
-        cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
-                           "--idle-exit 1s --lease 1s 2>err",
-                           src("durable=d"), dst()), 0, "%s",
-                     t_read(t_at("err"), NULL));
-    cr_assert_eq(last_seq("OUT"), 2, "%s", t_read(t_at("err"), NULL));
-    cr_assert_eq(pending("d"), 0);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --lease 1s", src("durable=d"), dst());
+    twice_with_a_marker(args, 2);
+    expect_at(1, 0, 1048536, "over the server's max_payload");
+    expect_at(2, 1, 0, NULL);
+}
+
+/* The output stream's own max_msg_size (1000 bytes, below max_payload):
+ * the server refused the message in its PubAck, after later ones of the
+ * batch went out, and the run stopped there, every rerun too. Now it is
+ * found before the publish and takes the same path as max_payload: a
+ * marker in its place, in order. The count is the server's, data and
+ * headers: 957 bytes of data with the sink's two headers of key e0 (43
+ * bytes) are the 1000 and are written; 958 are over. */
+Test(nats, a_message_over_the_output_streams_max_msg_size_is_a_marker)
+{
+    update_out(120000, 0, 1000);
+    put_sized(0, 957);
+    put_sized(1, 958);
+    put_sized(2, 100);
+    put_sized(1, 100);  /* e1 again: a duplicate */
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --batch 2", src("durable=d"), dst());
+    twice_with_a_marker(args, 3);
+    expect_at(1, 0, 0, NULL);
+    expect_at(2, 1, 958, "over the max_msg_size of stream OUT, 1000 bytes");
+    expect_at(3, 2, 0, NULL);
+    cr_assert(t_grep(t_at("err0"), "key 'e1'"), "%s",
+              t_read(t_at("err0"), NULL));
+}
+
+/* run whose handler answers e0 with a result over max_payload: the
+ * result line becomes a marker with the line's status (done), so that
+ * read-back still finds the outcome; e1's result follows it. */
+Test(nats, a_run_result_over_max_payload_is_written_as_a_marker)
+{
+    put_sized(0, 60);
+    put_sized(1, 60);
+    char args[1024];
+    snprintf(args, sizeof args, "run --key event_id --from %s --to %s "
+             "--idle-exit 1s --exec '\"$IDEM_PROGS/handler\" "
+             "big=e0:1100000'", src("durable=d"), dst());
+    twice_with_a_marker(args, 2);
+    natsMsg *m = NULL;
     cr_assert_eq(js_GetMsg(&m, js, "OUT", 1, NULL, NULL), NATS_OK);
-    cr_assert_str_eq(header(m, "idem-key"), "e0");
-    cr_assert_str_eq(header(m, "idem-too-large"), "1048536");
-    cr_assert(strstr(natsMsg_GetData(m), "\"key\":\"e0\""), "%s",
+    const char *size = header(m, "idem-too-large");
+    cr_assert(size && strtol(size, NULL, 10) > 1100000, "%s",
+              size ? size : "not a marker");
+    cr_assert(strstr(natsMsg_GetData(m), "\"status\":\"done\""), "%s",
               natsMsg_GetData(m));
-    cr_assert(strstr(natsMsg_GetData(m), "too large"));
     natsMsg_Destroy(m);
-    cr_assert_eq(js_GetMsg(&m, js, "OUT", 2, NULL, NULL), NATS_OK);
-    cr_assert_str_eq(header(m, "idem-key"), "e1");
-    cr_assert(!header(m, "idem-too-large"));
-    natsMsg_Destroy(m);
+    expect_at(2, 1, 0, NULL);
+    expect_output(2, 1, 1);
 }
 
 /* Pull requests waiting on durable d. */
@@ -809,6 +903,87 @@ Test(nats, idle_exit_waits_for_a_dead_workers_messages)
     cr_assert_eq(pending("d"), 0, "b ended with messages to come: %s",
                  t_read(t_at("err2"), NULL));
     expect_output(nkeys, 1, 0);
+}
+
+/* The suite's nats-server: its pid (nats-test.sh keeps it in DIR/pid). */
+static pid_t server_pid(void)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/pid", ndir);
+    char *p = t_read(path, NULL);
+    pid_t pid = (pid_t)strtol(p, NULL, 10);
+    free(p);
+    cr_assert_gt(pid, 0);
+    return pid;
+}
+
+/* Outside ASan (which has its own allocator), idem runs with glibc's
+ * heap checks: a write past the end of a block aborts it at the free. */
+static void heap_checks(int on)
+{
+#ifndef __SANITIZE_ADDRESS__
+    static const char lib[] = "/lib/x86_64-linux-gnu/libc_malloc_debug.so.0";
+    if (on && access(lib, R_OK) == 0) {
+        setenv("LD_PRELOAD", lib, 1);
+        setenv("GLIBC_TUNABLES", "glibc.malloc.check=3:"
+               "glibc.malloc.perturb=165", 1);
+        return;
+    }
+#endif
+    (void)on;
+    unsetenv("LD_PRELOAD");
+    unsetenv("GLIBC_TUNABLES");
+}
+
+/* libnats 3.4.1's fetch takes the messages waiting in the subscription
+ * first, those of an earlier pull that came after its fetch had
+ * stopped waiting, and with more than half a batch of them it wrote
+ * past the end of its list (heap aborts under load; fetch_size() in
+ * nsource.c fetches one at a time while any wait). Forced here: the
+ * server stopped (SIGSTOP) while the worker's pulls give up one after
+ * another, messages sent to it meanwhile; once it goes on it answers
+ * all those pulls at once (up to MaxAckPending), and what the pulls
+ * given up get waits in the subscription. Each key's
+ * first message once, in order, nothing pending, and the late ones
+ * said. Whether more than half a batch was waiting at the moment of a
+ * fetch is not seen from here. */
+Test(nats, late_answers_to_given_up_pulls_are_taken_once_in_order)
+{
+    /* MaxAckPending a batch and three quarters: the pull at work when
+     * the server goes on takes a batch, three quarters of one wait for
+     * the next fetch, and the server answers the pulls given up again as
+     * soon as acks make room. */
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = "d";
+    cc.AckPolicy = js_AckExplicit;
+    cc.MaxAckPending = 35;
+    cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL), NATS_OK);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--batch 20 --store local:store --job late", src("durable=d"),
+             dst());
+    heap_checks(1);
+    pid_t pid = t_cli_start(t_dir, "%s 2>err", args);
+    heap_checks(0);
+    for (int i = 0; i < 600 && waiting("d") < 1; i++)
+        t_sleep_ms(50);
+    cr_assert_geq(waiting("d"), 1, "the worker does not pull");
+    pid_t server = server_pid();
+    kill(server, SIGSTOP);
+    int nkeys = fill_by(600, 1);
+    t_sleep_ms(1500);  /* pulls of 250 ms each give up meanwhile */
+    kill(server, SIGCONT);
+    cr_assert_eq(natsConnection_FlushTimeout(nc, 30000), NATS_OK);
+    for (int i = 0; i < 1200 && (last_seq("OUT") < (uint64_t)nkeys ||
+                                 pending("d")); i++)
+        t_sleep_ms(100);
+    kill(pid, SIGTERM);
+    cr_assert_eq(t_wait(pid), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+    cr_assert(t_grep(t_at("err"), "fetched one at a time"), "no answer "
+              "came late: %s", t_read(t_at("err"), NULL));
 }
 
 /* NATS into a file, killed at random and just after writes: the file

@@ -17,7 +17,8 @@
  *   garbage=N     answer the Nth envelope with a line that is not JSON
  *   hang=N        sleep forever instead of answering the Nth envelope
  *   wrongkey=N    answer the Nth envelope with another key
- *   big=KEY       answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
+ *   big=KEY[:N]   answer KEY with a result of 65 MiB, over IDEM_VALUE_MAX
+ *                 (or of about N bytes)
  *   sleep=MS      take MS milliseconds over each envelope (a slow effect),
  *                 between logging it and answering
  *   waitfor=FILE  before that, wait until FILE exists (an effect that
@@ -150,9 +151,12 @@ int main(int argc, char **argv)
             snprintf(out, sizeof out,
                      "{\"ok\":true,\"key\":\"%s\",\"n\":%zu}\n",
                      i == wrong ? "someone-else" : key, mlen);
-        if (big && !strcmp(key, big)) {
+        if (big && !strncmp(key, big, strcspn(big, ":")) &&
+            strlen(key) == strcspn(big, ":")) {
+            const char *size = strchr(big, ':');
+            long bytes = size ? strtol(size + 1, NULL, 10) : 65L << 20;
             fputs("{\"ok\":true,\"pad\":\"", stdout);
-            for (long k = 0; k < (65L << 20) / 64; k++)
+            for (long k = 0; k < bytes / 64; k++)
                 fputs("0123456789abcdef0123456789abcdef"
                       "0123456789abcdef0123456789abcdef", stdout);
             fputs("\"}\n", stdout);

@@ -26,7 +26,8 @@ enum {
                            * but some messages were not done here (their
                            * key was lost to another worker, or refused
                            * by the store, or run gave up on them after
-                           * --max-attempts retryable failures): each
+                           * --max-attempts retryable failures, or a
+                           * marker took their output's place): each
                            * was named or counted on stderr */
 };
 

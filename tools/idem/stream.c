@@ -1686,6 +1686,15 @@ static void report_trimmed(loop *lp)
                 n == 1 ? "it" : "they");
 }
 
+/* Messages a stream sink wrote otherwise than as they are (said as it
+ * wrote them) are not done here: exit status 3. */
+static void count_undone(loop *lp)
+{
+    sink *k = lp->st.job.sink;
+    if (k && k->ops->undone)
+        lp->st.n.problems += k->ops->undone(k);
+}
+
 /* A batch commits through blocks of a few hundred KB that live for one
  * commit (on Redis: the batch's entries as one script argument, hiredis's
  * copy of the command, its output buffer). glibc gives blocks that size
@@ -1726,6 +1735,7 @@ int stream_run(const stream_cfg *c)
         stop_worker(&lp);
         progress(&lp, 1);
         report_trimmed(&lp);
+        count_undone(&lp);
         if (!rc && lp.rd.partial_len && !c->quiet)
             fprintf(stderr, "idem %s: %s:%" PRIu64 ": no newline at the "
                     "end: this line is left unread until it has one\n",

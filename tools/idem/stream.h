@@ -18,7 +18,8 @@ typedef struct stream_counts {
     uint64_t fresh, dup, failed, gave_up, invalid, restarts;
     uint64_t problems;  /* messages not done exactly once here: lost to
                          * another worker, refused by the store, an
-                         * answer too large (exit status 3) */
+                         * answer too large, a stream sink's marker in
+                         * place of an output too large (exit status 3) */
     uint64_t bytes;
     uint64_t released;  /* claims given back unrun at a graceful stop */
     uint64_t dead_letter;  /* poison messages set aside (exit status 3) */

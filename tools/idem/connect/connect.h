@@ -151,6 +151,10 @@ typedef struct sink_ops {
      * why. */
     int (*check)(sink *k, uint64_t batch);
     void (*close)(sink *k);
+    /* Messages whose output could not be written as it is since the
+     * last call (each said on stderr; a NATS sink's markers for messages
+     * too large): not done here, exit status 3. NULL: none can be. */
+    uint64_t (*undone)(sink *k);
 } sink_ops;
 
 struct sink {

@@ -54,6 +54,9 @@ typedef struct ns_sink {
     nats_uri u;
     nats_link l;
     char *stream;          /* the stream holding the subject */
+    int64_t max_msg;       /* its max_msg_size when it has one, else 0 */
+    uint64_t markers;      /* messages written as markers, not yet told
+                            * (undone) */
     int64_t window_ms;
     char pos[32];
     pthread_mutex_t mu;    /* PubAcks come on libnats's thread */
@@ -99,6 +102,27 @@ static int note_dup(ns_sink *k, uint64_t seq, natsMsg *m)
                : 0;
 }
 
+/* Why the server refused m (pae), into pub_err. A message over the
+ * stream's max_msg_size is not refused when the limit is known (a
+ * marker takes its place): the limit was lowered during the run, and
+ * the run stops at it (later messages of the batch went out: a marker
+ * now would come after them). A rerun reads the limit again. Under mu. */
+static void say_refused(ns_sink *k, natsMsg *m, const jsPubAckErr *pae)
+{
+    const char *key = NULL;
+    if (pae && pae->ErrCode == JSStreamMessageExceedsMaximumErr &&
+        natsMsgHeader_Get(m, "idem-key", &key) == NATS_OK && key)
+        snprintf(k->pub_err, sizeof k->pub_err, "stream %.100s refused the "
+                 "message of key '%.200s' as over its max_msg_size (%"
+                 PRId64 " bytes when this run started, 0: none): lowered "
+                 "since? a rerun writes a marker in its place",
+                 k->stream, key, k->max_msg);
+    else
+        snprintf(k->pub_err, sizeof k->pub_err, "%s",
+                 pae && pae->ErrText ? pae->ErrText
+                 : pae ? natsStatus_GetText(pae->Err) : "no PubAck");
+}
+
 /* A PubAck from another stream than the one read back (?stream= naming
  * one that does not hold the subject) is a failure: its sequence is not
  * a position there, and read-back would find nothing it wrote. */
@@ -119,11 +143,24 @@ static void on_pub_ack(jsCtx *js, natsMsg *m, jsPubAck *pa, jsPubAckErr *pae,
                  "stream %.200s, not %.200s (?stream=)",
                  pa->Stream ? pa->Stream : "(unnamed)", k->stream);
     if (!pa && !k->nerr++)
-        snprintf(k->pub_err, sizeof k->pub_err, "%s",
-                 pae && pae->ErrText ? pae->ErrText
-                 : pae ? natsStatus_GetText(pae->Err) : "no PubAck");
+        say_refused(k, m, pae);
     pthread_mutex_unlock(&k->mu);
     natsMsg_Destroy(m);
+}
+
+/* The limit of the stream's own on the size of a message: its
+ * max_msg_size (none when 0 or -1; the server compares it with the data
+ * and the headers). Read once, at open: a limit lowered during the run
+ * is found by the server, in its PubAck (on_pub_ack). 0 or -1. */
+static int stream_limit(ns_sink *k)
+{
+    jsStreamInfo *si = NULL;
+    natsStatus st = js_GetStreamInfo(&si, k->l.js, k->stream, NULL, NULL);
+    if (st)
+        return fail(k, "reading the stream's configuration", st);
+    k->max_msg = si->Config->MaxMsgSize > 0 ? si->Config->MaxMsgSize : 0;
+    jsStreamInfo_Destroy(si);
+    return 0;
 }
 
 /* The stream that holds the subject: ?stream=, else asked of the
@@ -172,7 +209,7 @@ sink *ns_sink_open(const char *cmd, const char *uri, int64_t lease_ms,
         k->replay_id = (uint64_t)time(NULL) ^ (uint64_t)getpid() << 32;
     if ((*status = nu_parse(cmd, uri, 1, &k->u)) != 0 ||
         (*status = nl_open(cmd, &k->u, &k->l, on_pub_ack, k)) != 0 ||
-        (*status = find_stream(k) ? 1 : 0) != 0) {
+        (*status = find_stream(k) || stream_limit(k) ? 1 : 0) != 0) {
         ns_close(&k->base);
         return NULL;
     }
@@ -587,21 +624,45 @@ static natsStatus keyed(ns_sink *k, const char *text, size_t len,
     return st ? st : natsMsgHeader_Set(*m, "idem-key", k->key);
 }
 
-/* What takes the place of a message over the server's max_payload,
- * which no stream of the server would take, so that it would stop every
- * run at it: a marker of its key, named by its header idem-too-large
- * (the size of the data left out), with the data {"key":…,"status":…,
- * "replayed":true,"error":…} (status and replayed: a run's, so that
- * read-back still finds the outcome and a replay stays one). The input
- * keeps the message itself. */
+/* The limits a message of the output is held to: the server's
+ * max_payload (no stream of the server takes more), the stream's own
+ * max_msg_size (both count the data and the headers), and the headers
+ * a stream keeps (65,535 bytes). */
+enum { FITS, OVER_PAYLOAD, OVER_STREAM, OVER_HEADERS };
+#define HEADERS_MAX 65535
+
+/* The limit a message is over, for a marker and for stderr. */
+static void say_over(const ns_sink *k, int why, int64_t limit, char *buf,
+                     size_t n)
+{
+    if (why == OVER_PAYLOAD)
+        snprintf(buf, n, "over the server's max_payload of %" PRId64
+                 " bytes with the headers", limit);
+    else if (why == OVER_STREAM)
+        snprintf(buf, n, "over the max_msg_size of stream %.200s, %" PRId64
+                 " bytes with the headers", k->stream, limit);
+    else
+        snprintf(buf, n, "with headers over the %" PRId64 " bytes a "
+                 "stream keeps", limit);
+}
+
+/* What takes the place of a message over a limit (why, limit), which
+ * would stop every run at it: a marker of its key, named by its header
+ * idem-too-large (the size of the data left out), with the data
+ * {"key":…,"status":…,"replayed":true,"error":…} (status and replayed:
+ * a run's, so that read-back still finds the outcome and a replay stays
+ * one). The input keeps the message itself. It counts as a message not
+ * done here (undone: exit status 3). */
 static natsStatus marker(ns_sink *k, const char *text, size_t len,
-                         size_t keylen, natsMsg **m)
+                         size_t keylen, int why, int64_t limit,
+                         natsMsg **m)
 {
     int rep = replayed(k, text, len);
     const char *stv;
     size_t sn = status_of(&k->f, text, len, &stv);
-    char size[32];
+    char size[32], over[400];
     snprintf(size, sizeof size, "%zu", len);
+    say_over(k, why, limit, over, sizeof over);
     cli_buf d = {0};
     int rc = cli_buf_str(&d, "{") ||
              cli_buf_bytes_member(&d, "key", "key_base64", k->key, keylen) ||
@@ -609,36 +670,35 @@ static natsStatus marker(ns_sink *k, const char *text, size_t len,
                      cli_buf_json_string(&d, stv, sn))) ||
              (rep && cli_buf_str(&d, ",\"replayed\":true")) ||
              cli_buf_fmt(&d, ",\"error\":\"too large: %zu bytes of data, "
-                         "over the server's max_payload of %" PRId64
-                         " bytes with the headers\"}", len,
-                         natsConnection_GetMaxPayload(k->l.nc));
+                         "%s\"}", len, over);
     natsStatus st = rc ? NATS_NO_MEMORY : keyed(k, d.p, d.len, m);
     st = st ? st : natsMsgHeader_Set(*m, "idem-too-large", size);
     cli_buf_free(&d);
-    if (!st)
+    if (!st) {
+        k->markers++;
         fprintf(stderr, "idem %s: %s: the message of key '%.200s' (%zu "
-                "bytes of data) is over the server's max_payload (%" PRId64
-                " bytes with the headers): written as a marker with the "
-                "header idem-too-large instead\n", k->cmd, k->u.display,
-                k->key, len, natsConnection_GetMaxPayload(k->l.nc));
+                "bytes of data) is %s: written as a marker with the header "
+                "idem-too-large instead\n", k->cmd, k->u.display, k->key,
+                len, over);
+    }
     return st;
 }
 
-/* m's size on the wire, data and headers, as libnats encodes them
- * ("NATS/1.0\r\n", "NAME: VALUE\r\n" each, "\r\n"); 0 if unknown. */
-static int64_t wire_size(natsMsg *m)
+/* m's headers' size on the wire, as libnats encodes them
+ * ("NATS/1.0\r\n", "NAME: VALUE\r\n" each, "\r\n"); -1 if unknown. */
+static int64_t header_size(natsMsg *m)
 {
     const char **keys = NULL;
     int nk = 0;
-    int64_t n = natsMsg_GetDataLength(m) + 12;
+    int64_t n = 12;
     if (natsMsgHeader_Keys(m, &keys, &nk) != NATS_OK)
-        return 0;
-    for (int i = 0; n && i < nk; i++) {
+        return -1;
+    for (int i = 0; n >= 0 && i < nk; i++) {
         const char **vals = NULL;
         int nv = 0;
         if (natsMsgHeader_Values(m, keys[i], &vals, &nv) != NATS_OK)
-            n = 0;
-        for (int j = 0; n && j < nv; j++)
+            n = -1;
+        for (int j = 0; n >= 0 && j < nv; j++)
             n += (int64_t)(strlen(keys[i]) + strlen(vals[j]) + 4);
         free((void *)vals);
     }
@@ -646,14 +706,35 @@ static int64_t wire_size(natsMsg *m)
     return n;
 }
 
-/* libnats says NATS_MAX_PAYLOAD: is m truly over the server's limit, by
- * our own count? (libnats compares with the limit of the server's INFO,
- * which it clears and parses again on a reconnect: a marker for a
- * message that fits would lose it.) */
-static int over_max_payload(ns_sink *k, natsMsg *m)
+/* Is m (len bytes of data, with the input's headers of meta, metalen
+ * bytes) over a limit: FITS, or the limit it is over (*limit)? Counted
+ * cheaply first, as more than it can be: the meta's framing is longer
+ * than the wire's, and the sink's two headers are taken at their
+ * longest; only a message that may be over is counted exactly. The
+ * server's max_payload is the one of its INFO (libnats reads it again
+ * on a reconnect, and says 0 meanwhile: unknown, left to the publish,
+ * which fails the batch rather than write a marker for a message that
+ * fits). */
+static int over_limit(ns_sink *k, natsMsg *m, size_t len, size_t metalen,
+                      int64_t *limit)
 {
-    int64_t max = natsConnection_GetMaxPayload(k->l.nc);
-    return max > 0 && wire_size(m) > max;
+    int64_t pay = natsConnection_GetMaxPayload(k->l.nc);
+    int64_t hmax = (int64_t)metalen + 2 * (int64_t)(sizeof k->key + 96);
+    int64_t most = (int64_t)len + hmax;
+    if ((pay <= 0 || most <= pay) && (!k->max_msg || most <= k->max_msg) &&
+        hmax <= HEADERS_MAX)
+        return FITS;
+    int64_t hdr = header_size(m);
+    int64_t n = hdr + natsMsg_GetDataLength(m);
+    int why = hdr < 0                         ? FITS
+              : pay > 0 && n > pay            ? OVER_PAYLOAD
+              : k->max_msg && n > k->max_msg  ? OVER_STREAM
+              : hdr > HEADERS_MAX             ? OVER_HEADERS
+                                              : FITS;
+    *limit = why == OVER_PAYLOAD  ? pay
+             : why == OVER_STREAM ? k->max_msg
+                                  : HEADERS_MAX;
+    return why;
 }
 
 static int ns_put(sink *base, const char *text, size_t len, const void *key,
@@ -669,15 +750,16 @@ static int ns_put(sink *base, const char *text, size_t len, const void *key,
     memcpy(k->key, key, keylen);
     k->key[keylen] = 0;
     natsMsg *m = NULL;
+    int64_t limit = 0;
     natsStatus st = keyed(k, text, len, &m);
     st = st ? st : copy_headers(m, meta, metalen);
-    st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
-    if (st == NATS_MAX_PAYLOAD && over_max_payload(k, m)) {
+    int why = st ? FITS : over_limit(k, m, len, metalen, &limit);
+    if (why) {
         natsMsg_Destroy(m);
         m = NULL;
-        st = marker(k, text, len, keylen, &m);
-        st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
+        st = marker(k, text, len, keylen, why, limit, &m);
     }
+    st = st ? st : js_PublishMsgAsync(k->l.js, &m, NULL);
     natsMsg_Destroy(m);  /* NULL once published */
     k->published |= !st;
     return st ? fail(k, "publishing", st) : 0;
@@ -767,6 +849,15 @@ static int ns_flush(sink *base)
     return 0;
 }
 
+/* Messages written as markers since the last call. */
+static uint64_t ns_undone(sink *base)
+{
+    ns_sink *k = (ns_sink *)base;
+    uint64_t n = k->markers;
+    k->markers = 0;
+    return n;
+}
+
 int ns_ident(const char *cmd, const char *uri, int as_sink, char *buf,
              size_t size)
 {
@@ -782,4 +873,4 @@ static const sink_ops ns_sink_ops = {
     .start = ns_start, .read_back = ns_read_back,
     .catch_up = ns_catch_up, .has = ns_has, .forget = ns_forget,
     .put = ns_put, .flush = ns_flush, .pos = ns_pos, .name = ns_name,
-    .close = ns_close};
+    .undone = ns_undone, .close = ns_close};

@@ -60,6 +60,8 @@ typedef struct ns_source {
     volatile const sig_atomic_t *stop;
     natsMsgList got;          /* fetched, not handed out yet */
     int next_got;
+    uint64_t late;            /* messages fetched one at a time
+                               * (fetch_size) */
     /* Held messages by handout number: hv[i - hbase]; NULL once acked. */
     pthread_mutex_t mu;
     held *hv;
@@ -235,6 +237,11 @@ static void ns_close(source *base)
         if (s->got.Msgs[i] && s->l.nc)
             natsMsg_Nak(s->got.Msgs[i], NULL);
     natsMsgList_Destroy(&s->got);
+    if (s->late)  /* a loaded client or server: said, as a hint */
+        fprintf(stderr, "idem %s: %s: %" PRIu64 " message%s fetched one "
+                "at a time: answers to earlier pulls came after those had "
+                "stopped waiting (fetch_size)\n", s->cmd, s->u.display,
+                s->late, s->late == 1 ? " was" : "s were");
     if (s->l.nc)
         natsConnection_FlushTimeout(s->l.nc, s->u.timeout_ms);
     natsSubscription_Destroy(s->sub);
@@ -422,10 +429,12 @@ static long fetch(ns_source *s, int wait)
     }
     jsFetchRequest fr;
     jsFetchRequest_Init(&fr);
-    fr.Batch = fetch_size(s);
+    int want = fetch_size(s);  /* fr.Batch: libnats changes it */
+    fr.Batch = want;
     fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
     fr.NoWait = !wait;
     natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
+    s->late += want == 1 && s->batch > 1 ? (uint64_t)s->got.Count : 0;
     if (s->got.Count > 0)
         return s->got.Count;
     if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
