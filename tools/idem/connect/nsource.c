@@ -62,6 +62,7 @@ typedef struct ns_source {
     int next_got;
     uint64_t late;            /* messages fetched one at a time
                                * (fetch_size) */
+    int late_fetch;           /* this fetch is one of those */
     /* Held messages by handout number: hv[i - hbase]; NULL once acked. */
     pthread_mutex_t mu;
     held *hv;
@@ -394,21 +395,37 @@ static int ns_ack_flush(source *base)
     return -1;
 }
 
-/* How many one fetch asks for: up to a batch (at most FETCH_MAX), but
- * one while messages are waiting in the subscription already: those of
- * an earlier pull that came after its fetch had stopped waiting (a
- * loaded machine). libnats before 3.10 (nats.c #749) takes those first,
- * asks the server for the rest, and then keeps on until it has as many
- * as that rest: with more than half a batch waiting it never has, and
- * writes past the end of its list (the heap aborts of issue #14). Asked
- * for one, it has taken it, or none, before it asks the server. Left
- * open: more than half a batch coming in between this look and the
- * fetch's own (libnats 3.10 has no such window). */
-static int fetch_size(const ns_source *s)
+/* How many one fetch asks for, and why one.
+ *
+ * libnats before 3.10 (nats.c #749) has a fetch that first takes the
+ * messages already waiting in the subscription, asks the server for the
+ * rest, and then keeps on until it has as many as that rest: with more
+ * than half a batch waiting it never has, and writes past the end of its
+ * list (the heap aborts of issue #14). Messages wait there only when they
+ * answer a pull that libnats had stopped waiting for: a pull that expired
+ * on the client's clock a moment before the server's, on a loaded
+ * machine, or one a stalled server answers late.
+ *
+ * So the invariant kept here: a pull that can expire asks for one
+ * message. A fetch that waits (the batch is empty) is such a pull; one
+ * that does not wait (filling the batch) asks with no_wait, which the
+ * server answers at once, and asks for the whole rest. A pull that
+ * expired thus leaves at most one late message, and a fetch asks for
+ * one, which libnats takes from those waiting before it asks the server,
+ * while any wait. Left open: a server that stalls in the middle of a
+ * no_wait pull, whose answer then comes after the fetch gave up on it,
+ * and lands in the microseconds between this look and libnats's own.
+ * libnats 3.10 has no such window. */
+static int fetch_size(ns_source *s, int wait)
 {
     int waiting = 0;
     if (natsSubscription_GetPending(s->sub, &waiting, NULL) == NATS_OK &&
-        waiting > 0)
+        waiting > 0) {
+        s->late_fetch = 1;
+        return 1;
+    }
+    s->late_fetch = 0;
+    if (wait)
         return 1;
     return (int)(s->batch < FETCH_MAX ? s->batch : FETCH_MAX);
 }
@@ -429,12 +446,11 @@ static long fetch(ns_source *s, int wait)
     }
     jsFetchRequest fr;
     jsFetchRequest_Init(&fr);
-    int want = fetch_size(s);  /* fr.Batch: libnats changes it */
-    fr.Batch = want;
+    fr.Batch = fetch_size(s, wait);
     fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
     fr.NoWait = !wait;
     natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
-    s->late += want == 1 && s->batch > 1 ? (uint64_t)s->got.Count : 0;
+    s->late += s->late_fetch ? (uint64_t)s->got.Count : 0;
     if (s->got.Count > 0)
         return s->got.Count;
     if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
