@@ -512,8 +512,8 @@ Test(kafka, dedup_kill9_each_key_once)
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 300ms --batch 20 --lease 1s --commit-interval "
              "20ms --store local:store --job k9", src("group=g"), dst());
-    long landed = kill_loop(args, 5.0, kills(16));
-    cr_assert_geq(landed, kills(16) < 3 ? kills(16) : 3);
+    long landed = kill_loop(args, 5.0, kills(10));
+    cr_assert_geq(landed, kills(10) < 3 ? kills(10) : 3);
     expect_output(nkeys, KEY_IN_VALUE);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka dedup: %ld kills landed (seed %u)\n", landed,
@@ -531,8 +531,8 @@ Test(kafka, run_kill9_results_once)
              "--idle-exit 300ms --batch 10 --lease 1s --commit-interval "
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
              src("group=g"), dst());
-    long landed = kill_loop(args, 5.0, kills(14));
-    cr_assert_geq(landed, kills(14) < 3 ? kills(14) : 3);
+    long landed = kill_loop(args, 5.0, kills(9));
+    cr_assert_geq(landed, kills(9) < 3 ? kills(9) : 3);
     expect_results(nkeys);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka run: %ld kills landed (seed %u)\n", landed,
