@@ -54,15 +54,17 @@ static rd_kafka_t *client(rd_kafka_type_t t, const char *brokers,
     return rk;
 }
 
-/* m copied to OUT; 0 or -1. */
-static int copy(rd_kafka_t *p, const char *out, rd_kafka_message_t *m)
+/* m copied to out (a topic handle made once, as idem's sink has: naming
+ * the topic per message would cost the reference a lookup each); 0 or
+ * -1. */
+static int copy(rd_kafka_t *p, rd_kafka_topic_t *out, rd_kafka_message_t *m)
 {
     rd_kafka_headers_t *h = NULL, *copyh = NULL;
     if (rd_kafka_message_headers(m, &h) == 0)
         copyh = rd_kafka_headers_copy(h);
     for (;;) {
         rd_kafka_resp_err_t e = rd_kafka_producev(
-            p, RD_KAFKA_V_TOPIC(out), RD_KAFKA_V_VALUE(m->payload, m->len),
+            p, RD_KAFKA_V_RKT(out), RD_KAFKA_V_VALUE(m->payload, m->len),
             RD_KAFKA_V_KEY(m->key, m->key_len),
             RD_KAFKA_V_MSGFLAGS(RD_KAFKA_MSG_F_COPY),
             RD_KAFKA_V_HEADERS(copyh), RD_KAFKA_V_END);
@@ -120,6 +122,7 @@ int main(int argc, char **argv)
                             "linger.ms", "5", NULL};
     rd_kafka_t *c = client(RD_KAFKA_CONSUMER, brokers, cprops);
     rd_kafka_t *p = client(RD_KAFKA_PRODUCER, brokers, pprops);
+    rd_kafka_topic_t *rkt = rd_kafka_topic_new(p, out, NULL);
     rd_kafka_poll_set_consumer(c);
     rd_kafka_topic_partition_list_t *sub = rd_kafka_topic_partition_list_new(1);
     rd_kafka_topic_partition_list_add(sub, in, RD_KAFKA_PARTITION_UA);
@@ -144,7 +147,7 @@ int main(int argc, char **argv)
             } else if (!m->err) {
                 eofs -= at_end[pt];
                 at_end[pt] = 0;
-                if (copy(p, out, m))
+                if (copy(p, rkt, m))
                     return fprintf(stderr, "kafka_alo: produce failed\n"), 1;
                 const char *t = rd_kafka_topic_name(m->rkt);
                 rd_kafka_topic_partition_t *o =
@@ -179,6 +182,7 @@ int main(int argc, char **argv)
     printf("%lld\n", copied);
     rd_kafka_consumer_close(c);
     rd_kafka_destroy(c);
+    rd_kafka_topic_destroy(rkt);
     rd_kafka_destroy(p);
     return 0;
 }

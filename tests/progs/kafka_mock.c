@@ -9,6 +9,8 @@
  *   down ID | up ID          a broker stops answering, or comes back
  *   errors APIKEY N CODE     the next N requests of APIKEY fail so
  *   clear APIKEY             the errors still pushed for APIKEY go
+ *   slow APIKEY N MS         every broker answers its next N requests of
+ *                            APIKEY MS late (they are carried out at once)
  *   topic NAME PARTITIONS    another topic
  *
  * It runs until its input ends or it is killed. The mock lacks
@@ -45,6 +47,15 @@ static int command(rd_kafka_mock_cluster_t *mc, const char *line)
         rd_kafka_mock_push_request_errors_array(mc, (int16_t)key,
                                                 (size_t)n, errs);
         free(errs);
+        return 0;
+    }
+    if (sscanf(line, "slow %d %d %d", &key, &n, &code) == 3) {
+        for (int b = 1; b <= 3; b++)
+            for (int i = 0; i < n; i++)
+                if (rd_kafka_mock_broker_push_request_error_rtts(
+                        mc, b, (int16_t)key, 1, RD_KAFKA_RESP_ERR_NO_ERROR,
+                        code))
+                    return -1;
         return 0;
     }
     if (sscanf(line, "clear %d", &key) == 1) {

@@ -1,9 +1,12 @@
 /* ksource.c - a Kafka consumer group as the input of dedup and run.
  *
  * Offsets are never committed by librdkafka on its own
- * (enable.auto.commit and enable.auto.offset.store are off): the
- * committing thread commits them, synchronously, after the idem commit
- * that covers the messages (ack, ack_flush). The job's checkpoint is the
+ * (enable.auto.commit and enable.auto.offset.store are off): they are
+ * committed, synchronously, after the idem commit that covers the
+ * messages (ack, ack_flush), by a thread of their own (committer), so
+ * that the round trip to the group's coordinator overlaps the next
+ * batch's commit instead of delaying it; each commit takes the newest
+ * offsets acked, so commits that fall behind merge. The job's checkpoint is the
  * source of truth all the same: it keeps, committed with the records,
  * the next offset of every partition this job has committed messages of
  * (mark, pos: "TOPIC:PARTITION:OFFSET,..."), so a crash between the idem
@@ -86,6 +89,9 @@ typedef struct k_source {
     int rewind;            /* a revoke took the batch being read back */
     int failed;            /* a rebalance could not be followed: s->err */
     int64_t last_new_ms;
+    pthread_t committer;   /* commits offsets acked (ack_flush) */
+    pthread_cond_t wake;   /* committer: offsets acked, or quit (mu) */
+    int has_committer, commit_asked, quit;
     char *posbuf;
     cli_buf meta;
     char err[1024];
@@ -186,6 +192,40 @@ static void retry_commit(k_source *s)
     pthread_mutex_unlock(&s->mu);
     if (due)
         commit_offsets(s, NULL);
+}
+
+/* The committer thread: each time offsets were acked, it commits the
+ * newest ones (commit_offsets), until told to quit. */
+static void *committer(void *arg)
+{
+    k_source *s = arg;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->commit_asked && !s->quit)
+            pthread_cond_wait(&s->wake, &s->mu);
+        if (s->quit)
+            break;
+        s->commit_asked = 0;
+        pthread_mutex_unlock(&s->mu);
+        commit_offsets(s, NULL);
+        pthread_mutex_lock(&s->mu);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* The committer told to quit and joined: what it left is committed by
+ * the caller. */
+static void stop_committer(k_source *s)
+{
+    if (!s->has_committer)
+        return;
+    pthread_mutex_lock(&s->mu);
+    s->quit = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->committer, NULL);
+    s->has_committer = 0;
 }
 
 /* ---- rebalances */
@@ -368,9 +408,13 @@ source *kafka_source_open(const char *cmd, const char *uri,
     s->o = *o;
     pthread_mutex_init(&s->mu, NULL);
     pthread_mutex_init(&s->cmu, NULL);
+    pthread_cond_init(&s->wake, NULL);
     s->last_new_ms = cli_mono_ms();
     if ((*status = kafka_uri_parse(cmd, uri, 0, &s->u)) == 0)
         *status = make_consumer(s);
+    /* Without the thread, ack_flush commits in the caller's. */
+    s->has_committer = !*status &&
+                       pthread_create(&s->committer, NULL, committer, s) == 0;
     if (*status) {
         k_close(&s->base);
         return NULL;
@@ -406,6 +450,7 @@ static void last_commit(k_source *s)
 static void k_close(source *base)
 {
     k_source *s = (k_source *)base;
+    stop_committer(s);
     drop_held(s);
     free(s->held);
     if (s->rk) {
@@ -421,6 +466,7 @@ static void k_close(source *base)
     kafka_uri_free(&s->u);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->cmu);
+    pthread_cond_destroy(&s->wake);
     free(s);
 }
 
@@ -740,9 +786,18 @@ static int k_ack(source *base, const nd_line *l)
     return 0;
 }
 
+/* The offsets acked go to the committer: the committing thread goes on
+ * to the next batch (the checkpoint holds them meanwhile). */
 static int k_ack_flush(source *base)
 {
-    return commit_offsets((k_source *)base, NULL);
+    k_source *s = (k_source *)base;
+    if (!s->has_committer)
+        return commit_offsets(s, NULL);
+    pthread_mutex_lock(&s->mu);
+    s->commit_asked = 1;
+    pthread_cond_signal(&s->wake);
+    pthread_mutex_unlock(&s->mu);
+    return 0;
 }
 
 /* Is any partition of ours short of its end at the assignment? Before
