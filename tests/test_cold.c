@@ -239,7 +239,9 @@ static void saturate(const char *name, const filter_at *fa)
 
 /* The layouts of cold.h and coldfilter.h. */
 static const filter_at kix_filter = {40, 0, 128, 80, 128, 120};
-static const filter_at cold_filter = {24, 48, 72, 56, 72, 64};
+/* PATH/COLD: the table of 256 partitions (24 bytes each) precedes the
+ * segments. */
+static const filter_at cold_filter = {24, 48, 72 + 256 * 24, 56, 72, 64};
 
 /* Every filter says maybe to every key: the filter in front and each
  * segment's own. A stranger then costs a search of every cold index and
