@@ -35,7 +35,6 @@
 #define IDEM__CF_PART_REC 24u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
 #define IDEM__CF_MIN_CAP 256u        /* keys a partition has room for */
-#define IDEM__CF_PAGE_BLOCKS 64u     /* blocks in a 4 KiB page */
 #define IDEM__CF_EFFORT 8u           /* inserts of builds per key gone cold */
 
 static const unsigned char idem__cf_magic[8] = "IDEMCFL";
@@ -86,15 +85,13 @@ size_t idem__cfilter_bytes(const idem__cfilter *f)
     return (size_t)idem__cf_total(f, 0) * 64;
 }
 
-/* Zeroed, page-aligned room for a partition of cap keys (whole pages: a
- * little more room, no more memory). 0 or ENOMEM. */
+/* Zeroed, page-aligned room for a partition of cap keys. 0 or ENOMEM. */
 static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
 {
     cap = cap < IDEM__CF_MIN_CAP ? IDEM__CF_MIN_CAP : cap;
     if (cap > (1ull << 40))
         return IDEM_ENOMEM;
     uint64_t nblocks = (cap * IDEM__CF_BITS + 511) / 512;
-    nblocks = (nblocks + IDEM__CF_PAGE_BLOCKS - 1) & ~(uint64_t)63;
     if (nblocks > SIZE_MAX / 64)
         return IDEM_ENOMEM;
     void *m = mmap(NULL, (size_t)nblocks * 64, PROT_READ | PROT_WRITE,
@@ -373,7 +370,7 @@ static int idem__cf_map_table(idem__cfilter *f, const unsigned char *t,
     uint64_t sum = 0;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t nb = idem__cf_get64(t + j * IDEM__CF_PART_REC);
-        if (nb == 0 || nb % IDEM__CF_PAGE_BLOCKS || nb > nblocks - sum)
+        if (nb == 0 || nb > nblocks - sum)
             return -1;
         sum += nb;
     }
