@@ -577,7 +577,8 @@ Test(cold, a_filter_grown_while_claims_go_on_answers_exactly,
         idem_record r;
         cr_assert_eq(idem_get(s, k, strlen(k), &r), IDEM_ENOTFOUND);
     }
-    uint64_t fp = stats_of(s).filter_false_positives - st.filter_false_positives;
+    uint64_t fp =
+        stats_of(s).filter_false_positives - st.filter_false_positives;
     cr_assert_leq(fp, STRANGERS / 100, "%llu false positives",
                   (unsigned long long)fp);
     cr_assert_eq(idem_close(s), 0);
