@@ -239,9 +239,9 @@ static void saturate(const char *name, const filter_at *fa)
 
 /* The layouts of cold.h and coldfilter.h. */
 static const filter_at kix_filter = {40, 0, 128, 80, 128, 120};
-/* PATH/COLD: the table of 256 partitions (24 bytes each) precedes the
+/* PATH/COLD: the table of 64 partitions (24 bytes each) precedes the
  * segments. */
-static const filter_at cold_filter = {24, 48, 72 + 256 * 24, 56, 72, 64};
+static const filter_at cold_filter = {24, 48, 72 + 64 * 24, 56, 72, 64};
 
 /* Every filter says maybe to every key: the filter in front and each
  * segment's own. A stranger then costs a search of every cold index and
@@ -583,12 +583,12 @@ Test(cold, a_filter_grown_while_claims_go_on_answers_exactly,
                   (unsigned long long)fp);
     cr_assert_eq(idem_close(s), 0);
     /* Built again larger than the first size of a partition (12 blocks,
-     * room for 256 keys: 65,536 keys in all). */
+     * room for 256 keys: 16,384 keys in all). */
     char p[4400];
     snprintf(p, sizeof p, "%s/COLD", dir);
     size_t len;
     free(t_read(p, &len));
-    cr_assert_gt(len, 72 + 256 * 24 + BATCHES * 32 + 256 * 12 * 64,
+    cr_assert_gt(len, 72 + 64 * 24 + BATCHES * 32 + 64 * 12 * 64,
                  "COLD is %zu bytes", len);
     s = t_open(uri);
     cr_assert_eq(stats_of(s).cold_rebuilt, 0);

@@ -85,6 +85,32 @@ size_t idem__cfilter_bytes(const idem__cfilter *f)
     return (size_t)idem__cf_total(f, 0) * 64;
 }
 
+/* Zeroed pages for len bytes. Every probe of a new key lands on a random
+ * block, so with 4 KiB pages nearly every probe also misses the TLB:
+ * past 2 MiB the room starts on a 2 MiB boundary and is marked for
+ * transparent huge pages (a hint; the tail under 2 MiB keeps small
+ * pages). NULL without memory. */
+static void *idem__cf_pages(size_t len)
+{
+    const size_t huge = 2u << 20, page = 4096;
+    int prot = PROT_READ | PROT_WRITE, how = MAP_PRIVATE | MAP_ANONYMOUS;
+    if (len < huge) {
+        void *m = mmap(NULL, len, prot, how, -1, 0);
+        return m == MAP_FAILED ? NULL : m;
+    }
+    size_t mlen = (len + page - 1) & ~(page - 1);
+    unsigned char *m = mmap(NULL, mlen + huge, prot, how, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    size_t head = (huge - ((uintptr_t)m & (huge - 1))) & (huge - 1);
+    if (head)
+        munmap(m, head);
+    if (huge - head)
+        munmap(m + head + mlen, huge - head);
+    madvise(m + head, mlen, MADV_HUGEPAGE);
+    return m + head;
+}
+
 /* Zeroed, page-aligned room for a partition of cap keys. 0 or ENOMEM. */
 static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
 {
@@ -94,9 +120,8 @@ static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
     uint64_t nblocks = (cap * IDEM__CF_BITS + 511) / 512;
     if (nblocks > SIZE_MAX / 64)
         return IDEM_ENOMEM;
-    void *m = mmap(NULL, (size_t)nblocks * 64, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED)
+    void *m = idem__cf_pages((size_t)nblocks * 64);
+    if (!m)
         return IDEM_ENOMEM;
     memset(p, 0, sizeof *p);
     p->blocks = m;

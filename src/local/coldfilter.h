@@ -13,18 +13,20 @@
  * that drops leaves its bits behind: they cost false positives, never a
  * wrong answer (the segment is gone, nothing is searched there).
  *
- * Why partitions: the filter is 256 filters, one for each value of the
- * top 8 bits of a key's hash. A filter that is full must be built again
+ * Why partitions: the filter is 64 filters, one for each value of the
+ * top 6 bits of a key's hash. A filter that is full must be built again
  * larger from every cold key, and at 1e8 keys that took seconds in one
  * go, during which no claim was answered. Since key index entries are
  * sorted by hash, each partition's keys are one slice of every index, so
- * a partition is built again by itself, at 1/256 of the cost; a segment
+ * a partition is built again by itself, at 1/64 of the cost; a segment
  * going cold sets its keys in every partition (never waiting for a
  * build) and then pays for a bounded number of partition builds, those
  * that are over their capacity or serve under 3/4 of it, in turn. A
  * partition over capacity answers a little more often maybe until its
  * turn comes, never wrongly. Built at a quarter more room than its keys,
- * a partition holds 3 to 3.75 bytes a cold key.
+ * a partition holds 3 to 3.75 bytes a cold key. Why not more, smaller
+ * partitions: at 1e8 cold keys one of 64 is 6 MB, room for the 2 MiB
+ * pages that spare a probe its TLB miss (coldfilter.c).
  *
  * PATH/COLD keeps it between runs, written at a clean close:
  *
@@ -34,7 +36,7 @@
  *    12     4  bits set per key (k)
  *    16     8  XXH3-64 of the store's secret (the keys' hash is keyed)
  *    24     8  blocks (64 bytes each), all partitions
- *    32     8  partitions (P, 256)
+ *    32     8  partitions (P, 64)
  *    40     8  keys set, all partitions
  *    48     8  segments it holds the keys of (n)
  *    56     8  XXH3-64 of the body
@@ -71,7 +73,7 @@ typedef struct idem__cfseg {
 
 _Static_assert(sizeof(idem__cfseg) == 32, "a segment identity is 32 bytes");
 
-/* One partition: the keys whose hash's top 8 bits are its number. */
+/* One partition: the keys whose hash's top 6 bits are its number. */
 typedef struct idem__cfpart {
     uint64_t *blocks;        /* anonymous pages */
     uint64_t nblocks;
@@ -80,7 +82,7 @@ typedef struct idem__cfpart {
     uint64_t serves;         /* keys of the cold segments still there */
 } idem__cfpart;
 
-#define IDEM__CF_PART_BITS 8u
+#define IDEM__CF_PART_BITS 6u
 #define IDEM__CF_PARTS (1u << IDEM__CF_PART_BITS)
 
 typedef struct idem__cfilter {
@@ -138,7 +140,7 @@ size_t idem__cfilter_bytes(const idem__cfilter *f);
 
 #define IDEM__CF_K 13u
 
-/* The partition of h, and the block in it: the top 8 bits of h[0] and
+/* The partition of h, and the block in it: the top 6 bits of h[0] and
  * the bits below them. */
 static inline unsigned idem__cf_part(uint64_t h0)
 {
