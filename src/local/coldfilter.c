@@ -179,9 +179,8 @@ static void idem__cf_set_range(idem__cfpart *p, const idem__kent *e,
     p->set += to - from;
 }
 
-/* Set the keys of cold segment g in every partition, and name it among
- * those held; serves: they count among the keys served. */
-static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
+/* Name cold segment g among those whose keys f holds. */
+static int idem__cf_name(idem__cfilter *f, const idem__seg *g)
 {
     idem__cfseg *s = idem__grow(f->segs, f->nsegs, &f->capsegs, sizeof *s,
                                 64);
@@ -189,6 +188,15 @@ static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
         return IDEM_ENOMEM;
     f->segs = s;
     idem__cf_id(&f->segs[f->nsegs++], g);
+    return 0;
+}
+
+/* Set the keys of cold segment g in every partition, and name it among
+ * those held; serves: they count among the keys served. */
+static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
+{
+    if (idem__cf_name(f, g))
+        return IDEM_ENOMEM;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t from, to;
         idem__cf_slice(g->cold, j, &from, &to);
@@ -260,14 +268,8 @@ static int idem__cf_build(idem__log *lg)
     int rc = idem__cf_alloc(f);
     for (unsigned j = 0; !rc && j < IDEM__CF_PARTS; j++)
         rc = idem__cf_part_build(lg, j);
-    for (size_t i = 0; !rc && i < lg->ncold; i++) {
-        idem__cfseg *s = idem__grow(f->segs, f->nsegs, &f->capsegs,
-                                    sizeof *s, 64);
-        if (!s)
-            rc = IDEM_ENOMEM;
-        else
-            idem__cf_id(&(f->segs = s)[f->nsegs++], &lg->segs[i]);
-    }
+    for (size_t i = 0; !rc && i < lg->ncold; i++)
+        rc = idem__cf_name(f, &lg->segs[i]);
     if (rc)
         idem__cf_unmap(f);
     return rc;
