@@ -1,12 +1,15 @@
 /* coldfilter.c - building, growing and keeping the filter in front of
  * the cold segments (layout and rules in coldfilter.h).
  *
- * Why rebuild rather than count or delete: segments drop whole and
+ * Why build again rather than count or delete: segments drop whole and
  * oldest first, so a filter that forgets nothing only carries the bits
- * of keys that are gone, and rebuilding it when those make up a quarter
- * of it costs, spread over the keys that went cold since, a few inserts
- * a key (each a 16-byte read of an index entry and one cache line
- * written), against a probe per cold segment for every new key saved.
+ * of keys that are gone, and building a partition again when those make
+ * up a quarter of it costs, spread over the keys that went cold since, a
+ * few inserts a key (each a 16-byte read of an index entry and one cache
+ * line written), against a probe per cold segment for every new key
+ * saved. Each segment going cold pays for builds of up to 8 inserts per
+ * key it brings, twice what keeping up needs, so partitions fall behind
+ * by a few segments at most, and no claim waits for more than that.
  *
  * Why anonymous memory and a file written at close, not a mapped file:
  * the filter changes with every segment that goes cold, and one written
@@ -27,27 +30,36 @@
 
 #include "log.h"
 
-#define IDEM__CF_VERSION 1u
+#define IDEM__CF_VERSION 2u
 #define IDEM__CF_HDR 72u
+#define IDEM__CF_PART_REC 24u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
-#define IDEM__CF_MIN_CAP 65536u      /* keys: below this, not worth a build */
+#define IDEM__CF_MIN_CAP 256u        /* keys a partition has room for */
+#define IDEM__CF_EFFORT 8u           /* inserts of builds per key gone cold */
 
 static const unsigned char idem__cf_magic[8] = "IDEMCFL";
 
 void idem__cfilter_prefetch(const idem__cfilter *f, const uint64_t h[2])
 {
-    if (f->blocks)
-        __builtin_prefetch(f->blocks + 8 * idem__cf_block(f->nblocks, h[0]));
+    if (!f->parts)
+        return;
+    const idem__cfpart *p = &f->parts[idem__cf_part(h[0])];
+    __builtin_prefetch(p->blocks + 8 * idem__cf_block(p->nblocks, h[0]));
+}
+
+static void idem__cf_part_unmap(idem__cfpart *p)
+{
+    if (p->blocks)
+        munmap(p->blocks, (size_t)p->nblocks * 64);
+    memset(p, 0, sizeof *p);
 }
 
 static void idem__cf_unmap(idem__cfilter *f)
 {
-    if (f->blocks)
-        munmap(f->blocks, (size_t)f->nblocks * 64);
-    f->blocks = NULL;
-    f->nblocks = 0;
-    f->cap = 0;
-    f->set = 0;
+    for (unsigned j = 0; f->parts && j < IDEM__CF_PARTS; j++)
+        idem__cf_part_unmap(&f->parts[j]);
+    free(f->parts);
+    f->parts = NULL;
     f->nsegs = 0;
 }
 
@@ -58,27 +70,72 @@ void idem__cfilter_free(idem__cfilter *f)
     memset(f, 0, sizeof *f);
 }
 
-size_t idem__cfilter_bytes(const idem__cfilter *f)
+static uint64_t idem__cf_total(const idem__cfilter *f, size_t field)
 {
-    return f->blocks ? (size_t)f->nblocks * 64 : 0;
+    uint64_t n = 0;
+    for (unsigned j = 0; f->parts && j < IDEM__CF_PARTS; j++) {
+        const idem__cfpart *p = &f->parts[j];
+        n += field == 0 ? p->nblocks : field == 1 ? p->set : p->cap;
+    }
+    return n;
 }
 
-/* Zeroed, page-aligned room for a filter of cap keys. 0 or ENOMEM. */
-static int idem__cf_map(idem__cfilter *f, uint64_t cap)
+size_t idem__cfilter_bytes(const idem__cfilter *f)
 {
+    return (size_t)idem__cf_total(f, 0) * 64;
+}
+
+/* Zeroed pages for len bytes. Every probe of a new key lands on a random
+ * block, so with 4 KiB pages nearly every probe also misses the TLB:
+ * past 2 MiB the room starts on a 2 MiB boundary and is marked for
+ * transparent huge pages (a hint; the tail under 2 MiB keeps small
+ * pages). NULL without memory. */
+static void *idem__cf_pages(size_t len)
+{
+    const size_t huge = 2u << 20, page = 4096;
+    int prot = PROT_READ | PROT_WRITE, how = MAP_PRIVATE | MAP_ANONYMOUS;
+    if (len < huge) {
+        void *m = mmap(NULL, len, prot, how, -1, 0);
+        return m == MAP_FAILED ? NULL : m;
+    }
+    size_t mlen = (len + page - 1) & ~(page - 1);
+    unsigned char *m = mmap(NULL, mlen + huge, prot, how, -1, 0);
+    if (m == MAP_FAILED)
+        return NULL;
+    size_t head = (huge - ((uintptr_t)m & (huge - 1))) & (huge - 1);
+    if (head)
+        munmap(m, head);
+    if (huge - head)
+        munmap(m + head + mlen, huge - head);
+    madvise(m + head, mlen, MADV_HUGEPAGE);
+    return m + head;
+}
+
+/* Zeroed, page-aligned room for a partition of cap keys. 0 or ENOMEM. */
+static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
+{
+    cap = cap < IDEM__CF_MIN_CAP ? IDEM__CF_MIN_CAP : cap;
+    if (cap > (1ull << 40))
+        return IDEM_ENOMEM;
     uint64_t nblocks = (cap * IDEM__CF_BITS + 511) / 512;
     if (nblocks > SIZE_MAX / 64)
         return IDEM_ENOMEM;
-    void *p = mmap(NULL, (size_t)nblocks * 64, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+    void *m = idem__cf_pages((size_t)nblocks * 64);
+    if (!m)
         return IDEM_ENOMEM;
-    f->blocks = p;
-    f->nblocks = nblocks;
-    f->cap = cap;
-    f->set = 0;
-    f->nsegs = 0;
+    memset(p, 0, sizeof *p);
+    p->blocks = m;
+    p->nblocks = nblocks;
+    p->cap = cap;
     return 0;
+}
+
+/* Room for the partition table, every partition empty. */
+static int idem__cf_alloc(idem__cfilter *f)
+{
+    f->parts = calloc(IDEM__CF_PARTS, sizeof *f->parts);
+    f->nsegs = 0;
+    return f->parts ? 0 : IDEM_ENOMEM;
 }
 
 static void idem__cf_id(idem__cfseg *id, const idem__seg *g)
@@ -90,9 +147,40 @@ static void idem__cf_id(idem__cfseg *id, const idem__seg *g)
     id->body = g->cold->body;
 }
 
-/* Set the keys of cold segment g, and name it among those held. Loads of
- * blocks a few entries ahead overlap with the writes. */
-static int idem__cf_set(idem__cfilter *f, const idem__seg *g)
+/* Entries [*from, *to) of c are partition j's: the slice of the sorted
+ * entries whose hash's top bits are j. */
+static void idem__cf_slice(const idem__cold *c, unsigned j, uint64_t *from,
+                           uint64_t *to)
+{
+    const unsigned shift = 64 - IDEM__CF_PART_BITS;
+    uint64_t lo[2] = {(uint64_t)j << shift, 0};
+    uint64_t hi[2] = {((uint64_t)j + 1) << shift, 0};
+    *from = idem__cold_lower(c, lo);
+    *to = j + 1 < IDEM__CF_PARTS ? idem__cold_lower(c, hi) : c->nents;
+}
+
+/* Set entries [from, to) of e, all of partition p. Loads of blocks a
+ * few entries ahead overlap with the writes. */
+static void idem__cf_set_range(idem__cfpart *p, const idem__kent *e,
+                               uint64_t from, uint64_t to)
+{
+    enum { AHEAD = 16 };
+    for (uint64_t i = from; i < to; i++) {
+        if (i + AHEAD < to)
+            __builtin_prefetch(
+                p->blocks + 8 * idem__cf_block(p->nblocks, e[i + AHEAD].h0),
+                1);
+        uint64_t m[8];
+        idem__cf_mask(e[i].h0, e[i].h1, m);
+        uint64_t *blk = p->blocks + 8 * idem__cf_block(p->nblocks, e[i].h0);
+        for (unsigned w = 0; w < 8; w++)
+            blk[w] |= m[w];
+    }
+    p->set += to - from;
+}
+
+/* Name cold segment g among those whose keys f holds. */
+static int idem__cf_name(idem__cfilter *f, const idem__seg *g)
 {
     idem__cfseg *s = idem__grow(f->segs, f->nsegs, &f->capsegs, sizeof *s,
                                 64);
@@ -100,49 +188,88 @@ static int idem__cf_set(idem__cfilter *f, const idem__seg *g)
         return IDEM_ENOMEM;
     f->segs = s;
     idem__cf_id(&f->segs[f->nsegs++], g);
-    const idem__kent *e = g->cold->ents;
-    uint64_t n = g->cold->nents;
-    enum { AHEAD = 16 };
-    for (uint64_t i = 0; i < n; i++) {
-        if (i + AHEAD < n)
-            __builtin_prefetch(
-                f->blocks + 8 * idem__cf_block(f->nblocks, e[i + AHEAD].h0),
-                1);
-        uint64_t m[8];
-        idem__cf_mask(e[i].h0, e[i].h1, m);
-        uint64_t *blk = f->blocks + 8 * idem__cf_block(f->nblocks, e[i].h0);
-        for (unsigned w = 0; w < 8; w++)
-            blk[w] |= m[w];
+    return 0;
+}
+
+/* Set the keys of cold segment g in every partition, and name it among
+ * those held; serves: they count among the keys served. */
+static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
+{
+    if (idem__cf_name(f, g))
+        return IDEM_ENOMEM;
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        uint64_t from, to;
+        idem__cf_slice(g->cold, j, &from, &to);
+        idem__cf_set_range(&f->parts[j], g->cold->ents, from, to);
+        f->parts[j].serves += serves ? to - from : 0;
     }
-    f->set += n;
     f->dirty = 1;
     return 0;
 }
 
-static uint64_t idem__cf_keys(const idem__log *lg)
+/* Build partition j again from every cold segment's slice, with room
+ * for a quarter more keys. Without memory for it the old one stays: it
+ * holds every key the new one would (and more), so it is never wrong. */
+static int idem__cf_part_build(idem__log *lg, unsigned j)
 {
-    uint64_t n = 0;
-    for (size_t i = 0; i < lg->ncold; i++)
-        n += lg->segs[i].cold->nents;
-    return n;
+    idem__cfpart *p = &lg->cf.parts[j], q;
+    uint64_t keys = 0, from, to;
+    for (size_t i = 0; i < lg->ncold; i++) {
+        idem__cf_slice(lg->segs[i].cold, j, &from, &to);
+        keys += to - from;
+    }
+    if (idem__cf_part_map(&q, keys + keys / 4))
+        return IDEM_ENOMEM;
+    for (size_t i = 0; i < lg->ncold; i++) {
+        idem__cf_slice(lg->segs[i].cold, j, &from, &to);
+        idem__cf_set_range(&q, lg->segs[i].cold->ents, from, to);
+    }
+    q.serves = keys;
+    idem__cf_part_unmap(p);
+    *p = q;
+    lg->cf.dirty = 1;
+    lg->cf.builds++;
+    return 0;
 }
 
-/* Build the filter again from every cold segment's index, with room for
- * a quarter more keys. The old one goes first (the peak stays one
- * filter); without memory for the new one, there is none, which is
+/* Is partition p over its capacity, or far larger than its keys need? */
+static int idem__cf_part_due(const idem__cfpart *p)
+{
+    return p->set > p->cap ||
+           (p->cap > IDEM__CF_MIN_CAP && p->serves * 4 < p->cap * 3);
+}
+
+/* Build again, in turn from the cursor, the partitions that are due,
+ * until about budget inserts were spent (0: no limit). */
+static void idem__cf_tend(idem__log *lg, uint64_t budget)
+{
+    idem__cfilter *f = &lg->cf;
+    uint64_t spent = 0;
+    for (unsigned n = 0; n < IDEM__CF_PARTS; n++) {
+        if (budget && spent >= budget)
+            return;
+        unsigned j = f->cursor;
+        f->cursor = (f->cursor + 1) % IDEM__CF_PARTS;
+        if (!idem__cf_part_due(&f->parts[j]))
+            continue;
+        if (idem__cf_part_build(lg, j) == 0)
+            spent += f->parts[j].serves;
+    }
+}
+
+/* Build the whole filter from every cold segment's index: each
+ * partition sized for its keys. Without memory there is none, which is
  * slow, not wrong. */
 static int idem__cf_build(idem__log *lg)
 {
     idem__cfilter *f = &lg->cf;
-    uint64_t keys = idem__cf_keys(lg);
-    uint64_t cap = keys + keys / 4;
     idem__cf_unmap(f);
-    f->serves = keys;
     f->dirty = 1;
-    f->builds++;
-    int rc = idem__cf_map(f, cap < IDEM__CF_MIN_CAP ? IDEM__CF_MIN_CAP : cap);
+    int rc = idem__cf_alloc(f);
+    for (unsigned j = 0; !rc && j < IDEM__CF_PARTS; j++)
+        rc = idem__cf_part_build(lg, j);
     for (size_t i = 0; !rc && i < lg->ncold; i++)
-        rc = idem__cf_set(f, &lg->segs[i]);
+        rc = idem__cf_name(f, &lg->segs[i]);
     if (rc)
         idem__cf_unmap(f);
     return rc;
@@ -151,32 +278,52 @@ static int idem__cf_build(idem__log *lg)
 int idem__cfilter_add(idem__log *lg, size_t i)
 {
     idem__cfilter *f = &lg->cf;
-    const idem__cold *c = lg->segs[i].cold;
-    if (!f->blocks || f->set + c->nents > f->cap)
+    if (!f->parts)
         return idem__cf_build(lg);
-    f->serves += c->nents;
-    int rc = idem__cf_set(f, &lg->segs[i]);
-    if (rc)
+    int rc = idem__cf_set(f, &lg->segs[i], 1);
+    if (rc) {
         idem__cf_unmap(f);
-    return rc;
+        return rc;
+    }
+    uint64_t n = lg->segs[i].cold->nents;
+    idem__cf_tend(lg, (n ? n : 1) * IDEM__CF_EFFORT);
+    return 0;
 }
 
-void idem__cfilter_gone(idem__cfilter *f, const idem__cold *c)
+void idem__cfilter_gone(idem__cfilter *f, const idem__cold *c, uint32_t id)
 {
-    f->serves -= c->nents < f->serves ? c->nents : f->serves;
+    for (unsigned j = 0; f->parts && j < IDEM__CF_PARTS; j++) {
+        uint64_t from, to, *serves = &f->parts[j].serves;
+        idem__cf_slice(c, j, &from, &to);
+        *serves -= to - from < *serves ? to - from : *serves;
+    }
+    for (size_t i = 0; i < f->nsegs; i++)
+        if (f->segs[i].id == id) {
+            memmove(f->segs + i, f->segs + i + 1,
+                    (f->nsegs - i - 1) * sizeof *f->segs);
+            f->nsegs--;
+            f->dirty = 1;
+            break;
+        }
 }
 
 int idem__cfilter_fit(idem__log *lg)
 {
     idem__cfilter *f = &lg->cf;
     if (!lg->ncold) {
-        if (f->blocks)
+        if (f->parts)
             f->dirty = 1;
         idem__cf_unmap(f);
         return 0;
     }
-    if (f->blocks && f->cap > IDEM__CF_MIN_CAP && f->serves * 4 < f->cap * 3)
-        return idem__cf_build(lg);
+    if (!f->parts)
+        return 0;
+    /* The keys of one cold segment, on average, worth of builds: what a
+     * segment going cold pays (idem__cfilter_add). */
+    uint64_t serves = 0;
+    for (size_t i = 0; i < lg->ncold; i++)
+        serves += lg->segs[i].cold->nents;
+    idem__cf_tend(lg, (serves / lg->ncold + 1) * IDEM__CF_EFFORT);
     return 0;
 }
 
@@ -213,8 +360,14 @@ static int idem__cf_pread(int fd, void *buf, size_t len, off_t off)
 /* The header's counts, if it checks out by itself and matches the file's
  * length. */
 typedef struct idem__cfhdr {
-    uint64_t secret, nblocks, cap, set, nsegs, body;
+    uint64_t secret, nblocks, set, nsegs, body;
 } idem__cfhdr;
+
+static uint64_t idem__cf_body_at(uint64_t nsegs)
+{
+    return IDEM__CF_HDR + (uint64_t)IDEM__CF_PARTS * IDEM__CF_PART_REC +
+           nsegs * 32;
+}
 
 static int idem__cf_header(const unsigned char *h, uint64_t len,
                            idem__cfhdr *o)
@@ -223,21 +376,82 @@ static int idem__cf_header(const unsigned char *h, uint64_t len,
     memcpy(&version, h + 8, 4);
     memcpy(&k, h + 12, 4);
     if (memcmp(h, idem__cf_magic, 8) != 0 || version != IDEM__CF_VERSION ||
-        k != IDEM__CF_K || idem__cf_get64(h + 64) != XXH3_64bits(h, 64))
+        k != IDEM__CF_K || idem__cf_get64(h + 64) != XXH3_64bits(h, 64) ||
+        idem__cf_get64(h + 32) != IDEM__CF_PARTS)
         return 0;
     o->secret = idem__cf_get64(h + 16);
     o->nblocks = idem__cf_get64(h + 24);
-    o->cap = idem__cf_get64(h + 32);
     o->set = idem__cf_get64(h + 40);
     o->nsegs = idem__cf_get64(h + 48);
     o->body = idem__cf_get64(h + 56);
     return o->nblocks && o->nblocks < (1ull << 40) &&
            o->nsegs < (1ull << 32) &&
-           len == IDEM__CF_HDR + o->nsegs * 32 + o->nblocks * 64;
+           len == idem__cf_body_at(o->nsegs) + o->nblocks * 64;
 }
 
-/* Read the file into f (blocks, segments) if it checks out whole. 0, or
- * -1 (absent, damaged, another store's, unreadable, no memory). */
+/* Room for the partitions the table t (as in the file) describes, if
+ * their blocks add up to nblocks. 0 or -1. */
+static int idem__cf_map_table(idem__cfilter *f, const unsigned char *t,
+                              uint64_t nblocks)
+{
+    uint64_t sum = 0;
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        uint64_t nb = idem__cf_get64(t + j * IDEM__CF_PART_REC);
+        if (nb == 0 || nb > nblocks - sum)
+            return -1;
+        sum += nb;
+    }
+    if (sum != nblocks || idem__cf_alloc(f))
+        return -1;
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        const unsigned char *r = t + j * IDEM__CF_PART_REC;
+        idem__cfpart *p = &f->parts[j];
+        if (idem__cf_part_map(p, idem__cf_get64(r + 8)) ||
+            p->nblocks != idem__cf_get64(r))
+            return -1;
+        p->set = idem__cf_get64(r + 16);
+    }
+    return 0;
+}
+
+/* Read the partitions' blocks, in turn from off, and hash them into x. */
+static int idem__cf_read_blocks(int fd, idem__cfilter *f, off_t off,
+                                XXH3_state_t *x)
+{
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        idem__cfpart *p = &f->parts[j];
+        size_t n = (size_t)p->nblocks * 64;
+        if (idem__cf_pread(fd, p->blocks, n, off) != 0 ||
+            XXH3_64bits_update(x, p->blocks, n) != XXH_OK)
+            return -1;
+        off += (off_t)n;
+    }
+    return 0;
+}
+
+/* The table and segments of the file, then its blocks, checked against
+ * the body's hash. 0 or -1. */
+static int idem__cf_read_body(int fd, const idem__cfhdr *o, idem__cfilter *f,
+                              idem__cfseg *segs, XXH3_state_t *x)
+{
+    unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
+    return idem__cf_pread(fd, t, sizeof t, IDEM__CF_HDR) == 0 &&
+                   idem__cf_pread(fd, segs, o->nsegs * 32,
+                                  IDEM__CF_HDR + sizeof t) == 0 &&
+                   idem__cf_map_table(f, t, o->nblocks) == 0 &&
+                   XXH3_64bits_reset(x) == XXH_OK &&
+                   XXH3_64bits_update(x, t, sizeof t) == XXH_OK &&
+                   XXH3_64bits_update(x, segs, o->nsegs * 32) == XXH_OK &&
+                   idem__cf_read_blocks(fd, f,
+                                        (off_t)idem__cf_body_at(o->nsegs),
+                                        x) == 0 &&
+                   XXH3_64bits_digest(x) == o->body
+               ? 0
+               : -1;
+}
+
+/* Read the file into f (partitions, segments) if it checks out whole.
+ * 0, or -1 (absent, damaged, another store's, unreadable, no memory). */
 static int idem__cf_read(int fd, uint64_t secret, idem__cfilter *f)
 {
     unsigned char h[IDEM__CF_HDR];
@@ -248,21 +462,10 @@ static int idem__cf_read(int fd, uint64_t secret, idem__cfilter *f)
         (secret && o.secret != secret))
         return -1;
     idem__cfseg *segs = malloc(o.nsegs ? o.nsegs * 32 : 1);
-    if (!segs || idem__cf_map(f, o.cap) != 0 || f->nblocks != o.nblocks ||
-        idem__cf_pread(fd, segs, o.nsegs * 32, IDEM__CF_HDR) != 0 ||
-        idem__cf_pread(fd, f->blocks, o.nblocks * 64,
-                       (off_t)(IDEM__CF_HDR + o.nsegs * 32)) != 0) {
-        free(segs);
-        idem__cf_unmap(f);
-        return -1;
-    }
     XXH3_state_t *x = XXH3_createState();
-    int ok = x && XXH3_64bits_reset(x) == XXH_OK &&
-             XXH3_64bits_update(x, segs, o.nsegs * 32) == XXH_OK &&
-             XXH3_64bits_update(x, f->blocks, o.nblocks * 64) == XXH_OK &&
-             XXH3_64bits_digest(x) == o.body;
+    int rc = segs && x ? idem__cf_read_body(fd, &o, f, segs, x) : -1;
     XXH3_freeState(x);
-    if (!ok) {
+    if (rc) {
         free(segs);
         idem__cf_unmap(f);
         return -1;
@@ -270,7 +473,6 @@ static int idem__cf_read(int fd, uint64_t secret, idem__cfilter *f)
     free(f->segs);
     f->segs = segs;
     f->nsegs = f->capsegs = (size_t)o.nsegs;
-    f->set = o.set;
     return 0;
 }
 
@@ -286,18 +488,33 @@ int idem__cfilter_file_sound(int dirfd)
     return ok;
 }
 
-static int idem__cf_holds(const idem__cfilter *f, const idem__seg *g)
+/* Is g among the first n segments f names? */
+static int idem__cf_holds(const idem__cfilter *f, size_t n, const idem__seg *g)
 {
     idem__cfseg id;
     idem__cf_id(&id, g);
-    for (size_t i = 0; i < f->nsegs; i++)
+    for (size_t i = 0; i < n; i++)
         if (memcmp(&f->segs[i], &id, sizeof id) == 0)
             return 1;
     return 0;
 }
 
+/* Count, in each partition, the keys of the cold segments still there. */
+static void idem__cf_count_serves(idem__log *lg)
+{
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        uint64_t n = 0, from, to;
+        for (size_t i = 0; i < lg->ncold; i++) {
+            idem__cf_slice(lg->segs[i].cold, j, &from, &to);
+            n += to - from;
+        }
+        lg->cf.parts[j].serves = n;
+    }
+}
+
 /* The file's filter, with the keys of the cold segments it does not
- * name set; -1 when it cannot serve (none, damaged, too small). */
+ * name set (partitions over their capacity are then built again); -1
+ * when it cannot serve (none, damaged). */
 static int idem__cf_adopt(idem__log *lg)
 {
     idem__cfilter *f = &lg->cf;
@@ -309,17 +526,11 @@ static int idem__cf_adopt(idem__log *lg)
     if (rc)
         return -1;
     size_t held = f->nsegs;
-    uint64_t more = 0;
     for (size_t i = 0; i < lg->ncold; i++)
-        if (!idem__cf_holds(f, &lg->segs[i]))
-            more += lg->segs[i].cold->nents;
-    if (f->set + more > f->cap)
-        return -1;
-    for (size_t i = 0; i < lg->ncold; i++)
-        if (!idem__cf_holds(f, &lg->segs[i]) &&
-            idem__cf_set(f, &lg->segs[i]) != 0)
+        if (!idem__cf_holds(f, held, &lg->segs[i]) &&
+            idem__cf_set(f, &lg->segs[i], 0) != 0)
             return -1;
-    f->serves = idem__cf_keys(lg);
+    idem__cf_count_serves(lg);
     f->dirty = f->nsegs != held;
     return 0;
 }
@@ -330,9 +541,48 @@ void idem__cfilter_open(idem__log *lg)
         return;
     /* Without memory for it, lookups ask each segment's own filter. */
     if (idem__cf_adopt(lg) == 0)
-        (void)idem__cfilter_fit(lg);
+        idem__cf_tend(lg, 0);
     else
         (void)idem__cf_build(lg);
+}
+
+/* The partition table as the file has it. */
+static void idem__cf_table(const idem__cfilter *f, unsigned char *t)
+{
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
+        const idem__cfpart *p = &f->parts[j];
+        uint64_t r[3] = {p->nblocks, p->cap, p->set};
+        memcpy(t + j * IDEM__CF_PART_REC, r, sizeof r);
+    }
+}
+
+/* The header of the file whose table is t. 0 or IDEM_ENOMEM. */
+static int idem__cf_head(const idem__log *lg, const unsigned char *t,
+                         unsigned char *h)
+{
+    const idem__cfilter *f = &lg->cf;
+    XXH3_state_t *x = XXH3_createState();
+    if (!x)
+        return IDEM_ENOMEM;
+    XXH3_64bits_reset(x);
+    XXH3_64bits_update(x, t, IDEM__CF_PARTS * IDEM__CF_PART_REC);
+    XXH3_64bits_update(x, f->segs, f->nsegs * 32);
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
+        XXH3_64bits_update(x, f->parts[j].blocks,
+                           (size_t)f->parts[j].nblocks * 64);
+    uint32_t version = IDEM__CF_VERSION, k = IDEM__CF_K;
+    uint64_t v[6] = {idem__cf_secret_hash(lg), idem__cf_total(f, 0),
+                     IDEM__CF_PARTS, idem__cf_total(f, 1), f->nsegs,
+                     XXH3_64bits_digest(x)};
+    XXH3_freeState(x);
+    memset(h, 0, IDEM__CF_HDR);
+    memcpy(h, idem__cf_magic, 8);
+    memcpy(h + 8, &version, 4);
+    memcpy(h + 12, &k, 4);
+    memcpy(h + 16, v, sizeof v);
+    uint64_t check = XXH3_64bits(h, 64);
+    memcpy(h + 64, &check, 8);
+    return 0;
 }
 
 int idem__cfilter_save(idem__log *lg)
@@ -340,7 +590,7 @@ int idem__cfilter_save(idem__log *lg)
     idem__cfilter *f = &lg->cf;
     if (!f->dirty || lg->readonly || lg->memory || lg->dirfd < 0)
         return 0;
-    if (!f->blocks) {
+    if (!f->parts) {
         /* Nothing cold (or no memory for it): a file left would name
          * segments that may come back with other keys set. */
         if (unlinkat(lg->dirfd, IDEM__COLD_FILE, 0) != 0 && errno != ENOENT)
@@ -349,29 +599,20 @@ int idem__cfilter_save(idem__log *lg)
         f->dirty = 0;
         return 0;
     }
-    unsigned char h[IDEM__CF_HDR] = {0};
-    uint32_t version = IDEM__CF_VERSION, k = IDEM__CF_K;
-    uint64_t v[6] = {idem__cf_secret_hash(lg), f->nblocks, f->cap, f->set,
-                     f->nsegs, 0};
-    XXH3_state_t *x = XXH3_createState();
-    if (!x)
+    unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
+    unsigned char h[IDEM__CF_HDR];
+    struct iovec iov[3 + IDEM__CF_PARTS];
+    idem__cf_table(f, t);
+    if (idem__cf_head(lg, t, h))
         return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
-    XXH3_64bits_reset(x);
-    XXH3_64bits_update(x, f->segs, f->nsegs * 32);
-    XXH3_64bits_update(x, f->blocks, f->nblocks * 64);
-    v[5] = XXH3_64bits_digest(x);
-    XXH3_freeState(x);
-    memcpy(h, idem__cf_magic, 8);
-    memcpy(h + 8, &version, 4);
-    memcpy(h + 12, &k, 4);
-    memcpy(h + 16, v, sizeof v);
-    uint64_t check = XXH3_64bits(h, 64);
-    memcpy(h + 64, &check, 8);
-    struct iovec iov[3] = {{h, sizeof h},
-                           {f->segs, f->nsegs * 32},
-                           {f->blocks, (size_t)f->nblocks * 64}};
+    iov[0] = (struct iovec){h, sizeof h};
+    iov[1] = (struct iovec){t, sizeof t};
+    iov[2] = (struct iovec){f->segs, f->nsegs * 32};
+    for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
+        iov[3 + j] = (struct iovec){f->parts[j].blocks,
+                                    (size_t)f->parts[j].nblocks * 64};
     int rc = idem__dir_replace_v(lg->s, lg->dirfd, lg->dir, IDEM__COLD_FILE,
-                                 iov, 3);
+                                 iov, 3 + IDEM__CF_PARTS);
     f->dirty = rc != 0;
     return rc;
 }

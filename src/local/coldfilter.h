@@ -11,26 +11,39 @@
  * It is built from the key index entries (their 96 bits of hash), never
  * from the segments' frames. A Bloom filter cannot forget, so a segment
  * that drops leaves its bits behind: they cost false positives, never a
- * wrong answer (the segment is gone, nothing is searched there). The
- * filter is built again, at the size its keys need, when the keys it
- * still serves fall below 3/4 of what it was sized for or when a new
- * cold segment does not fit: that keeps its RAM at most 4 bytes per
- * cold key and its false positives at the configured rate.
+ * wrong answer (the segment is gone, nothing is searched there).
+ *
+ * Why partitions: the filter is 64 filters, one for each value of the
+ * top 6 bits of a key's hash. A filter that is full must be built again
+ * larger from every cold key, and at 1e8 keys that took seconds in one
+ * go, during which no claim was answered. Since key index entries are
+ * sorted by hash, each partition's keys are one slice of every index, so
+ * a partition is built again by itself, at 1/64 of the cost; a segment
+ * going cold sets its keys in every partition (never waiting for a
+ * build) and then pays for a bounded number of partition builds, those
+ * that are over their capacity or serve under 3/4 of it, in turn. A
+ * partition over capacity answers a little more often maybe until its
+ * turn comes, never wrongly. Built at a quarter more room than its keys,
+ * a partition holds 3 to 3.75 bytes a cold key. Why not more, smaller
+ * partitions: at 1e8 cold keys one of 64 is 6 MB, room for the 2 MiB
+ * pages that spare a probe its TLB miss (coldfilter.c).
  *
  * PATH/COLD keeps it between runs, written at a clean close:
  *
  *   off  size  field
  *     0     8  magic "IDEMCFL"
- *     8     4  version (1)
+ *     8     4  version (2)
  *    12     4  bits set per key (k)
  *    16     8  XXH3-64 of the store's secret (the keys' hash is keyed)
- *    24     8  blocks (64 bytes each)
- *    32     8  capacity (keys)
- *    40     8  keys set
+ *    24     8  blocks (64 bytes each), all partitions
+ *    32     8  partitions (P, 64)
+ *    40     8  keys set, all partitions
  *    48     8  segments it holds the keys of (n)
  *    56     8  XXH3-64 of the body
  *    64     8  XXH3-64 of bytes [0, 64)
- *    72        body: n segment identities (32 bytes each), the blocks
+ *    72        body: P partitions (blocks, capacity, keys set: 8 bytes
+ *              each), n segment identities (32 bytes each), the blocks
+ *              of each partition in turn
  *
  * A segment identity is its id, size, time bucket and the checksum of
  * its key index's body: a segment whose index was built again from other
@@ -60,17 +73,27 @@ typedef struct idem__cfseg {
 
 _Static_assert(sizeof(idem__cfseg) == 32, "a segment identity is 32 bytes");
 
-typedef struct idem__cfilter {
-    uint64_t *blocks;        /* anonymous pages; NULL: every key may be
-                              * cold (none built, or out of memory) */
+/* One partition: the keys whose hash's top 6 bits are its number. */
+typedef struct idem__cfpart {
+    uint64_t *blocks;        /* anonymous pages */
     uint64_t nblocks;
     uint64_t cap;            /* keys it holds at its configured rate */
     uint64_t set;            /* keys set in it, dropped segments' too */
     uint64_t serves;         /* keys of the cold segments still there */
+} idem__cfpart;
+
+#define IDEM__CF_PART_BITS 6u
+#define IDEM__CF_PARTS (1u << IDEM__CF_PART_BITS)
+
+typedef struct idem__cfilter {
+    idem__cfpart *parts;     /* IDEM__CF_PARTS; NULL: every key may be
+                              * cold (none built, or out of memory) */
     idem__cfseg *segs;       /* the segments whose keys it holds */
     size_t nsegs, capsegs;
+    unsigned cursor;         /* the partition whose turn to be built
+                              * again comes next */
     int dirty;               /* changed since PATH/COLD was written */
-    uint64_t builds;         /* times built from the key indexes */
+    uint64_t builds;         /* partitions built from the key indexes */
 } idem__cfilter;
 
 /* Might any cold segment hold the key whose hash is h? */
@@ -80,16 +103,18 @@ static inline int idem__cfilter_maybe(const idem__cfilter *f,
 /* Start loading the block a probe of h reads. */
 void idem__cfilter_prefetch(const idem__cfilter *f, const uint64_t h[2]);
 
-/* Segment lg->segs[i] just went cold: set its keys (building the filter
- * again, larger, when they do not fit). 0 or IDEM_ENOMEM (the filter is
- * then gone, and every lookup asks the segments' own filters). */
+/* Segment lg->segs[i] just went cold: set its keys, then build again
+ * the partitions whose turn it is (see above). 0 or IDEM_ENOMEM (the
+ * filter is then gone, and every lookup asks the segments' own
+ * filters). */
 int idem__cfilter_add(struct idem__log *lg, size_t i);
 
-/* The oldest cold segment, whose index is c, is about to drop. */
-void idem__cfilter_gone(idem__cfilter *f, const idem__cold *c);
+/* The oldest cold segment, whose index is c and identity id, is about
+ * to drop. */
+void idem__cfilter_gone(idem__cfilter *f, const idem__cold *c, uint32_t id);
 
-/* After segments dropped: build again when the filter is far larger
- * than its keys need. 0 or IDEM_ENOMEM, as idem__cfilter_add. */
+/* After segments dropped: build again, in turn, partitions far larger
+ * than their keys need. 0 or IDEM_ENOMEM, as idem__cfilter_add. */
 int idem__cfilter_fit(struct idem__log *lg);
 
 /* At open, after the cold segments are loaded: adopt PATH/COLD if it
@@ -115,9 +140,17 @@ size_t idem__cfilter_bytes(const idem__cfilter *f);
 
 #define IDEM__CF_K 13u
 
+/* The partition of h, and the block in it: the top 6 bits of h[0] and
+ * the bits below them. */
+static inline unsigned idem__cf_part(uint64_t h0)
+{
+    return (unsigned)(h0 >> (64 - IDEM__CF_PART_BITS));
+}
+
 static inline uint64_t idem__cf_block(uint64_t nblocks, uint64_t h0)
 {
-    return (uint64_t)(((unsigned __int128)h0 * nblocks) >> 64);
+    return (uint64_t)(((unsigned __int128)(h0 << IDEM__CF_PART_BITS) *
+                       nblocks) >> 64);
 }
 
 static inline void idem__cf_mask(uint64_t h0, uint32_t h1, uint64_t m[8])
@@ -140,11 +173,12 @@ static inline void idem__cf_mask(uint64_t h0, uint32_t h1, uint64_t m[8])
 static inline int idem__cfilter_maybe(const idem__cfilter *f,
                                       const uint64_t h[2])
 {
-    if (!f->blocks)
+    if (!f->parts)
         return 1;
+    const idem__cfpart *p = &f->parts[idem__cf_part(h[0])];
     uint64_t m[8], missing = 0;
     idem__cf_mask(h[0], (uint32_t)h[1], m);
-    const uint64_t *blk = f->blocks + 8 * idem__cf_block(f->nblocks, h[0]);
+    const uint64_t *blk = p->blocks + 8 * idem__cf_block(p->nblocks, h[0]);
     for (unsigned w = 0; w < 8; w++)
         missing |= m[w] & ~blk[w];
     return missing == 0;

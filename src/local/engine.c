@@ -879,6 +879,24 @@ static void idem__eng_gauges(idem_store *s)
 /* ------------------------------------------------------------------------
  * The hot budget: sealed segments going cold, oldest first. */
 
+/* Drop from RAM the entries that point into g, which just went cold:
+ * each is its key's newest frame, so g's key index names it (hash and
+ * offset), and a walk over that list finds them all at a cost of g's
+ * keys, not of every hot key. Slots are loaded a few entries ahead. */
+static void idem__forget_hot(idem__engine *en, const idem__seg *g)
+{
+    const idem__kent *k = g->cold->ents;
+    uint64_t n = g->cold->nents;
+    enum { AHEAD = 8 };
+    for (uint64_t i = 0; i < n; i++) {
+        if (i + AHEAD < n)
+            idem__index_prefetch(&en->ix, (uint64_t[2]){k[i + AHEAD].h0, 0},
+                                 0);
+        (void)idem__index_remove_at(&en->ix, k[i].h0, k[i].h1, g->id,
+                                    k[i].off);
+    }
+}
+
 /* Write g's key index beside it and drop from RAM the entries that point
  * into it; the index names each of those keys' newest frame. g->live
  * keeps counting them (a cold lookup that finds one live and supersedes
@@ -903,9 +921,7 @@ static int idem__cold_out(idem_store *s, idem__seg *g)
     /* Without the filter in front, lookups ask every segment's own:
      * slower, never wrong, so the segment goes cold all the same. */
     (void)idem__cfilter_add(lg, lg->ncold - 1);
-    for (uint32_t id = 0; id < en->ix.hw; id++)
-        if (idem__index_at(&en->ix, id)->seg == g->id)
-            idem__index_remove_id(&en->ix, id);
+    idem__forget_hot(en, g);
     return 0;
 }
 

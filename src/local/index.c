@@ -208,12 +208,10 @@ void idem__index_remove(idem__index *ix, idem__ient *e)
     idem__index_remove_id(ix, idem__id_of(ix, e));
 }
 
-void idem__index_remove_id(idem__index *ix, uint32_t id)
+/* Empty slot i, which names entry id, and free the entry. */
+static void idem__unslot(idem__index *ix, size_t i, uint32_t id)
 {
     idem__ient *e = idem__index_at(ix, id);
-    size_t i = idem__home(ix, e->h);
-    while ((uint32_t)(ix->slots[i] & 0xffffffffu) != id + 1)
-        i = (i + 1) & ix->mask;
     /* Shift back later members of the run whose home is not in (i, j]. */
     for (size_t j = (i + 1) & ix->mask; ix->slots[j]; j = (j + 1) & ix->mask) {
         size_t home = (size_t)(ix->slots[j] >> 32) & ix->mask;
@@ -229,6 +227,35 @@ void idem__index_remove_id(idem__index *ix, uint32_t id)
     e->off = ix->free_head;
     ix->free_head = id;
     ix->count--;
+}
+
+void idem__index_remove_id(idem__index *ix, uint32_t id)
+{
+    size_t i = idem__home(ix, idem__index_at(ix, id)->h);
+    while ((uint32_t)(ix->slots[i] & 0xffffffffu) != id + 1)
+        i = (i + 1) & ix->mask;
+    idem__unslot(ix, i, id);
+}
+
+int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t h1,
+                          uint32_t seg, uint32_t off)
+{
+    if (!ix->slots)
+        return 0;
+    uint64_t h[2] = {h0, 0};
+    uint64_t tag = (uint64_t)idem__tag(h) << 32;
+    for (size_t i = idem__home(ix, h); ix->slots[i]; i = (i + 1) & ix->mask) {
+        if ((ix->slots[i] & 0xffffffff00000000u) != tag)
+            continue;
+        uint32_t id = (uint32_t)(ix->slots[i] & 0xffffffffu) - 1;
+        const idem__ient *e = idem__index_at(ix, id);
+        if (e->h[0] == h0 && (uint32_t)e->h[1] == h1 && e->seg == seg &&
+            e->off == off) {
+            idem__unslot(ix, i, id);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 size_t idem__index_bytes(const idem__index *ix)

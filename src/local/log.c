@@ -386,7 +386,7 @@ int idem__log_drop_oldest(idem__log *lg)
             return idem__log_ioerr(lg, "unlink", g->id, errno);
     }
     if (g->cold)
-        idem__cfilter_gone(&lg->cf, g->cold);
+        idem__cfilter_gone(&lg->cf, g->cold, g->id);
     lg->ncold -= g->cold != NULL;
     idem__seg_release(lg, g);
     memmove(lg->segs, lg->segs + 1, (lg->nsegs - 1) * sizeof *lg->segs);
