@@ -49,7 +49,7 @@ esac
 # (a handler that outlived a killed test) would hold a pipe open and hang
 # the run; tail follows the file only while the tests run. Every test has
 # a timeout: its own, its suite's, or the default given here.
-"$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-2}" \
+"$BUILD/idem-tests" --jobs "${IDEM_TEST_JOBS:-3}" \
     --timeout "${IDEM_TEST_TIMEOUT:-600}" --tap="$tap" \
     ${IDEM_TEST_FILTER:+--filter "$IDEM_TEST_FILTER"} >"$out" 2>&1 &
 tests=$!
