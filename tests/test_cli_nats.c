@@ -10,7 +10,9 @@
  * stream trimmed before read-back, a worker resumed past its lease, a
  * handler slower than AckWait, --idle-exit beside a dead worker, the same
  * command twice, a message too large for the output (the server's
- * max_payload, the output stream's max_msg_size, a run's result), late
+ * max_payload, the output stream's max_msg_size, a run's result; a
+ * marker found by read-back after a crash), an output of long ago
+ * beside a new job's redelivered message whose key is new again, late
  * answers to pulls given up, files on either side, and the NATS secrets
  * kept from the handler.
  *
