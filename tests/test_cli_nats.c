@@ -10,7 +10,9 @@
  * stream trimmed before read-back, a worker resumed past its lease, a
  * handler slower than AckWait, --idle-exit beside a dead worker, the same
  * command twice, a message too large for the output (the server's
- * max_payload, the output stream's max_msg_size, a run's result), late
+ * max_payload, the output stream's max_msg_size, a run's result; a
+ * marker found by read-back after a crash), an output of long ago
+ * beside a new job's redelivered message whose key is new again, late
  * answers to pulls given up, files on either side, and the NATS secrets
  * kept from the handler.
  *
@@ -858,6 +860,89 @@ Test(nats, a_run_result_over_max_payload_is_written_as_a_marker)
     natsMsg_Destroy(m);
     expect_at(2, 1, 0, NULL);
     expect_output(2, 1, 1);
+}
+
+/* Killed just after the sink wrote a marker in place of a message too
+ * large for the output, before the commit: the rerun finds the marker
+ * by read-back and takes it as written, as any output. It must still
+ * say that the message's data is missing (exit status 3), as the run
+ * that wrote the marker would have: with 0, a supervisor never learns
+ * that the output lacks it. */
+Test(nats, a_marker_read_back_after_a_crash_still_exits_3)
+{
+    put_sized(0, 1048576 - 40);
+    put_with_header("x-after", "1");  /* e0 again: a duplicate */
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --lease 1s --store local:store --job mk",
+             src("durable=d"), dst());
+    killed_at_sink(args, "sink-written:1");
+    cr_assert_eq(last_seq("OUT"), 1, "the marker was not written");
+    int st = t_cli(t_dir, "%s 2>err1", args);
+    cr_assert(t_grep(t_at("err1"), "found already written"), "%s",
+              t_read(t_at("err1"), NULL));
+    cr_assert_eq(st, 3, "the rerun hid the missing data: %s",
+                 t_read(t_at("err1"), NULL));
+    cr_assert(t_grep(t_at("err1"), "1 message was not done here"), "%s",
+              t_read(t_at("err1"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1);
+    expect_at(1, 0, 1048536, "over the server's max_payload");
+    cr_assert_eq(pending("d"), 0);
+}
+
+/* Deliver durable d's next message to no one: fetched here and never
+ * acknowledged, as by a worker that died before its claim. It comes
+ * back after AckWait, delivered a second time. */
+static void delivered_once(const char *d)
+{
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = "IN";
+    so.Consumer = d;
+    natsSubscription *sub = NULL;
+    natsMsgList got = {0};
+    cr_assert_eq(js_PullSubscribe(&sub, js, NULL, d, NULL, &so, NULL),
+                 NATS_OK, "%s", nats_GetLastError(NULL));
+    cr_assert_eq(natsSubscription_Fetch(&got, sub, 1, 5000, NULL), NATS_OK);
+    cr_assert_eq(got.Count, 1);
+    natsMsgList_Destroy(&got);
+    natsSubscription_Destroy(sub);
+}
+
+/* A key whose record expired (--ttl) comes again, delivered a second
+ * time (a worker died before its claim), to a worker whose job is new
+ * (a worker added): its claim is the key's first, and its output must
+ * be written. Only the recent outputs (twice the lease and 10 s, and
+ * back to the message's own time) may count as a dead run's; the
+ * key's output of long ago is not. A new job's first look at the
+ * recent messages read the whole output stream instead, found that
+ * old output, and wrote nothing: the message was lost. */
+Test(nats, an_output_of_long_ago_does_not_hide_a_new_jobs_message)
+{
+    one_second_window(0);
+    put_with_header("x-n", "0");  /* e0 */
+    char args[1024];
+#define TTL "dedup --key event_id --from %s --to %s --idle-exit 1s "  \
+            "--lease 100ms --ttl 2s --store local:store"
+    snprintf(args, sizeof args, TTL, src("durable=d&worker=a"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 1);
+    t_sleep_ms(11000);  /* e0 expired; its output older than the window */
+    static const char data[] = "{\"event_id\":\"e0\",\"n\":1}";
+    cr_assert_eq(js_Publish(NULL, js, "in", data, sizeof data - 1, NULL,
+                            NULL), NATS_OK);
+    delivered_once("d");
+    snprintf(args, sizeof args, TTL, src("durable=d&worker=b"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    cr_assert_eq(last_seq("OUT"), 2, "the expired key's new message was "
+                 "taken for written: %s", t_read(t_at("err"), NULL));
+    natsMsg *m = NULL;
+    cr_assert_eq(js_GetMsg(&m, js, "OUT", 2, NULL, NULL), NATS_OK);
+    cr_assert_str_eq(natsMsg_GetData(m), data);
+    natsMsg_Destroy(m);
+    cr_assert_eq(pending("d"), 0);
 }
 
 /* Pull requests waiting on durable d. */

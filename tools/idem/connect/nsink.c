@@ -66,6 +66,7 @@ typedef struct ns_sink {
     cli_buf dups;          /* PubAcks saying duplicate: seq, our message */
     keymap back;           /* read back after the checkpoint */
     keymap recent[2];      /* the recent messages: now, and before */
+    keymap marked;         /* the keys of markers read back or recent */
     uint64_t recent_seq;   /* the last sequence read into them */
     int64_t recent_at;     /* when recent[0] was started; 0: never */
     uint64_t deep_ms;      /* the earliest time asked for (catch_up) */
@@ -238,6 +239,7 @@ static void ns_close(sink *base)
     km_free(&k->back);
     km_free(&k->recent[0]);
     km_free(&k->recent[1]);
+    km_free(&k->marked);
     jf_free(&k->f);
     pthread_mutex_destroy(&k->mu);
     free(k);
@@ -270,7 +272,11 @@ static int stream_seqs(ns_sink *k, uint64_t *first, uint64_t *last,
     return 0;
 }
 
-/* A new job starts at the stream's last message. */
+/* A new job starts at the stream's last message, and so does its look
+ * at the recent ones (ns_catch_up goes back from there by time): left
+ * at 0, its first look read the whole stream, and an output of long ago
+ * hid a retried message whose key was new again (its record expired,
+ * another key space). */
 static int ns_start(sink *base)
 {
     ns_sink *k = (ns_sink *)base;
@@ -278,6 +284,7 @@ static int ns_start(sink *base)
     if (stream_seqs(k, &first, &last, NULL))
         return -1;
     snprintf(k->pos, sizeof k->pos, "%" PRIu64, last);
+    k->recent_seq = last;
     return 0;
 }
 
@@ -294,7 +301,9 @@ static natsMsg *get(ns_sink *k, uint64_t seq, int *gone)
 }
 
 /* Remember m's key (with its status and result, if its data has them)
- * in map, when it is of our subject. 0 or -1. */
+ * in map, when it is of our subject; a marker's key in marked too, so
+ * that one found written still counts as not done (ns_forget). 0 or
+ * -1. */
 static int remember(ns_sink *k, natsMsg *m, keymap *map)
 {
     const char *key = NULL;
@@ -306,6 +315,10 @@ static int remember(ns_sink *k, natsMsg *m, keymap *map)
     long st = rc > 0 ? jf_find(&k->f, "status") : -1;
     long res = rc > 0 ? jf_find(&k->f, "result") : -1;
     const jfields *f = &k->f;
+    const char *big = NULL;
+    if (natsMsgHeader_Get(m, "idem-too-large", &big) == NATS_OK && big &&
+        km_put(&k->marked, key, strlen(key), "", 0, "", 0))
+        rc = -1;
     if (rc < 0 ||
         km_put(map, key, strlen(key), st >= 0 ? f->buf.p + f->off[st] : "",
                st >= 0 ? f->len[st] : 0,
@@ -436,8 +449,9 @@ static int ns_read_back(sink *base, const char *pos)
     return 0;
 }
 
-/* The first sequence stored at or after wall time t_ns (a binary
- * search; a deleted message counts as older). *seq, 0 or -1. */
+/* The last sequence stored before wall time t_ns, 0 if none (a binary
+ * search; a deleted message counts as older): what comes after it is
+ * at or after t_ns. *seq, 0 or -1. */
 static int seq_at(ns_sink *k, int64_t t_ns, uint64_t *seq)
 {
     uint64_t lo, hi;
@@ -473,8 +487,8 @@ static int reach_back(ns_sink *k, uint64_t from_ms)
     if (seq_at(k, (int64_t)t * 1000000, &s))
         return -1;
     k->deep_ms = t;
-    if (s && s - 1 < k->recent_seq)
-        k->recent_seq = s - 1;  /* read again from there, into recent[0] */
+    if (s < k->recent_seq)  /* s is the last before t: read after it */
+        k->recent_seq = s;  /* again, into recent[0] */
     return 0;
 }
 
@@ -524,9 +538,18 @@ static int ns_has(sink *base, const void *key, size_t keylen, int recent,
                            result, rlen);
 }
 
+/* A key found written is the dead run's output from now on; when that
+ * output is a marker, its message's data is missing as it was for the
+ * run that wrote it, and is counted so (undone: exit status 3), not
+ * passed over as done. */
 static void ns_forget(sink *base, const void *key, size_t keylen)
 {
-    km_del(&((ns_sink *)base)->back, key, keylen);
+    ns_sink *k = (ns_sink *)base;
+    km_del(&k->back, key, keylen);
+    if (km_get(&k->marked, key, keylen)) {
+        k->markers++;
+        km_del(&k->marked, key, keylen);
+    }
 }
 
 /* Is header name one the output stream would act on rather than keep:
