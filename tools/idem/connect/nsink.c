@@ -519,6 +519,7 @@ static int ns_catch_up(sink *base, uint64_t from_ms)
         k->recent[0] = old;
         km_clear(&k->recent[0]);
         k->recent_at = now;
+        k->deep_ms = 0;  /* what reach_back read may be gone with it */
     }
     return scan_after(k, &k->recent_seq, &k->recent[0]);
 }
