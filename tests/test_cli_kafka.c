@@ -545,7 +545,7 @@ Test(kafka, run_kill9_results_once)
  * together they run each key once and both did some. b starts once a
  * has committed some results, not after a pause: a loaded machine can
  * make a's join take longer than any pause. a's handler is slow (at
- * most 33 messages a second, whatever the load) so that, while the
+ * most 50 messages a second, whatever the load) so that, while the
  * group rebalances, a gets through a fraction of its 600 messages and
  * b is given partitions with work left; b's is quick, which keeps the
  * test short. */
@@ -559,7 +559,7 @@ Test(kafka, two_consumers_and_a_rebalance_mid_stream)
                  "--batch 10 --lease 2s --store %s --stats-json --exec "  \
                  "'\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
     pid_t a = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=a"), dst(),
-                          store, 30, 1);
+                          store, 20, 1);
     await_count("out", 4, 20);  /* a has joined and is working */
     pid_t b = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=b"), dst(),
                           store, 5, 2);
