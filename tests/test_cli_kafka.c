@@ -542,7 +542,13 @@ Test(kafka, run_kill9_results_once)
 /* Two consumers of one group sharing a Redis store: the second joins
  * while the first works through a slow handler, so partitions are
  * taken from it with a batch in flight (a cooperative rebalance);
- * together they run each key once and both did some. */
+ * together they run each key once and both did some. b starts once a
+ * has committed some results, not after a pause: a loaded machine can
+ * make a's join take longer than any pause. a's handler is slow (at
+ * most 50 messages a second, whatever the load) so that, while the
+ * group rebalances, a gets through a fraction of its 600 messages and
+ * b is given partitions with work left; b's is quick, which keeps the
+ * test short. */
 Test(kafka, two_consumers_and_a_rebalance_mid_stream)
 {
     int nkeys = produce(600, KEY_IN_VALUE);
@@ -551,12 +557,12 @@ Test(kafka, two_consumers_and_a_rebalance_mid_stream)
              th_prefix());
 #define CONSUMER "run --key event_id --from %s --to %s --idle-exit 2s "   \
                  "--batch 10 --lease 2s --store %s --stats-json --exec "  \
-                 "'\"$IDEM_PROGS/handler\" sleep=10' 2>err%d"
+                 "'\"$IDEM_PROGS/handler\" sleep=%d' 2>err%d"
     pid_t a = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=a"), dst(),
-                          store, 1);
-    t_sleep_ms(4500);  /* a has joined and is working */
+                          store, 20, 1);
+    await_count("out", 4, 20);  /* a has joined and is working */
     pid_t b = t_cli_start(t_dir, CONSUMER, src("group=g&consumer=b"), dst(),
-                          store, 2);
+                          store, 5, 2);
     cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
     cr_assert_eq(t_wait(b), 0, "%s", t_read(t_at("err2"), NULL));
     expect_results(nkeys);
@@ -807,6 +813,47 @@ Test(kafka, a_worker_with_an_older_checkpoint_never_starts_from_it)
     mock("clear 9");
     expect_output(nkeys, KEY_IN_VALUE);
     expect_committed_to_the_end("g");
+}
+
+/* A partition given back to the worker that had it resumes where that
+ * worker's run left it, not at the group's offset, when the group
+ * refused its offset commits (here every one fails; on a loaded machine
+ * an assignment lost to a late rejoin refuses them all the same): an
+ * eager rebalance takes a's partitions and gives them back, twice, as b
+ * joins the group for another topic and leaves it. a reads its 300
+ * messages once, not again from the start, and the group's offsets,
+ * once it takes commits again, catch up with a's checkpoint without a
+ * message more. */
+Test(kafka, a_partition_given_back_resumes_where_the_run_left_it)
+{
+    int nkeys = produce(300, KEY_IN_VALUE);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "errors 8 100000 %d",
+             RD_KAFKA_RESP_ERR_OFFSET_METADATA_TOO_LARGE);
+    mock(cmd);  /* every OffsetCommit fails */
+#define EAGER "partition.assignment.strategy=range&group=g&consumer="
+    pid_t a = runner_pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                                       "%s --to %s --batch 50 --store "
+                                       "local:sa 2>err1",
+                                       src(EAGER "a"), dst());
+    await_count("out", 4, nkeys);
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --output "
+                       "/dev/null --idle-exit 1s --store local:sb 2>err2",
+                       src_of("other", EAGER "b")), 0, "%s",
+                 t_read(t_at("err2"), NULL));
+    mock("clear 8");
+    char why[200];
+    int64_t until = t_mono_ms() + 60000;
+    while (short_of_the_end("g", "in", 4, why, sizeof why) >= 0) {
+        cr_assert_lt(t_mono_ms(), until, "%s", why);
+        t_sleep_ms(200);
+    }
+    kill(a, SIGTERM);
+    runner_pid = 0;
+    cr_assert_eq(t_wait(a), 0, "%s", t_read(t_at("err1"), NULL));
+    cr_assert(t_grep(t_at("err1"), " 300 lines read"), "%s",
+              t_read(t_at("err1"), NULL));
+    expect_output(nkeys, KEY_IN_VALUE);
 }
 
 /* Many partitions and a long topic name: the source's and the sink's

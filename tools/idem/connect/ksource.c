@@ -11,9 +11,14 @@
  * the next offset of every partition this job has committed messages of
  * (mark, pos: "TOPIC:PARTITION:OFFSET,..."), so a crash between the idem
  * commit and the offset commit repeats nothing. On an assignment each
- * partition starts at the later of the checkpoint's offset and the
- * group's committed one (both only ever move after a commit; the later
- * is the true one, whichever worker made it).
+ * partition starts at the later of the checkpoint's offset, as this run
+ * has moved it since (done), and the group's committed one (both only
+ * ever move after a commit; the later is the true one, whichever worker
+ * made it). The run's own position matters when a partition comes back
+ * after the group refused its offsets: an assignment lost (the group
+ * moved to a generation without this member, as a loaded member's late
+ * rejoin makes it) refuses the commits of the revoke too, and the
+ * group's offset is then older than what this run did.
  *
  * Rebalances (cooperative-sticky by default, where partitions move one
  * at a time; eager protocols revoke everything): before partitions go,
@@ -55,8 +60,8 @@ typedef struct kpart {
     char *name;            /* its topic's name when not ours */
     int32_t partition;
     int owned, eof;
-    int64_t ckpt;          /* the checkpoint's next offset, -1: none */
-    int64_t done;          /* next offset after the last line marked */
+    int64_t done;          /* next offset after the last line marked:
+                            * the checkpoint's, -1: none */
     int64_t acked;         /* next offset after the last line acked */
     int64_t sent;          /* acked already committed */
     int64_t start;         /* where the assignment started, -1: unknown */
@@ -114,9 +119,8 @@ static kpart *part_of(k_source *s, const char *topic, int32_t partition)
         return NULL;
     s->parts = v;
     kpart *p = &v[s->nparts];
-    *p = (kpart){.topic = -1, .partition = partition, .ckpt = -1,
-                 .done = -1, .acked = -1, .sent = -1, .resume = -1,
-                 .start = -1};
+    *p = (kpart){.topic = -1, .partition = partition, .done = -1,
+                 .acked = -1, .sent = -1, .resume = -1, .start = -1};
     for (size_t i = 0; i < s->u.ntopics; i++)
         if (!strcmp(s->u.topics[i], topic))
             p->topic = (int)i;
@@ -255,10 +259,14 @@ static int committed(k_source *s, rd_kafka_topic_partition_list_t *l)
     }
 }
 
-/* Each partition starts at the later of the checkpoint's offset and the
- * group's committed one (left as it is when neither is known: then
- * auto.offset.reset says, earliest by default). When the committed
- * offsets cannot be read, the run stops (s->failed). */
+/* Each partition starts at the later of the checkpoint's offset (done:
+ * as resumed, or moved by this run's commits since) and the group's
+ * committed one (left as it is when neither is known: then
+ * auto.offset.reset says, earliest by default). A group's offset behind
+ * the checkpoint is committed anew (as acked, by the next commit or the
+ * idle reader's retry), so that the next owner does not start from it.
+ * When the committed offsets cannot be read, the run stops
+ * (s->failed). */
 static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
 {
     if (committed(s, l)) {
@@ -271,8 +279,8 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
         kpart *p = part_of(s, t->topic, t->partition);
         if (!p)
             continue;
-        int64_t off = t->err || t->offset < 0 ? -1 : t->offset;
-        off = p->ckpt > off ? p->ckpt : off;
+        int64_t group = t->err || t->offset < 0 ? -1 : t->offset;
+        int64_t off = p->done > group ? p->done : group;
         t->offset = off >= 0 ? off : RD_KAFKA_OFFSET_INVALID;
         int64_t lo, hi;
         p->end_at_assign = rd_kafka_query_watermark_offsets(
@@ -281,8 +289,11 @@ static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
         p->owned = 1;
         p->eof = 0;
         p->resume = p->start = off;
-        p->done = p->done > off ? p->done : off;
-        p->acked = p->sent = -1;
+        p->done = off;
+        p->sent = group;
+        p->acked = off > group ? off : -1;
+        if (off > group && !s->retry_at)
+            s->retry_at = cli_mono_ms();
     }
     pthread_mutex_unlock(&s->mu);
 }
@@ -769,7 +780,7 @@ static int k_resume(source *base, const char *pos)
             snprintf(s->err, sizeof s->err, "out of memory");
             return -1;
         }
-        k->ckpt = k->done = off;
+        k->done = off;
         p += n + (p[n] == ',');
     }
     return 0;
