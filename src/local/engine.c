@@ -659,9 +659,13 @@ static int idem__eng_sync_start(idem_store *s)
     return rc ? rc : idem__evict(s);
 }
 
+/* After any failure (the fdatasync's, or a poison) nothing counts as
+ * synced: the caller acknowledges nothing more. */
 static int idem__eng_sync_wait(idem_store *s)
 {
-    return idem__log_sync_wait(&idem__eng(s)->log);
+    idem__log *lg = &idem__eng(s)->log;
+    int rc = idem__log_sync_wait(lg);
+    return rc ? rc : lg->broken;
 }
 
 /* ------------------------------------------------------------------------

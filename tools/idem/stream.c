@@ -120,8 +120,8 @@ typedef struct loop {
     uint64_t shown_fresh, shown_dup;  /* for the progress line */
     /* Redis stream to Redis stream on a local store (sync_overlaps):
      * each commit's sync is started, not awaited, and the batch is owed
-     * its acknowledgements until the next commit (or the end) has waited
-     * for it (settle_owed). */
+     * its acknowledgements until the next commit has waited for it, or
+     * the worker finds no batch waiting, or the run ends (settle_owed). */
     int overlap;
     batch *owed;
     uint64_t owed_k;
@@ -593,6 +593,7 @@ static void read_batch(loop *lp, batch *b)
     b->keys.len = b->text.len = 0;
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
+    b->acks = 0;  /* nothing of it is committed yet */
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
         nd_line l = {0};  /* a file's line sets no meta */
         if (b->nitems == 0 && src->ops->wait(src))
@@ -1121,6 +1122,15 @@ static int commit_one(loop *lp, batch *b)
     return rc || b->done || b->stop || stream_stop;
 }
 
+/* Has the reader handed batch k over? */
+static int batch_ready(loop *lp, uint64_t k)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    int ready = lp->handed > k;
+    pthread_mutex_unlock(&lp->q_mu);
+    return ready;
+}
+
 /* Batch k as the worker's to commit, once the reader has handed it
  * over; NULL when it hands over no more. */
 static batch *next_batch(loop *lp, uint64_t k)
@@ -1191,9 +1201,12 @@ static int commit_step(loop *lp, batch *b, uint64_t k)
 static void commit_all(loop *lp)
 {
     batch *b;
-    for (uint64_t k = 0; (b = next_batch(lp, k)) != NULL; k++)
-        if (commit_step(lp, b, k))
-            return;
+    for (uint64_t k = 0;; k++) {
+        if (lp->owed && !batch_ready(lp, k))
+            settle_owed(lp, 0);  /* a quiet stream: acknowledge it now */
+        if ((b = next_batch(lp, k)) == NULL || commit_step(lp, b, k))
+            break;
+    }
     settle_owed(lp, 1);
 }
 
