@@ -287,7 +287,12 @@ static int idem__commit(idem__log *lg, int start)
     if (!lg->in_group)
         return 0;
     /* The group began where the last commit ended; saying so lets
-     * recovery tell damage inside this group from damage before it. */
+     * recovery tell damage inside this group from damage before it. A
+     * commit still syncing ends first (idem__flush would wait for it
+     * too, but after this frame named where it began). */
+    int rc0 = lg->memory ? 0 : idem__log_sync_wait(lg);
+    if (rc0)
+        return rc0;
     idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
     size_t n = idem__frame_size(&none, 0, 0);
     if (idem__buf_reserve(&lg->wbuf, n))

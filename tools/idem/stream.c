@@ -1080,7 +1080,7 @@ static void settle(void *ctx)
     pthread_mutex_unlock(&lp->q_mu);
 }
 
-/* Wait for the batch being committed to end; 0, or the exit status. */
+/* How the batch just committed ends: 0, or the run's exit status. */
 static int finish_commit(loop *lp)
 {
     batch *b = lp->committing;
