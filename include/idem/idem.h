@@ -529,9 +529,10 @@ IDEM_EXPORT int idem_sync(idem_store *s);
  * (or the next call that waits) and breaks the handle as a failed
  * idem_sync() does; on a broken (or poisoned) handle idem_sync_wait()
  * returns that error, so that nothing more is acknowledged.
- * idem_sync_wait() with no commit in flight returns 0 at once. Stores without such a split (mem:, Redis) sync in
- * idem_sync_start() and have nothing to wait for. Same thread rules as
- * every other call: one thread at a time. */
+ * idem_sync_wait() with no commit in flight returns 0 at once. Stores
+ * without such a split (mem:, Redis) sync in idem_sync_start() and have
+ * nothing to wait for. Same thread rules as every other call: one
+ * thread at a time. */
 IDEM_EXPORT int idem_sync_start(idem_store *s);
 IDEM_EXPORT int idem_sync_wait(idem_store *s);
 
