@@ -793,6 +793,24 @@ Test(rstream, kill9_with_an_acknowledgement_unanswered)
                       "\"", t_dir), 0, "the handler ran a key twice");
 }
 
+/* On a local store a batch's sync runs while the next batch's entries
+ * are written, and the batch is acknowledged after that (stream.c,
+ * sync_overlaps): a kill -9 just after a sync was started, before its
+ * wait and acknowledgements, leaves that batch and the one read after
+ * it pending with their entries written. Each key still once in the
+ * output, in order, and nothing left pending. */
+Test(rstream, kill9_with_a_sync_in_flight)
+{
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job ks",
+             src("group=g"), dst());
+    killed_at("sync-started", 9, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
 /* Two pipelines on one host into one output, both consumers named after
  * the host: each has its own checkpoint. A reads k, writes it and dies
  * before its commit; B then commits further entries. When A runs again
@@ -1144,21 +1162,23 @@ Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
     read_back_only = 0;
 }
 
-/* maxlen=~N below twice --batch is refused before anything is read: the
- * entries a crash leaves to read back would be trimmed first. */
-Test(rstream, a_maxlen_below_twice_the_batch_is_refused)
+/* maxlen=~N below three times --batch is refused before anything is
+ * read: the entries a crash leaves to read back (up to two batches)
+ * would be trimmed first. */
+Test(rstream, a_maxlen_below_three_batches_is_refused)
 {
     freeReplyObject(th_cmd(rc, "XADD %s * event_id a", in));
     char to[512];
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~99'", addr, out);
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~149'", addr,
+             out);
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--batch 50 --idle-exit 200ms 2>err", src("group=g"),
                        to), 2);
-    cr_assert(t_grep(t_at("err"), "maxlen=~99 is below twice --batch "
-                     "(50)"), "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "maxlen=~149 is below three times "
+                     "--batch (50)"), "%s", t_read(t_at("err"), NULL));
     cr_assert_eq(pending("g"), 0);
     cr_assert_eq(out_len(), 0);
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~100'", addr,
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~150'", addr,
              out);
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--batch 50 --idle-exit 200ms 2>err", src("group=g"),
