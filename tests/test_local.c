@@ -112,6 +112,39 @@ Test(local, a_started_sync_is_durable_once_waited_for)
     idem_close(s);
 }
 
+/* A started sync not waited for: idem_close() waits for it, and a
+ * started sync with nothing new since is a no-op. A fork child between
+ * the start and the wait has no syncing thread: its calls are refused
+ * (never a join of the parent's thread), its close writes nothing, and
+ * the parent's wait still reports the commit. */
+Test(local, a_started_sync_then_fork_then_close)
+{
+    idem_store *s = t_open(t_local_uri(t_dir));
+    claim_nosync(s, "a");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_sync_start(s), 0);
+    claim_nosync(s, "b");
+    cr_assert_eq(idem_sync_start(s), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int refused = idem_sync_wait(s) != 0 && idem_sync(s) != 0 &&
+                      idem_sync_start(s) != 0;
+        idem_close(s);
+        _exit(refused ? 0 : 1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+    claim_nosync(s, "c");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_close(s), 0);  /* waits for c's commit */
+    s = t_open(t_local_uri(t_dir));
+    idem_record r;
+    for (const char *k = "abc"; *k; k++)
+        cr_assert_eq(idem_get(s, k, 1, &r), 0, "%c lost", *k);
+    idem_close(s);
+}
+
 Test(local, second_process_gets_lock_error_naming_pid)
 {
     idem_store *s = t_open(t_local_uri(t_dir));
