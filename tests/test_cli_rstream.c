@@ -811,6 +811,114 @@ Test(rstream, kill9_with_a_sync_in_flight)
     expect_nothing_pending("g");
 }
 
+/* Each batch of `batch` entries holds the keys of the one before again
+ * (keys 0..batch-1 twice, then the next batch of keys twice...): every
+ * duplicate arrives while its original's sync may still be running.
+ * The number of keys. */
+static int fill_echoed(int n, int batch)
+{
+    for (int i = 0; i < n; i++) {
+        int k = i / (2 * batch) * batch + i % batch;
+        if (i % (2 * batch) < batch)
+            note_of[k] = i;
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d amount %d "
+                               "note n%d", in, k, k * 7 % 1000, i));
+    }
+    return (n + 2 * batch - 1) / (2 * batch) * batch;
+}
+
+/* A duplicate in the batch after its original, whose sync was started
+ * and not yet waited for: a kill -9 just after each batch's sync
+ * started leaves the duplicate pending with its original (never
+ * acknowledged before it), and the reruns write each key once. */
+Test(rstream, kill9_with_each_duplicate_behind_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(600, 10);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 10 --store local:store --job ke",
+             src("group=g"), dst());
+    killed_at("sync-started", 12, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* SIGTERM while batches are read ahead and a sync runs: the stop
+ * acknowledges nothing not synced, drops what was read ahead, and the
+ * next run writes each key once, in order, leaving nothing pending. */
+Test(rstream, sigterm_with_batches_read_ahead_and_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(1200, 10);
+    pid_t p = t_cli_start(t_dir, "dedup --key event_id --from %s --to %s "
+                          "--batch 10 --store local:store --job kt 2>err",
+                          src("group=g"), dst());
+    for (int i = 0; i < 3000 && out_len() == 0; i++)
+        usleep(10 * 1000);
+    kill(p, SIGTERM);
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 300ms --batch 10 --store local:store "
+                       "--job kt 2>err", src("group=g"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* A power cut after a run: every file of the store the run synced goes
+ * back to its size at its last fdatasync that returned (the shim's
+ * notes, tests/shim/synclog.c); what was only written is lost. */
+static void power_cut(void)
+{
+    FILE *f = fopen(t_at("synced"), "r");
+    if (!f)
+        return;
+    long long size;
+    char path[4096];
+    while (fscanf(f, "%lld %4095[^\n]\n", &size, path) == 2)
+        cr_assert_eq(truncate(path, (off_t)size), 0, "%s", path);
+    fclose(f);  /* the last line of a file is its last sync */
+    unlink(t_at("synced"));
+}
+
+/* A run of args with the shim preloaded, killed at kill_at (NULL: not),
+ * then a power cut. Its exit status. */
+static int cli_cut_at(const char *kill_at, const char *args)
+{
+    char shim[4200];
+    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
+    setenv("LD_PRELOAD", shim, 1);
+    setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
+    int st = cli_at(kill_at, args);
+    unsetenv("LD_PRELOAD");
+    unsetenv("IDEM_TEST_SYNCED");
+    power_cut();
+    return st;
+}
+
+/* The same as kill9_with_each_duplicate_behind_a_sync_in_flight, but
+ * each kill is a power cut: the batch whose sync was in flight, and the
+ * one after it, lose their records; none of their entries may have been
+ * acknowledged, and the duplicates among them must still be told. */
+Test(rstream, a_power_cut_with_each_duplicate_behind_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(600, 10);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 10 --store local:store --job kp",
+             src("group=g"), dst());
+    for (int i = 0; i < 12; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "sync-started:%d", 1 + i % 3);
+        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
 /* Two pipelines on one host into one output, both consumers named after
  * the host: each has its own checkpoint. A reads k, writes it and dies
  * before its commit; B then commits further entries. When A runs again
