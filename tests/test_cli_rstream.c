@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -875,9 +876,12 @@ static void power_cut(void)
     if (!f)
         return;
     long long size;
+    unsigned long long ino;
     char path[4096];
-    while (fscanf(f, "%lld %4095[^\n]\n", &size, path) == 2)
-        cr_assert_eq(truncate(path, (off_t)size), 0, "%s", path);
+    struct stat st;
+    while (fscanf(f, "%lld %llu %4095[^\n]\n", &size, &ino, path) == 3)
+        if (stat(path, &st) == 0 && st.st_ino == ino)
+            cr_assert_eq(truncate(path, (off_t)size), 0, "%s", path);
     fclose(f);  /* the last line of a file is its last sync */
     unlink(t_at("synced"));
 }
@@ -911,6 +915,33 @@ Test(rstream, a_power_cut_with_each_duplicate_behind_a_sync_in_flight)
     for (int i = 0; i < 12; i++) {
         char at[64];
         snprintf(at, sizeof at, "sync-started:%d", 1 + i % 3);
+        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* A power cut at each kill point in turn (the first three times it is
+ * reached in a run), on the overlapped path and the input's own
+ * duplicates (fill): each key once, in order, nothing pending. This
+ * fails, and fails on main too (without the overlap): some keys whose
+ * entries were acknowledged are written again by a later run when
+ * their next duplicate arrives (a cut after a kill at sink-written:3
+ * alone is enough, not every time). A kill -9 alone never shows it. */
+Test(rstream, a_power_cut_at_every_kill_point)
+{
+    static const char *const points[] = {"sink-written", "sync-started",
+                                         "acks-sent"};
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job kc",
+             src("group=g"), dst());
+    for (int i = 0; i < 9; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s:%d", points[i / 3], 1 + i % 3);
         cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
                      "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
     }

@@ -4,9 +4,10 @@
  * so a crash test built on kills alone cannot tell a commit that was
  * synced from one that was only written. Preloaded into idem
  * (LD_PRELOAD), this notes in $IDEM_TEST_SYNCED, for every fdatasync
- * that returned 0, the file and its size when the call began: all of
- * that is on the disk. A test then cuts each file back to its last such
- * size (the worst a power cut may do) before the next run. The size is
+ * or fsync that returned 0, the file's size when the call began, its
+ * inode and its name: all of that is on the disk. A test then cuts each file back to its last such
+ * size (the worst a power cut may do) before the next run, unless
+ * another file was renamed over the name since (a rewrite). The size is
  * taken before the call, as a write racing it would not be covered. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -20,8 +21,9 @@
 
 /* Exported whatever -fvisibility says: it is what the preload is for. */
 __attribute__((visibility("default"))) int fdatasync(int fd);
+__attribute__((visibility("default"))) int fsync(int fd);
 
-static void note_synced(int fd, long long size)
+static void note_synced(int fd, const struct stat *st)
 {
     const char *log = getenv("IDEM_TEST_SYNCED");
     char link[64], path[4096], line[4200];
@@ -30,7 +32,9 @@ static void note_synced(int fd, long long size)
     if (n <= 0)
         return;
     path[n] = '\0';
-    int len = snprintf(line, sizeof line, "%lld %s\n", size, path);
+    int len = snprintf(line, sizeof line, "%lld %llu %s\n",
+                       (long long)st->st_size,
+                       (unsigned long long)st->st_ino, path);
     int lf = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
     if (lf < 0)
         return;
@@ -39,15 +43,29 @@ static void note_synced(int fd, long long size)
     close(lf);
 }
 
+/* real: the libc function of that name. */
+static int synced(int fd, int (*real)(int))
+{
+    struct stat st;
+    int sized = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    int rc = real(fd);
+    if (rc == 0 && sized)
+        note_synced(fd, &st);
+    return rc;
+}
+
 __attribute__((visibility("default"))) int fdatasync(int fd)
 {
     static int (*real)(int);
     if (!real)
         *(void **)&real = dlsym(RTLD_NEXT, "fdatasync");
-    struct stat st;
-    int sized = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    int rc = real(fd);
-    if (rc == 0 && sized)
-        note_synced(fd, (long long)st.st_size);
-    return rc;
+    return synced(fd, real);
+}
+
+__attribute__((visibility("default"))) int fsync(int fd)
+{
+    static int (*real)(int);
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "fsync");
+    return synced(fd, real);
 }
