@@ -210,9 +210,14 @@ static long kills(long dflt)
  * just after writing the sink and before the commit, after a random
  * number of batches (IDEM_TEST_KILL_AT): the moment that read-back is
  * for, which a random kill seldom hits. Returns the kills that landed. */
+static int cut_power;  /* kill_loop: each kill is a power cut too */
+static void preload(int on);
+static void power_cut(void);
+
 static long kill_loop(const char *args, double span, long nkills)
 {
     long landed = 0;
+    preload(cut_power);
     for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
         char at[64];
         snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
@@ -225,12 +230,15 @@ static long kill_loop(const char *args, double span, long nkills)
         nanosleep(&ts, NULL);
         int hit = kill(pid, SIGKILL) == 0;
         int st = t_wait(pid);
+        if (cut_power)
+            power_cut();
         if (hit && st == 128 + SIGKILL)
             landed++;
         else
             cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
                          t_read(t_at("err"), NULL));
     }
+    preload(0);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
     return landed;
@@ -333,7 +341,7 @@ Test(rstream, dedup_kill9_store_on_another_redis)
 /* run: each key's result once, in order, after kills; the handler's
  * answer found in the sink after a crash is not asked for again. store:
  * "" for the default (local:), else a --store option. */
-static void run_kill9(const char *store)
+static void run_kill9_n(const char *store, long nkills)
 {
     srand((unsigned)time(NULL));
     int nkeys = fill(600);
@@ -342,8 +350,8 @@ static void run_kill9(const char *store)
              "--idle-exit 200ms --batch 20 --lease 1s --commit-interval "
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r %s",
              src("group=g"), dst(), store);
-    long landed = kill_loop(args, 1.5, kills(15));
-    cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3);
+    long landed = kill_loop(args, 1.5, nkills);
+    cr_assert_geq(landed, nkills < 3 ? nkills : 3);
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
     cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys",
                  r->elements, nkeys);
@@ -362,9 +370,30 @@ static void run_kill9(const char *store)
     expect_nothing_pending("g");
 }
 
+static void run_kill9(const char *store)
+{
+    run_kill9_n(store, kills(15));
+}
+
 Test(rstream, run_kill9_results_once_in_order)
 {
     run_kill9("");
+}
+
+/* The kills of dedup_kill9 and run_kill9 on a local store, each a power
+ * cut too (power_cut): what a kill -9 leaves in the page cache is lost. */
+Test(rstream, dedup_power_cuts_with_a_local_store)
+{
+    cut_power = 1;
+    dedup_kill9("local:store", kills(10), 0);
+    cut_power = 0;
+}
+
+Test(rstream, run_power_cuts_results_once_in_order)
+{
+    cut_power = 1;
+    run_kill9_n("", kills(4));
+    cut_power = 0;
 }
 
 /* The same with the store on the streams' server: one script commits
@@ -903,17 +932,27 @@ static void power_cut(void)
     }
 }
 
+/* The runs started from now on have the shim preloaded (on), or not. */
+static void preload(int on)
+{
+    char shim[4200];
+    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
+    if (on) {
+        setenv("LD_PRELOAD", shim, 1);
+        setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
+    } else {
+        unsetenv("LD_PRELOAD");
+        unsetenv("IDEM_TEST_SYNCED");
+    }
+}
+
 /* A run of args with the shim preloaded, killed at kill_at (NULL: not),
  * then a power cut. Its exit status. */
 static int cli_cut_at(const char *kill_at, const char *args)
 {
-    char shim[4200];
-    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
-    setenv("LD_PRELOAD", shim, 1);
-    setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
+    preload(1);
     int st = cli_at(kill_at, args);
-    unsetenv("LD_PRELOAD");
-    unsetenv("IDEM_TEST_SYNCED");
+    preload(0);
     power_cut();
     return st;
 }
