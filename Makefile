@@ -44,6 +44,8 @@ LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/obj/%.o)
 PROGS := $(PROG_SRC:tests/progs/%.c=$(BUILD)/progs/%)
+# Preloaded into idem by the power-cut tests (tests/shim/synclog.c).
+PROGS += $(BUILD)/progs/synclog.so
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 EXAMPLES := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 
@@ -82,6 +84,10 @@ $(BUILD)/idem-tests: $(TEST_OBJ) $(BUILD)/libidem.a
 # The mock Kafka cluster the Kafka tests and bench run on (librdkafka's).
 $(BUILD)/progs/kafka_mock: LIBS += -lrdkafka
 $(BUILD)/bench/kafka_alo: LIBS += -lrdkafka
+
+$(BUILD)/progs/synclog.so: tests/shim/synclog.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -shared -o $@ $< -ldl
 
 $(BUILD)/progs/%: tests/progs/%.c $(BUILD)/libidem.a
 	@mkdir -p $(dir $@)

@@ -56,7 +56,7 @@
 
 #include <stddef.h>
 
-#define IDEM__RUNNER_OPTS_VERSION 3u
+#define IDEM__RUNNER_OPTS_VERSION 4u
 #define IDEM__BUSY_POLL_MS 200
 #define IDEM__STOP_POLL_MS 50   /* the stop hook is asked this often */
 
@@ -109,10 +109,12 @@ void idem_runner_opts_init(idem_runner_opts *o)
 }
 
 /* The bytes of options of version v: a program built against the header
- * before the stop hook (version 2) passes a struct that ends before it. */
+ * before the stop hook (version 2), or before flags (version 3), passes
+ * a struct that ends before it. */
 static size_t idem__runner_opts_size(unsigned v)
 {
     return v == IDEM__RUNNER_OPTS_VERSION ? sizeof(idem_runner_opts)
+           : v == 3u ? offsetof(idem_runner_opts, flags)
            : v == 2u ? offsetof(idem_runner_opts, stop)
                      : 0;
 }
@@ -593,7 +595,8 @@ static int idem__runner_commit(idem_runner *r, int always)
     if (!rc)
         rc = idem__runner_finish(r, r->done, p);
     if (!rc)
-        rc = idem_sync(r->s);
+        rc = r->o.flags & IDEM_RUNNER_SYNC_START ? idem_sync_start(r->s)
+                                                 : idem_sync(r->s);
     if (!rc) {
         idem__metrics_messages(&r->s->m, r->msgs + r->done, p - r->done);
         r->done = p;

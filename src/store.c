@@ -580,6 +580,26 @@ int idem_sync(idem_store *s)
     return idem__sync_timed(s);
 }
 
+int idem_sync_start(idem_store *s)
+{
+    IDEM__ENTER(s);
+    if (!s->be->sync_start)
+        return idem__sync_timed(s);
+    int rc = s->be->sync_start(s);
+    if (s->be->gauges)
+        s->be->gauges(s);
+    return idem__counted(s, rc);
+}
+
+int idem_sync_wait(idem_store *s)
+{
+    IDEM__ENTER(s);
+    uint64_t t0 = idem__mono_ns();
+    int rc = s->be->sync_wait ? s->be->sync_wait(s) : 0;
+    idem__hist_observe(&s->m.sync, idem__mono_ns() - t0);
+    return idem__counted(s, rc);
+}
+
 static int idem__check_name(idem_store *s, const char *name)
 {
     size_t n = name ? strlen(name) : 0;

@@ -74,6 +74,10 @@ struct idem__backend {
                idem_record *out);
     int (*forget)(idem_store *s, const void *key, size_t keylen);
     int (*sync)(idem_store *s);
+    /* Optional (NULL: sync, and nothing to wait for): idem_sync_start()
+     * and idem_sync_wait(). sync() waits for a started one too. */
+    int (*sync_start)(idem_store *s);
+    int (*sync_wait)(idem_store *s);
     int (*checkpoint_put)(idem_store *s, const char *name, const void *blob,
                           size_t len);
     int (*checkpoint_get)(idem_store *s, const char *name,

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -209,9 +210,14 @@ static long kills(long dflt)
  * just after writing the sink and before the commit, after a random
  * number of batches (IDEM_TEST_KILL_AT): the moment that read-back is
  * for, which a random kill seldom hits. Returns the kills that landed. */
+static int cut_power;  /* kill_loop: each kill is a power cut too */
+static void preload(int on);
+static void power_cut(void);
+
 static long kill_loop(const char *args, double span, long nkills)
 {
     long landed = 0;
+    preload(cut_power);
     for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
         char at[64];
         snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
@@ -224,12 +230,15 @@ static long kill_loop(const char *args, double span, long nkills)
         nanosleep(&ts, NULL);
         int hit = kill(pid, SIGKILL) == 0;
         int st = t_wait(pid);
+        if (cut_power)
+            power_cut();
         if (hit && st == 128 + SIGKILL)
             landed++;
         else
             cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
                          t_read(t_at("err"), NULL));
     }
+    preload(0);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
     return landed;
@@ -332,7 +341,7 @@ Test(rstream, dedup_kill9_store_on_another_redis)
 /* run: each key's result once, in order, after kills; the handler's
  * answer found in the sink after a crash is not asked for again. store:
  * "" for the default (local:), else a --store option. */
-static void run_kill9(const char *store)
+static void run_kill9_n(const char *store, long nkills)
 {
     srand((unsigned)time(NULL));
     int nkeys = fill(600);
@@ -341,8 +350,8 @@ static void run_kill9(const char *store)
              "--idle-exit 200ms --batch 20 --lease 1s --commit-interval "
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r %s",
              src("group=g"), dst(), store);
-    long landed = kill_loop(args, 1.5, kills(15));
-    cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3);
+    long landed = kill_loop(args, 1.5, nkills);
+    cr_assert_geq(landed, nkills < 3 ? nkills : 3);
     redisReply *r = th_cmd(rc, "XRANGE %s - +", out);
     cr_assert_eq(r->elements, (size_t)nkeys, "%zu results for %d keys",
                  r->elements, nkeys);
@@ -361,9 +370,30 @@ static void run_kill9(const char *store)
     expect_nothing_pending("g");
 }
 
+static void run_kill9(const char *store)
+{
+    run_kill9_n(store, kills(15));
+}
+
 Test(rstream, run_kill9_results_once_in_order)
 {
     run_kill9("");
+}
+
+/* The kills of dedup_kill9 and run_kill9 on a local store, each a power
+ * cut too (power_cut): what a kill -9 leaves in the page cache is lost. */
+Test(rstream, dedup_power_cuts_with_a_local_store)
+{
+    cut_power = 1;
+    dedup_kill9("local:store", kills(10), 0);
+    cut_power = 0;
+}
+
+Test(rstream, run_power_cuts_results_once_in_order)
+{
+    cut_power = 1;
+    run_kill9_n("", kills(4));
+    cut_power = 0;
 }
 
 /* The same with the store on the streams' server: one script commits
@@ -793,6 +823,185 @@ Test(rstream, kill9_with_an_acknowledgement_unanswered)
                       "\"", t_dir), 0, "the handler ran a key twice");
 }
 
+/* On a local store a batch's sync runs while the next batch's entries
+ * are written, and the batch is acknowledged after that (stream.c,
+ * sync_overlaps): a kill -9 just after a sync was started, before its
+ * wait and acknowledgements, leaves that batch and the one read after
+ * it pending with their entries written. Each key still once in the
+ * output, in order, and nothing left pending. */
+Test(rstream, kill9_with_a_sync_in_flight)
+{
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job ks",
+             src("group=g"), dst());
+    killed_at("sync-started", 9, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* Each batch of `batch` entries holds the keys of the one before again
+ * (keys 0..batch-1 twice, then the next batch of keys twice...): every
+ * duplicate arrives while its original's sync may still be running.
+ * The number of keys. */
+static int fill_echoed(int n, int batch)
+{
+    for (int i = 0; i < n; i++) {
+        int k = i / (2 * batch) * batch + i % batch;
+        if (i % (2 * batch) < batch)
+            note_of[k] = i;
+        freeReplyObject(th_cmd(rc, "XADD %s * event_id e%d amount %d "
+                               "note n%d", in, k, k * 7 % 1000, i));
+    }
+    return (n + 2 * batch - 1) / (2 * batch) * batch;
+}
+
+/* A duplicate in the batch after its original, whose sync was started
+ * and not yet waited for: a kill -9 just after each batch's sync
+ * started leaves the duplicate pending with its original (never
+ * acknowledged before it), and the reruns write each key once. */
+Test(rstream, kill9_with_each_duplicate_behind_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(600, 10);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 10 --store local:store --job ke",
+             src("group=g"), dst());
+    killed_at("sync-started", 12, args);
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* SIGTERM while batches are read ahead and a sync runs: the stop
+ * acknowledges nothing not synced, drops what was read ahead, and the
+ * next run writes each key once, in order, leaving nothing pending. */
+Test(rstream, sigterm_with_batches_read_ahead_and_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(1200, 10);
+    pid_t p = t_cli_start(t_dir, "dedup --key event_id --from %s --to %s "
+                          "--batch 10 --store local:store --job kt 2>err",
+                          src("group=g"), dst());
+    for (int i = 0; i < 3000 && out_len() == 0; i++)
+        usleep(10 * 1000);
+    kill(p, SIGTERM);
+    cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"), "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
+                       "--idle-exit 300ms --batch 10 --store local:store "
+                       "--job kt 2>err", src("group=g"), dst()), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* A power cut after a run: every file of the store the run synced goes
+ * back to its size at its last fdatasync that returned (the shim's
+ * notes, tests/shim/synclog.c); what was only written is lost. Only a
+ * file's last note counts: cutting it to an earlier one first would
+ * lose what a later sync made durable. */
+enum { MAX_NOTES = 4096 };
+static struct note {
+    long long size;
+    unsigned long long ino;
+    char path[512];
+} notes[MAX_NOTES];
+
+static void power_cut(void)
+{
+    FILE *f = fopen(t_at("synced"), "r");
+    if (!f)
+        return;
+    size_t n = 0;
+    while (n < MAX_NOTES && fscanf(f, "%lld %llu %511[^\n]\n", &notes[n].size,
+                                   &notes[n].ino, notes[n].path) == 3)
+        n++;
+    cr_assert(feof(f), "more than %d syncs in a run", MAX_NOTES);
+    fclose(f);
+    unlink(t_at("synced"));
+    for (size_t i = 0; i < n; i++) {
+        int last = 1;
+        for (size_t j = i + 1; j < n && last; j++)
+            last = strcmp(notes[i].path, notes[j].path) != 0;
+        struct stat st;
+        if (last && stat(notes[i].path, &st) == 0 &&
+            st.st_ino == notes[i].ino)
+            cr_assert_eq(truncate(notes[i].path, (off_t)notes[i].size), 0,
+                         "%s", notes[i].path);
+    }
+}
+
+/* The runs started from now on have the shim preloaded (on), or not. */
+static void preload(int on)
+{
+    char shim[4200];
+    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
+    if (on) {
+        setenv("LD_PRELOAD", shim, 1);
+        setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
+    } else {
+        unsetenv("LD_PRELOAD");
+        unsetenv("IDEM_TEST_SYNCED");
+    }
+}
+
+/* A run of args with the shim preloaded, killed at kill_at (NULL: not),
+ * then a power cut. Its exit status. */
+static int cli_cut_at(const char *kill_at, const char *args)
+{
+    preload(1);
+    int st = cli_at(kill_at, args);
+    preload(0);
+    power_cut();
+    return st;
+}
+
+/* The same as kill9_with_each_duplicate_behind_a_sync_in_flight, but
+ * each kill is a power cut: the batch whose sync was in flight, and the
+ * one after it, lose their records; none of their entries may have been
+ * acknowledged, and the duplicates among them must still be told. */
+Test(rstream, a_power_cut_with_each_duplicate_behind_a_sync_in_flight)
+{
+    int nkeys = fill_echoed(600, 10);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 10 --store local:store --job kp",
+             src("group=g"), dst());
+    for (int i = 0; i < 12; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "sync-started:%d", 1 + i % 3);
+        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
+/* A power cut at each kill point in turn (the first three times it is
+ * reached in a run), on the overlapped path and the input's own
+ * duplicates (fill): each key once, in order, nothing pending. */
+Test(rstream, a_power_cut_at_every_kill_point)
+{
+    static const char *const points[] = {"sink-written", "sync-started",
+                                         "acks-sent"};
+    int nkeys = fill(1500);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 200ms --batch 50 --store local:store --job kc",
+             src("group=g"), dst());
+    for (int i = 0; i < 9; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s:%d", points[i / 3], 1 + i % 3);
+        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
 /* Two pipelines on one host into one output, both consumers named after
  * the host: each has its own checkpoint. A reads k, writes it and dies
  * before its commit; B then commits further entries. When A runs again
@@ -1144,21 +1353,23 @@ Test(rstream, a_takeover_after_the_window_writes_nothing_twice)
     read_back_only = 0;
 }
 
-/* maxlen=~N below twice --batch is refused before anything is read: the
- * entries a crash leaves to read back would be trimmed first. */
-Test(rstream, a_maxlen_below_twice_the_batch_is_refused)
+/* maxlen=~N below three times --batch is refused before anything is
+ * read: the entries a crash leaves to read back (up to two batches)
+ * would be trimmed first. */
+Test(rstream, a_maxlen_below_three_batches_is_refused)
 {
     freeReplyObject(th_cmd(rc, "XADD %s * event_id a", in));
     char to[512];
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~99'", addr, out);
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~149'", addr,
+             out);
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--batch 50 --idle-exit 200ms 2>err", src("group=g"),
                        to), 2);
-    cr_assert(t_grep(t_at("err"), "maxlen=~99 is below twice --batch "
-                     "(50)"), "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "maxlen=~149 is below three times "
+                     "--batch (50)"), "%s", t_read(t_at("err"), NULL));
     cr_assert_eq(pending("g"), 0);
     cr_assert_eq(out_len(), 0);
-    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~100'", addr,
+    snprintf(to, sizeof to, "'redis-stream://%s/%s?maxlen=~150'", addr,
              out);
     cr_assert_eq(t_cli(t_dir, "dedup --key event_id --from %s --to %s "
                        "--batch 50 --idle-exit 200ms 2>err", src("group=g"),

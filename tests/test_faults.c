@@ -287,6 +287,61 @@ Test(faults, close_reports_a_broken_store, .timeout = 60)
     free(dir);
 }
 
+/* cycle(), its sync started rather than whole; each started one waited
+ * for before the next cycle's first write would (the stream loop's
+ * order). The first error, with the batches known durable in *synced. */
+static int started_cycles(idem_store *s, int n, int *synced)
+{
+    int rc = 0;
+    for (int b = 0; b < n && !rc; b++) {
+        make_keys(b);
+        idem_outcome outs[KEYS];
+        rc = idem_claim_many(s, keys, KEYS, NULL, outs, IDEM_NOSYNC);
+        idem_completion items[KEYS];
+        int st[KEYS];
+        for (int i = 0; i < KEYS; i++)
+            items[i] = (idem_completion){names[i], strlen(names[i]),
+                                         outs[i].token, names[i],
+                                         strlen(names[i]), 0};
+        rc = rc ? rc : idem_complete_many(s, items, KEYS, st, IDEM_NOSYNC);
+        rc = rc ? rc : idem_sync_start(s);
+        rc = rc ? rc : idem_sync_wait(s);
+        *synced += rc == 0;
+    }
+    return rc;
+}
+
+/* The fdatasync of a started sync (on the handle's thread) fails: its
+ * wait, or the call that waits for it, reports it; every wait after it
+ * reports it too, so that nothing more is acknowledged; close says so;
+ * what was waited for before survives a reopen. */
+Test(faults, a_started_sync_that_fails_is_reported_by_every_wait,
+     .timeout = 60)
+{
+    for (long n = 0; n < 5; n++) {  /* five cycles: five fdatasyncs */
+        char *dir = t_tmpdir();
+        idem_store *s = t_open(store_uri(dir));
+        int synced = 0;
+        t_fail_errno = EIO;
+        t_fail_sync_after = n;
+        int rc = started_cycles(s, 5, &synced);
+        int tripped = t_fail_sync_after < 0;
+        t_fail_sync_after = -1;
+        cr_assert(tripped && rc == IDEM_EIO, "n=%ld: rc %d", n, rc);
+        cr_assert_eq(idem_sync_wait(s), IDEM_EIO, "n=%ld", n);
+        cr_assert_eq(idem_sync_start(s), IDEM_EIO, "n=%ld", n);
+        cr_assert_eq(idem_sync_wait(s), IDEM_EIO, "n=%ld", n);
+        cr_assert_eq(idem_sync(s), IDEM_EIO, "n=%ld", n);
+        cr_assert_eq(idem_close(s), IDEM_EIO, "n=%ld", n);
+        s = t_open(store_uri(dir));
+        for (int b = 0; b < synced; b++)
+            expect_done(s, b);
+        idem_close(s);
+        t_rmdir(dir);
+        free(dir);
+    }
+}
+
 /* A record that cannot be read (here: its segment cannot be mapped) is an
  * error, never "no record": a claim answering NEW for a key that is DONE
  * would run its effects twice. */

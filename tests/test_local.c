@@ -1,6 +1,7 @@
 /* tests/test_local.c - what only the embedded log engine promises:
  * persistence across reopen, the lock, checkpoints, segment rotation,
  * sweeps, whole-segment drops and compaction. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,6 +56,92 @@ Test(local, reopen_keeps_synced_records)
     cr_assert_eq(idem_get(s, "p", 1, &r), 0);
     cr_assert_eq(r.state, IDEM_STATE_PENDING);
     cr_assert_eq(kind_of(s, "p"), IDEM_BUSY);
+    idem_close(s);
+}
+
+/* A claim of key (no sync of its own). */
+static void claim_nosync(idem_store *s, const char *key)
+{
+    idem_key k = {key, strlen(key), NULL};
+    idem_outcome o;
+    cr_assert_eq(idem_claim_many(s, &k, 1, NULL, &o, IDEM_NOSYNC), 0);
+    cr_assert_eq(o.kind, IDEM_NEW);
+}
+
+/* idem_sync_start(), then calls, then idem_sync_wait(), in a process
+ * killed with SIGKILL after it: what the started commit held is there
+ * after a reopen, what came after it (never committed) is not; commits
+ * started back to back, and a whole idem_sync() after a started one,
+ * are durable too. */
+Test(local, a_started_sync_is_durable_once_waited_for)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        idem_store *s = t_open(t_local_uri(t_dir));
+        claim_nosync(s, "a");
+        int ok = idem_sync_start(s) == 0;
+        claim_nosync(s, "b");
+        ok = ok && idem_sync_start(s) == 0;  /* waits for a's first */
+        claim_nosync(s, "c");
+        ok = ok && idem_sync_wait(s) == 0 && idem_sync_wait(s) == 0;
+        claim_nosync(s, "d");
+        ok = ok && idem_sync_start(s) == 0 && idem_sync(s) == 0;
+        claim_nosync(s, "e");
+        ok = ok && idem_sync_start(s) == 0;
+        claim_nosync(s, "f");  /* in no commit */
+        ok = ok && idem_sync_wait(s) == 0;
+        if (!ok)
+            _exit(1);
+        raise(SIGKILL);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    cr_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %d", st);
+    idem_store *s = t_open(t_local_uri(t_dir));
+    idem_record r;
+    for (const char *k = "abcde"; *k; k++)
+        cr_assert_eq(idem_get(s, k, 1, &r), 0, "%c lost", *k);
+    cr_assert_eq(idem_get(s, "f", 1, &r), IDEM_ENOTFOUND);
+    /* Nothing in flight: the wait returns at once; mem: has no split. */
+    cr_assert_eq(idem_sync_wait(s), 0);
+    idem_close(s);
+    s = t_open("mem:");
+    claim_nosync(s, "a");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_sync_wait(s), 0);
+    idem_close(s);
+}
+
+/* A started sync not waited for: idem_close() waits for it, and a
+ * started sync with nothing new since is a no-op. A fork child between
+ * the start and the wait has no syncing thread: its calls are refused
+ * (never a join of the parent's thread), its close writes nothing, and
+ * the parent's wait still reports the commit. */
+Test(local, a_started_sync_then_fork_then_close)
+{
+    idem_store *s = t_open(t_local_uri(t_dir));
+    claim_nosync(s, "a");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_sync_start(s), 0);
+    claim_nosync(s, "b");
+    cr_assert_eq(idem_sync_start(s), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int refused = idem_sync_wait(s) != 0 && idem_sync(s) != 0 &&
+                      idem_sync_start(s) != 0;
+        idem_close(s);
+        _exit(refused ? 0 : 1);
+    }
+    int st;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child status %d", st);
+    claim_nosync(s, "c");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_close(s), 0);  /* waits for c's commit */
+    s = t_open(t_local_uri(t_dir));
+    idem_record r;
+    for (const char *k = "abc"; *k; k++)
+        cr_assert_eq(idem_get(s, k, 1, &r), 0, "%c lost", *k);
     idem_close(s);
 }
 

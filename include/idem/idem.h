@@ -518,6 +518,24 @@ IDEM_EXPORT int idem_forget(idem_store *s, const void *key, size_t keylen);
 /* Make every change made so far durable (one fdatasync on local:). */
 IDEM_EXPORT int idem_sync(idem_store *s);
 
+/* idem_sync() in two halves, so that the caller works on while the disk
+ * syncs: idem_sync_start() commits every change made so far and returns
+ * once it is written (on local: the fdatasync runs on a thread of the
+ * handle's); the changes are durable once idem_sync_wait() returns 0, or
+ * a later idem_sync(). Calls made in between are not part of that
+ * commit: they are durable only with the next one, and the first of
+ * them that must write waits for this one (at most one commit is ever in
+ * flight). A failure of the fdatasync is returned by idem_sync_wait()
+ * (or the next call that waits) and breaks the handle as a failed
+ * idem_sync() does; on a broken (or poisoned) handle idem_sync_wait()
+ * returns that error, so that nothing more is acknowledged.
+ * idem_sync_wait() with no commit in flight returns 0 at once. Stores
+ * without such a split (mem:, Redis) sync in idem_sync_start() and have
+ * nothing to wait for. Same thread rules as every other call: one
+ * thread at a time. */
+IDEM_EXPORT int idem_sync_start(idem_store *s);
+IDEM_EXPORT int idem_sync_wait(idem_store *s);
+
 /* ------------------------------------------------------------------------
  * Batches: one commit (local) or one round trip (servers) for n keys. */
 
@@ -840,7 +858,16 @@ typedef struct idem_runner_opts {
                              * end of each round */
     idem_stop_fn stop;      /* may be NULL: waits end only when their
                              * reason does */
+    unsigned flags;         /* IDEM_RUNNER_* (version 4 on) */
 } idem_runner_opts;
+
+/* flags: a commit ends with idem_sync_start(), not idem_sync(): the
+ * batch's outcomes are durable once the caller's idem_sync_wait()
+ * returns 0 (or the next commit's writes, which wait for it), and only
+ * then may it acknowledge the committed messages. The next batch's
+ * claims and commit() run meanwhile. The runner's other syncs (the
+ * claims before a handler runs, releases) stay whole. */
+#define IDEM_RUNNER_SYNC_START 1u
 
 IDEM_EXPORT void idem_runner_opts_init(idem_runner_opts *o);
 

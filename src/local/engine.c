@@ -644,8 +644,28 @@ static int idem__evict(idem_store *s);
 
 static int idem__eng_sync(idem_store *s)
 {
-    int rc = idem__log_commit(&idem__eng(s)->log);
+    idem__log *lg = &idem__eng(s)->log;
+    int rc = idem__log_sync_wait(lg);
+    rc = rc ? rc : idem__log_commit(lg);
     return rc ? rc : idem__evict(s);
+}
+
+/* idem_sync_start(): the group written, its fdatasync on a thread of
+ * the log's (log.h); the keys going cold meanwhile are of sealed
+ * segments, durable already. */
+static int idem__eng_sync_start(idem_store *s)
+{
+    int rc = idem__log_commit_start(&idem__eng(s)->log);
+    return rc ? rc : idem__evict(s);
+}
+
+/* After any failure (the fdatasync's, or a poison) nothing counts as
+ * synced: the caller acknowledges nothing more. */
+static int idem__eng_sync_wait(idem_store *s)
+{
+    idem__log *lg = &idem__eng(s)->log;
+    int rc = idem__log_sync_wait(lg);
+    return rc ? rc : lg->broken;
 }
 
 /* ------------------------------------------------------------------------
@@ -1127,8 +1147,11 @@ static int idem__eng_close(idem_store *s)
      * and the lock are the parent's: free the memory, write nothing (the
      * descriptors closed here are the child's own; the lock stays with
      * the parent's). */
+    /* A fork child has no such thread (threads do not survive fork). */
+    int synced = idem__forked(s) ? 0 : idem__log_sync_wait(&en->log);
     int rc = idem__forked(s)     ? 0
              : en->log.broken ? en->log.broken
+             : synced         ? synced
                               : idem__log_seal(&en->log);
     /* The filter in front of the cold segments is derived data: open
      * builds it again from the key indexes when its file is missing,
@@ -1251,6 +1274,8 @@ static int idem__open_mem(idem_store *s, const char *rest)
     .complete_many = idem__eng_complete_many, .fail = idem__eng_fail,      \
     .extend = idem__eng_extend, .get = idem__eng_get,                      \
     .forget = idem__eng_forget, .sync = idem__eng_sync,                    \
+    .sync_start = idem__eng_sync_start,                                    \
+    .sync_wait = idem__eng_sync_wait,                                      \
     .checkpoint_put = idem__eng_ckpt_put,                                  \
     .checkpoint_get = idem__eng_ckpt_get, .sweep = idem__eng_sweep,        \
     .stats = idem__eng_stats, .gauges = idem__eng_gauges,                  \

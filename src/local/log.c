@@ -140,10 +140,53 @@ int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
     return 0;
 }
 
+static void *idem__syncer(void *arg)
+{
+    idem__log *lg = arg;
+    lg->sync_err = fdatasync(lg->sync_fd) != 0 ? errno : 0;
+    return NULL;
+}
+
+int idem__log_sync_wait(idem__log *lg)
+{
+    if (!lg->syncing)
+        return 0;
+    pthread_join(lg->syncer, NULL);
+    lg->syncing = 0;
+    if (lg->sync_err) {
+        lg->broken = idem__log_ioerr(lg, "fdatasync", lg->sync_seg,
+                                     lg->sync_err);
+        return lg->broken;
+    }
+    idem__seg *g = idem__log_seg(lg, lg->sync_seg);
+    if (g)
+        g->committed = lg->sync_end;
+    return 0;
+}
+
+/* Hand the fdatasync of the group just written to g to a thread. 0, or
+ * -1 when no thread could be had. */
+static int idem__sync_start(idem__log *lg, const idem__seg *g)
+{
+    lg->sync_fd = g->fd;
+    lg->sync_seg = g->id;
+    lg->sync_end = g->size;
+    lg->sync_err = 0;
+    if (pthread_create(&lg->syncer, NULL, idem__syncer, lg) != 0)
+        return -1;
+    lg->syncing = 1;
+    return 0;
+}
+
 /* Move the buffer into the active segment: write(2) for files, memcpy for
- * memory. On a write error the log is broken (see log.h). */
+ * memory. On a write error the log is broken (see log.h). A group whose
+ * fdatasync runs is waited for first: a write must never land beside a
+ * group not known durable. */
 static int idem__flush(idem__log *lg)
 {
+    int rc = lg->memory ? 0 : idem__log_sync_wait(lg);
+    if (rc)
+        return rc;
     idem__seg *g = idem__active(lg);
     const unsigned char *p = lg->wbuf.data;
     size_t n = lg->wbuf.len;
@@ -235,7 +278,8 @@ static int idem__write_tail(idem__log *lg, uint32_t first, uint32_t last,
                       : idem__dir_tail_write(lg->s, lg->dirfd, lg->dir, &t);
 }
 
-int idem__log_commit(idem__log *lg)
+/* A commit; `start`: its fdatasync on a thread (idem__log_commit_start). */
+static int idem__commit(idem__log *lg, int start)
 {
     if (lg->broken)
         return idem__fail(lg->s, lg->broken,
@@ -243,7 +287,12 @@ int idem__log_commit(idem__log *lg)
     if (!lg->in_group)
         return 0;
     /* The group began where the last commit ended; saying so lets
-     * recovery tell damage inside this group from damage before it. */
+     * recovery tell damage inside this group from damage before it. A
+     * commit still syncing ends first (idem__flush would wait for it
+     * too, but after this frame named where it began). */
+    int rc0 = lg->memory ? 0 : idem__log_sync_wait(lg);
+    if (rc0)
+        return rc0;
     idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
     size_t n = idem__frame_size(&none, 0, 0);
     if (idem__buf_reserve(&lg->wbuf, n))
@@ -260,6 +309,10 @@ int idem__log_commit(idem__log *lg)
         return rc;
     }
     idem__seg *g = idem__active(lg);
+    if (!lg->memory && start && idem__sync_start(lg, g) == 0) {
+        lg->in_group = 0;
+        return 0;
+    }
     if (!lg->memory && fdatasync(g->fd) != 0) {
         lg->broken = idem__log_ioerr(lg, "fdatasync", g->id, errno);
         return lg->broken;
@@ -269,9 +322,20 @@ int idem__log_commit(idem__log *lg)
     return 0;
 }
 
+int idem__log_commit(idem__log *lg)
+{
+    return idem__commit(lg, 0);
+}
+
+int idem__log_commit_start(idem__log *lg)
+{
+    return idem__commit(lg, 1);
+}
+
 int idem__log_seal(idem__log *lg)
 {
-    int rc = idem__log_commit(lg);
+    int rc = idem__log_sync_wait(lg);
+    rc = rc ? rc : idem__log_commit(lg);
     if (rc || lg->readonly)
         return rc;
     idem__seg *g = idem__active(lg);
@@ -314,7 +378,8 @@ static int idem__create_file(idem__log *lg, uint32_t id, int64_t now,
 
 int idem__log_new_segment(idem__log *lg, int64_t now)
 {
-    int rc = idem__grow_segs(lg);
+    int rc = idem__log_sync_wait(lg);  /* the old one ends durable */
+    rc = rc ? rc : idem__grow_segs(lg);
     if (rc)
         return rc;
     uint32_t id = lg->nsegs ? idem__active(lg)->id + 1 : 1;
@@ -368,8 +433,9 @@ static void idem__seg_release(idem__log *lg, idem__seg *g)
 
 int idem__log_drop_oldest(idem__log *lg)
 {
-    if (lg->nsegs < 2)
-        return 0;
+    int rc0 = idem__log_sync_wait(lg);  /* the tail names what is durable */
+    if (rc0 || lg->nsegs < 2)
+        return rc0;
     idem__seg *g = &lg->segs[0];
     /* The tail stops naming it first: a crash before the unlink leaves a
      * file older than the tail's first, which open deletes. */

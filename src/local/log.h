@@ -27,6 +27,8 @@
 #ifndef IDEM_LOG_H
 #define IDEM_LOG_H
 
+#include <pthread.h>
+
 #include "cold.h"
 #include "coldfilter.h"
 #include "common.h"
@@ -71,6 +73,16 @@ typedef struct idem__log {
     idem__cfilter cf;       /* in front of the cold segments' filters */
     uint64_t kix_rebuilt;   /* key indexes built again at open */
     const unsigned char *secret;  /* the store's key hash secret */
+    /* A commit whose fdatasync runs on a thread of its own
+     * (idem__log_commit_start): its segment, where its group ends, and
+     * the result. Every later write waits for it first, so at most one
+     * group on disk is ever not known durable, as with idem__log_commit;
+     * `committed` moves when it is known durable. */
+    int syncing;
+    pthread_t syncer;
+    int sync_fd, sync_err;
+    uint32_t sync_seg;
+    uint64_t sync_end;
 } idem__log;
 
 /* Reserve room for an n-byte frame at the end of the log and return where
@@ -83,6 +95,15 @@ int idem__log_append(idem__log *lg, int64_t now, size_t n,
 /* Commit: append a COMMIT frame, write what is buffered, fdatasync.
  * No-op when nothing was appended since the last commit. */
 int idem__log_commit(idem__log *lg);
+
+/* The same, but the fdatasync runs on another thread and this returns
+ * once the group is written: durable when idem__log_sync_wait() returns
+ * 0. Without a thread for it, it syncs here. */
+int idem__log_commit_start(idem__log *lg);
+
+/* Wait for the fdatasync of a commit started before, if one runs. 0, or
+ * its failure (which breaks the log). */
+int idem__log_sync_wait(idem__log *lg);
 
 /* A clean close: commit, then record in PATH/TAIL where the log ends, so
  * that the next open can tell loss from a torn tail. */

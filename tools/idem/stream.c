@@ -15,18 +15,26 @@
  * the line's file:line:column, so a rerun after fixing the input resumes
  * exactly there.
  *
- * Pipelining: while a second thread commits batch k (the runner: claims,
- * handler, output written and synced, store synced), this one reads and
- * parses batch k+1 into the other of two batch buffers. Parsing is the
- * largest cost and the disk the next, so overlapping them is most of the
- * speed. Only the committing thread touches the store and the output, and
- * it is joined before the next batch is handed over, so the store is
- * used by one thread at a time as idem.h asks. A batch copies its lines
- * out of the reader, so the reader is free to move on.
+ * Pipelining: while a second thread (the worker) commits batch k (the
+ * runner: claims, handler, output written and synced, store synced),
+ * this one reads and parses the next ones into the other batch buffers,
+ * up to QUEUED - 1 batches ahead, and hands each over through a queue
+ * (hand_over, next_batch): the worker goes from one batch to the next
+ * without waiting for this thread to wake, and a stream's next read is
+ * on the server while the worker commits. Parsing is the largest cost
+ * and the disk the next, so overlapping them is most of the speed. Only
+ * the worker touches the store and the output (the store is used by one
+ * thread at a time as idem.h asks), and batches are committed in the
+ * order read. A batch copies its lines out of the reader, so the reader
+ * is free to move on; its buffer is the reader's again once the worker
+ * has finished it (batch_done). From a Redis stream to a Redis stream
+ * on a local store, a batch's sync also runs while the next batch's
+ * entries are written (sync_overlaps says why that keeps exactly once).
  *
  * Stopping (SIGTERM from systemd or Kubernetes, SIGINT from Ctrl-C): the
  * first signal only sets stream_stop. The reader takes no more lines
- * (the batch it was reading is dropped: nothing of it was claimed), the
+ * (the batches read ahead and not started are dropped: nothing of them
+ * was claimed), the
  * handler is sent no more envelopes and gets --grace to answer those it
  * has (coproc.c), and the batch in the worker ends as after a handler
  * error: the answered prefix is committed (output, store, checkpoint),
@@ -46,7 +54,6 @@
 #endif
 #include <poll.h>
 #include <pthread.h>
-#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +65,7 @@
 #include "metricsrv.h"
 
 #define MAX_WARNINGS 10
+#define QUEUED 3  /* batch buffers: one committing, two read ahead */
 #define RESTART_WAIT_MAX_MS 10000
 
 enum { IT_MSG, IT_PASS, IT_DROP };
@@ -78,6 +86,7 @@ typedef struct batch {
     cli_buf text;    /* copies of the lines */
     cli_buf keys;    /* the keys */
     size_t emitted;  /* items already written out */
+    size_t acks;     /* items [0, acks) are committed: to acknowledge */
     int done;        /* the inputs end with this batch */
     int stop;        /* exit status that ends the run after this batch */
 } batch;
@@ -88,22 +97,34 @@ typedef struct loop {
     source *src;     /* files (rd) or a stream (--from) */
     int key_is_id;   /* --key @id: a stream entry's ID is its key */
     int key_in_meta; /* --key @key or header:NAME (connect.h) */
-    pthread_mutex_t busy_mu;  /* busy: a batch is being committed (for */
-    pthread_cond_t busy_cv;   /* a source's settle hook) */
-    int busy;
     int sweeps;      /* the store wants sweeping between batches */
     jk_path path;
     jk *jk;
     idem_bizkey_gen *line_hash;  /* --line-hash */
     idem_store *s;
     idem_runner *runner;
-    batch b[2];
+    batch b[QUEUED];
     batch *committing;
     pthread_t worker;     /* one thread for the whole run: the handler it
                            * starts dies with the thread (PDEATHSIG) */
     int threaded;
-    sem_t go, done;
-    int quit;
+    /* The queue between the threads (see "Pipelining"): batch k is
+     * b[k % QUEUED]; the reader has handed over batches [0, handed), the
+     * worker has finished [0, finished). */
+    pthread_mutex_t q_mu;
+    pthread_cond_t q_cv;
+    uint64_t handed, finished;
+    int reading_over;  /* the reader hands over no more */
+    int commit_over;   /* a batch ended the run: the worker takes no more */
+    int result;        /* ... and the exit status it ended it with */
+    uint64_t shown_fresh, shown_dup;  /* for the progress line */
+    /* Redis stream to Redis stream on a local store (sync_overlaps):
+     * each commit's sync is started, not awaited, and the batch is owed
+     * its acknowledgements until the next commit has waited for it, or
+     * the worker finds no batch waiting, or the run ends (settle_owed). */
+    int overlap;
+    batch *owed;
+    uint64_t owed_k;
     int rc;          /* of the last commit */
     size_t base;     /* msgs before this were committed by earlier runs of
                       * the runner over this batch (handler restarts) */
@@ -572,6 +593,7 @@ static void read_batch(loop *lp, batch *b)
     b->keys.len = b->text.len = 0;
     b->input = lp->rd.cur;
     b->done = b->stop = 0;
+    b->acks = 0;  /* nothing of it is committed yet */
     while (b->nitems < lp->st.cfg->batch && !b->stop) {
         nd_line l = {0};  /* a file's line sets no meta */
         if (b->nitems == 0 && src->ops->wait(src))
@@ -814,6 +836,60 @@ static int ack_joined(loop *lp, size_t from, size_t upto)
     return lp->src->ops->ack_flush(lp->src) ? IDEM_EIO : 0;
 }
 
+/* A stream source's entries of the committed prefix are acknowledged:
+ * only now may the stream forget them. Lines before the first message
+ * not committed are committed (passed, dropped or done). */
+static void ack_prefix(loop *lp, batch *b)
+{
+    for (size_t i = 0; i < b->acks; i++)
+        if (lp->src->ops->ack(lp->src, &b->items[i].l))
+            return;
+    lp->src->ops->ack_flush(lp->src);
+}
+
+/* The committed prefix of the batch just committed: its lines up to the
+ * first message not committed. */
+static void note_acks(loop *lp)
+{
+    batch *b = lp->committing;
+    size_t upto = 0;
+    while (upto < b->emitted && !(b->items[upto].kind == IT_MSG &&
+                                  b->items[upto].msg >= lp->base))
+        upto++;
+    b->acks = upto;
+}
+
+/* Batch k is finished; its buffer is the reader's again. */
+static void batch_done(loop *lp, uint64_t k, int over)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    lp->finished = k + 1;
+    lp->commit_over = over;
+    lp->shown_fresh = lp->st.n.fresh;
+    lp->shown_dup = lp->st.n.dup;
+    pthread_cond_broadcast(&lp->q_cv);
+    pthread_mutex_unlock(&lp->q_mu);
+}
+
+/* The batch owed its acknowledgements (overlap) gets them once its
+ * sync is known done, and is finished then (its lines are what the
+ * acknowledgements name, so the reader may not reuse it before): from
+ * the next batch's commit(), after its entries are written, or at the
+ * end. A sync that failed acknowledges nothing: the entries stay
+ * pending and come again, read back. 0 or the store's error. */
+static int settle_owed(loop *lp, int over)
+{
+    batch *b = lp->owed;
+    if (!b)
+        return 0;
+    lp->owed = NULL;
+    int rc = idem_sync_wait(lp->s);
+    if (!rc)
+        ack_prefix(lp, b);
+    batch_done(lp, lp->owed_k, over);
+    return rc;
+}
+
 /* The runner's commit step: output of every line before the first
  * message not committed, then the checkpoint. msgs is b->msgs + base. */
 static int commit(void *ctx, const idem_msg *msgs, size_t p)
@@ -850,6 +926,8 @@ static int commit(void *ctx, const idem_msg *msgs, size_t p)
     b->emitted = upto;
     rc = job_commit(&lp->st.job, b->input,
                     upto ? &b->items[upto - 1].l : NULL);
+    /* The batch before's sync ran while these entries were written. */
+    rc = rc ? rc : settle_owed(lp, 0);
     return rc || !lp->src_joined ? rc : ack_joined(lp, from, upto);
 }
 
@@ -972,22 +1050,6 @@ static void commit_runs(loop *lp)
     }
 }
 
-/* A stream source's entries of the committed prefix are acknowledged:
- * only now may the stream forget them. Lines before the first message
- * not committed are committed (passed, dropped or done). */
-static void ack_committed(loop *lp)
-{
-    batch *b = lp->committing;
-    size_t upto = 0;
-    while (upto < b->emitted && !(b->items[upto].kind == IT_MSG &&
-                                  b->items[upto].msg >= lp->base))
-        upto++;
-    for (size_t i = 0; i < upto; i++)
-        if (lp->src->ops->ack(lp->src, &b->items[i].l))
-            return;
-    lp->src->ops->ack_flush(lp->src);
-}
-
 /* Answers the sink gave (from_sink) live until the batch is done. */
 static void forget_kept(loop *lp)
 {
@@ -996,92 +1058,31 @@ static void forget_kept(loop *lp)
     lp->nkept = 0;
 }
 
-static void *commit_batch(void *arg)
+static void commit_batch(loop *lp)
 {
-    loop *lp = arg;
     forget_kept(lp);
     commit_runs(lp);
-    if (lp->src->ops->ack && !lp->src_joined)
-        ack_committed(lp);
-    pthread_mutex_lock(&lp->busy_mu);
-    lp->busy = 0;
-    pthread_cond_broadcast(&lp->busy_cv);
-    pthread_mutex_unlock(&lp->busy_mu);
-    return NULL;
+    note_acks(lp);
+    if (lp->src->ops->ack && !lp->src_joined && !lp->overlap)
+        ack_prefix(lp, lp->committing);
 }
 
 /* The source's settle hook (source_opts), in the reading thread: a
- * broker about to take partitions away first waits for the batch being
- * committed, so that its offsets are acknowledged while they are still
- * this reader's. */
+ * broker about to take partitions away first waits for the batches
+ * handed over to be committed, so that their offsets are acknowledged
+ * while they are still this reader's. */
 static void settle(void *ctx)
 {
     loop *lp = ctx;
-    pthread_mutex_lock(&lp->busy_mu);
-    while (lp->busy)
-        pthread_cond_wait(&lp->busy_cv, &lp->busy_mu);
-    pthread_mutex_unlock(&lp->busy_mu);
+    pthread_mutex_lock(&lp->q_mu);
+    while (lp->finished < lp->handed && !lp->commit_over)
+        pthread_cond_wait(&lp->q_cv, &lp->q_mu);
+    pthread_mutex_unlock(&lp->q_mu);
 }
 
-static void *worker(void *arg)
-{
-    loop *lp = arg;
-    sigset_t stops;
-    sigemptyset(&stops);
-    sigaddset(&stops, SIGTERM);
-    sigaddset(&stops, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &stops, NULL);  /* the reader takes them */
-    for (;;) {
-        sem_wait(&lp->go);
-        if (lp->quit) {
-            if (lp->st.cfg->handler_end)
-                lp->st.cfg->handler_end(lp->st.cfg->hctx);
-            return NULL;
-        }
-        commit_batch(lp);
-        sem_post(&lp->done);
-    }
-}
-
-static void start_worker(loop *lp)
-{
-    lp->threaded = sem_init(&lp->go, 0, 0) == 0 &&
-                   sem_init(&lp->done, 0, 0) == 0 &&
-                   pthread_create(&lp->worker, NULL, worker, lp) == 0;
-}
-
-static void stop_worker(loop *lp)
-{
-    if (!lp->threaded && lp->st.cfg->handler_end)
-        lp->st.cfg->handler_end(lp->st.cfg->hctx);
-    if (!lp->threaded)
-        return;
-    lp->quit = 1;
-    sem_post(&lp->go);
-    pthread_join(lp->worker, NULL);
-    sem_destroy(&lp->go);
-    sem_destroy(&lp->done);
-}
-
-/* Hand b to the worker thread (or commit it here without one). */
-static void start_commit(loop *lp, batch *b)
-{
-    lp->committing = b;
-    pthread_mutex_lock(&lp->busy_mu);
-    lp->busy = 1;
-    pthread_mutex_unlock(&lp->busy_mu);
-    if (lp->threaded)
-        sem_post(&lp->go);
-    else
-        commit_batch(lp);
-}
-
-/* Wait for the batch being committed; 0, or the exit status. */
+/* How the batch just committed ends: 0, or the run's exit status. */
 static int finish_commit(loop *lp)
 {
-    if (lp->threaded)
-        while (sem_wait(&lp->done) != 0)
-            ;
     batch *b = lp->committing;
     if (stream_stop && (lp->rc == IDEM_ESTOPPED || handler_stopped_it(lp))) {
         lp->st.n.released += b->nmsgs - lp->base;
@@ -1093,6 +1094,147 @@ static int finish_commit(loop *lp)
         return cli_store_fail(lp->st.cfg->cmd, lp->s, lp->rc,
                               "committing a batch");
     return 0;
+}
+
+/* What the metrics endpoint cannot ask the store: the failures and
+ * dead letters, by the worker after each batch (its own counts). */
+static void note_dead_letters(loop *lp)
+{
+    msrv_note_failures(lp->msrv, lp->st.n.failed, lp->st.n.dead_letter);
+}
+
+/* Commit batch b (in the worker). 1 when it ends the run (an error, the
+ * end of the inputs, a line that stops it, a stop signal), with the
+ * exit status in lp->result. A batch read ahead that a stop signal
+ * finds not started is dropped: nothing of it was claimed. */
+static int commit_one(loop *lp, batch *b)
+{
+    if (stream_stop) {
+        lp->stopped = 1;
+        return 1;
+    }
+    lp->committing = b;
+    commit_batch(lp);
+    int rc = finish_commit(lp);
+    note_dead_letters(lp);
+    lp->stopped = !rc && !b->done && !b->stop && stream_stop;
+    lp->result = rc ? rc : b->stop;
+    return rc || b->done || b->stop || stream_stop;
+}
+
+/* Has the reader handed batch k over? */
+static int batch_ready(loop *lp, uint64_t k)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    int ready = lp->handed > k;
+    pthread_mutex_unlock(&lp->q_mu);
+    return ready;
+}
+
+/* Batch k as the worker's to commit, once the reader has handed it
+ * over; NULL when it hands over no more. */
+static batch *next_batch(loop *lp, uint64_t k)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    while (lp->handed <= k && !lp->reading_over)
+        pthread_cond_wait(&lp->q_cv, &lp->q_mu);
+    batch *b = lp->handed > k ? &lp->b[k % QUEUED] : NULL;
+    pthread_mutex_unlock(&lp->q_mu);
+    return b;
+}
+
+/* Batch k is read: the worker's from now on. */
+static void hand_over(loop *lp, uint64_t k)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    lp->handed = k + 1;
+    pthread_cond_broadcast(&lp->q_cv);
+    pthread_mutex_unlock(&lp->q_mu);
+}
+
+/* The reader hands over no more, and waits for the worker to be done
+ * with what it has. */
+static void drain(loop *lp)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    lp->reading_over = 1;
+    pthread_cond_broadcast(&lp->q_cv);
+    while (lp->finished < lp->handed && !lp->commit_over)
+        pthread_cond_wait(&lp->q_cv, &lp->q_mu);
+    pthread_mutex_unlock(&lp->q_mu);
+}
+
+/* The buffer of batch k, once the worker is done with batch k -
+ * QUEUED; NULL when the run is over. */
+static batch *free_batch(loop *lp, uint64_t k)
+{
+    pthread_mutex_lock(&lp->q_mu);
+    while (k - lp->finished >= QUEUED && !lp->commit_over)
+        pthread_cond_wait(&lp->q_cv, &lp->q_mu);
+    batch *b = lp->commit_over ? NULL : &lp->b[k % QUEUED];
+    pthread_mutex_unlock(&lp->q_mu);
+    return b;
+}
+
+/* Commit batch k; 1 when it ended the run. With overlap it is owed its
+ * acknowledgements until the next commit has waited for its sync
+ * (settle_owed), or now when it ends the run. */
+static int commit_step(loop *lp, batch *b, uint64_t k)
+{
+    int over = commit_one(lp, b);
+    if (!lp->overlap) {
+        batch_done(lp, k, over);
+        return over;
+    }
+    if (b->nmsgs)
+        cli_kill_point("sync-started");  /* its acknowledgements owed */
+    settle_owed(lp, 0);  /* if no commit() of b did */
+    lp->owed = b;
+    lp->owed_k = k;
+    if (over)
+        settle_owed(lp, 1);
+    return over;
+}
+
+/* The worker: the batches in the order read, until one ends the run or
+ * the reader hands over no more. */
+static void commit_all(loop *lp)
+{
+    batch *b;
+    for (uint64_t k = 0;; k++) {
+        if (lp->owed && !batch_ready(lp, k))
+            settle_owed(lp, 0);  /* a quiet stream: acknowledge it now */
+        if ((b = next_batch(lp, k)) == NULL || commit_step(lp, b, k))
+            break;
+    }
+    settle_owed(lp, 1);
+}
+
+static void *worker(void *arg)
+{
+    loop *lp = arg;
+    sigset_t stops;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGTERM);
+    sigaddset(&stops, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stops, NULL);  /* the reader takes them */
+    commit_all(lp);
+    if (lp->st.cfg->handler_end)
+        lp->st.cfg->handler_end(lp->st.cfg->hctx);
+    return NULL;
+}
+
+static void start_worker(loop *lp)
+{
+    lp->threaded = pthread_create(&lp->worker, NULL, worker, lp) == 0;
+}
+
+static void stop_worker(loop *lp)
+{
+    if (!lp->threaded && lp->st.cfg->handler_end)
+        lp->st.cfg->handler_end(lp->st.cfg->hctx);
+    if (lp->threaded)
+        pthread_join(lp->worker, NULL);
 }
 
 /* ------------------------------------------------------------------------
@@ -1111,10 +1253,13 @@ static void progress(loop *lp, int final)
         return;
     }
     double secs = t - lp->t0;
+    pthread_mutex_lock(&lp->q_mu);  /* the worker's counts */
+    uint64_t fresh = lp->shown_fresh, dup = lp->shown_dup;
+    pthread_mutex_unlock(&lp->q_mu);
     fprintf(stderr, "\r\033[Kidem %s: %" PRIu64 " lines, %.0f lines/s, "
             "%" PRIu64 " new, %" PRIu64 " duplicate, %.1f MB",
             lp->st.cfg->cmd, n->read, secs > 0 ? (double)n->read / secs : 0,
-            n->fresh, n->dup, (double)n->bytes / 1e6);
+            fresh, dup, (double)n->bytes / 1e6);
     long long lag = lp->src->ops->lag ? lp->src->ops->lag(lp->src) : -1;
     if (lag >= 0)
         fprintf(stderr, ", lag %lld", lag);
@@ -1381,6 +1526,27 @@ static int stop_asked(void *ctx)
     return stream_stop != 0;
 }
 
+/* dedup from a Redis stream to a Redis stream on a local store: a
+ * batch's sync runs while the next batch's entries are written
+ * (IDEM_RUNNER_SYNC_START), and the batch is acknowledged after both.
+ * What exactly-once needs of it: an entry is acknowledged only after
+ * the sync that covers its key; the next batch's claims, which may be
+ * of its keys, see them done in memory, and a crash before the sync
+ * loses both batches' records but none of their entries: both are
+ * still pending, come again (handed out before: `again`), and are read
+ * back from the sink after the last durable checkpoint's position,
+ * which precedes both batches' entries. So a crash leaves up to two
+ * batches of entries past the job's position (rsink.c's maxlen rule).
+ * A handler's effects (run) need their claims synced first, which this
+ * would not change; other brokers' read-back looks one batch back. */
+static int sync_overlaps(const stream_cfg *c)
+{
+    return !c->handler && c->from && c->to &&
+           !strncmp(c->from, "redis-stream://", 15) &&
+           !strncmp(c->to, "redis-stream://", 15) &&
+           (idem_uri_caps(cli_store_uri(c->uri)) & IDEM_CAP_SEGMENTS);
+}
+
 static int setup(loop *lp, const stream_cfg *c)
 {
     char err[256];
@@ -1405,7 +1571,7 @@ static int setup(loop *lp, const stream_cfg *c)
         (!(lp->faults = calloc(c->batch, sizeof *lp->faults)) ||
          !(lp->fault_err = calloc(c->batch, sizeof *lp->fault_err))))
         return cli_fail(c->cmd, "out of memory");
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < QUEUED; i++) {
         lp->b[i].items = malloc(c->batch * sizeof *lp->b[i].items);
         lp->b[i].msgs = malloc(c->batch * sizeof *lp->b[i].msgs);
         lp->b[i].again = malloc(c->batch);
@@ -1433,6 +1599,8 @@ static int setup(loop *lp, const stream_cfg *c)
     ro.backoff_ms = c->backoff_ms;
     if (c->commit_interval_ms >= 0)
         ro.commit_interval_ms = c->commit_interval_ms;
+    lp->overlap = sync_overlaps(c);
+    ro.flags = lp->overlap ? IDEM_RUNNER_SYNC_START : 0;
     if (idem_runner_new(lp->s, &ro, &lp->runner))
         return cli_fail(c->cmd, "out of memory");
     if (c->runner_out)
@@ -1458,18 +1626,12 @@ static void announce_resume(const loop *lp)
 }
 
 /* What the endpoint cannot ask the store: the source's lag, after each
- * read (the source is the reading thread's), ... */
+ * read (the source is the reading thread's); the worker notes the
+ * failures (note_dead_letters). */
 static void note_lag(loop *lp)
 {
     if (lp->msrv && lp->src->ops->lag)
         msrv_note_lag(lp->msrv, lp->src->ops->lag(lp->src));
-}
-
-/* ... and the failures and dead letters, once the worker is joined (its
- * counts are still then). */
-static void note_dead_letters(loop *lp)
-{
-    msrv_note_failures(lp->msrv, lp->st.n.failed, lp->st.n.dead_letter);
 }
 
 /* The endpoint, from before the store opens (a busy port is bad usage,
@@ -1491,26 +1653,28 @@ static void attach_metrics(loop *lp)
     msrv_attach(lp->msrv, lp->s, name);
 }
 
-/* Commit batch k in the worker while reading batch k+1 here. */
+/* Read batches and hand them to the worker, which commits them in the
+ * order read while this reads on, up to QUEUED - 1 batches ahead. The
+ * worker says when a batch ended the run (commit_one); the reader stops
+ * after a batch that ends the inputs or a stop signal. */
 static int run_batches(loop *lp)
 {
-    batch *cur = &lp->b[0];
-    read_batch(lp, cur);
-    note_lag(lp);
-    for (;;) {
-        start_commit(lp, cur);
-        batch *next = cur == &lp->b[0] ? &lp->b[1] : &lp->b[0];
-        if (!cur->done && !cur->stop)
-            read_batch(lp, next);
+    batch *b;
+    for (uint64_t k = 0; (b = free_batch(lp, k)) != NULL; k++) {
+        read_batch(lp, b);
         note_lag(lp);
-        int rc = finish_commit(lp);
-        note_dead_letters(lp);
-        lp->stopped = !rc && !cur->done && !cur->stop && stream_stop;
-        if (rc || cur->done || cur->stop || stream_stop)
-            return rc ? rc : cur->stop;
+        int last = b->done || b->stop || stream_stop;
+        hand_over(lp, k);
+        if (!lp->threaded)
+            commit_step(lp, b, k);
+        if (last)
+            break;
         progress(lp, 0);
-        cur = next;
     }
+    if (!lp->threaded)
+        settle_owed(lp, 1);
+    drain(lp);
+    return lp->result;
 }
 
 /* The first stop signal asks for a graceful stop; a second one ends
@@ -1716,8 +1880,8 @@ int stream_run(const stream_cfg *c)
     loop lp = {0};
     lp.rd.fd = -1;
     lp.dl.fd = -1;
-    pthread_mutex_init(&lp.busy_mu, NULL);
-    pthread_cond_init(&lp.busy_cv, NULL);
+    pthread_mutex_init(&lp.q_mu, NULL);
+    pthread_cond_init(&lp.q_cv, NULL);
     int rc = start_metrics(&lp, c);
     if (!rc)
         rc = setup(&lp, c);
@@ -1775,9 +1939,9 @@ int stream_run(const stream_cfg *c)
     free(lp.fault_err);
     dl_close(&lp.dl);
     cli_buf_free(&lp.dl_result);
-    pthread_mutex_destroy(&lp.busy_mu);
-    pthread_cond_destroy(&lp.busy_cv);
-    for (int i = 0; i < 2; i++) {
+    pthread_mutex_destroy(&lp.q_mu);
+    pthread_cond_destroy(&lp.q_cv);
+    for (int i = 0; i < QUEUED; i++) {
         cli_buf_free(&lp.b[i].keys);
         cli_buf_free(&lp.b[i].text);
         free(lp.b[i].items);

@@ -651,24 +651,25 @@ int rs_ident(const char *cmd, const char *uri, int as_sink, char *buf,
     return rc;
 }
 
-/* MAXLEN ~ N below twice the batch is refused. A crash leaves at most
- * one batch of entries past the checkpoint, and the rerun must find
- * them all (read-back): trimmed, they are written again. Twice the
- * batch leaves as much room again for what the other writers of the
- * stream (the group's other workers) add before the rerun reads back;
- * docs/streams.md says what more they need. */
+/* MAXLEN ~ N below three times the batch is refused. A crash leaves at
+ * most two batches of entries past the checkpoint (one whose sync was
+ * in flight, and the next: stream.c, sync_overlaps), and the rerun must
+ * find them all (read-back): trimmed, they are written again. Three
+ * times the batch leaves a batch of room for what the other writers of
+ * the stream (the group's other workers) add before the rerun reads
+ * back; docs/streams.md says what more they need. */
 static int rs_check(sink *base, uint64_t batch)
 {
     rs_sink *k = (rs_sink *)base;
-    if (!k->u.maxlen || k->u.maxlen >= 2 * batch)
+    if (!k->u.maxlen || k->u.maxlen >= 3 * batch)
         return 0;
-    return cli_usage_error(k->cmd, "%s: maxlen=~%" PRIu64 " is below twice "
-                           "--batch (%" PRIu64 "): a crash leaves up to a "
-                           "batch of entries to read back, which the trim "
-                           "would delete first, and they would be written "
-                           "again. Give maxlen=~%" PRIu64 " or more, or a "
-                           "smaller --batch", k->u.display, k->u.maxlen,
-                           batch, 2 * batch);
+    return cli_usage_error(k->cmd, "%s: maxlen=~%" PRIu64 " is below three "
+                           "times --batch (%" PRIu64 "): a crash leaves up "
+                           "to two batches of entries to read back, which "
+                           "the trim would delete first, and they would be "
+                           "written again. Give maxlen=~%" PRIu64 " or "
+                           "more, or a smaller --batch", k->u.display,
+                           k->u.maxlen, batch, 3 * batch);
 }
 
 static void rs_forget(sink *base, const void *key, size_t keylen)
