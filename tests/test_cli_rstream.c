@@ -957,6 +957,24 @@ static int cli_cut_at(const char *kill_at, const char *args)
     return st;
 }
 
+/* Power cuts at points[] in turn, each the first, second and third time
+ * it is reached in a run, `runs` runs in all; then a whole run: each of
+ * the nkeys keys once, in order, and nothing pending. */
+static void cut_through(const char *const *points, int npoints, int runs,
+                        const char *args, int nkeys)
+{
+    for (int i = 0; i < runs; i++) {
+        char at[64];
+        snprintf(at, sizeof at, "%s:%d", points[i / 3 % npoints],
+                 1 + i % 3);
+        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
+    }
+    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0);
+    expect_nothing_pending("g");
+}
+
 /* The same as kill9_with_each_duplicate_behind_a_sync_in_flight, but
  * each kill is a power cut: the batch whose sync was in flight, and the
  * one after it, lose their records; none of their entries may have been
@@ -968,15 +986,8 @@ Test(rstream, a_power_cut_with_each_duplicate_behind_a_sync_in_flight)
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 200ms --batch 10 --store local:store --job kp",
              src("group=g"), dst());
-    for (int i = 0; i < 12; i++) {
-        char at[64];
-        snprintf(at, sizeof at, "sync-started:%d", 1 + i % 3);
-        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
-                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
-    }
-    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
-    expect_output(nkeys, 0);
-    expect_nothing_pending("g");
+    static const char *const points[] = {"sync-started"};
+    cut_through(points, 1, 12, args, nkeys);
 }
 
 /* A power cut at each kill point in turn (the first three times it is
@@ -991,15 +1002,7 @@ Test(rstream, a_power_cut_at_every_kill_point)
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 200ms --batch 50 --store local:store --job kc",
              src("group=g"), dst());
-    for (int i = 0; i < 9; i++) {
-        char at[64];
-        snprintf(at, sizeof at, "%s:%d", points[i / 3], 1 + i % 3);
-        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
-                     "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
-    }
-    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
-    expect_output(nkeys, 0);
-    expect_nothing_pending("g");
+    cut_through(points, 3, 9, args, nkeys);
 }
 
 /* Two pipelines on one host into one output, both consumers named after
