@@ -326,6 +326,7 @@ static int idem__sync_timed(idem_store *s)
     uint64_t t0 = idem__mono_ns();
     int rc = s->be->sync(s);
     idem__hist_observe(&s->m.sync, idem__mono_ns() - t0);
+    s->sync_t0 = 0;  /* a started sync is covered by this one */
     if (s->be->gauges)
         s->be->gauges(s);
     return idem__counted(s, rc);
@@ -585,7 +586,10 @@ int idem_sync_start(idem_store *s)
     IDEM__ENTER(s);
     if (!s->be->sync_start)
         return idem__sync_timed(s);
+    uint64_t t0 = idem__mono_ns();
     int rc = s->be->sync_start(s);
+    if (!s->sync_t0)  /* a second start joins the sync in flight */
+        s->sync_t0 = t0;
     if (s->be->gauges)
         s->be->gauges(s);
     return idem__counted(s, rc);
@@ -594,9 +598,12 @@ int idem_sync_start(idem_store *s)
 int idem_sync_wait(idem_store *s)
 {
     IDEM__ENTER(s);
-    uint64_t t0 = idem__mono_ns();
     int rc = s->be->sync_wait ? s->be->sync_wait(s) : 0;
-    idem__hist_observe(&s->m.sync, idem__mono_ns() - t0);
+    /* The sync's whole time, from its start to durable; a wait with no
+     * sync started is no sample. */
+    if (s->sync_t0)
+        idem__hist_observe(&s->m.sync, idem__mono_ns() - s->sync_t0);
+    s->sync_t0 = 0;
     return idem__counted(s, rc);
 }
 

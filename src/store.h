@@ -24,6 +24,8 @@ struct idem_store {
     char detail[512];
     char warning[512];        /* idem_warning(): set by open, or "" */
     idem__metrics m;          /* idem_metrics_get(): see metrics.h */
+    uint64_t sync_t0;         /* when the sync in flight started
+                               * (idem_sync_start), 0 if none */
 };
 
 /* Resolved per-claim numbers. */

@@ -102,9 +102,20 @@ Test(local, a_started_sync_is_durable_once_waited_for)
     for (const char *k = "abcde"; *k; k++)
         cr_assert_eq(idem_get(s, k, 1, &r), 0, "%c lost", *k);
     cr_assert_eq(idem_get(s, "f", 1, &r), IDEM_ENOTFOUND);
-    /* Nothing in flight: the wait returns at once; mem: has no split. */
+    /* Nothing in flight: the wait returns at once, and is no sample of
+     * sync_duration; a started sync is one, from its start. */
+    idem_metrics m0, m1;
+    idem_metrics_init(&m0);
+    idem_metrics_init(&m1);
+    cr_assert_eq(idem_metrics_get(s, &m0), 0);
     cr_assert_eq(idem_sync_wait(s), 0);
+    claim_nosync(s, "g");
+    cr_assert_eq(idem_sync_start(s), 0);
+    cr_assert_eq(idem_sync_wait(s), 0);
+    cr_assert_eq(idem_metrics_get(s, &m1), 0);
+    cr_assert_eq(m1.sync_duration.count, m0.sync_duration.count + 1);
     idem_close(s);
+    /* mem: has no split. */
     s = t_open("mem:");
     claim_nosync(s, "a");
     cr_assert_eq(idem_sync_start(s), 0);

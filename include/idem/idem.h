@@ -1070,7 +1070,9 @@ typedef struct idem_metrics {
                                 * by code: errors[-IDEM_EIO], ...
                                 * (IDEM_ENOTFOUND of a lookup is an
                                 * answer, not counted) */
-    idem_histogram sync_duration;        /* idem_sync() and batch syncs */
+    idem_histogram sync_duration;        /* idem_sync() and batch syncs;
+                                          * a started sync from its start
+                                          * to its idem_sync_wait() */
     idem_histogram claim_batch_duration; /* idem_claim_many() calls */
     int64_t live_keys;         /* index entries (idem_stats.live_keys), */
     int64_t store_bytes;       /* bytes in segments, */
