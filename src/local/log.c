@@ -460,10 +460,17 @@ int idem__log_drop_oldest(idem__log *lg)
     return 0;
 }
 
-void idem__log_close(idem__log *lg)
+void idem__log_forget(idem__log *lg)
 {
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
+    lg->nsegs = 0;
+    lg->ncold = 0;
+}
+
+void idem__log_close(idem__log *lg)
+{
+    idem__log_forget(lg);
     free(lg->segs);
     idem__cfilter_free(&lg->cf);
     idem__buf_free(&lg->wbuf);

@@ -146,6 +146,10 @@ int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
  * PATH/TAIL (version 2 or later)? Call after idem__seg_header_ok. */
 int idem__seg_keeps_tail(const unsigned char *p, size_t avail);
 
+/* Release the segments read so far (recovery: a reader that finds the
+ * writer dropped the next one starts its view after it). */
+void idem__log_forget(idem__log *lg);
+
 /* Release every segment and buffer (does not commit). */
 void idem__log_close(idem__log *lg);
 

@@ -433,6 +433,23 @@ static int idem__fit_tail(idem__log *lg, const uint32_t *ids, size_t *from,
                                         : 0;
 }
 
+/* A reader takes no lock: while it reads segments one by one, the writer
+ * may drop the oldest ones (PATH/TAIL first, then the file). Was segment
+ * id, which a reader failed to open, dropped so? Then so were all older
+ * ones, every record in them had expired, and the reader's view starts
+ * after it: a writer that drops segments faster than a reader reads them
+ * cannot make the reader start over for ever. */
+static int idem__dropped_under(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    idem__tail now;
+    idem__seg_name(name, sizeof name, id);
+    return lg->readonly && faccessat(lg->dirfd, name, F_OK, 0) != 0 &&
+           errno == ENOENT &&
+           idem__dir_tail_read(lg->s, lg->dirfd, lg->dir, &now) == 0 &&
+           now.first > id;
+}
+
 /* A store opened for writing without PATH/TAIL (written by an earlier
  * idem, or a crash came between its first segment and its tail file) gets
  * one now, before any frame is appended; else a version-2 segment would
@@ -475,6 +492,10 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
         rc = i - from < cold ? idem__load_cold(lg, ids[i])
                              : idem__verify_seg(lg, ids[i], i + 1 == n,
                                                 &records);
+        if (rc && i + 1 < n && idem__dropped_under(lg, ids[i])) {
+            idem__log_forget(lg);
+            rc = 0;
+        }
     }
     free(ids);
     if (!rc)
