@@ -65,6 +65,28 @@ const char *t_at(const char *name)
     return t_path(t_dir, name);
 }
 
+int t_lines_of(const char *name)
+{
+    if (access(t_at(name), F_OK))
+        return 0;
+    size_t n;
+    char *b = t_read(t_at(name), &n);
+    int k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += b[i] == '\n';
+    free(b);
+    return k;
+}
+
+void t_wait_lines(const char *name, int k)
+{
+    for (int waited = 0; t_lines_of(name) < k && waited < 60000;
+         waited += 10)
+        t_sleep_ms(10);
+    cr_assert_geq(t_lines_of(name), k, "%s never reached %d lines", name,
+                  k);
+}
+
 void t_put(const char *name, const char *text)
 {
     t_write(t_at(name), text, strlen(text));

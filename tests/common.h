@@ -35,6 +35,13 @@ void t_dir_fini(void);
 /* t_dir/name, as t_path() makes it. */
 const char *t_at(const char *name);
 
+/* How many lines t_dir/name holds (newlines counted; 0 when missing). */
+int t_lines_of(const char *name);
+
+/* Wait (a minute at most) until t_dir/name holds at least k lines;
+ * assert that it does. */
+void t_wait_lines(const char *name, int k);
+
 /* Write text to t_dir/name, replacing it. */
 void t_put(const char *name, const char *text);
 

@@ -585,13 +585,7 @@ Test(kafka, keys_from_a_header_and_from_the_message_key)
     cr_assert_eq(t_cli(t_dir, "dedup --key @key --from %s --output o "
                        "--idle-exit 500ms 2> err", src("group=g2")), 0,
                  "%s", t_read(t_at("err"), NULL));
-    size_t len;
-    char *o = t_read(t_at("o"), &len);
-    int lines = 0;
-    for (size_t i = 0; i < len; i++)
-        lines += o[i] == '\n';
-    cr_assert_eq(lines, nkeys);
-    free(o);
+    cr_assert_eq(t_lines_of("o"), nkeys);
 }
 
 Test(kafka, a_message_without_a_key)

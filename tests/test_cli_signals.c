@@ -33,27 +33,6 @@ static void setup(void)
 
 TestSuite(cli_signals, .init = setup, .fini = t_dir_fini, .timeout = 300);
 
-static int lines_of(const char *name)
-{
-    if (access(t_at(name), F_OK))
-        return 0;
-    size_t n;
-    char *b = t_read(t_at(name), &n);
-    int k = 0;
-    for (size_t i = 0; i < n; i++)
-        k += b[i] == '\n';
-    free(b);
-    return k;
-}
-
-/* Wait (a minute at most) until the file has at least k lines. */
-static void wait_lines(const char *name, int k)
-{
-    for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        t_sleep_ms(10);
-    cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
-}
-
 /* idem run over `in` with the test handler, in the background. */
 static pid_t start_run(const char *opts, const char *actions)
 {
@@ -78,7 +57,7 @@ static void expect_rerun_completes(void)
     cr_assert_eq(t_cli(t_dir, "run --key id --output out --exec "
                        "'\"$IDEM_PROGS/handler\"' in 2> err2"), 0, "%s",
                  t_read(t_at("err2"), NULL));
-    cr_assert_eq(lines_of("out"), N);
+    cr_assert_eq(t_lines_of("out"), N);
     cr_assert_eq(t_sh("cd '%s' && for i in $(seq 0 %d); do "
                       "[ \"$(grep -c \"\\\"key\\\":\\\"k$i\\\"\" out)\" = 1 ] "
                       "|| exit 1; done", t_dir, N - 1), 0,
@@ -90,14 +69,14 @@ static void expect_rerun_completes(void)
 static void stop_run(int sig, int status, const char *said)
 {
     pid_t p = start_run("--grace 1ms", "sleep=200");
-    wait_lines("log", 3);
+    t_wait_lines("log", 3);
     kill(p, sig);
     int st = t_wait(p);
     cr_assert_eq(st, status, "exit %d: %s", st, t_read(t_at("err"), NULL));
     cr_assert(t_grep(t_at("err"), said), "%s", t_read(t_at("err"), NULL));
     cr_assert(!t_grep(t_at("err"), " 0 messages in flight"), "%s",
               t_read(t_at("err"), NULL));
-    cr_assert_lt(lines_of("out"), N);
+    cr_assert_lt(t_lines_of("out"), N);
     expect_nothing_pending();
     expect_rerun_completes();
 }
@@ -116,11 +95,11 @@ Test(cli_signals, run_sigint_does_the_same_and_exits_130)
 Test(cli_signals, run_in_flight_messages_finish_within_the_grace)
 {
     pid_t p = start_run("--grace 10m", "sleep=200");
-    wait_lines("log", 1);
+    t_wait_lines("log", 1);
     kill(p, SIGTERM);
     cr_assert_eq(t_wait(p), 0, "%s", t_read(t_at("err"), NULL));
     cr_assert(t_grep(t_at("err"), "stopped by SIGTERM"));
-    cr_assert_eq(lines_of("out"), lines_of("log"),
+    cr_assert_eq(t_lines_of("out"), t_lines_of("log"),
                  "every message the handler got was answered and "
                  "committed");
     expect_nothing_pending();
@@ -135,7 +114,7 @@ Test(cli_signals, a_second_signal_stops_at_once)
     char actions[4400];
     snprintf(actions, sizeof actions, "sleep=200 %s/marker", t_dir);
     pid_t p = start_run("--grace 10m", actions);
-    wait_lines("log", 2);
+    t_wait_lines("log", 2);
     kill(p, SIGINT);
     kill(p, SIGTERM);
     cr_assert_eq(t_wait(p), 128 + SIGTERM, "%s", t_read(t_at("err"), NULL));
@@ -157,7 +136,7 @@ Test(cli_signals, dedup_stops_while_waiting_for_input)
                  (ssize_t)(sizeof lines - 1));
     pid_t p = t_cli_start(t_dir, "dedup --line --commit-interval 10ms "
                           "--output out < fifo 2> err");
-    wait_lines("out", 3);
+    t_wait_lines("out", 3);
     kill(p, SIGTERM);
     int st = t_wait(p);
     close(w);

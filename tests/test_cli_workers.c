@@ -85,11 +85,6 @@ static int occurrences(const char *path, const char *needle)
     return n;
 }
 
-static int lines_of(const char *name)
-{
-    return occurrences(t_at(name), "\n");
-}
-
 /* How many envelopes of key kI the handlers logged ("kI TOKEN" lines). */
 static int runs_of(int i)
 {
@@ -166,7 +161,7 @@ Test(workers, a_handler_that_extends_its_lease_keeps_its_keys)
      * turn (every 1.3 s) room on a loaded machine. */
     const char *opts = "--lease 4s --batch 3 --key-space slow";
     pid_t w1 = start_run("out1", store, opts, "extend=30s sleep=7000");
-    for (int waited = 0; lines_of("log") < 1 && waited < 60000;
+    for (int waited = 0; t_lines_of("log") < 1 && waited < 60000;
          waited += 10)
         t_sleep_ms(10);
     t_sleep_ms(4500);  /* past the lease of the first message */
@@ -213,11 +208,11 @@ Test(workers, slow_handler_commits_by_time_then_kill9)
                         "sleep=300");
     /* Two lines: the first one's commit is done before the second one
      * is written, as commits follow one another. */
-    for (int waited = 0; lines_of("out") < 2 && waited < 120000;
+    for (int waited = 0; t_lines_of("out") < 2 && waited < 120000;
          waited += 20)
         t_sleep_ms(20);
-    int ran = lines_of("log");
-    cr_assert_gt(lines_of("out"), 1, "nothing committed");
+    int ran = t_lines_of("log");
+    cr_assert_gt(t_lines_of("out"), 1, "nothing committed");
     cr_assert_lt(ran, 20, "committed only when the batch ended");
     kill(w, SIGKILL);
     wait_for(w);
@@ -253,7 +248,7 @@ Test(workers, stalled_worker_reports_lost_keys_redis)
     const char *store = redis_store("redis", th_redis_addr());
     pid_t w1 = start_run("out1", store, "--lease 1s --key-space s",
                          "sleep=300");
-    for (int waited = 0; lines_of("log") == 0 && waited < 60000;
+    for (int waited = 0; t_lines_of("log") == 0 && waited < 60000;
          waited += 10)
         t_sleep_ms(10);
     kill(w1, SIGSTOP);
@@ -290,10 +285,10 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
     pid_t first = t_cli_start(t_dir, "dedup --line --store '%s' "
                               "--commit-interval 10ms --output out < fifo "
                               "2> first.err", store);
-    for (int waited = 0; lines_of("out") < 2 && waited < 60000;
+    for (int waited = 0; t_lines_of("out") < 2 && waited < 60000;
          waited += 10)
         t_sleep_ms(10);
-    cr_assert_eq(lines_of("out"), 2, "the first run committed nothing");
+    cr_assert_eq(t_lines_of("out"), 2, "the first run committed nothing");
     t_write(t_at("in"), "a\nb\nc\n", 6);
     cr_assert_eq(t_cli(t_dir, "dedup --line --store '%s' --output out in "
                               "2> second.err", store), 1);
@@ -309,14 +304,6 @@ Test(workers, one_output_is_written_by_one_run_at_a_time)
     cr_assert_str_eq(out, "a\nb\nd\nc\n");
     free(out);
     th_shared_stop();
-}
-
-/* Wait (a minute at most) until the file NAME has k lines. */
-static void wait_lines(const char *name, int k)
-{
-    for (int waited = 0; lines_of(name) < k && waited < 60000; waited += 10)
-        t_sleep_ms(10);
-    cr_assert_geq(lines_of(name), k, "%s never reached %d lines", name, k);
 }
 
 /* pid's exit status once it ends within a minute, else -1. */
@@ -345,9 +332,9 @@ Test(workers, sigterm_ends_a_wait_for_another_workers_key)
     char actions[4400];
     snprintf(actions, sizeof actions, "extend=10m waitfor=%s/go", t_dir);
     pid_t a = start_run("outa", store, "--key-space both", actions);
-    wait_lines("log", 1);  /* A has claimed its whole batch */
+    t_wait_lines("log", 1);  /* A has claimed its whole batch */
     pid_t b = start_run_on("inb", "outb", store, "--key-space both", "");
-    wait_lines("outb", 1);  /* b0 is committed: B is at k0 */
+    t_wait_lines("outb", 1);  /* b0 is committed: B is at k0 */
     kill(b, SIGTERM);
     int st = exit_within_a_minute(b);
     t_write(t_at("go"), "", 0);
@@ -362,7 +349,7 @@ Test(workers, sigterm_ends_a_wait_for_another_workers_key)
     cr_assert_eq(wait_for(a), 0, "%s", t_read(t_at("outa.err"), NULL));
     const char *const outs[] = {"outa", "outb"};
     expect_each_key(3, 1, outs, 2);
-    cr_assert_eq(lines_of("outb"), 1, "B wrote a line of A's keys");
+    cr_assert_eq(t_lines_of("outb"), 1, "B wrote a line of A's keys");
     th_shared_stop();
 }
 
@@ -384,7 +371,7 @@ Test(workers, an_answer_too_large_is_a_reported_permanent_failure)
     cr_assert_eq(t_cli(t_dir, "get --key-space t k1 | grep -q failed"), 0);
     w = start_run("out2", "local:store", "--key-space t", "");
     cr_assert_eq(wait_for(w), 0);
-    cr_assert_eq(lines_of("log"), 3, "nothing ran again");
+    cr_assert_eq(t_lines_of("log"), 3, "nothing ran again");
 }
 
 /* A record idem cannot read (a string where a hash belongs) makes the
@@ -471,7 +458,7 @@ Test(workers, a_store_error_stops_the_run_it_does_not_restart_the_handler)
              th_redis_addr(), th_prefix());
     const char *opts = "--restart 3 --commit-interval 50ms --lease 2s";
     pid_t w = start_run("out", store, opts, "sleep=10");
-    for (int waited = 0; lines_of("log") < 20 && waited < 60000;
+    for (int waited = 0; t_lines_of("log") < 20 && waited < 60000;
          waited += 10)
         t_sleep_ms(10);
     redisContext *c = th_connect(th_first_port(th_redis_addr()));
