@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "killloop.h"
 #include "redis_harness.h"
 
 #define GROUP_PARAMS "session.timeout.ms=3000&heartbeat.interval.ms=500"
@@ -459,45 +460,18 @@ Test(kafka, dedup_keeps_first_messages_with_their_key_and_headers)
     expect_committed_to_the_end("g2");
 }
 
-static long kills(long dflt)
-{
-    const char *e = getenv("IDEM_CLI_KILLS");
-    return e ? strtol(e, NULL, 10) : dflt;
-}
-
-/* Start `idem ARGS` and kill -9 it until nkills kills landed on a live
- * process, then let one run finish. Two runs in three kill themselves
- * just after writing the sink and before the commit, after 1 to 3
- * batches (IDEM_TEST_KILL_AT), the moment read-back is for; the third
- * is killed after a random time within span seconds (joining the group
- * takes a few of them, the work the rest). A run that ends by itself
- * has done the input: no kill can land on work after it. Returns the
- * kills that landed. */
+/* Kill runs of args (tests/killloop.h): two runs in three kill
+ * themselves just after writing the sink and before the commit, after 1
+ * to 3 batches; the third is killed within span seconds (joining the
+ * group takes a few of them, the work the rest). A run that ends by
+ * itself has done the input: no kill can land on work after it. Then one
+ * run finishes. Returns the kills that landed. */
 static long kill_loop(const char *args, double span, long nkills)
 {
-    long landed = 0;
-    for (int tries = 0; landed < nkills && tries < 2 * nkills; tries++) {
-        char at[64];
-        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 3);
-        int random_kill = tries % 3 == 2;
-        if (!random_kill)
-            setenv("IDEM_TEST_KILL_AT", at, 1);
-        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
-        unsetenv("IDEM_TEST_KILL_AT");
-        if (random_kill) {
-            long us = (long)((double)rand() / RAND_MAX * span * 1e6);
-            struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-            nanosleep(&ts, NULL);
-            kill(pid, SIGKILL);
-        }
-        int st = t_wait(pid);
-        if (st != 128 + SIGKILL) {
-            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
-                         t_read(t_at("err"), NULL));
-            break;
-        }
-        landed++;
-    }
+    t_kill_plan p = {.args = args, .span = span, .nkills = nkills,
+                     .tries = 2, .at_max = 3, .every = 3, .self_only = 1,
+                     .done_ends = 1};
+    long landed = t_kill_loop(&p);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
     return landed;
@@ -512,8 +486,8 @@ Test(kafka, dedup_kill9_each_key_once)
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 300ms --batch 20 --lease 1s --commit-interval "
              "20ms --store local:store --job k9", src("group=g"), dst());
-    long landed = kill_loop(args, 5.0, kills(10));
-    cr_assert_geq(landed, kills(10) < 3 ? kills(10) : 3);
+    long landed = kill_loop(args, 5.0, t_kills(10));
+    cr_assert_geq(landed, t_kills(10) < 3 ? t_kills(10) : 3);
     expect_output(nkeys, KEY_IN_VALUE);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka dedup: %ld kills landed (seed %u)\n", landed,
@@ -531,8 +505,8 @@ Test(kafka, run_kill9_results_once)
              "--idle-exit 300ms --batch 10 --lease 1s --commit-interval "
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
              src("group=g"), dst());
-    long landed = kill_loop(args, 5.0, kills(9));
-    cr_assert_geq(landed, kills(9) < 3 ? kills(9) : 3);
+    long landed = kill_loop(args, 5.0, t_kills(9));
+    cr_assert_geq(landed, t_kills(9) < 3 ? t_kills(9) : 3);
     expect_results(nkeys);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka run: %ld kills landed (seed %u)\n", landed,

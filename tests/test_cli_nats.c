@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "killloop.h"
 #include "redis_harness.h"
 
 static char ndir[512];
@@ -274,38 +275,15 @@ Test(nats, dedup_keeps_first_messages_in_order_with_data_and_headers)
  * the span goes past it. */
 #define SPAN 4.0
 
-static long kills(long dflt)
-{
-    const char *e = getenv("IDEM_CLI_KILLS");
-    return e ? strtol(e, NULL, 10) : dflt;
-}
-
-/* Start `idem ARGS` and kill -9 it, until nkills kills landed: every
- * other run after a random time within span seconds, the others by
- * themselves just after the sink's write and before the commit
- * (IDEM_TEST_KILL_AT). Then run to the end. Returns the kills landed. */
+/* Kill runs of args (tests/killloop.h): every other one kills itself
+ * after 1 to 4 batches, and every one is killed within span seconds.
+ * Then one run to the end. Returns the kills that landed. */
 static long kill_loop(const char *args, const char *durable, double span,
                       long nkills)
 {
-    long landed = 0;
-    for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
-        char at[64];
-        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 4);
-        if (tries % 2)
-            setenv("IDEM_TEST_KILL_AT", at, 1);
-        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
-        unsetenv("IDEM_TEST_KILL_AT");
-        long us = (long)((double)rand() / RAND_MAX * span * 1e6);
-        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-        nanosleep(&ts, NULL);
-        int hit = kill(pid, SIGKILL) == 0;
-        int st = t_wait(pid);
-        if (hit && st == 128 + SIGKILL)
-            landed++;
-        else
-            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
-                         t_read(t_at("err"), NULL));
-    }
+    t_kill_plan p = {.args = args, .span = span, .nkills = nkills,
+                     .tries = 4, .at_max = 4, .every = 2};
+    long landed = t_kill_loop(&p);
     finish(args, durable);
     return landed;
 }
@@ -319,8 +297,8 @@ Test(nats, dedup_kill9_keeps_each_first_message_once_in_order)
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 1500ms --batch 50 --lease 1s --commit-interval "
              "20ms --store local:store --job k9", src("durable=d"), dst());
-    long landed = kill_loop(args, "d", SPAN, kills(15));
-    cr_assert_geq(landed, kills(15) < 3 ? kills(15) : 3, "only %ld kills "
+    long landed = kill_loop(args, "d", SPAN, t_kills(15));
+    cr_assert_geq(landed, t_kills(15) < 3 ? t_kills(15) : 3, "only %ld kills "
                   "landed", landed);
     expect_output(nkeys, 0, 0);
     cr_log_info("nats dedup: %ld kills (seed %u)", landed, seed);
@@ -335,8 +313,8 @@ Test(nats, run_kill9_results_once_in_order)
              "--idle-exit 1500ms --batch 20 --lease 1s --commit-interval "
              "10ms --exec '\"$IDEM_PROGS/handler\" log' --job r",
              src("durable=d"), dst());
-    long landed = kill_loop(args, "d", SPAN, kills(10));
-    cr_assert_geq(landed, kills(10) < 3 ? kills(10) : 3);
+    long landed = kill_loop(args, "d", SPAN, t_kills(10));
+    cr_assert_geq(landed, t_kills(10) < 3 ? t_kills(10) : 3);
     expect_output(nkeys, 0, 1);
     cr_log_info("nats run: %ld kills", landed);
 }
@@ -1082,7 +1060,7 @@ Test(nats, nats_into_a_file_under_kill9)
              "out.ndjson --idle-exit 1500ms --batch 30 --lease 1s "
              "--commit-interval 10ms --store local:store --job f",
              src("durable=d"));
-    long landed = kill_loop(args, "d", SPAN, kills(8));
+    long landed = kill_loop(args, "d", SPAN, t_kills(8));
     cr_assert_geq(landed, 2);
     FILE *f = fopen(t_at("out.ndjson"), "r");
     cr_assert(f);

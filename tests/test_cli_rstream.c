@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "killloop.h"
 #include "redis_harness.h"
 
 static redisContext *rc;
@@ -198,47 +199,17 @@ Test(rstream, dedup_keeps_first_entries_in_order_with_their_fields)
     expect_nothing_pending("g2");
 }
 
-static long kills(long dflt)
-{
-    const char *e = getenv("IDEM_CLI_KILLS");
-    return e ? strtol(e, NULL, 10) : dflt;
-}
-
-/* Start `idem ARGS` in t_dir and kill -9 it, until nkills kills landed on
- * a live process; then let one run finish. Every other run is killed
- * after a random time within span seconds, the others kill themselves
- * just after writing the sink and before the commit, after a random
- * number of batches (IDEM_TEST_KILL_AT): the moment that read-back is
- * for, which a random kill seldom hits. Returns the kills that landed. */
+/* Kill runs of args (tests/killloop.h): every other one kills itself
+ * after 1 to 8 batches, and every one is killed within span seconds;
+ * then one run finishes the input. Returns the kills that landed. */
 static int cut_power;  /* kill_loop: each kill is a power cut too */
-static void preload(int on);
-static void power_cut(void);
 
 static long kill_loop(const char *args, double span, long nkills)
 {
-    long landed = 0;
-    preload(cut_power);
-    for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
-        char at[64];
-        snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
-        if (tries % 2)
-            setenv("IDEM_TEST_KILL_AT", at, 1);
-        pid_t pid = t_cli_start(t_dir, "%s 2>>err", args);
-        unsetenv("IDEM_TEST_KILL_AT");
-        long us = (long)((double)rand() / RAND_MAX * span * 1e6);
-        struct timespec ts = {us / 1000000, (us % 1000000) * 1000};
-        nanosleep(&ts, NULL);
-        int hit = kill(pid, SIGKILL) == 0;
-        int st = t_wait(pid);
-        if (cut_power)
-            power_cut();
-        if (hit && st == 128 + SIGKILL)
-            landed++;
-        else
-            cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
-                         t_read(t_at("err"), NULL));
-    }
-    preload(0);
+    t_kill_plan p = {.args = args, .span = span, .nkills = nkills,
+                     .tries = 4, .at_max = 8, .every = 2,
+                     .power_cut = cut_power};
+    long landed = t_kill_loop(&p);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
     return landed;
@@ -303,7 +274,7 @@ static void dedup_kill9(const char *store, long nkills, int joined)
 
 Test(rstream, dedup_kill9_with_a_local_store)
 {
-    dedup_kill9("local:store", kills(25), 0);
+    dedup_kill9("local:store", t_kills(25), 0);
 }
 
 Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
@@ -311,7 +282,7 @@ Test(rstream, dedup_kill9_with_the_store_on_the_same_redis)
     char store[256];
     snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
              th_prefix());
-    dedup_kill9(store, kills(25), 1);
+    dedup_kill9(store, t_kills(25), 1);
 }
 
 /* The same server, but read-back asked for (one_script=0 on the output:
@@ -322,7 +293,7 @@ Test(rstream, dedup_kill9_same_redis_with_read_back)
     snprintf(store, sizeof store, "'redis://%s?prefix=%s'", addr,
              th_prefix());
     read_back_only = 1;
-    dedup_kill9(store, kills(10), 0);
+    dedup_kill9(store, t_kills(10), 0);
     read_back_only = 0;
 }
 
@@ -334,7 +305,7 @@ Test(rstream, dedup_kill9_store_on_another_redis)
     char store[256];
     snprintf(store, sizeof store, "'redis://127.0.0.1:%d?prefix=%s'",
              own.ports[0], th_prefix());
-    dedup_kill9(store, kills(10), 0);
+    dedup_kill9(store, t_kills(10), 0);
     th_stop(&own);
 }
 
@@ -372,7 +343,7 @@ static void run_kill9_n(const char *store, long nkills)
 
 static void run_kill9(const char *store)
 {
-    run_kill9_n(store, kills(15));
+    run_kill9_n(store, t_kills(15));
 }
 
 Test(rstream, run_kill9_results_once_in_order)
@@ -381,18 +352,18 @@ Test(rstream, run_kill9_results_once_in_order)
 }
 
 /* The kills of dedup_kill9 and run_kill9 on a local store, each a power
- * cut too (power_cut): what a kill -9 leaves in the page cache is lost. */
+ * cut too (t_power_cut): what a kill -9 leaves in the page cache is lost. */
 Test(rstream, dedup_power_cuts_with_a_local_store)
 {
     cut_power = 1;
-    dedup_kill9("local:store", kills(10), 0);
+    dedup_kill9("local:store", t_kills(10), 0);
     cut_power = 0;
 }
 
 Test(rstream, run_power_cuts_results_once_in_order)
 {
     cut_power = 1;
-    run_kill9_n("", kills(4));
+    run_kill9_n("", t_kills(4));
     cut_power = 0;
 }
 
@@ -537,7 +508,7 @@ Test(rstream_cluster, dedup_kill9_on_a_cluster_with_its_store_there)
     char store[1024];
     snprintf(store, sizeof store, "'redis-cluster://%s?prefix=%s'",
              th_cluster_addr(), th_prefix());
-    dedup_kill9(store, kills(10), 0);  /* read-back: below */
+    dedup_kill9(store, t_kills(10), 0);  /* read-back: below */
 }
 
 /* --key @id: the entry's ID is the key, so a stream read again (a new
@@ -896,79 +867,14 @@ Test(rstream, sigterm_with_batches_read_ahead_and_a_sync_in_flight)
     expect_nothing_pending("g");
 }
 
-/* A power cut after a run: every file of the store the run synced goes
- * back to its size at its last fdatasync that returned (the shim's
- * notes, tests/shim/synclog.c); what was only written is lost. Only a
- * file's last note counts: cutting it to an earlier one first would
- * lose what a later sync made durable. */
-enum { MAX_NOTES = 4096 };
-static struct note {
-    long long size;
-    unsigned long long ino;
-    char path[512];
-} notes[MAX_NOTES];
-
-static void power_cut(void)
-{
-    FILE *f = fopen(t_at("synced"), "r");
-    if (!f)
-        return;
-    size_t n = 0;
-    while (n < MAX_NOTES && fscanf(f, "%lld %llu %511[^\n]\n", &notes[n].size,
-                                   &notes[n].ino, notes[n].path) == 3)
-        n++;
-    cr_assert(feof(f), "more than %d syncs in a run", MAX_NOTES);
-    fclose(f);
-    unlink(t_at("synced"));
-    for (size_t i = 0; i < n; i++) {
-        int last = 1;
-        for (size_t j = i + 1; j < n && last; j++)
-            last = strcmp(notes[i].path, notes[j].path) != 0;
-        struct stat st;
-        if (last && stat(notes[i].path, &st) == 0 &&
-            st.st_ino == notes[i].ino)
-            cr_assert_eq(truncate(notes[i].path, (off_t)notes[i].size), 0,
-                         "%s", notes[i].path);
-    }
-}
-
-/* The runs started from now on have the shim preloaded (on), or not. */
-static void preload(int on)
-{
-    /* Under ASan (make asan) idem's runtime must come first among its
-     * libraries, and a preload comes before it: the shim only wraps
-     * fdatasync and fsync, so the check is turned off, not the shim. */
-    static char asan0[1024];
-    static int saved;
-    char shim[4200], asan[1200];
-    if (!saved++)
-        snprintf(asan0, sizeof asan0, "%s", getenv("ASAN_OPTIONS") ?
-                 getenv("ASAN_OPTIONS") : "");
-    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
-    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", asan0,
-             *asan0 ? ":" : "");
-    if (on) {
-        setenv("LD_PRELOAD", shim, 1);
-        setenv("ASAN_OPTIONS", asan, 1);
-        setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
-    } else {
-        unsetenv("LD_PRELOAD");
-        if (*asan0)
-            setenv("ASAN_OPTIONS", asan0, 1);
-        else
-            unsetenv("ASAN_OPTIONS");
-        unsetenv("IDEM_TEST_SYNCED");
-    }
-}
-
 /* A run of args with the shim preloaded, killed at kill_at (NULL: not),
  * then a power cut. Its exit status. */
 static int cli_cut_at(const char *kill_at, const char *args)
 {
-    preload(1);
+    t_synclog_preload(1);
     int st = cli_at(kill_at, args);
-    preload(0);
-    power_cut();
+    t_synclog_preload(0);
+    t_power_cut();
     return st;
 }
 
