@@ -177,6 +177,7 @@ typedef struct source_opts {
  * than a file? */
 int connect_is_uri(const char *uri);
 
+
 /* The stream uri names, as the same text however it is reached (no
  * credentials, no parameters of the connection): what names the jobs
  * and the key space of an output, and tells that --from and --to are

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "uriparam.h"
 #include "kafka.h"
 
 static const char *config_path;  /* --kafka-config */
@@ -144,14 +145,12 @@ static int number(const char *cmd, const kafka_uri *u, const char *name,
 static int param(const char *cmd, kafka_uri *u, int as_sink, const char *p,
                  size_t n)
 {
-    const char *eq = memchr(p, '=', n);
-    size_t k = eq ? (size_t)(eq - p) : n;
-    const char *v = eq ? eq + 1 : p + n;
-    size_t vn = eq ? n - k - 1 : 0;
+    uri_param q;
+    uri_param_split(p, n, &q);
+    const char *name = q.name, *v = q.v;
+    size_t k = q.namelen, vn = q.vl;
     if (memchr(p, '.', k))
         return add_prop(u, p, k, v, vn) ? cli_fail(cmd, "out of memory") : 0;
-    char name[32];
-    snprintf(name, sizeof name, "%.*s", (int)(k < 31 ? k : 31), p);
     if (!as_sink && (!strcmp(name, "group") || !strcmp(name, "consumer"))) {
         char **to = name[0] == 'g' ? &u->group : &u->consumer;
         free(*to);

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "uriparam.h"
 #include "rconn.h"
 
 int nu_is_uri(const char *uri)
@@ -32,14 +33,6 @@ static int bad(const nats_uri *u, const char *cmd, const char *what)
                            "[:PORT]/SUBJECT for --to)", u->display, what);
 }
 
-static int take(char **dst, const char *v, size_t n)
-{
-    int badesc;
-    free(*dst);
-    *dst = rs_decode(v, n, NULL, &badesc);
-    return *dst ? 0 : -1;
-}
-
 /* USER:PASSWORD@ or TOKEN@, then HOST[:PORT]. */
 static int parse_authority(nats_uri *u, const char *cmd, const char *a,
                            size_t n)
@@ -49,10 +42,10 @@ static int parse_authority(nats_uri *u, const char *cmd, const char *a,
         at = *p == '@' ? p : at;
     if (at) {
         const char *colon = memchr(a, ':', (size_t)(at - a));
-        int rc = colon ? take(&u->user, a, (size_t)(colon - a)) ||
-                             take(&u->pass, colon + 1,
-                                  (size_t)(at - colon - 1))
-                       : take(&u->token, a, (size_t)(at - a));
+        int rc = colon ? uri_param_take(&u->user, a, (size_t)(colon - a)) ||
+                             uri_param_take(&u->pass, colon + 1,
+                                            (size_t)(at - colon - 1))
+                       : uri_param_take(&u->token, a, (size_t)(at - a));
         if (rc)
             return bad(u, cmd, "bad %-escape in the user, password or "
                        "token, or out of memory");
@@ -95,29 +88,27 @@ static int duration(const nats_uri *u, const char *cmd, const char *v,
 static int parse_param(nats_uri *u, const char *cmd, int sink, const char *p,
                        size_t n)
 {
-    const char *eq = memchr(p, '=', n);
-    size_t nl = eq ? (size_t)(eq - p) : n;
-    const char *v = eq ? eq + 1 : p + n;
-    size_t vl = n - nl - (eq != NULL);
-    char name[32];
-    snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), p);
+    uri_param q;
+    uri_param_split(p, n, &q);
+    const char *name = q.name, *v = q.v;
+    size_t nl = q.namelen, vl = q.vl;
     int rc = -2;
     if (!strcmp(name, "durable") && !sink)
-        rc = take(&u->durable, v, vl);
+        rc = uri_param_take(&u->durable, v, vl);
     else if (!strcmp(name, "subject") && !sink)
-        rc = take(&u->subject, v, vl);
+        rc = uri_param_take(&u->subject, v, vl);
     else if (!strcmp(name, "worker") && !sink)
-        rc = take(&u->worker, v, vl);
+        rc = uri_param_take(&u->worker, v, vl);
     else if (!strcmp(name, "stream") && sink)
-        rc = take(&u->stream, v, vl);
+        rc = uri_param_take(&u->stream, v, vl);
     else if (!strcmp(name, "creds"))
-        rc = take(&u->creds, v, vl);
+        rc = uri_param_take(&u->creds, v, vl);
     else if (!strcmp(name, "nkey"))
-        rc = take(&u->nkey, v, vl);
+        rc = uri_param_take(&u->nkey, v, vl);
     else if (!strcmp(name, "nkey_pub"))
-        rc = take(&u->nkey_pub, v, vl);
+        rc = uri_param_take(&u->nkey_pub, v, vl);
     else if (!strcmp(name, "password_file"))
-        rc = take(&u->pwfile, v, vl);
+        rc = uri_param_take(&u->pwfile, v, vl);
     else if (!strcmp(name, "timeout_ms"))
         return duration(u, cmd, v, vl, &u->timeout_ms);
     else if (!strcmp(name, "ack_wait_ms") && !sink)
@@ -164,7 +155,8 @@ int nu_parse(const char *cmd, const char *uri, int sink, nats_uri *u)
         return bad(u, cmd, sink ? "no subject after the host"
                                 : "no stream name after the host");
     int rc = parse_authority(u, cmd, a, (size_t)(slash - a));
-    if (!rc && take(&u->name, slash + 1, upto - (size_t)(slash + 1 - a)))
+    size_t namelen = upto - (size_t)(slash + 1 - a);
+    if (!rc && uri_param_take(&u->name, slash + 1, namelen))
         rc = bad(u, cmd, "bad %-escape in the name, or out of memory");
     if (!rc)
         snprintf(u->display, sizeof u->display, "nats://%s:%d/%s", u->host,

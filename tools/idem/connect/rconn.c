@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "uriparam.h"
 
 static int hexval(char c)
 {
@@ -150,14 +151,6 @@ static int parse_path(rs_uri *u, const char *cmd, const char *p, size_t n)
     return 0;
 }
 
-static int take(char **dst, const char *v, size_t n)
-{
-    int badesc;
-    free(*dst);
-    *dst = rs_decode(v, n, NULL, &badesc);
-    return *dst ? 0 : -1;
-}
-
 static int number(const rs_uri *u, const char *cmd, const char *name,
                   const char *v, size_t n, uint64_t hi, uint64_t *out)
 {
@@ -204,24 +197,22 @@ static int read_password_file(rs_uri *u, const char *cmd, const char *path)
 static int parse_param(rs_uri *u, const char *cmd, int sink, const char *p,
                        size_t n, char **pwfile)
 {
-    const char *eq = memchr(p, '=', n);
-    size_t nl = eq ? (size_t)(eq - p) : n;
-    const char *v = eq ? eq + 1 : p + n;
-    size_t vl = n - nl - (eq != NULL);
+    uri_param q;
+    uri_param_split(p, n, &q);
+    const char *name = q.name, *v = q.v;
+    size_t nl = q.namelen, vl = q.vl;
     uint64_t x;
-    char name[32];
-    snprintf(name, sizeof name, "%.*s", (int)(nl < 31 ? nl : 31), p);
     int rc = -2;
     if (!strcmp(name, "group") && !sink)
-        rc = take(&u->group, v, vl);
+        rc = uri_param_take(&u->group, v, vl);
     else if (!strcmp(name, "consumer") && !sink)
-        rc = take(&u->consumer, v, vl);
+        rc = uri_param_take(&u->consumer, v, vl);
     else if (!strcmp(name, "start") && !sink)
-        rc = take(&u->start, v, vl);
+        rc = uri_param_take(&u->start, v, vl);
     else if (!strcmp(name, "password_file"))
-        rc = take(pwfile, v, vl);
+        rc = uri_param_take(pwfile, v, vl);
     else if (!strcmp(name, "sentinel"))
-        rc = take(&u->sentinel, v, vl);
+        rc = uri_param_take(&u->sentinel, v, vl);
     else if (!strcmp(name, "maxlen") && sink)
         return number(u, cmd, name, v + (vl && *v == '~'),
                       vl - (vl && *v == '~'), UINT64_MAX / 2, &u->maxlen);
