@@ -1060,7 +1060,7 @@ Test(nats, nats_into_a_file_under_kill9)
              "out.ndjson --idle-exit 1500ms --batch 30 --lease 1s "
              "--commit-interval 10ms --store local:store --job f",
              src("durable=d"));
-    long landed = kill_loop(args, "d", SPAN, t_kills(8));
+    long landed = kill_loop(args, "d", 1.5, t_kills(8));
     cr_assert_geq(landed, 2);
     FILE *f = fopen(t_at("out.ndjson"), "r");
     cr_assert(f);

@@ -677,8 +677,6 @@ static int write_sink(job *j)
                                r->mlen);
     }
     rc = rc ? rc : j->sink->ops->flush(j->sink);
-    if (!rc && j->nrecs)
-        cli_kill_point("sink-written");  /* before the commit */
     j->nrecs = 0;
     j->rkeys.len = 0;
     if (rc)
@@ -705,9 +703,12 @@ static int write_file(job *j)
 
 int job_commit(job *j, size_t input, const nd_line *last)
 {
+    int wrote = j->sink ? j->nrecs > 0 : j->obuf.len > 0;
     int rc = j->sink ? write_sink(j) : write_file(j);
     if (rc)
         return rc;
+    if (wrote)
+        cli_kill_point("sink-written");  /* written, not yet committed */
     j->obuf.len = 0;
     if (last && !j->sink) {
         /* Inputs left behind were read to their end: the last line
