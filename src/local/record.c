@@ -12,33 +12,15 @@
 #include <string.h>
 #include <xxhash.h>
 
-/* Bytes of a frame of a header of hdr bytes. */
-static size_t idem__size_with(size_t hdr, size_t keylen, size_t vallen)
+/* Bytes of a frame of a header of hdr bytes, padded to a multiple of
+ * align (8 up to version 3, 4 from version 4). */
+static size_t idem__size_with(size_t hdr, size_t keylen, size_t vallen,
+                              size_t align)
 {
-    return (hdr + keylen + vallen + 7) & ~(size_t)7;
+    return (hdr + keylen + vallen + align - 1) & ~(align - 1);
 }
 
-static int idem__fits32(int64_t a, int64_t b)
-{
-    __int128 d = (__int128)a - b;
-    return d >= INT32_MIN && d <= INT32_MAX;
-}
-
-/* The flags of r's version 3 frame: the optional fields it needs. */
-static unsigned idem__v3_flags(const idem__rec *r, size_t vallen)
-{
-    unsigned f = (r->has_fp ? IDEM__RF_FP : 0) |
-                 (r->released ? IDEM__RF_RELEASED : 0) |
-                 (vallen ? IDEM__RF_VAL : 0) |
-                 (r->attempts > 0xffffu ? IDEM__RF_ATT32 : 0) |
-                 (idem__fits32(r->expires, r->created) ? 0 : IDEM__RF_EXP64);
-    if (r->lease)
-        f |= idem__fits32(r->lease, r->created) ? IDEM__RF_LEASE
-                                                : IDEM__RF_LEASE64;
-    return f;
-}
-
-/* Bytes of the optional fields that flags name. */
+/* Bytes of the version 3 optional fields that flags name. */
 static size_t idem__v3_extra(unsigned f)
 {
     return (f & IDEM__RF_ATT32 ? 4u : 0) + (f & IDEM__RF_EXP64 ? 8u : 0) +
@@ -46,31 +28,9 @@ static size_t idem__v3_extra(unsigned f)
            (f & IDEM__RF_VAL ? 4u : 0) + (f & IDEM__RF_FP ? IDEM_FP_LEN : 0);
 }
 
-size_t idem__frame_size(const idem__rec *r, size_t keylen, size_t vallen)
-{
-    return idem__size_with(
-        IDEM__REC_HDR3 + idem__v3_extra(idem__v3_flags(r, vallen)), keylen,
-        vallen);
-}
-
-/* A COMMIT's created is an offset in its segment and its expires 0: its
- * ttl fits in 32 bits up to 2 GiB, past which it carries EXP64. */
-const size_t idem__commit_sizes[] = {IDEM__REC_HDR3, IDEM__REC_HDR3 + 8,
-                                     IDEM__REC_HDR2, IDEM__REC_HDR1, 0};
-
-static void idem__put16(unsigned char *p, uint16_t v)
-{
-    memcpy(p, &v, 2);
-}
-
 static void idem__put32(unsigned char *p, uint32_t v)
 {
     memcpy(p, &v, 4);
-}
-
-static void idem__put64(unsigned char *p, uint64_t v)
-{
-    memcpy(p, &v, 8);
 }
 
 static uint16_t idem__get16(const unsigned char *p)
@@ -94,52 +54,148 @@ static uint64_t idem__get64(const unsigned char *p)
     return v;
 }
 
-/* Write the optional fields flags name at q; returns where they end. */
-static unsigned char *idem__v3_put(unsigned char *q, unsigned f,
-                                   const idem__rec *r, size_t vallen)
+/* ------------------------------------------------------------------------
+ * Version 4: the fields as a byte stream of varints (record.h). All
+ * arithmetic on times is done in uint64_t, wrapping, so that encode and
+ * decode are exact inverses for every value and a crafted frame that
+ * passes its checksum decodes to nonsense, never to undefined behaviour. */
+
+static size_t idem__varint_put(unsigned char *q, uint64_t v)
 {
-    if (f & IDEM__RF_ATT32)
-        idem__put32(q, r->attempts), q += 4;
-    if (f & IDEM__RF_EXP64)
-        idem__put64(q, (uint64_t)r->expires), q += 8;
-    if (f & IDEM__RF_LEASE)
-        idem__put32(q, (uint32_t)(int32_t)(r->lease - r->created)), q += 4;
-    if (f & IDEM__RF_LEASE64)
-        idem__put64(q, (uint64_t)r->lease), q += 8;
-    if (f & IDEM__RF_VAL)
-        idem__put32(q, (uint32_t)vallen), q += 4;
-    if (f & IDEM__RF_FP)
-        memcpy(q, r->fp, IDEM_FP_LEN), q += IDEM_FP_LEN;
-    return q;
+    size_t n = 0;
+    while (v >= 0x80) {
+        q[n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    q[n++] = (unsigned char)v;
+    return n;
 }
+
+/* A signed ms delta as a varint: zigzag, in whole seconds when it is
+ * one (flag `sec` then set in *f), since TTLs and leases mostly are. */
+static size_t idem__delta_put(unsigned char *q, uint64_t d, unsigned sec,
+                              unsigned *f)
+{
+    int64_t v = (int64_t)d;
+    if (v % 1000 == 0) {
+        v /= 1000;
+        *f |= sec;
+    }
+    return idem__varint_put(q, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63));
+}
+
+/* The field stream of r into st (IDEM__V4_STREAM bytes at most, zero
+ * padded to 8); returns its length, which alone sizes the frame. */
+static size_t idem__v4_stream(unsigned char *st, uint8_t type,
+                              const idem__rec *r, size_t keylen,
+                              size_t vallen)
+{
+    unsigned f = (r->has_fp ? IDEM__R4_FP : 0) |
+                 (r->released ? IDEM__R4_RELEASED : 0) |
+                 (r->lease ? IDEM__R4_LEASE : 0) |
+                 (vallen ? IDEM__R4_VAL : 0);
+    uint64_t created = (uint64_t)r->created;
+    size_t n = 2;
+    st[0] = (unsigned char)(type | r->state << 4);
+    n += idem__varint_put(st + n, keylen);
+    n += idem__varint_put(st + n, r->attempts);
+    n += idem__varint_put(st + n, r->token);
+    n += idem__delta_put(st + n, r->token / 1000 - created, IDEM__R4_CSEC,
+                         &f);
+    n += idem__delta_put(st + n, (uint64_t)r->expires - created,
+                         IDEM__R4_TSEC, &f);
+    if (r->lease)
+        n += idem__delta_put(st + n, (uint64_t)r->lease - created,
+                             IDEM__R4_LSEC, &f);
+    if (vallen)
+        n += idem__varint_put(st + n, vallen);
+    if (r->has_fp)
+        memcpy(st + n, r->fp, IDEM_FP_LEN), n += IDEM_FP_LEN;
+    st[1] = (unsigned char)f;
+    for (; n < 8; n++)
+        st[n] = 0;
+    return n;
+}
+
+size_t idem__frame_size(const idem__rec *r, size_t keylen, size_t vallen)
+{
+    unsigned char st[IDEM__V4_STREAM];
+    return idem__size_with(5 + idem__v4_stream(st, 0, r, keylen, vallen),
+                           keylen, vallen, 4);
+}
+
+/* A COMMIT's created is an offset in its segment, below 4 GiB, and its
+ * expires 0: in version 4 two varints of 1 to 5 bytes. Then the sizes of
+ * earlier versions. */
+const size_t idem__commit_sizes[] = {16, 20, IDEM__REC_HDR3,
+                                     IDEM__REC_HDR3 + 8, IDEM__REC_HDR2,
+                                     IDEM__REC_HDR1, 0};
 
 void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,
                         const void *key, size_t keylen, const void *val,
                         size_t vallen)
 {
-    unsigned f = idem__v3_flags(r, vallen);
-    size_t len = idem__frame_size(r, keylen, vallen);
-    idem__put32(dst + 8, (uint32_t)len);
+    unsigned char st[IDEM__V4_STREAM];
+    size_t n = idem__v4_stream(st, type, r, keylen, vallen);
+    size_t len = idem__size_with(5 + n, keylen, vallen, 4);
+    memcpy(dst + 4, st, 8);
     dst[12] = IDEM__REC_VERSION;
-    dst[13] = type;
-    dst[14] = r->state;
-    dst[15] = (uint8_t)f;
-    idem__put16(dst + 16, (uint16_t)keylen);
-    idem__put16(dst + 18, (uint16_t)r->attempts);
-    idem__put64(dst + 20, (uint64_t)r->created);
-    idem__put32(dst + 28, f & IDEM__RF_EXP64
-                              ? 0
-                              : (uint32_t)(int32_t)(r->expires - r->created));
-    idem__put64(dst + 32, r->token);
-    unsigned char *q = idem__v3_put(dst + IDEM__REC_HDR3, f, r, vallen);
+    memcpy(dst + 13, st + 8, n - 8);
+    unsigned char *q = dst + 5 + n;
     if (keylen)
         memcpy(q, key, keylen);
     if (vallen)
         memcpy(q + keylen, val, vallen);
-    memset(q + keylen + vallen, 0, len - (size_t)(q - dst) - keylen - vallen);
-    idem__put64(dst, XXH3_64bits(dst + 8, len - 8));
+    memset(q + keylen + vallen, 0, len - (5 + n) - keylen - vallen);
+    idem__put32(dst, (uint32_t)XXH3_64bits(dst + 4, len - 4));
 }
 
+/* A version 4 field stream being read: bytes st[0, n) gathered from
+ * the frame, at the read position `at`; `bad` once a field ran past
+ * them. */
+typedef struct idem__v4r {
+    unsigned char st[IDEM__V4_STREAM];
+    size_t n, at;
+    int bad;
+} idem__v4r;
+
+static uint64_t idem__varint_get(idem__v4r *r)
+{
+    uint64_t v = 0;
+    for (unsigned shift = 0; shift < 64; shift += 7) {
+        if (r->at >= r->n) {
+            r->bad = 1;
+            return 0;
+        }
+        unsigned char b = r->st[r->at++];
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (b < 0x80)
+            return v;
+    }
+    r->bad = 1;  /* over 10 bytes: no encoder wrote it */
+    return 0;
+}
+
+static uint64_t idem__delta_get(idem__v4r *r, unsigned f, unsigned sec)
+{
+    uint64_t u = idem__varint_get(r);
+    uint64_t v = (u >> 1) ^ (0 - (u & 1));
+    return f & sec ? v * 1000u : v;
+}
+
+/* Gather the field stream of the version 4 frame at p from the `avail`
+ * bytes readable there (at least 13). */
+static void idem__v4_gather(const unsigned char *p, size_t avail,
+                            idem__v4r *r)
+{
+    size_t more = avail - 13 < IDEM__V4_STREAM - 8 ? avail - 13
+                                                    : IDEM__V4_STREAM - 8;
+    memcpy(r->st, p + 4, 8);
+    memcpy(r->st + 8, p + 13, more);
+    r->n = 8 + more;
+    r->at = 2;
+    r->bad = 0;
+}
 /* Are the sizes in a header of hdr bytes possible at all? Checked before
  * the checksum so that a garbled length cannot make us hash past the
  * buffer. */
@@ -149,10 +205,10 @@ static int idem__sizes_sane(size_t hdr, uint32_t len, uint32_t keylen,
     return len >= hdr && len % 8 == 0 &&
            keylen <= IDEM_CHECKPOINT_NAME_MAX + IDEM_KEY_MAX &&
            vallen <= IDEM_VALUE_MAX &&
-           idem__size_with(hdr, keylen, vallen) == len;
+           idem__size_with(hdr, keylen, vallen, 8) == len;
 }
 
-/* Where a frame's fields are, by version: its header's size, key and
+/* Where a version 1 to 3 frame's fields are: its header's size, key and
  * value lengths. 0, or IDEM_ECORRUPT when they cannot be (checked before
  * the checksum). */
 typedef struct idem__shape {
@@ -163,7 +219,7 @@ typedef struct idem__shape {
 static int idem__shape_of(const unsigned char *p, size_t avail,
                           idem__shape *sh)
 {
-    if (p[12] != 1 && p[12] != 2) {  /* 3, or unknown: measured as 3 */
+    if (p[12] != 1 && p[12] != 2) {  /* 3, or 0: measured as 3 */
         unsigned f = p[15];
         sh->hdr = IDEM__REC_HDR3 + idem__v3_extra(f);
         sh->keylen = idem__get16(p + 16);
@@ -174,7 +230,7 @@ static int idem__shape_of(const unsigned char *p, size_t avail,
                 return IDEM_ECORRUPT;
             sh->vallen = idem__get32(p + at);
         }
-        return p[12] == IDEM__REC_VERSION && f >= 128 ? IDEM_ECORRUPT : 0;
+        return p[12] == 3 && f >= 128 ? IDEM_ECORRUPT : 0;
     }
     sh->hdr = p[12] == 1 ? IDEM__REC_HDR1 : IDEM__REC_HDR2;
     if (avail < sh->hdr)
@@ -231,27 +287,34 @@ static void idem__decode_v3(const unsigned char *p, idem__rec *r)
         memcpy(r->fp, q, IDEM_FP_LEN);
 }
 
-int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
-                       int verify)
+/* Is (type, state) one a writer can have written? */
+static int idem__kind_ok(unsigned type, unsigned state)
+{
+    return type != 0 && type < IDEM__R_MAX_ && state <= IDEM_STATE_FAILED;
+}
+
+/* Frames of versions 1 to 3 (and 0, which no idem wrote). */
+static int idem__decode_old(const unsigned char *p, size_t avail,
+                            idem__frame *f, int verify)
 {
     idem__shape sh;
-    if (avail < IDEM__REC_HDR || idem__shape_of(p, avail, &sh))
+    if (avail < IDEM__REC_HDR3 || idem__shape_of(p, avail, &sh))
         return IDEM_ECORRUPT;
     uint32_t len = idem__get32(p + 8);
     if (!idem__sizes_sane(sh.hdr, len, sh.keylen, sh.vallen) || len > avail)
         return IDEM_ECORRUPT;
     if (verify && XXH3_64bits(p + 8, len - 8) != idem__get64(p))
         return IDEM_ECORRUPT;
-    if (p[12] == 0 || p[12] > IDEM__REC_VERSION)
+    if (p[12] == 0)
         return IDEM_EVERSION;
-    if (p[13] == 0 || p[13] >= IDEM__R_MAX_ || p[14] > IDEM_STATE_FAILED)
+    if (!idem__kind_ok(p[13], p[14]))
         return IDEM_ECORRUPT;
     f->type = p[13];
     f->len = len;
     f->rec.state = p[14];
     f->rec.has_fp = (p[15] & IDEM__RF_FP) != 0;
     f->rec.released = (p[15] & IDEM__RF_RELEASED) != 0;
-    if (p[12] == IDEM__REC_VERSION)
+    if (p[12] == 3)
         idem__decode_v3(p, &f->rec);
     else
         idem__decode_v12(p, &f->rec);
@@ -260,4 +323,76 @@ int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
     f->val = p + sh.hdr + sh.keylen;
     f->vallen = sh.vallen;
     return 0;
+}
+
+/* The fields of a version 4 stream (after its kind and flags bytes)
+ * into rec; returns the flags. */
+static unsigned idem__v4_fields(idem__v4r *r, idem__rec *rec,
+                                uint64_t *keylen, uint64_t *vallen)
+{
+    unsigned fl = r->st[1];
+    *keylen = idem__varint_get(r);
+    rec->attempts = (uint32_t)idem__varint_get(r);
+    rec->token = idem__varint_get(r);
+    uint64_t created = rec->token / 1000 - idem__delta_get(r, fl,
+                                                           IDEM__R4_CSEC);
+    rec->created = (int64_t)created;
+    rec->expires = (int64_t)(created + idem__delta_get(r, fl, IDEM__R4_TSEC));
+    rec->lease = fl & IDEM__R4_LEASE
+                     ? (int64_t)(created +
+                                 idem__delta_get(r, fl, IDEM__R4_LSEC))
+                     : 0;
+    *vallen = fl & IDEM__R4_VAL ? idem__varint_get(r) : 0;
+    memset(rec->fp, 0, IDEM_FP_LEN);
+    if (fl & IDEM__R4_FP) {
+        if (r->at + IDEM_FP_LEN > r->n)
+            r->bad = 1;
+        else
+            memcpy(rec->fp, r->st + r->at, IDEM_FP_LEN);
+        r->at += IDEM_FP_LEN;
+    }
+    rec->has_fp = (fl & IDEM__R4_FP) != 0;
+    rec->released = (fl & IDEM__R4_RELEASED) != 0;
+    return fl;
+}
+
+/* Frames of version 4, and of later versions, measured as version 4. */
+static int idem__decode_v4(const unsigned char *p, size_t avail,
+                           idem__frame *f, int verify)
+{
+    idem__v4r r;
+    uint64_t keylen, vallen;
+    idem__v4_gather(p, avail, &r);
+    unsigned fl = idem__v4_fields(&r, &f->rec, &keylen, &vallen);
+    size_t hdr = 5 + (r.at < 8 ? 8 : r.at);
+    if (r.bad || (p[12] == IDEM__REC_VERSION && fl >= 128) ||
+        keylen > IDEM_CHECKPOINT_NAME_MAX + IDEM_KEY_MAX ||
+        vallen > IDEM_VALUE_MAX)
+        return IDEM_ECORRUPT;
+    size_t len = idem__size_with(hdr, (size_t)keylen, (size_t)vallen, 4);
+    if (len > avail)
+        return IDEM_ECORRUPT;
+    if (verify && (uint32_t)XXH3_64bits(p + 4, len - 4) != idem__get32(p))
+        return IDEM_ECORRUPT;
+    if (p[12] > IDEM__REC_VERSION)
+        return IDEM_EVERSION;
+    if (!idem__kind_ok(r.st[0] & 15u, r.st[0] >> 4))
+        return IDEM_ECORRUPT;
+    f->type = r.st[0] & 15u;
+    f->len = (uint32_t)len;
+    f->rec.state = r.st[0] >> 4;
+    f->key = p + hdr;
+    f->keylen = (uint32_t)keylen;
+    f->val = p + hdr + keylen;
+    f->vallen = (uint32_t)vallen;
+    return 0;
+}
+
+int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
+                       int verify)
+{
+    if (avail < IDEM__REC_HDR)
+        return IDEM_ECORRUPT;
+    return p[12] >= IDEM__REC_VERSION ? idem__decode_v4(p, avail, f, verify)
+                                      : idem__decode_old(p, avail, f, verify);
 }
