@@ -3,10 +3,14 @@
  * The decoder is the gatekeeper for everything read back from disk. It
  * trusts nothing: lengths are checked against what is readable before the
  * checksum is computed, sizes against the limits the writer enforces, and
- * only then are fields used. XXH3-64 is the checksum because it runs near
- * memory speed (reopening a store means checksumming all of it) and
- * detects the torn and garbled writes we care about; it is not a defence
- * against a malicious disk. */
+ * only then are fields used. XXH3-64 is the checksum (its low 32 bits
+ * from version 4, where 4 bytes a frame are 5 % of the disk) because it
+ * runs near memory speed (reopening a store means checksumming all of it)
+ * and detects the torn and garbled writes we care about; it is not a
+ * defence against a malicious disk.
+ *
+ * Version 4 frames are written; every earlier version is still read, by
+ * the version byte at offset 12 that all of them share. */
 #include "record.h"
 
 #include <string.h>
@@ -196,6 +200,7 @@ static void idem__v4_gather(const unsigned char *p, size_t avail,
     r->at = 2;
     r->bad = 0;
 }
+
 /* Are the sizes in a header of hdr bytes possible at all? Checked before
  * the checksum so that a garbled length cannot make us hash past the
  * buffer. */
