@@ -351,7 +351,8 @@ Test(torn, version_4_frame_cut_and_garbled_at_every_byte, .timeout = 60)
          .token = (uint64_t)now * 1000 + 7, .created = now,
          .expires = now + 86400000, .lease = now + 30000},
         {.state = IDEM_STATE_DONE, .attempts = 70000, .token = 5,
-         .created = now - 12345, .expires = now + 3, .has_fp = 1},
+         .created = now - 12345, .expires = now + 3, .has_fp = 1,
+         .lease = now - 12345 + 120000},  /* minutes */
         {.state = IDEM_STATE_PENDING, .released = 1, .attempts = 2,
          .token = IDEM_TOKEN_MAX, .created = -5, .expires = INT64_MAX,
          .lease = INT64_MIN},

@@ -75,16 +75,23 @@ static size_t idem__varint_put(unsigned char *q, uint64_t v)
     return n;
 }
 
-/* A signed ms delta as a varint: zigzag, in whole seconds when it is
- * one (flag `sec` then set in *f), since TTLs and leases mostly are. */
-static size_t idem__delta_put(unsigned char *q, uint64_t d, unsigned sec,
-                              unsigned *f)
+/* The units a time difference may be counted in, by their 2-bit code in
+ * the flags: ms, s, min, h. TTLs and leases are mostly whole seconds,
+ * minutes or hours (a TTL of a day is 24 hours: one byte). */
+static const uint64_t idem__units[4] = {1, 1000, 60000, 3600000};
+
+/* A signed ms difference as a zigzag varint, in the largest unit that
+ * divides it; its code goes into *f at bit `at` (f NULL: in ms). */
+static size_t idem__delta_put(unsigned char *q, uint64_t d, unsigned *f,
+                              unsigned at)
 {
     int64_t v = (int64_t)d;
-    if (v % 1000 == 0) {
-        v /= 1000;
-        *f |= sec;
-    }
+    unsigned u = 3;
+    while (f && u && v % (int64_t)idem__units[u] != 0)
+        u--;
+    v /= f ? (int64_t)idem__units[u] : 1;
+    if (f)
+        *f |= u << at;
     return idem__varint_put(q, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63));
 }
 
@@ -99,18 +106,22 @@ static size_t idem__v4_stream(unsigned char *st, uint8_t type,
                  (r->lease ? IDEM__R4_LEASE : 0) |
                  (vallen ? IDEM__R4_VAL : 0);
     uint64_t created = (uint64_t)r->created;
+    unsigned kind = type | (unsigned)r->state << 4 |
+                    (r->attempts == 1 ? IDEM__K4_ATT1 : 0) |
+                    (r->token / 1000 == created ? IDEM__K4_CLOCK : 0);
     size_t n = 2;
-    st[0] = (unsigned char)(type | r->state << 4);
+    st[0] = (unsigned char)kind;
     n += idem__varint_put(st + n, keylen);
-    n += idem__varint_put(st + n, r->attempts);
+    if (!(kind & IDEM__K4_ATT1))
+        n += idem__varint_put(st + n, r->attempts);
     n += idem__varint_put(st + n, r->token);
-    n += idem__delta_put(st + n, r->token / 1000 - created, IDEM__R4_CSEC,
-                         &f);
-    n += idem__delta_put(st + n, (uint64_t)r->expires - created,
-                         IDEM__R4_TSEC, &f);
+    if (!(kind & IDEM__K4_CLOCK))
+        n += idem__delta_put(st + n, r->token / 1000 - created, NULL, 0);
+    n += idem__delta_put(st + n, (uint64_t)r->expires - created, &f,
+                         IDEM__R4_TTL_UNIT);
     if (r->lease)
-        n += idem__delta_put(st + n, (uint64_t)r->lease - created,
-                             IDEM__R4_LSEC, &f);
+        n += idem__delta_put(st + n, (uint64_t)r->lease - created, &f,
+                             IDEM__R4_LEASE_UNIT);
     if (vallen)
         n += idem__varint_put(st + n, vallen);
     if (r->has_fp)
@@ -180,11 +191,11 @@ static uint64_t idem__varint_get(idem__v4r *r)
     return 0;
 }
 
-static uint64_t idem__delta_get(idem__v4r *r, unsigned f, unsigned sec)
+/* A difference idem__delta_put wrote, in ms (unit: its code). */
+static uint64_t idem__delta_get(idem__v4r *r, unsigned unit)
 {
     uint64_t u = idem__varint_get(r);
-    uint64_t v = (u >> 1) ^ (0 - (u & 1));
-    return f & sec ? v * 1000u : v;
+    return ((u >> 1) ^ (0 - (u & 1))) * idem__units[unit & 3];
 }
 
 /* Gather the field stream of the version 4 frame at p from the `avail`
@@ -330,22 +341,24 @@ static int idem__decode_old(const unsigned char *p, size_t avail,
     return 0;
 }
 
-/* The fields of a version 4 stream (after its kind and flags bytes)
- * into rec; returns the flags. */
-static unsigned idem__v4_fields(idem__v4r *r, idem__rec *rec,
+/* The fields of a version 4 stream into rec. */
+static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
                                 uint64_t *keylen, uint64_t *vallen)
 {
-    unsigned fl = r->st[1];
+    unsigned kind = r->st[0], fl = r->st[1];
     *keylen = idem__varint_get(r);
-    rec->attempts = (uint32_t)idem__varint_get(r);
+    rec->attempts = kind & IDEM__K4_ATT1 ? 1u
+                                         : (uint32_t)idem__varint_get(r);
     rec->token = idem__varint_get(r);
-    uint64_t created = rec->token / 1000 - idem__delta_get(r, fl,
-                                                           IDEM__R4_CSEC);
+    uint64_t created = rec->token / 1000;
+    if (!(kind & IDEM__K4_CLOCK))
+        created -= idem__delta_get(r, 0);
     rec->created = (int64_t)created;
-    rec->expires = (int64_t)(created + idem__delta_get(r, fl, IDEM__R4_TSEC));
+    rec->expires =
+        (int64_t)(created + idem__delta_get(r, fl >> IDEM__R4_TTL_UNIT));
     rec->lease = fl & IDEM__R4_LEASE
-                     ? (int64_t)(created +
-                                 idem__delta_get(r, fl, IDEM__R4_LSEC))
+                     ? (int64_t)(created + idem__delta_get(
+                                               r, fl >> IDEM__R4_LEASE_UNIT))
                      : 0;
     *vallen = fl & IDEM__R4_VAL ? idem__varint_get(r) : 0;
     memset(rec->fp, 0, IDEM_FP_LEN);
@@ -358,7 +371,6 @@ static unsigned idem__v4_fields(idem__v4r *r, idem__rec *rec,
     }
     rec->has_fp = (fl & IDEM__R4_FP) != 0;
     rec->released = (fl & IDEM__R4_RELEASED) != 0;
-    return fl;
 }
 
 /* Frames of version 4, and of later versions, measured as version 4. */
@@ -368,10 +380,9 @@ static int idem__decode_v4(const unsigned char *p, size_t avail,
     idem__v4r r;
     uint64_t keylen, vallen;
     idem__v4_gather(p, avail, &r);
-    unsigned fl = idem__v4_fields(&r, &f->rec, &keylen, &vallen);
+    idem__v4_fields(&r, &f->rec, &keylen, &vallen);
     size_t hdr = 5 + (r.at < 8 ? 8 : r.at);
-    if (r.bad || (p[12] == IDEM__REC_VERSION && fl >= 128) ||
-        keylen > IDEM_CHECKPOINT_NAME_MAX + IDEM_KEY_MAX ||
+    if (r.bad || keylen > IDEM_CHECKPOINT_NAME_MAX + IDEM_KEY_MAX ||
         vallen > IDEM_VALUE_MAX)
         return IDEM_ECORRUPT;
     size_t len = idem__size_with(hdr, (size_t)keylen, (size_t)vallen, 4);
@@ -381,11 +392,12 @@ static int idem__decode_v4(const unsigned char *p, size_t avail,
         return IDEM_ECORRUPT;
     if (p[12] > IDEM__REC_VERSION)
         return IDEM_EVERSION;
-    if (!idem__kind_ok(r.st[0] & 15u, r.st[0] >> 4))
+    unsigned type = r.st[0] & 15u, state = (r.st[0] >> 4) & 3u;
+    if (!idem__kind_ok(type, state))
         return IDEM_ECORRUPT;
-    f->type = r.st[0] & 15u;
+    f->type = (uint8_t)type;
     f->len = (uint32_t)len;
-    f->rec.state = r.st[0] >> 4;
+    f->rec.state = (uint8_t)state;
     f->key = p + hdr;
     f->keylen = (uint32_t)keylen;
     f->val = p + hdr + keylen;

@@ -2,7 +2,7 @@
  *
  * A record is a checksummed, self-sizing, versioned frame. Version 4, the
  * one written, spends its bytes where a claim needs them: at 300 M keys
- * the frames are most of the disk, and a claim of a 36-byte key takes 60
+ * the frames are most of the disk, and a claim of a 36-byte key takes 56
  * bytes (80 in version 3, 120 in version 2):
  *
  *   off  size  field
@@ -14,19 +14,22 @@
  *                       bytes, zero padding to a multiple of 4
  *
  *   The field stream, varints LEB128 (7 bits a byte, low first):
- *     1  kind     type | state << 4
+ *     1  kind     type | state << 4 | IDEM__K4_*
  *     1  flags    IDEM__R4_*: which fields follow, in which unit
  *     v  keylen
- *     v  attempts
+ *     v  attempts                 unless K4_ATT1 (attempts is 1)
  *     v  token
- *     z  token / 1000 - created   (0 for a claim: a token is at least the
- *                                 clock in microseconds, and most are it)
- *     z  expires - created
- *     z  lease - created          R4_LEASE only (else lease is 0)
+ *     z  token / 1000 - created   unless K4_CLOCK (it is 0: a claim's
+ *                                 token is the clock in microseconds,
+ *                                 or a little above it when a batch
+ *                                 takes several), in ms
+ *     z  expires - created        in the unit flags bits 4-5 name
+ *     z  lease - created          R4_LEASE only (else lease is 0), in
+ *                                 the unit flags bits 6-7 name
  *     v  vallen                   R4_VAL only (else 0)
  *    16  fp                       R4_FP only
- *   z: a signed ms delta, zigzag varint, in whole seconds with its
- *   R4_*SEC flag (a TTL of a day: 3 bytes; a lease of 30 s: 1).
+ *   z: a signed difference, zigzag varint, in the largest of ms, s, min,
+ *   h that divides it (a TTL of a day: 1 byte; a lease of 30 s: 1).
  *
  * The length is not stored: the stream gives it, and every field that
  * sizes the frame is bounds-checked before the checksum is computed.
@@ -142,14 +145,19 @@ enum idem__rtype {
 #define IDEM__RF_ATT32 32u
 #define IDEM__RF_VAL 64u
 
+/* Bits of the kind byte of version 4 beside type (4 bits) and state (2). */
+#define IDEM__K4_ATT1 64u      /* attempts is 1: no field */
+#define IDEM__K4_CLOCK 128u    /* created is token / 1000: no field */
+
 /* The flags of version 4 (a byte of its field stream). */
 #define IDEM__R4_FP 1u
 #define IDEM__R4_RELEASED 2u
 #define IDEM__R4_LEASE 4u      /* lease - created follows */
 #define IDEM__R4_VAL 8u        /* vallen follows */
-#define IDEM__R4_CSEC 16u      /* token / 1000 - created is in seconds */
-#define IDEM__R4_TSEC 32u      /* expires - created is in seconds */
-#define IDEM__R4_LSEC 64u      /* lease - created is in seconds */
+/* Bits 4-5 and 6-7: the unit of expires - created and of lease -
+ * created, 0 ms, 1 s, 2 min, 3 h (record.c). */
+#define IDEM__R4_TTL_UNIT 4u
+#define IDEM__R4_LEASE_UNIT 6u
 
 /* A decoded frame. key/val point into the frame's bytes. */
 typedef struct idem__frame {
