@@ -64,7 +64,7 @@ static uint64_t idem__get64(const unsigned char *p)
  * decode are exact inverses for every value and a crafted frame that
  * passes its checksum decodes to nonsense, never to undefined behaviour. */
 
-static size_t idem__varint_put(unsigned char *q, uint64_t v)
+static inline size_t idem__varint_put(unsigned char *q, uint64_t v)
 {
     size_t n = 0;
     while (v >= 0x80) {
@@ -81,15 +81,18 @@ static size_t idem__varint_put(unsigned char *q, uint64_t v)
 static const uint64_t idem__units[4] = {1, 1000, 60000, 3600000};
 
 /* A signed ms difference as a zigzag varint, in the largest unit that
- * divides it; its code goes into *f at bit `at` (f NULL: in ms). */
+ * divides it; its code goes into *f at bit `at` (f NULL: in ms). The
+ * divisors are constants so that no division is a division. */
 static size_t idem__delta_put(unsigned char *q, uint64_t d, unsigned *f,
                               unsigned at)
 {
     int64_t v = (int64_t)d;
-    unsigned u = 3;
-    while (f && u && v % (int64_t)idem__units[u] != 0)
-        u--;
-    v /= f ? (int64_t)idem__units[u] : 1;
+    unsigned u = !f                  ? 0
+                 : v % 3600000 == 0 ? 3
+                 : v % 60000 == 0   ? 2
+                 : v % 1000 == 0    ? 1
+                                    : 0;
+    v = u == 3 ? v / 3600000 : u == 2 ? v / 60000 : u == 1 ? v / 1000 : v;
     if (f)
         *f |= u << at;
     return idem__varint_put(q, ((uint64_t)v << 1) ^ (uint64_t)(v >> 63));
@@ -165,24 +168,32 @@ void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,
     idem__put32(dst, (uint32_t)XXH3_64bits(dst + 4, len - 4));
 }
 
-/* A version 4 field stream being read: bytes st[0, n) gathered from
- * the frame, at the read position `at`; `bad` once a field ran past
+/* A version 4 field stream being read in place: n of its bytes are
+ * readable at p, `at` is the read position; `bad` once a field ran past
  * them. */
 typedef struct idem__v4r {
-    unsigned char st[IDEM__V4_STREAM];
+    const unsigned char *p;
     size_t n, at;
     int bad;
 } idem__v4r;
 
-static uint64_t idem__varint_get(idem__v4r *r)
+/* The next byte of the stream: byte i is at 4 + i in the frame, past the
+ * version byte at 12 from i = 8 on. */
+static inline unsigned char idem__v4_byte(idem__v4r *r)
+{
+    if (r->at >= r->n) {
+        r->bad = 1;
+        return 0;
+    }
+    size_t i = r->at++;
+    return r->p[i < 8 ? 4 + i : 5 + i];
+}
+
+static inline uint64_t idem__varint_get(idem__v4r *r)
 {
     uint64_t v = 0;
     for (unsigned shift = 0; shift < 64; shift += 7) {
-        if (r->at >= r->n) {
-            r->bad = 1;
-            return 0;
-        }
-        unsigned char b = r->st[r->at++];
+        unsigned char b = idem__v4_byte(r);
         v |= (uint64_t)(b & 0x7f) << shift;
         if (b < 0x80)
             return v;
@@ -198,16 +209,13 @@ static uint64_t idem__delta_get(idem__v4r *r, unsigned unit)
     return ((u >> 1) ^ (0 - (u & 1))) * idem__units[unit & 3];
 }
 
-/* Gather the field stream of the version 4 frame at p from the `avail`
- * bytes readable there (at least 13). */
-static void idem__v4_gather(const unsigned char *p, size_t avail,
-                            idem__v4r *r)
+/* Start reading the field stream of the version 4 frame at p, of which
+ * `avail` bytes are readable (at least 13), past its kind and flags. */
+static void idem__v4_start(const unsigned char *p, size_t avail,
+                           idem__v4r *r)
 {
-    size_t more = avail - 13 < IDEM__V4_STREAM - 8 ? avail - 13
-                                                    : IDEM__V4_STREAM - 8;
-    memcpy(r->st, p + 4, 8);
-    memcpy(r->st + 8, p + 13, more);
-    r->n = 8 + more;
+    r->p = p;
+    r->n = avail - 5 < IDEM__V4_STREAM ? avail - 5 : IDEM__V4_STREAM;
     r->at = 2;
     r->bad = 0;
 }
@@ -345,7 +353,7 @@ static int idem__decode_old(const unsigned char *p, size_t avail,
 static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
                                 uint64_t *keylen, uint64_t *vallen)
 {
-    unsigned kind = r->st[0], fl = r->st[1];
+    unsigned kind = r->p[4], fl = r->p[5];
     *keylen = idem__varint_get(r);
     rec->attempts = kind & IDEM__K4_ATT1 ? 1u
                                          : (uint32_t)idem__varint_get(r);
@@ -362,13 +370,8 @@ static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
                      : 0;
     *vallen = fl & IDEM__R4_VAL ? idem__varint_get(r) : 0;
     memset(rec->fp, 0, IDEM_FP_LEN);
-    if (fl & IDEM__R4_FP) {
-        if (r->at + IDEM_FP_LEN > r->n)
-            r->bad = 1;
-        else
-            memcpy(rec->fp, r->st + r->at, IDEM_FP_LEN);
-        r->at += IDEM_FP_LEN;
-    }
+    for (unsigned i = 0; fl & IDEM__R4_FP && i < IDEM_FP_LEN; i++)
+        rec->fp[i] = idem__v4_byte(r);
     rec->has_fp = (fl & IDEM__R4_FP) != 0;
     rec->released = (fl & IDEM__R4_RELEASED) != 0;
 }
@@ -379,7 +382,7 @@ static int idem__decode_v4(const unsigned char *p, size_t avail,
 {
     idem__v4r r;
     uint64_t keylen, vallen;
-    idem__v4_gather(p, avail, &r);
+    idem__v4_start(p, avail, &r);
     idem__v4_fields(&r, &f->rec, &keylen, &vallen);
     size_t hdr = 5 + (r.at < 8 ? 8 : r.at);
     if (r.bad || keylen > IDEM_CHECKPOINT_NAME_MAX + IDEM_KEY_MAX ||
@@ -392,7 +395,7 @@ static int idem__decode_v4(const unsigned char *p, size_t avail,
         return IDEM_ECORRUPT;
     if (p[12] > IDEM__REC_VERSION)
         return IDEM_EVERSION;
-    unsigned type = r.st[0] & 15u, state = (r.st[0] >> 4) & 3u;
+    unsigned type = p[4] & 15u, state = (p[4] >> 4) & 3u;
     if (!idem__kind_ok(type, state))
         return IDEM_ECORRUPT;
     f->type = (uint8_t)type;
