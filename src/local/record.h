@@ -14,7 +14,7 @@
  *                       bytes, zero padding to a multiple of 4
  *
  *   The field stream, varints LEB128 (7 bits a byte, low first):
- *     1  kind     type | state << 4 | IDEM__K4_*
+ *     1  kind     type (bits 0-3) | state (4-5) | IDEM__K4_* (6, 7)
  *     1  flags    IDEM__R4_*: which fields follow, in which unit
  *     v  keylen
  *     v  attempts                 unless K4_ATT1 (attempts is 1)
@@ -33,10 +33,10 @@
  *
  * The length is not stored: the stream gives it, and every field that
  * sizes the frame is bounds-checked before the checksum is computed.
- * Damage to any byte changes the checksum or the size: either way the
- * frame does not decode. A 32-bit check lets a garbled frame through at
- * odds of 2^-32, after the version byte, kind, flags and sizes already
- * had to match.
+ * Damage to any byte changes the checksum or the size, and a frame
+ * whose check does not match does not decode: a garbled frame gets
+ * through only if its 32-bit check matches by chance (odds of 2^-32),
+ * after its version byte, kind and sizes already had to be possible.
  *
  * Version 3, still read, has a 40-byte header and carries only the
  * fields a record needs beyond it (most records need none, or a lease):
