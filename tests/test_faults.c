@@ -389,10 +389,10 @@ Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
 {
     char *dir = t_tmpdir();
     idem_opts o = t_options();
-    o.segment_bytes = 4096;
+    o.segment_bytes = 4096;  /* eight batches fill more than one */
     idem_store *s;
     cr_assert_eq(idem_open(store_uri(dir), &o, &s), 0);
-    for (int b = 0; b < 4; b++)
+    for (int b = 0; b < 8; b++)
         cr_assert_eq(cycle(s, b), 0);
     idem_stats st;
     cr_assert_eq(idem_stats_get(s, &st), 0);
@@ -414,7 +414,7 @@ Test(faults, mapping_fails_in_open_and_check, .timeout = 60)
         cr_assert_eq(open_fds(), fds, "n=%ld: check left a file open", n);
     }
     s = t_open(store_uri(dir));
-    for (int b = 0; b < 4; b++)
+    for (int b = 0; b < 8; b++)
         expect_done(s, b);
     idem_close(s);
     t_rmdir(dir);

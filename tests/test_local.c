@@ -10,6 +10,7 @@
 #include <xxhash.h>
 
 #include "common.h"
+#include "local/record.h"
 
 /* Room for a small segment built by hand. */
 typedef struct seg_buf {
@@ -324,7 +325,7 @@ Test(local, segments_roll_by_size_and_time)
     cr_assert_eq(idem_stats_get(s, &st), 0);
     cr_assert_eq(st.segments, 1);
     char key[32];
-    for (int i = 0; i < 200; i++) {
+    for (int i = 0; i < 400; i++) {
         snprintf(key, sizeof key, "key-%d", i);
         claim_complete(s, key, "v");
         cr_assert_eq(idem_sync(s), 0);
@@ -336,11 +337,11 @@ Test(local, segments_roll_by_size_and_time)
     claim_complete(s, "late", "v");
     cr_assert_eq(idem_stats_get(s, &st), 0);
     cr_assert_eq(st.segments, by_size + 1);
-    cr_assert_eq(st.done, 201);
+    cr_assert_eq(st.done, 401);
     cr_assert_eq(idem_close(s), 0);
     s = open_small_segments();
     cr_assert_eq(idem_stats_get(s, &st), 0);
-    cr_assert_eq(st.done, 201);
+    cr_assert_eq(st.done, 401);
     cr_assert_eq(kind_of(s, "key-0"), IDEM_REPLAY);
     cr_assert_eq(kind_of(s, "late"), IDEM_REPLAY);
     idem_close(s);
@@ -392,7 +393,7 @@ Test(local, compaction_copies_survivors_out)
     claim_complete(s, "survivor", "alive");  /* long TTL, oldest segment */
     const char *ck = "pos=1";
     cr_assert_eq(idem_checkpoint_put(s, "src", ck, 5), 0);
-    for (int i = 0; i < 150; i++) {
+    for (int i = 0; i < 300; i++) {
         snprintf(key, sizeof key, "s-%d", i);
         idem_key k = {key, strlen(key), NULL};
         idem_outcome o;
@@ -498,13 +499,19 @@ Test(local, damaged_record_read_back_is_an_error)
     claim_complete(s, "k", "resp");
     cr_assert_eq(idem_sync(s), 0);
     /* The disk (or someone) damages the COMPLETE frame under the open
-     * store: header 32, CLAIM frame 48 bytes (40, a lease, the key, to a
-     * multiple of 8), then the COMPLETE frame, whose type byte is at 13. */
+     * store: header 32, the CLAIM frame, then the COMPLETE frame, whose
+     * kind byte is its fifth. */
     char path[4300];
     snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
+    size_t len;
+    unsigned char *seg = (unsigned char *)t_read(path, &len);
+    idem__frame fr;
+    cr_assert(seg && idem__frame_decode(seg + 32, len - 32, &fr, 1) == 0);
+    cr_assert_eq(fr.type, IDEM__R_CLAIM);
+    free(seg);
     FILE *f = fopen(path, "r+b");
     cr_assert(f);
-    cr_assert_eq(fseek(f, 32 + 48 + 13, SEEK_SET), 0);
+    cr_assert_eq(fseek(f, 32 + (long)fr.len + 4, SEEK_SET), 0);
     cr_assert_eq(fputc(0xee, f), 0xee);
     fclose(f);
     idem_key k = {"k", 1, NULL};
@@ -533,7 +540,7 @@ Test(local, idle_checkpoint_does_not_stop_segment_drops)
     cr_assert_eq(idem_sync(s), 0);
     t_clock_ms += 1000;  /* the next write starts a new segment */
     char key[32];
-    for (int i = 0; i < 150; i++) {
+    for (int i = 0; i < 300; i++) {
         snprintf(key, sizeof key, "s-%d", i);
         idem_key ki = {key, strlen(key), NULL};
         cr_assert_eq(idem_claim(s, &ki, &co, &o), 0);
@@ -547,7 +554,7 @@ Test(local, idle_checkpoint_does_not_stop_segment_drops)
     t_clock_ms += 5000;
     uint64_t expired;
     cr_assert_eq(idem_sweep(s, 0, &expired), 0, "%s", idem_errdetail(s));
-    cr_assert_eq(expired, 151);
+    cr_assert_eq(expired, 301);
     cr_assert_eq(idem_stats_get(s, &st), 0);
     cr_assert_leq(st.segments, 2, "%llu of %llu segments left",
                   (unsigned long long)st.segments,
@@ -559,7 +566,7 @@ Test(local, idle_checkpoint_does_not_stop_segment_drops)
     cr_assert_eq(idem_checkpoint_get(s, "idle", &b, &n), 0);
     cr_assert(n == 5 && memcmp(b, "pos=7", 5) == 0);
     cr_assert_eq(idem_checkpoint_get(s, "busy", &b, &n), 0);
-    cr_assert(n == 5 && memcmp(b, "s-149", 5) == 0);
+    cr_assert(n == 5 && memcmp(b, "s-299", 5) == 0);
     idem_close(s);
 }
 

@@ -230,11 +230,62 @@ static size_t put_version_2(unsigned char *dst, const idem__frame *f)
     return len;
 }
 
-/* Rewrite the newest segment (orig) in version 2 frames, as an idem
- * before version 3 wrote it, and move ends[] with it. */
-static void make_version_2(void)
+/* Frame f as version 3 wrote it (record.h), at dst; its length. */
+static size_t put_version_3(unsigned char *dst, const idem__frame *f)
 {
-    unsigned char *out = calloc(1, orig_len * 2 + 64);
+    const idem__rec *r = &f->rec;
+    unsigned char opt[64];
+    size_t n = 0;
+    uint8_t flags = (uint8_t)((r->has_fp ? IDEM__RF_FP : 0) |
+                              (r->released ? IDEM__RF_RELEASED : 0));
+    int64_t ttl = r->expires - r->created;
+    if (r->attempts > 0xffff) {
+        memcpy(opt + n, &r->attempts, 4), n += 4;
+        flags |= IDEM__RF_ATT32;
+    }
+    if (ttl != (int32_t)ttl) {
+        memcpy(opt + n, &r->expires, 8), n += 8;
+        flags |= IDEM__RF_EXP64;
+    }
+    if (r->lease) {  /* the test's leases fit 32 bits */
+        int32_t d = (int32_t)(r->lease - r->created);
+        memcpy(opt + n, &d, 4), n += 4;
+        flags |= IDEM__RF_LEASE;
+    }
+    if (f->vallen) {
+        memcpy(opt + n, &f->vallen, 4), n += 4;
+        flags |= IDEM__RF_VAL;
+    }
+    if (r->has_fp)
+        memcpy(opt + n, r->fp, 16), n += 16;
+    size_t len = (40 + n + f->keylen + f->vallen + 7) & ~(size_t)7;
+    memset(dst, 0, len);
+    uint32_t l = (uint32_t)len;
+    uint16_t keylen = (uint16_t)f->keylen, att = (uint16_t)r->attempts;
+    int32_t t32 = flags & IDEM__RF_EXP64 ? 0 : (int32_t)ttl;
+    memcpy(dst + 8, &l, 4);
+    dst[12] = 3;
+    dst[13] = f->type;
+    dst[14] = r->state;
+    dst[15] = flags;
+    memcpy(dst + 16, &keylen, 2);
+    memcpy(dst + 18, &att, 2);
+    memcpy(dst + 20, &r->created, 8);
+    memcpy(dst + 28, &t32, 4);
+    memcpy(dst + 32, &r->token, 8);
+    memcpy(dst + 40, opt, n);
+    memcpy(dst + 40 + n, f->key, f->keylen);
+    memcpy(dst + 40 + n + f->keylen, f->val, f->vallen);
+    uint64_t check = XXH3_64bits(dst + 8, len - 8);
+    memcpy(dst, &check, 8);
+    return len;
+}
+
+/* Rewrite the newest segment (orig) in frames of an older version, as
+ * an idem before version 4 wrote it (put), and move ends[] with it. */
+static void make_version(size_t (*put)(unsigned char *, const idem__frame *))
+{
+    unsigned char *out = calloc(1, orig_len * 4 + 64);
     cr_assert(out);
     memcpy(out, orig, 32);
     size_t at = 32, to = 32, group = 32;
@@ -244,7 +295,7 @@ static void make_version_2(void)
         cr_assert_eq(idem__frame_decode(orig + at, orig_len - at, &f, 1), 0);
         if (f.type == IDEM__R_COMMIT)
             f.rec.created = (int64_t)group;
-        to += put_version_2(out + to, &f);
+        to += put(out + to, &f);
         at += f.len;
         if (f.type == IDEM__R_COMMIT) {
             group = to;
@@ -259,11 +310,13 @@ static void make_version_2(void)
     write_file(seg_path, orig, orig_len);
 }
 
-/* Version 2 frames are still read, and torn ones are cut as before. */
-Test(torn, version_2_frames_cut_and_garbled, .timeout = 600)
+/* Frames of an older version are still read, and torn ones are cut as
+ * before. */
+static void old_frames_cut_and_garbled(
+    size_t (*put)(unsigned char *, const idem__frame *))
 {
     build(64u << 20, KILLED);
-    make_version_2();
+    make_version(put);
     /* Each open seals the tail: the second run starts from the kill's. */
     char tail[4300];
     snprintf(tail, sizeof tail, "%s/TAIL", dir);
@@ -274,6 +327,84 @@ Test(torn, version_2_frames_cut_and_garbled, .timeout = 600)
     free(killed);
     garble_every_byte_of_last_batch();
     t_rmdir(dir);
+}
+
+Test(torn, version_2_frames_cut_and_garbled, .timeout = 600)
+{
+    old_frames_cut_and_garbled(put_version_2);
+}
+
+Test(torn, version_3_frames_cut_and_garbled, .timeout = 600)
+{
+    old_frames_cut_and_garbled(put_version_3);
+}
+
+/* Records of every shape the writer makes, as version 4 frames: each
+ * decodes to what was encoded; cut at any length short of whole, or with
+ * any one byte garbled (three ways), it does not decode at all. */
+Test(torn, version_4_frame_cut_and_garbled_at_every_byte, .timeout = 60)
+{
+    static const unsigned char fp[16] = "0123456789abcdef";
+    const int64_t now = 1767225600123LL;
+    idem__rec recs[] = {
+        {.state = IDEM_STATE_PENDING, .attempts = 1,
+         .token = (uint64_t)now * 1000 + 7, .created = now,
+         .expires = now + 86400000, .lease = now + 30000},
+        {.state = IDEM_STATE_DONE, .attempts = 70000, .token = 5,
+         .created = now - 12345, .expires = now + 3, .has_fp = 1,
+         .lease = now - 12345 + 120000},  /* minutes */
+        {.state = IDEM_STATE_PENDING, .released = 1, .attempts = 2,
+         .token = IDEM_TOKEN_MAX, .created = -5, .expires = INT64_MAX,
+         .lease = INT64_MIN},
+        {.created = 4096},  /* a COMMIT: created is an offset */
+    };
+    memcpy(recs[1].fp, fp, 16);
+    const uint8_t types[] = {IDEM__R_CLAIM, IDEM__R_COMPLETE, IDEM__R_RELEASE,
+                             IDEM__R_COMMIT};
+    const char *keys[] = {"0123456789abcdef0123456789abcdef0123", "k", "",
+                          ""};
+    const char *vals[] = {"", "response", "", ""};
+    for (size_t i = 0; i < sizeof recs / sizeof *recs; i++) {
+        size_t kl = strlen(keys[i]), vl = strlen(vals[i]);
+        size_t len = idem__frame_size(&recs[i], kl, vl);
+        unsigned char *buf = malloc(len + 64), *bad = malloc(len + 64);
+        cr_assert(buf && bad);
+        memset(buf, 0xa5, len + 64);  /* what follows is not zero */
+        idem__frame_encode(buf, types[i], &recs[i], keys[i], kl, vals[i], vl);
+        cr_assert_eq(len % IDEM__REC_ALIGN, 0);
+        cr_assert_eq(buf[12], IDEM__REC_VERSION);
+        idem__frame f;
+        cr_assert_eq(idem__frame_decode(buf, len + 64, &f, 1), 0, "%zu", i);
+        cr_assert_eq(f.len, len);
+        cr_assert_eq(f.type, types[i]);
+        cr_assert(f.keylen == kl && !memcmp(f.key, keys[i], kl));
+        cr_assert(f.vallen == vl && !memcmp(f.val, vals[i], vl));
+        const idem__rec *r = &f.rec;
+        cr_assert(r->state == recs[i].state &&
+                      r->attempts == recs[i].attempts &&
+                      r->token == recs[i].token &&
+                      r->created == recs[i].created &&
+                      r->expires == recs[i].expires &&
+                      r->lease == recs[i].lease &&
+                      r->has_fp == recs[i].has_fp &&
+                      r->released == recs[i].released &&
+                      !memcmp(r->fp, recs[i].fp, 16),
+                  "frame %zu does not read back", i);
+        for (size_t cut = 0; cut < len; cut++)
+            cr_assert_neq(idem__frame_decode(buf, cut, &f, 1), 0,
+                          "frame %zu cut at %zu decodes", i, cut);
+        static const unsigned char how[] = {0x01, 0x80, 0xff};
+        for (size_t at = 0; at < len; at++)
+            for (size_t h = 0; h < sizeof how; h++) {
+                memcpy(bad, buf, len + 64);
+                bad[at] ^= how[h];
+                cr_assert_neq(idem__frame_decode(bad, len + 64, &f, 1), 0,
+                              "frame %zu garbled at %zu (^%#x) decodes", i,
+                              at, how[h]);
+            }
+        free(buf);
+        free(bad);
+    }
 }
 
 Test(torn, lost_sectors_of_last_batch, .timeout = 120)
@@ -313,6 +444,13 @@ Test(torn, damage_in_committed_data_is_refused, .timeout = 60)
     t_rmdir(dir);
 }
 
+static const char *offset_text(size_t at)
+{
+    static char buf[64];
+    snprintf(buf, sizeof buf, "at offset %zu", at);
+    return buf;
+}
+
 Test(torn, older_segment_damage_then_repair, .timeout = 60)
 {
     build(4096, CLOSED);
@@ -322,23 +460,27 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
     size_t n;
     load_file(first, &p, &n);
     cr_assert_gt(n, 400);
-    /* Frame 1 claims batch0-key0 (56 bytes from offset 32: a 40-byte
-     * header, a lease, the key); frame 2, at 88, completes it. Damage
-     * frame 2. */
-    p[88 + 20] ^= 0xff;
+    /* Frame 1 claims batch0-key0 at offset 32; frame 2 completes it.
+     * Damage frame 2. */
+    idem__frame f;
+    cr_assert_eq(idem__frame_decode(p + 32, n - 32, &f, 1), 0);
+    size_t at2 = 32 + f.len;
+    p[at2 + 20] ^= 0xff;
     write_file(first, p, n);
     free(p);
     idem_store *s;
     idem_opts o = t_options();
     cr_assert_eq(idem_open(t_local_uri(dir), &o, &s), IDEM_ECORRUPT);
-    cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record "
-                                        "at offset 88"),
+    cr_assert(strstr(idem_errdetail(s), "seg-00000001.log: damaged record"),
               "%s", idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), offset_text(at2)), "%s",
+              idem_errdetail(s));
     idem_close(s);
     idem_check_report rep;
     cr_assert_eq(idem_check(t_local_uri(dir), &rep), IDEM_ECORRUPT);
     cr_assert_eq(rep.damaged, 1);
-    cr_assert(strstr(rep.first_damage, "offset 88"), "%s", rep.first_damage);
+    cr_assert(strstr(rep.first_damage, offset_text(at2)), "%s",
+              rep.first_damage);
     cr_assert_eq(idem_repair(t_local_uri(dir), &rep), 0, "%s",
                  rep.first_damage);
     cr_assert_eq(rep.damaged, 1);
@@ -371,7 +513,7 @@ Test(torn, older_segment_damage_then_repair, .timeout = 60)
 
 Test(torn, check_and_repair_headers_gaps_and_identity, .timeout = 60)
 {
-    build(2048, CLOSED);  /* five segments or more: 4.. hold batch 9 */
+    build(1024, CLOSED);  /* five segments or more: 4.. hold batch 9 */
     char path[4300];
     /* A garbled segment header, a lost segment file, a damaged IDEM. */
     snprintf(path, sizeof path, "%s/seg-00000002.log", dir);
@@ -539,13 +681,6 @@ static void expect_refused_then_repaired(const char *file, const char *where)
                  rep.first_damage);
 }
 
-static const char *offset_text(size_t at)
-{
-    static char buf[64];
-    snprintf(buf, sizeof buf, "at offset %zu", at);
-    return buf;
-}
-
 Test(torn, garbage_in_last_group_after_clean_close, .timeout = 60)
 {
     build(64u << 20, CLOSED);
@@ -577,7 +712,7 @@ Test(torn, garbage_in_last_group_after_clean_close, .timeout = 60)
 Test(torn, zeroed_tail_over_two_groups_after_clean_close, .timeout = 60)
 {
     build(64u << 20, CLOSED);
-    size_t from = ends[BATCHES - 3] + 40;  /* inside batch 8, then 9 */
+    size_t from = ends[BATCHES - 3] + 20;  /* inside batch 8, then 9 */
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     memcpy(bad, orig, orig_len);
@@ -685,8 +820,8 @@ Test(torn, deleted_tail_file_is_refused_then_repaired, .timeout = 60)
     unsigned char *bad = malloc(orig_len);
     cr_assert(bad);
     memcpy(bad, orig, orig_len);
-    for (size_t i = 0; i < 200; i++)
-        bad[orig_len - 220 + i] ^= 0x5a;
+    for (size_t i = 0; i < 200; i++)  /* the last COMMIT too */
+        bad[orig_len - 200 + i] ^= 0x5a;
     write_file(seg_path, bad, orig_len);
     free(bad);
     expect_refused_then_repaired("seg-00000001.log: TAIL is missing",

@@ -135,9 +135,12 @@ void idem__seg_name(char *buf, size_t n, uint32_t id);
 /* Encode/check a segment header. Version 1: written before the store kept
  * PATH/TAIL. Version 2: the store keeps PATH/TAIL, and it is written before
  * the first frame of the segment, so a version-2 segment that holds a frame
- * (or is not the newest) proves that PATH/TAIL existed. The frames are the
- * same in both. */
-#define IDEM__SEG_VERSION 2u
+ * (or is not the newest) proves that PATH/TAIL existed. Version 3: the same
+ * as 2, but written by a build that writes version 4 frames, so that a
+ * build before them refuses the segment as "of a newer format" rather than
+ * as damage. Every build reads the frames of every version in any
+ * segment. */
+#define IDEM__SEG_VERSION 3u
 void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created);
 int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
                         int64_t *created);

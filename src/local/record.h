@@ -1,13 +1,50 @@
 /* record.h - the on-disk record format of the log engine.
  *
- * A record is a checksummed, length-prefixed, versioned frame. Version 3,
- * the one written, has a 40-byte header and carries only the fields a
- * record needs beyond it (most records need none, or a lease):
+ * A record is a checksummed, self-sizing, versioned frame. Version 4, the
+ * one written, spends its bytes where a claim needs them: at 300 M keys
+ * the frames are most of the disk, and a claim of a 36-byte key takes 56
+ * bytes (80 in version 3, 120 in version 2):
+ *
+ *   off  size  field
+ *     0     4  check    low 32 bits of the XXH3-64 of bytes [4, len)
+ *     4     8  stream   the first 8 bytes of the field stream below
+ *    12     1  version  IDEM__REC_VERSION, where every version has it
+ *    13        stream   the rest of the field stream (at least 8 bytes
+ *                       in all, zero padded), then key bytes, value
+ *                       bytes, zero padding to a multiple of 4
+ *
+ *   The field stream, varints LEB128 (7 bits a byte, low first):
+ *     1  kind     type (bits 0-3) | state (4-5) | IDEM__K4_* (6, 7)
+ *     1  flags    IDEM__R4_*: which fields follow, in which unit
+ *     v  keylen
+ *     v  attempts                 unless K4_ATT1 (attempts is 1)
+ *     v  token
+ *     z  token / 1000 - created   unless K4_CLOCK (it is 0: a claim's
+ *                                 token is the clock in microseconds,
+ *                                 or a little above it when a batch
+ *                                 takes several), in ms
+ *     z  expires - created        in the unit flags bits 4-5 name
+ *     z  lease - created          R4_LEASE only (else lease is 0), in
+ *                                 the unit flags bits 6-7 name
+ *     v  vallen                   R4_VAL only (else 0)
+ *    16  fp                       R4_FP only
+ *   z: a signed difference, zigzag varint, in the largest of ms, s, min,
+ *   h that divides it (a TTL of a day: 1 byte; a lease of 30 s: 1).
+ *
+ * The length is not stored: the stream gives it, and every field that
+ * sizes the frame is bounds-checked before the checksum is computed.
+ * Damage to any byte changes the checksum or the size, and a frame
+ * whose check does not match does not decode: a garbled frame gets
+ * through only if its 32-bit check matches by chance (odds of 2^-32),
+ * after its version byte, kind and sizes already had to be possible.
+ *
+ * Version 3, still read, has a 40-byte header and carries only the
+ * fields a record needs beyond it (most records need none, or a lease):
  *
  *   off  size  field
  *     0     8  check    XXH3-64 of bytes [8, len)
  *     8     4  len      whole frame in bytes, header included, multiple of 8
- *    12     1  version  IDEM__REC_VERSION
+ *    12     1  version  3
  *    13     1  type     IDEM__R_*: the operation that wrote it
  *    14     1  state    idem_state after the operation
  *    15     1  flags    IDEM__RF_*: which optional fields follow
@@ -24,9 +61,6 @@
  *                RF_VAL     4  vallen (else 0)
  *                RF_FP     16  fp
  *              then key bytes, value bytes, zero padding to a multiple of 8
- *
- * So a claim of a 36-byte key takes 80 bytes, and so does a DONE record
- * with an empty response: version 2 took 120 for each.
  *
  * Version 2, still read, has an 80-byte header with every field:
  *
@@ -49,11 +83,12 @@
  * counted claims from 1).
  *
  * Every key record is a full snapshot of the key's state, so recovery
- * needs only the newest record of each key. The length comes before the
- * data it covers, the checksum covers the length, and frames are 8-byte
- * aligned: a scanner can tell a torn or garbled frame from a valid one and
- * look for the next valid frame at 8-byte steps. Integers are
- * little-endian (the engine refuses to build on big-endian hosts). */
+ * needs only the newest record of each key. The sizes come before the
+ * data they cover, the checksum covers them, and frames are 4-byte
+ * aligned (those of versions 1 to 3 8-byte): a scanner can tell a torn or
+ * garbled frame from a valid one and look for the next valid frame at
+ * 4-byte steps. Integers are little-endian (the engine refuses to build
+ * on big-endian hosts). */
 #ifndef IDEM_RECORD_H
 #define IDEM_RECORD_H
 
@@ -66,15 +101,21 @@
 #error "the idem log format is little-endian; port record.c first"
 #endif
 
-#define IDEM__REC_VERSION 3
-/* The header of the frames written (version 3), optional fields aside. */
+#define IDEM__REC_VERSION 4
+/* Where frames start: a multiple of this from the segment's first. */
+#define IDEM__REC_ALIGN 4u
+/* The most bytes a version 4 field stream can take (a reader looks at
+ * no more: ten bytes for each varint, the fingerprint). */
+#define IDEM__V4_STREAM 96u
+/* The header of version 3, optional fields aside. */
 #define IDEM__REC_HDR3 40u
 /* Version 2's header, and version 1's. */
 #define IDEM__REC_HDR2 80u
 #define IDEM__REC_HDR1 72u
-/* The smallest header of any version: a scanner looking for a frame
- * needs at least this many bytes. */
-#define IDEM__REC_HDR IDEM__REC_HDR3
+/* The smallest frame of any version (version 4: check, version byte, an
+ * 8-byte stream, padding): a scanner looking for a frame needs at least
+ * this many bytes. */
+#define IDEM__REC_HDR 16u
 
 /* The layouts above, as docs/internals.md states them. */
 _Static_assert(48 + IDEM_FP_LEN == 64, "v2: the fingerprint ends at vallen");
@@ -103,6 +144,20 @@ enum idem__rtype {
 #define IDEM__RF_EXP64 16u
 #define IDEM__RF_ATT32 32u
 #define IDEM__RF_VAL 64u
+
+/* Bits of the kind byte of version 4 beside type (4 bits) and state (2). */
+#define IDEM__K4_ATT1 64u      /* attempts is 1: no field */
+#define IDEM__K4_CLOCK 128u    /* created is token / 1000: no field */
+
+/* The flags of version 4 (a byte of its field stream). */
+#define IDEM__R4_FP 1u
+#define IDEM__R4_RELEASED 2u
+#define IDEM__R4_LEASE 4u      /* lease - created follows */
+#define IDEM__R4_VAL 8u        /* vallen follows */
+/* Bits 4-5 and 6-7: the unit of expires - created and of lease -
+ * created, 0 ms, 1 s, 2 min, 3 h (record.c). */
+#define IDEM__R4_TTL_UNIT 4u
+#define IDEM__R4_LEASE_UNIT 6u
 
 /* A decoded frame. key/val point into the frame's bytes. */
 typedef struct idem__frame {

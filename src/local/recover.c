@@ -17,9 +17,9 @@
  * damaged; so does a first COMMIT past the damage whose group (a COMMIT
  * records where its group began) starts after the damage, as when the
  * damage hit the COMMIT of the group before. The scanner finds valid
- * frames past damage by trying every 8-byte boundary (frames are
- * 8-aligned); a checksum matching by chance in garbage has odds of
- * 2^-64. */
+ * frames past damage by trying every 4-byte boundary (frames are
+ * 4-aligned); a checksum matching by chance in garbage has odds of 2^-32
+ * (version 4) or 2^-64, once its version byte, kind and sizes matched. */
 #include "recover.h"
 
 #include <errno.h>
@@ -42,13 +42,13 @@ typedef struct idem__scan {
     int version;          /* the run ended at a frame of unknown version */
 } idem__scan;
 
-/* The first offset >= from (8-aligned) where a valid frame starts. */
+/* The first offset >= from (4-aligned) where a valid frame starts. */
 static uint64_t idem__next_valid(const unsigned char *base, uint64_t size,
                                  uint64_t from)
 {
     idem__frame f;
-    for (uint64_t at = (from + 7) & ~7ull; at + IDEM__REC_HDR <= size;
-         at += 8)
+    uint64_t at = (from + IDEM__REC_ALIGN - 1) & ~(IDEM__REC_ALIGN - 1ull);
+    for (; at + IDEM__REC_HDR <= size; at += IDEM__REC_ALIGN)
         if (idem__frame_decode(base + at, size - at, &f, 1) == 0)
             return at;
     return 0;
@@ -60,10 +60,10 @@ static int idem__damage_is_midfile(const unsigned char *base, uint64_t size,
                                    uint64_t at)
 {
     idem__frame f;
-    uint64_t p = idem__next_valid(base, size, at + 8);
+    uint64_t p = idem__next_valid(base, size, at + IDEM__REC_ALIGN);
     while (p) {
         if (idem__frame_decode(base + p, size - p, &f, 1) != 0) {
-            p = idem__next_valid(base, size, p + 8);
+            p = idem__next_valid(base, size, p + IDEM__REC_ALIGN);
             continue;
         }
         if (f.type == IDEM__R_COMMIT)
@@ -537,7 +537,7 @@ static int idem__salvage_walk(const unsigned char *base, uint64_t size,
             at += f.len;
             continue;
         }
-        uint64_t next = idem__next_valid(base, size, at + 8);
+        uint64_t next = idem__next_valid(base, size, at + IDEM__REC_ALIGN);
         uint64_t end = next ? next : size;
         r->damaged++;
         r->bytes_lost += end - at;
