@@ -138,7 +138,7 @@ static int idem__cf_alloc(idem__cfilter *f)
     return f->parts ? 0 : IDEM_ENOMEM;
 }
 
-static void idem__cf_id(idem__cfseg *id, const idem__seg *g)
+void idem__cfseg_of(idem__cfseg *id, const idem__seg *g)
 {
     memset(id, 0, sizeof *id);
     id->id = g->id;
@@ -187,7 +187,7 @@ static int idem__cf_name(idem__cfilter *f, const idem__seg *g)
     if (!s)
         return IDEM_ENOMEM;
     f->segs = s;
-    idem__cf_id(&f->segs[f->nsegs++], g);
+    idem__cfseg_of(&f->segs[f->nsegs++], g);
     return 0;
 }
 
@@ -492,7 +492,7 @@ int idem__cfilter_file_sound(int dirfd)
 static int idem__cf_holds(const idem__cfilter *f, size_t n, const idem__seg *g)
 {
     idem__cfseg id;
-    idem__cf_id(&id, g);
+    idem__cfseg_of(&id, g);
     for (size_t i = 0; i < n; i++)
         if (memcmp(&f->segs[i], &id, sizeof id) == 0)
             return 1;

@@ -62,6 +62,7 @@
 #define IDEM__COLD_FILE "COLD"
 
 struct idem__log;
+struct idem__seg;
 
 typedef struct idem__cfseg {
     uint32_t id;
@@ -72,6 +73,9 @@ typedef struct idem__cfseg {
 } idem__cfseg;
 
 _Static_assert(sizeof(idem__cfseg) == 32, "a segment identity is 32 bytes");
+
+/* The identity of cold segment g (its key index loaded). */
+void idem__cfseg_of(idem__cfseg *id, const struct idem__seg *g);
 
 /* One partition: the keys whose hash's top 6 bits are its number. */
 typedef struct idem__cfpart {

@@ -146,9 +146,37 @@ static int idem__cold_find(idem_store *s, const idem__seg *g,
     return 0;
 }
 
+/* Ask cold segments segs[lo, hi), newest first, for the key: 1 found
+ * (fo set), 0 not there, or why a frame could not be read. A filter's
+ * false positive costs a search of that segment's index, never an
+ * answer. */
+static int idem__ask_segs(idem_store *s, size_t lo, size_t hi,
+                          const void *key, size_t len, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    idem__probe p;
+    idem__probe_init(&p, fo->h);
+    for (size_t i = hi; i-- > lo;)
+        idem__cold_prefetch(lg->segs[i].cold, fo->h);
+    for (size_t i = hi; i-- > lo;) {
+        en->filter_probes++;
+        if (!idem__cold_has(lg->segs[i].cold, &p))
+            continue;
+        en->searches++;
+        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+        if (rc)
+            return rc;
+        en->bloom_fp++;
+    }
+    return 0;
+}
+
 /* A key RAM does not hold: the cold segments, newest first, hold its
- * newest frame, if any. A filter's false positive costs a search of that
- * segment's index, never an answer. */
+ * newest frame, if any. The filter in front says whether any might; a
+ * group's filter (coldgroup.h) whether one of its 16 might, so only the
+ * segments of groups that say maybe, and of the newest groups that have
+ * no filter yet, are asked. */
 static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
                              int64_t now, idem__found *fo)
 {
@@ -160,24 +188,31 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     en->filter_probes++;
     if (!idem__cfilter_maybe(&lg->cf, fo->h))
         return 0;
-    idem__probe p;
-    idem__probe_init(&p, fo->h);
-    for (size_t i = lg->ncold; i-- > 0;)
-        idem__cold_prefetch(lg->segs[i].cold, fo->h);
-    for (size_t i = lg->ncold; i-- > 0;) {
-        en->filter_probes++;
-        if (!idem__cold_has(lg->segs[i].cold, &p))
-            continue;
-        en->searches++;
-        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+    const idem__cgroups *cg = &lg->cg;
+    uint64_t m[8];
+    idem__cf_mask(fo->h[0], (uint32_t)fo->h[1], m);
+    for (size_t k = cg->n; k-- > 0;)
+        __builtin_prefetch(idem__cg_blk(&cg->v[k], fo->h[0]));
+    size_t k = cg->n;
+    for (size_t hi = lg->ncold, lo; hi > 0; hi = lo) {
+        uint32_t num = idem__cg_num(lg->segs[hi - 1].id);
+        for (lo = hi; lo > 0 && idem__cg_num(lg->segs[lo - 1].id) == num;)
+            lo--;
+        while (k > 0 && cg->v[k - 1].num > num)
+            k--;
+        if (k > 0 && cg->v[k - 1].num == num) {
+            en->filter_probes++;
+            if (!idem__cgroup_has(&cg->v[k - 1], fo->h[0], m))
+                continue;
+        }
+        int rc = idem__ask_segs(s, lo, hi, key, len, fo);
         if (rc < 0)
             return rc;
-        if (rc == 0) {
-            en->bloom_fp++;
-            continue;
+        if (rc) {
+            fo->live =
+                fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
+            return 0;
         }
-        fo->live = fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
-        return 0;
     }
     en->merged_fp++;  /* the filter in front said maybe, no segment has it */
     return 0;
@@ -941,6 +976,7 @@ static int idem__cold_out(idem_store *s, idem__seg *g)
     /* Without the filter in front, lookups ask every segment's own:
      * slower, never wrong, so the segment goes cold all the same. */
     (void)idem__cfilter_add(lg, lg->ncold - 1);
+    idem__cgroup_went_cold(lg);
     idem__forget_hot(en, g);
     return 0;
 }

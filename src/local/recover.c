@@ -498,8 +498,10 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
         }
     }
     free(ids);
-    if (!rc)
+    if (!rc) {
         idem__cfilter_open(lg);
+        idem__cgroup_open(lg);
+    }
     /* Everything checked out: now build the state, sized up front. */
     if (!rc && records)
         rc = reserve(ctx, records);
@@ -800,6 +802,20 @@ static int idem__check_cold(idem__log *lg, int repair, idem_check_report *r)
                                       "key indexes)");
 }
 
+/* The filter of segment group num (coldgroup.h), if there is one: as a
+ * key index, derived data that open builds again. */
+static int idem__check_group(idem__log *lg, uint32_t num, int repair,
+                             idem_check_report *r)
+{
+    char name[32];
+    return idem__cgroup_file_sound(lg->dirfd, num, name, sizeof name)
+               ? 0
+               : idem__derived_damage(lg, name, repair, r,
+                                      "the segment group's filter does not "
+                                      "check out (open builds it again from "
+                                      "the key indexes)");
+}
+
 /* Run fn on segments ids[from, n) of lg's directory. */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
@@ -817,6 +833,8 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
         }
         if (!rc)
             rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
+        if (!rc && (i == from || ids[i] % IDEM__CG_SPAN == 0))
+            rc = idem__check_group(lg, idem__cg_num(ids[i]), repair, r);
     }
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
