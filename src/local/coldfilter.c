@@ -30,7 +30,7 @@
 
 #include "log.h"
 
-#define IDEM__CF_VERSION 2u
+#define IDEM__CF_VERSION 3u
 #define IDEM__CF_HDR 72u
 #define IDEM__CF_PART_REC 24u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
@@ -49,7 +49,7 @@ void idem__cfilter_prefetch(const idem__cfilter *f, const uint64_t h[2])
 
 static void idem__cf_part_unmap(idem__cfpart *p)
 {
-    if (p->blocks)
+    if (p->blocks && !p->mapped)
         munmap(p->blocks, (size_t)p->nblocks * 64);
     memset(p, 0, sizeof *p);
 }
@@ -61,6 +61,9 @@ static void idem__cf_unmap(idem__cfilter *f)
     free(f->parts);
     f->parts = NULL;
     f->nsegs = 0;
+    if (f->file)
+        munmap(f->file, f->filelen);
+    f->file = NULL;
 }
 
 void idem__cfilter_free(idem__cfilter *f)
@@ -111,13 +114,20 @@ static void *idem__cf_pages(size_t len)
     return m + head;
 }
 
+/* The blocks of a partition with room for cap keys (cap at least
+ * IDEM__CF_MIN_CAP, at most 2^40). */
+static uint64_t idem__cf_nblocks(uint64_t cap)
+{
+    return (cap * IDEM__CF_BITS + 511) / 512;
+}
+
 /* Zeroed, page-aligned room for a partition of cap keys. 0 or ENOMEM. */
 static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
 {
     cap = cap < IDEM__CF_MIN_CAP ? IDEM__CF_MIN_CAP : cap;
     if (cap > (1ull << 40))
         return IDEM_ENOMEM;
-    uint64_t nblocks = (cap * IDEM__CF_BITS + 511) / 512;
+    uint64_t nblocks = idem__cf_nblocks(cap);
     if (nblocks > SIZE_MAX / 64)
         return IDEM_ENOMEM;
     void *m = idem__cf_pages((size_t)nblocks * 64);
@@ -191,11 +201,33 @@ static int idem__cf_name(idem__cfilter *f, const idem__seg *g)
     return 0;
 }
 
+/* Copy the partitions still in the mapping of PATH/COLD into memory of
+ * their own, which can be written, and let the mapping go. 0 or
+ * IDEM_ENOMEM (then nothing changed). */
+static int idem__cf_own(idem__cfilter *f)
+{
+    for (unsigned j = 0; f->file && j < IDEM__CF_PARTS; j++) {
+        idem__cfpart *p = &f->parts[j], q;
+        if (!p->mapped)
+            continue;
+        if (idem__cf_part_map(&q, p->cap))
+            return IDEM_ENOMEM;
+        memcpy(q.blocks, p->blocks, (size_t)p->nblocks * 64);
+        q.set = p->set;
+        q.serves = p->serves;
+        *p = q;
+    }
+    if (f->file)
+        munmap(f->file, f->filelen);
+    f->file = NULL;
+    return 0;
+}
+
 /* Set the keys of cold segment g in every partition, and name it among
  * those held; serves: they count among the keys served. */
 static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
 {
-    if (idem__cf_name(f, g))
+    if (idem__cf_own(f) || idem__cf_name(f, g))
         return IDEM_ENOMEM;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t from, to;
@@ -342,31 +374,19 @@ static uint64_t idem__cf_secret_hash(const idem__log *lg)
     return XXH3_64bits(lg->secret, IDEM__SECRET_LEN);
 }
 
-/* Read len bytes at off whole. */
-static int idem__cf_pread(int fd, void *buf, size_t len, off_t off)
-{
-    unsigned char *p = buf;
-    while (len) {
-        ssize_t r = pread(fd, p, len, off);
-        if (r <= 0)
-            return -1;
-        p += r;
-        len -= (size_t)r;
-        off += r;
-    }
-    return 0;
-}
-
 /* The header's counts, if it checks out by itself and matches the file's
  * length. */
 typedef struct idem__cfhdr {
     uint64_t secret, nblocks, set, nsegs, body;
 } idem__cfhdr;
 
-static uint64_t idem__cf_body_at(uint64_t nsegs)
+/* Where the blocks start in a file holding nsegs segments: after the
+ * table and segments, on a 64-byte boundary. */
+static uint64_t idem__cf_blocks_at(uint64_t nsegs)
 {
-    return IDEM__CF_HDR + (uint64_t)IDEM__CF_PARTS * IDEM__CF_PART_REC +
-           nsegs * 32;
+    uint64_t end = IDEM__CF_HDR + (uint64_t)IDEM__CF_PARTS * IDEM__CF_PART_REC +
+                   nsegs * 32;
+    return (end + 63) & ~63ull;
 }
 
 static int idem__cf_header(const unsigned char *h, uint64_t len,
@@ -386,90 +406,65 @@ static int idem__cf_header(const unsigned char *h, uint64_t len,
     o->body = idem__cf_get64(h + 56);
     return o->nblocks && o->nblocks < (1ull << 40) &&
            o->nsegs < (1ull << 32) &&
-           len == idem__cf_body_at(o->nsegs) + o->nblocks * 64;
+           len == idem__cf_blocks_at(o->nsegs) + o->nblocks * 64;
 }
 
-/* Room for the partitions the table t (as in the file) describes, if
- * their blocks add up to nblocks. 0 or -1. */
-static int idem__cf_map_table(idem__cfilter *f, const unsigned char *t,
-                              uint64_t nblocks)
+/* Point f's partitions at their blocks in the mapped file m, if the
+ * table (as in the file) adds up to nblocks and gives each partition
+ * the blocks its capacity does. 0 or -1. */
+static int idem__cf_map_table(idem__cfilter *f, const unsigned char *m,
+                              uint64_t nblocks, uint64_t nsegs)
 {
+    const unsigned char *t = m + IDEM__CF_HDR;
     uint64_t sum = 0;
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        uint64_t nb = idem__cf_get64(t + j * IDEM__CF_PART_REC);
-        if (nb == 0 || nb > nblocks - sum)
-            return -1;
-        sum += nb;
-    }
-    if (sum != nblocks || idem__cf_alloc(f))
+    if (idem__cf_alloc(f))
         return -1;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         const unsigned char *r = t + j * IDEM__CF_PART_REC;
-        idem__cfpart *p = &f->parts[j];
-        if (idem__cf_part_map(p, idem__cf_get64(r + 8)) ||
-            p->nblocks != idem__cf_get64(r))
+        uint64_t nb = idem__cf_get64(r), cap = idem__cf_get64(r + 8);
+        if (nb == 0 || nb > nblocks - sum || cap < IDEM__CF_MIN_CAP ||
+            cap > (1ull << 40) || nb != idem__cf_nblocks(cap))
             return -1;
-        p->set = idem__cf_get64(r + 16);
+        f->parts[j] = (idem__cfpart){
+            .blocks = (uint64_t *)(void *)(m + idem__cf_blocks_at(nsegs) +
+                                           sum * 64),
+            .nblocks = nb,
+            .cap = cap,
+            .set = idem__cf_get64(r + 16),
+            .mapped = 1,
+        };
+        sum += nb;
     }
-    return 0;
+    return sum == nblocks ? 0 : -1;
 }
 
-/* Read the partitions' blocks, in turn from off, and hash them into x. */
-static int idem__cf_read_blocks(int fd, idem__cfilter *f, off_t off,
-                                XXH3_state_t *x)
-{
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        idem__cfpart *p = &f->parts[j];
-        size_t n = (size_t)p->nblocks * 64;
-        if (idem__cf_pread(fd, p->blocks, n, off) != 0 ||
-            XXH3_64bits_update(x, p->blocks, n) != XXH_OK)
-            return -1;
-        off += (off_t)n;
-    }
-    return 0;
-}
-
-/* The table and segments of the file, then its blocks, checked against
- * the body's hash. 0 or -1. */
-static int idem__cf_read_body(int fd, const idem__cfhdr *o, idem__cfilter *f,
-                              idem__cfseg *segs, XXH3_state_t *x)
-{
-    unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
-    return idem__cf_pread(fd, t, sizeof t, IDEM__CF_HDR) == 0 &&
-                   idem__cf_pread(fd, segs, o->nsegs * 32,
-                                  IDEM__CF_HDR + sizeof t) == 0 &&
-                   idem__cf_map_table(f, t, o->nblocks) == 0 &&
-                   XXH3_64bits_reset(x) == XXH_OK &&
-                   XXH3_64bits_update(x, t, sizeof t) == XXH_OK &&
-                   XXH3_64bits_update(x, segs, o->nsegs * 32) == XXH_OK &&
-                   idem__cf_read_blocks(fd, f,
-                                        (off_t)idem__cf_body_at(o->nsegs),
-                                        x) == 0 &&
-                   XXH3_64bits_digest(x) == o->body
-               ? 0
-               : -1;
-}
-
-/* Read the file into f (partitions, segments) if it checks out whole.
+/* Map the file into f (partitions, segments) if it checks out whole.
  * 0, or -1 (absent, damaged, another store's, unreadable, no memory). */
 static int idem__cf_read(int fd, uint64_t secret, idem__cfilter *f)
 {
-    unsigned char h[IDEM__CF_HDR];
     struct stat st;
     idem__cfhdr o;
-    if (fstat(fd, &st) != 0 || idem__cf_pread(fd, h, sizeof h, 0) != 0 ||
-        !idem__cf_header(h, (uint64_t)st.st_size, &o) ||
-        (secret && o.secret != secret))
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)IDEM__CF_HDR)
         return -1;
-    idem__cfseg *segs = malloc(o.nsegs ? o.nsegs * 32 : 1);
-    XXH3_state_t *x = XXH3_createState();
-    int rc = segs && x ? idem__cf_read_body(fd, &o, f, segs, x) : -1;
-    XXH3_freeState(x);
-    if (rc) {
+    size_t len = (size_t)st.st_size;
+    /* Populated at once: the checksum reads every page anyway. */
+    unsigned char *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                            fd, 0);
+    if (m == MAP_FAILED)
+        return -1;
+    idem__cfseg *segs = NULL;
+    int ok = idem__cf_header(m, len, &o) && (!secret || o.secret == secret) &&
+             XXH3_64bits(m + IDEM__CF_HDR, len - IDEM__CF_HDR) == o.body &&
+             (segs = malloc(o.nsegs ? o.nsegs * 32 : 1)) != NULL;
+    f->file = m;
+    f->filelen = len;
+    if (!ok || idem__cf_map_table(f, m, o.nblocks, o.nsegs) != 0) {
         free(segs);
         idem__cf_unmap(f);
         return -1;
     }
+    memcpy(segs, m + IDEM__CF_HDR + IDEM__CF_PARTS * IDEM__CF_PART_REC,
+           o.nsegs * 32);
     free(f->segs);
     f->segs = segs;
     f->nsegs = f->capsegs = (size_t)o.nsegs;
@@ -556,8 +551,8 @@ static void idem__cf_table(const idem__cfilter *f, unsigned char *t)
     }
 }
 
-/* The header of the file whose table is t. 0 or IDEM_ENOMEM. */
-static int idem__cf_head(const idem__log *lg, const unsigned char *t,
+/* The header of the file whose body is iov[0, n). 0 or IDEM_ENOMEM. */
+static int idem__cf_head(const idem__log *lg, const struct iovec *iov, int n,
                          unsigned char *h)
 {
     const idem__cfilter *f = &lg->cf;
@@ -565,11 +560,8 @@ static int idem__cf_head(const idem__log *lg, const unsigned char *t,
     if (!x)
         return IDEM_ENOMEM;
     XXH3_64bits_reset(x);
-    XXH3_64bits_update(x, t, IDEM__CF_PARTS * IDEM__CF_PART_REC);
-    XXH3_64bits_update(x, f->segs, f->nsegs * 32);
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
-        XXH3_64bits_update(x, f->parts[j].blocks,
-                           (size_t)f->parts[j].nblocks * 64);
+    for (int i = 0; i < n; i++)
+        XXH3_64bits_update(x, iov[i].iov_base, iov[i].iov_len);
     uint32_t version = IDEM__CF_VERSION, k = IDEM__CF_K;
     uint64_t v[6] = {idem__cf_secret_hash(lg), idem__cf_total(f, 0),
                      IDEM__CF_PARTS, idem__cf_total(f, 1), f->nsegs,
@@ -599,20 +591,24 @@ int idem__cfilter_save(idem__log *lg)
         f->dirty = 0;
         return 0;
     }
+    static const unsigned char zeros[64];
     unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
     unsigned char h[IDEM__CF_HDR];
-    struct iovec iov[3 + IDEM__CF_PARTS];
+    struct iovec iov[4 + IDEM__CF_PARTS];
     idem__cf_table(f, t);
-    if (idem__cf_head(lg, t, h))
-        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    uint64_t end = IDEM__CF_HDR + sizeof t + f->nsegs * 32;
     iov[0] = (struct iovec){h, sizeof h};
     iov[1] = (struct iovec){t, sizeof t};
     iov[2] = (struct iovec){f->segs, f->nsegs * 32};
+    iov[3] = (struct iovec){(void *)zeros,
+                            (size_t)(idem__cf_blocks_at(f->nsegs) - end)};
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
-        iov[3 + j] = (struct iovec){f->parts[j].blocks,
+        iov[4 + j] = (struct iovec){f->parts[j].blocks,
                                     (size_t)f->parts[j].nblocks * 64};
+    if (idem__cf_head(lg, iov + 1, 3 + IDEM__CF_PARTS, h))
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     int rc = idem__dir_replace_v(lg->s, lg->dirfd, lg->dir, IDEM__COLD_FILE,
-                                 iov, 3 + IDEM__CF_PARTS);
+                                 iov, 4 + IDEM__CF_PARTS);
     f->dirty = rc != 0;
     return rc;
 }
