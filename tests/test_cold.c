@@ -241,9 +241,9 @@ static void saturate(const char *name, const filter_at *fa)
 
 /* The layouts of cold.h and coldfilter.h. */
 static const filter_at kix_filter = {40, 0, 128, 80, 128, 120};
-/* PATH/COLD: the table of 64 partitions (24 bytes each) precedes the
+/* PATH/COLD: the table of 64 partitions (32 bytes each) precedes the
  * segments. */
-static const filter_at cold_filter = {24, 48, 72 + 64 * 24, 56, 72, 64};
+static const filter_at cold_filter = {24, 48, 72 + 64 * 32, 56, 72, 64};
 /* PATH/grp-N.kgf (coldgroup.h): 16 segment identities precede the
  * blocks. */
 static const filter_at group_filter = {24, 0, 64 + 16 * 32, 40, 64, 56};
@@ -701,7 +701,7 @@ Test(cold, a_filter_grown_while_claims_go_on_answers_exactly,
     snprintf(p, sizeof p, "%s/COLD", dir);
     size_t len;
     free(t_read(p, &len));
-    cr_assert_gt(len, 72 + 64 * 24 + BATCHES * 32 + 64 * 12 * 64,
+    cr_assert_gt(len, 72 + 64 * 32 + BATCHES * 32 + 64 * 12 * 64,
                  "COLD is %zu bytes", len);
     s = t_open(uri);
     cr_assert_eq(stats_of(s).cold_rebuilt, 0);

@@ -32,7 +32,7 @@
 
 #define IDEM__CF_VERSION 3u
 #define IDEM__CF_HDR 72u
-#define IDEM__CF_PART_REC 24u        /* a partition in the file */
+#define IDEM__CF_PART_REC 32u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
 #define IDEM__CF_MIN_CAP 256u        /* keys a partition has room for */
 #define IDEM__CF_EFFORT 8u           /* inserts of builds per key gone cold */
@@ -224,8 +224,8 @@ static int idem__cf_own(idem__cfilter *f)
 }
 
 /* Set the keys of cold segment g in every partition, and name it among
- * those held; serves: they count among the keys served. */
-static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
+ * those held. */
+static int idem__cf_set(idem__cfilter *f, const idem__seg *g)
 {
     if (idem__cf_own(f) || idem__cf_name(f, g))
         return IDEM_ENOMEM;
@@ -233,7 +233,7 @@ static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
         uint64_t from, to;
         idem__cf_slice(g->cold, j, &from, &to);
         idem__cf_set_range(&f->parts[j], g->cold->ents, from, to);
-        f->parts[j].serves += serves ? to - from : 0;
+        f->parts[j].serves += to - from;
     }
     f->dirty = 1;
     return 0;
@@ -312,7 +312,7 @@ int idem__cfilter_add(idem__log *lg, size_t i)
     idem__cfilter *f = &lg->cf;
     if (!f->parts)
         return idem__cf_build(lg);
-    int rc = idem__cf_set(f, &lg->segs[i], 1);
+    int rc = idem__cf_set(f, &lg->segs[i]);
     if (rc) {
         idem__cf_unmap(f);
         return rc;
@@ -431,6 +431,7 @@ static int idem__cf_map_table(idem__cfilter *f, const unsigned char *m,
             .nblocks = nb,
             .cap = cap,
             .set = idem__cf_get64(r + 16),
+            .serves = idem__cf_get64(r + 24),
             .mapped = 1,
         };
         sum += nb;
@@ -494,19 +495,6 @@ static int idem__cf_holds(const idem__cfilter *f, size_t n, const idem__seg *g)
     return 0;
 }
 
-/* Count, in each partition, the keys of the cold segments still there. */
-static void idem__cf_count_serves(idem__log *lg)
-{
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        uint64_t n = 0, from, to;
-        for (size_t i = 0; i < lg->ncold; i++) {
-            idem__cf_slice(lg->segs[i].cold, j, &from, &to);
-            n += to - from;
-        }
-        lg->cf.parts[j].serves = n;
-    }
-}
-
 /* The file's filter, with the keys of the cold segments it does not
  * name set (partitions over their capacity are then built again); -1
  * when it cannot serve (none, damaged). */
@@ -521,11 +509,14 @@ static int idem__cf_adopt(idem__log *lg)
     if (rc)
         return -1;
     size_t held = f->nsegs;
+    /* The file counts the keys each partition serves as of its close;
+     * segments dropped since (a crash kept it from being written again)
+     * stay counted: a partition is built again a little later, which
+     * costs false positives, never an answer. */
     for (size_t i = 0; i < lg->ncold; i++)
         if (!idem__cf_holds(f, held, &lg->segs[i]) &&
-            idem__cf_set(f, &lg->segs[i], 0) != 0)
+            idem__cf_set(f, &lg->segs[i]) != 0)
             return -1;
-    idem__cf_count_serves(lg);
     f->dirty = f->nsegs != held;
     return 0;
 }
@@ -546,7 +537,7 @@ static void idem__cf_table(const idem__cfilter *f, unsigned char *t)
 {
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         const idem__cfpart *p = &f->parts[j];
-        uint64_t r[3] = {p->nblocks, p->cap, p->set};
+        uint64_t r[4] = {p->nblocks, p->cap, p->set, p->serves};
         memcpy(t + j * IDEM__CF_PART_REC, r, sizeof r);
     }
 }

@@ -41,8 +41,8 @@
  *    48     8  segments it holds the keys of (n)
  *    56     8  XXH3-64 of the body, bytes [72, end)
  *    64     8  XXH3-64 of bytes [0, 64)
- *    72        body: P partitions (blocks, capacity, keys set: 8 bytes
- *              each), n segment identities (32 bytes each), zeros up to
+ *    72        body: P partitions (blocks, capacity, keys set, keys of
+ *              the segments there: 8 bytes each), n segment identities (32 bytes each), zeros up to
  *              a multiple of 64 bytes, the blocks of each partition in
  *              turn
  *
