@@ -225,9 +225,10 @@ static int idem__cf_own(idem__cfilter *f)
 
 /* Set the keys of cold segment g in every partition, and name it among
  * those held. */
-static int idem__cf_set(idem__cfilter *f, const idem__seg *g)
+static int idem__cf_set(idem__log *lg, idem__seg *g)
 {
-    if (idem__cf_own(f) || idem__cf_name(f, g))
+    idem__cfilter *f = &lg->cf;
+    if (idem__log_cold_sound(lg, g) || idem__cf_own(f) || idem__cf_name(f, g))
         return IDEM_ENOMEM;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t from, to;
@@ -240,13 +241,16 @@ static int idem__cf_set(idem__cfilter *f, const idem__seg *g)
 }
 
 /* Build partition j again from every cold segment's slice, with room
- * for a quarter more keys. Without memory for it the old one stays: it
+ * for a quarter more keys. Without memory for it, or with an index that
+ * does not check out and cannot be built again, the old one stays: it
  * holds every key the new one would (and more), so it is never wrong. */
 static int idem__cf_part_build(idem__log *lg, unsigned j)
 {
     idem__cfpart *p = &lg->cf.parts[j], q;
     uint64_t keys = 0, from, to;
     for (size_t i = 0; i < lg->ncold; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return IDEM_ECORRUPT;
         idem__cf_slice(lg->segs[i].cold, j, &from, &to);
         keys += to - from;
     }
@@ -312,7 +316,7 @@ int idem__cfilter_add(idem__log *lg, size_t i)
     idem__cfilter *f = &lg->cf;
     if (!f->parts)
         return idem__cf_build(lg);
-    int rc = idem__cf_set(f, &lg->segs[i]);
+    int rc = idem__cf_set(lg, &lg->segs[i]);
     if (rc) {
         idem__cf_unmap(f);
         return rc;
@@ -515,7 +519,7 @@ static int idem__cf_adopt(idem__log *lg)
      * costs false positives, never an answer. */
     for (size_t i = 0; i < lg->ncold; i++)
         if (!idem__cf_holds(f, held, &lg->segs[i]) &&
-            idem__cf_set(f, &lg->segs[i]) != 0)
+            idem__cf_set(lg, &lg->segs[i]) != 0)
             return -1;
     f->dirty = f->nsegs != held;
     return 0;

@@ -81,13 +81,17 @@ static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nblocks,
 }
 
 /* The file image of group num from segs[lo, hi) (heap, *len bytes), or
- * NULL without memory. */
-static unsigned char *idem__cg_image(const idem__log *lg, uint32_t num,
+ * NULL without memory or when an index does not check out and cannot be
+ * built again. */
+static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
                                      size_t lo, size_t hi, size_t *len)
 {
     uint64_t keys = 0;
-    for (size_t i = lo; i < hi; i++)
+    for (size_t i = lo; i < hi; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return NULL;
         keys += lg->segs[i].cold->nents;
+    }
     uint64_t nblocks = (keys * IDEM__CG_BITS + 511) / 512;
     nblocks = nblocks ? nblocks : 1;
     if (nblocks > (SIZE_MAX - IDEM__CG_BODY) / 64)

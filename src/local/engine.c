@@ -157,8 +157,12 @@ static int idem__ask_segs(idem_store *s, size_t lo, size_t hi,
     idem__log *lg = &en->log;
     idem__probe p;
     idem__probe_init(&p, fo->h);
-    for (size_t i = hi; i-- > lo;)
+    for (size_t i = hi; i-- > lo;) {
+        int rc = idem__log_cold_sound(lg, &lg->segs[i]);
+        if (rc)
+            return rc;
         idem__cold_prefetch(lg->segs[i].cold, fo->h);
+    }
     for (size_t i = hi; i-- > lo;) {
         en->filter_probes++;
         if (!idem__cold_has(lg->segs[i].cold, &p))
@@ -269,18 +273,21 @@ static void idem__seg_unref(idem__engine *en, const idem__found *fo)
  * found by a cold lookup, now or once its segment goes cold? Then the
  * key's entry must stay in RAM (expired, or a tombstone) to hide it. A
  * segment whose records have all expired hides nothing worth hiding. */
-static int idem__may_shadow(const idem__engine *en, const uint64_t h[2],
+static int idem__may_shadow(idem__engine *en, const uint64_t h[2],
                             uint32_t seg, int64_t now)
 {
-    const idem__log *lg = &en->log;
+    idem__log *lg = &en->log;
     if (!en->hot_limited && !lg->ncold)
         return 0;
     int cold = lg->ncold && idem__cfilter_maybe(&lg->cf, h);
     for (size_t i = 0; i < lg->nsegs && lg->segs[i].id < seg; i++) {
-        const idem__seg *g = &lg->segs[i];
+        idem__seg *g = &lg->segs[i];
         if (g->max_expires <= now)
             continue;
-        if (g->cold ? cold && idem__cold_maybe(g->cold, h) : en->hot_limited)
+        /* An index that cannot be checked might hold it. */
+        if (g->cold ? cold && (idem__log_cold_sound(lg, g) ||
+                               idem__cold_maybe(g->cold, h))
+                    : en->hot_limited)
             return 1;
     }
     return 0;
@@ -561,6 +568,9 @@ static int idem__found_at(const idem__found *fo, uint32_t seg, uint32_t off)
 static int idem__scan_cold(idem_store *s, idem__seg *g, int64_t now,
                            idem_scan_fn fn, void *ctx)
 {
+    int sound = idem__log_cold_sound(&idem__eng(s)->log, g);
+    if (sound)
+        return sound;
     for (uint64_t j = 0; j < g->cold->nents; j++) {
         uint32_t off = g->cold->ents[j].off;
         idem__frame f;
@@ -1007,6 +1017,9 @@ static int idem__cold_import(idem_store *s)
     for (size_t i = lg->ncold; i-- > 0;) {
         idem__seg *g = &lg->segs[i];
         idem__token_seen(en, g->cold->max_token);
+        int sound = g->cold->nckpts ? idem__log_cold_sound(lg, g) : 0;
+        if (sound)
+            return sound;
         for (uint32_t j = g->cold->nckpts; j-- > 0;) {
             idem__frame f;
             uint32_t off = g->cold->ckpts[j];

@@ -285,26 +285,49 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
     return 0;
 }
 
-/* The key index of sealed segment g: loaded from its file if that checks
- * out and was built from g, else (never trusted) built again from g's
- * frames, which are verified first, and written anew (not by a reader). */
-static int idem__index_seg(idem__log *lg, idem__seg *g, idem__cold *c)
+/* Build the key index of sealed segment g again from its frames, which
+ * are verified first, into c, and write it anew (not a reader). */
+static int idem__kix_rebuild(idem__log *lg, idem__seg *g, idem__cold *c)
 {
-    idem__segid sg = {g->id, g->size, g->created, g->base};
-    int rc = idem__cold_load(lg->dirfd, &sg, c);
-    if (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND)
-        return rc == IDEM_ENOMEM ? idem__fail(lg->s, rc, "out of memory")
-               : rc ? idem__log_ioerr(lg, "read key index", g->id, errno)
-                    : 0;
     idem__scan sc;
-    rc = idem__log_map(lg, g, (size_t)g->size);
+    int rc = idem__log_map(lg, g, (size_t)g->size);
     if (!rc)
         rc = idem__verify_frames(lg, g, 0, &sc);
-    sg.base = g->base;
+    idem__segid sg = {g->id, g->size, g->created, g->base};
     if (!rc)
         rc = idem__cold_make(lg->s, lg->dirfd, lg->dir, &sg, lg->secret,
                              !lg->readonly, c);
     lg->kix_rebuilt += rc == 0;
+    return rc;
+}
+
+/* The key index of sealed segment g: loaded from its file if its header
+ * checks out and names g (its body is checked when first used, see
+ * idem__log_cold_sound), else (never trusted) built again. */
+static int idem__index_seg(idem__log *lg, idem__seg *g, idem__cold *c)
+{
+    idem__segid sg = {g->id, g->size, g->created, g->base};
+    int rc = idem__cold_load(lg->dirfd, &sg, c, 1);
+    if (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND)
+        return rc == IDEM_ENOMEM ? idem__fail(lg->s, rc, "out of memory")
+               : rc ? idem__log_ioerr(lg, "read key index", g->id, errno)
+                    : 0;
+    return idem__kix_rebuild(lg, g, c);
+}
+
+int idem__log_cold_sound(idem__log *lg, idem__seg *g)
+{
+    idem__cold *c = g->cold;
+    if (!c->unchecked || (c->img && idem__cold_check(c)))
+        return 0;
+    idem__cold_free(c);
+    int rc = idem__kix_rebuild(lg, g, c);
+    if (rc) {
+        /* Empty, and still to be checked: nothing of it is used, and
+         * the next use tries again. */
+        memset(c, 0, sizeof *c);
+        c->unchecked = 1;
+    }
     return rc;
 }
 
@@ -779,7 +802,7 @@ static int idem__check_kix(idem__log *lg, uint32_t id, int repair,
     idem__segid sg = {id, g.size, 0, g.base};
     int sound = idem__seg_header_ok(g.base, (size_t)g.size, id,
                                     &sg.created) == 0 &&
-                idem__cold_load(lg->dirfd, &sg, &c) == 0;
+                idem__cold_load(lg->dirfd, &sg, &c, 0) == 0;
     idem__close_seg(&g);
     if (sound)
         idem__cold_free(&c);
