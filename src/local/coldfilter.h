@@ -42,9 +42,9 @@
  *    56     8  XXH3-64 of the body, bytes [72, end)
  *    64     8  XXH3-64 of bytes [0, 64)
  *    72        body: P partitions (blocks, capacity, keys set, keys of
- *              the segments there: 8 bytes each), n segment identities (32 bytes each), zeros up to
- *              a multiple of 64 bytes, the blocks of each partition in
- *              turn
+ *              the segments there: 8 bytes each), n segment identities
+ *              (32 bytes each), zeros up to a multiple of 64 bytes, the
+ *              blocks of each partition in turn
  *
  * Open maps the file rather than reading it into zeroed memory (at 3e8
  * keys a third of a reopen went to zeroing and copying it): the blocks
