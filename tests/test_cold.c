@@ -170,14 +170,53 @@ Test(cold, damaged_torn_or_missing_indexes_are_rebuilt)
     cut("seg-00000005.kix", 100);       /* torn */
     rm("seg-00000006.kix");             /* missing */
     s = t_open(uri);
+    /* Open reads the headers only: a damaged body (an entry, the
+     * filter) is found when the index is first used, and built again
+     * before anything of it is believed. */
     idem_stats st = stats_of(s);
-    cr_assert_eq(st.cold_rebuilt, 5, "rebuilt %llu",
+    cr_assert_eq(st.cold_rebuilt, 3, "rebuilt %llu at open",
                  (unsigned long long)st.cold_rebuilt);
     expect_all(s);
+    st = stats_of(s);
+    cr_assert_eq(st.cold_rebuilt, 5, "rebuilt %llu",
+                 (unsigned long long)st.cold_rebuilt);
     cr_assert_eq(idem_close(s), 0);
     s = t_open(uri);
     cr_assert_eq(stats_of(s).cold_rebuilt, 0, "the rebuilt files hold");
     expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* A reader finds a damaged index body on first use too, and answers
+ * from one it builds in memory (a reader writes nothing): never from the
+ * damaged one. The file stays as it was for the writer to build again. */
+Test(cold, a_reader_checks_an_index_when_first_used)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    damage("seg-00000003.kix", 200);    /* the filter */
+    damage("seg-00000004.kix", -3);     /* an entry */
+    idem_opts o = t_options();
+    o.flags = IDEM_O_READONLY;
+    cr_assert_eq(idem_open(uri, &o, &s), 0, "%s", idem_errdetail(s));
+    cr_assert_eq(stats_of(s).cold_rebuilt, 0, "open read the headers only");
+    for (int i = 0; i < GROUPS * PER_GROUP; i++) {
+        char k[32];
+        idem_record r;
+        key_of(k, sizeof k, i);
+        cr_assert_eq(idem_get(s, k, strlen(k), &r), 0, "%s", k);
+        cr_assert_eq(r.len, strlen(k));
+        cr_assert_eq(memcmp(r.data, k, r.len), 0);
+    }
+    cr_assert_eq(stats_of(s).cold_rebuilt, 2);
+    cr_assert_eq(idem_close(s), 0);
+    idem_check_report r = {0};
+    cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT);
+    cr_assert_eq(r.damaged, 2);
+    s = t_open(uri);
+    expect_all(s);
+    cr_assert_eq(stats_of(s).cold_rebuilt, 2);
     cr_assert_eq(idem_close(s), 0);
 }
 
@@ -223,6 +262,8 @@ static void saturate(const char *name, const filter_at *fa)
     cr_assert(img && len > fa->body_from, "%s", p);
     uint64_t nsegs = fa->nsegs_at ? get64(img + fa->nsegs_at) : 0;
     size_t from = fa->blocks_from + nsegs * 32;
+    if (fa->nsegs_at)   /* PATH/COLD's blocks start on 64 bytes */
+        from = (from + 63) & ~(size_t)63;
     size_t n = get64(img + fa->nblocks_at) * 64;
     cr_assert_leq(from + n, len);
     memset(img + from, 0xff, n);
@@ -239,9 +280,13 @@ static void saturate(const char *name, const filter_at *fa)
 
 /* The layouts of cold.h and coldfilter.h. */
 static const filter_at kix_filter = {40, 0, 128, 80, 128, 120};
-/* PATH/COLD: the table of 64 partitions (24 bytes each) precedes the
+/* PATH/COLD: the table of 64 partitions (32 bytes each) precedes the
  * segments. */
-static const filter_at cold_filter = {24, 48, 72 + 64 * 24, 56, 72, 64};
+static const filter_at cold_filter = {24, 48, 72 + 64 * 32, 56, 72, 64};
+/* PATH/grp-N.kgf (coldgroup.h): 16 segment identities precede the
+ * blocks. */
+static const filter_at group_filter = {24, 0, 64 + 16 * 32, 40, 64, 56};
+#define GROUP0 "grp-00000000.kgf"
 
 /* Every filter says maybe to every key: the filter in front and each
  * segment's own. A stranger then costs a search of every cold index and
@@ -258,7 +303,13 @@ Test(cold, a_filter_false_positive_costs_a_read_not_an_answer)
         if (exists(k))
             saturate(k, &kix_filter);
     }
+    /* A group filter names its segments' indexes by their checksums:
+     * the open that follows builds it again for the saturated ones. */
+    s = t_open(uri);
+    cr_assert_eq(idem_close(s), 0);
     saturate("COLD", &cold_filter);
+    cr_assert(exists(GROUP0));
+    saturate(GROUP0, &group_filter);
     s = t_open(uri);
     idem_stats st = stats_of(s);
     cr_assert_eq(st.cold_rebuilt, 0, "the saturated files were trusted");
@@ -342,6 +393,107 @@ Test(cold, a_damaged_cold_filter_is_built_again)
     s = t_open(uri);
     expect_all(s);
     cr_assert_eq(idem_close(s), 0);
+}
+
+/* Once the 16 segments of a group are cold their keys' filter is written
+ * beside them, and a lookup asks only the segments of the groups that
+ * say maybe: the oldest keys no longer cost a probe of every newer
+ * segment's filter. */
+Test(cold, a_group_filter_spares_the_probes_of_its_segments)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert(exists(GROUP0));
+    cr_assert(!exists("grp-00000001.kgf"), "group 1 is not all cold");
+    s = t_open(uri);
+    idem_outcome o;
+    for (int i = 0; i < 16; i++) {   /* 16 segments more */
+        char k[32];
+        snprintf(k, sizeof k, "more-%d", i);
+        cr_assert_eq(claim(s, k, &o), 0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    cr_assert(exists("grp-00000001.kgf"), "group 1 went cold");
+    idem_stats st = stats_of(s);
+    uint64_t ncold = st.cold_segments, probes = st.filter_probes;
+    char last[32];
+    key_of(last, sizeof last, GROUPS * PER_GROUP - 1);
+    cr_assert_eq(claim(s, last, &o), 0);   /* in group 1 */
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    st = stats_of(s);
+    /* The filter in front, the newest segments (no group filter yet),
+     * group 1's filter and its segments down to the key's: never group
+     * 0's 15 segments. */
+    cr_assert_leq(st.filter_probes - probes, ncold + 2 - 15,
+                  "%llu of %llu", (unsigned long long)(st.filter_probes -
+                                                       probes),
+                  (unsigned long long)ncold);
+    expect_all(s);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* A group filter that does not check out (a bit flipped, torn, emptied)
+ * or that names other segments than those there (a stale one) is never
+ * trusted: open builds it again from the key indexes, and every key is
+ * answered; check reports it, repair deletes it. */
+Test(cold, a_damaged_or_stale_group_filter_is_built_again)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    char p[4400];
+    size_t len;
+    snprintf(p, sizeof p, "%s/%s", dir, GROUP0);
+    char *good = t_read(p, &len);
+    cr_assert(good);
+    /* Emptied blocks would say no to every key of group 0. */
+    unsigned char *img = malloc(len);
+    cr_assert(img);
+    memcpy(img, good, len);
+    memset(img + 64 + 16 * 32, 0, len - (64 + 16 * 32));
+    for (int how = 0; how < 4; how++) {
+        int fd = open(p, O_WRONLY | O_TRUNC);
+        cr_assert_geq(fd, 0);
+        cr_assert_eq(write(fd, img, len), (ssize_t)len);
+        close(fd);
+        if (how == 1)
+            cut(GROUP0, (off_t)len - 64);
+        if (how == 2)
+            damage(GROUP0, 20);
+        if (how == 3) {
+            /* Checks out whole, but names segment 1 at another size. */
+            img[64 + 8] ^= 1;
+            uint64_t body = XXH3_64bits(img + 64, len - 64);
+            memcpy(img + 40, &body, 8);
+            uint64_t hdr = XXH3_64bits(img, 56);
+            memcpy(img + 56, &hdr, 8);
+            fd = open(p, O_WRONLY | O_TRUNC);
+            cr_assert_eq(write(fd, img, len), (ssize_t)len);
+            close(fd);
+        }
+        idem_check_report r = {0};
+        if (how < 3) {
+            cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT, "how %d", how);
+            cr_assert(strstr(r.first_damage, GROUP0), "%s", r.first_damage);
+        }
+        s = t_open(uri);
+        expect_all(s);
+        cr_assert_eq(idem_close(s), 0);
+        size_t now;
+        char *built = t_read(p, &now);
+        cr_assert(built && now == len && memcmp(built, good, len) == 0,
+                  "how %d: built again as it was", how);
+        free(built);
+    }
+    damage(GROUP0, 100);
+    idem_check_report r = {0};
+    cr_assert_eq(idem_repair(uri, &r), 0);
+    cr_assert(!exists(GROUP0));
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+    free(img);
+    free(good);
 }
 
 Test(cold, forget_and_expiry_hide_cold_records_across_reopen)
@@ -588,7 +740,7 @@ Test(cold, a_filter_grown_while_claims_go_on_answers_exactly,
     snprintf(p, sizeof p, "%s/COLD", dir);
     size_t len;
     free(t_read(p, &len));
-    cr_assert_gt(len, 72 + 64 * 24 + BATCHES * 32 + 64 * 12 * 64,
+    cr_assert_gt(len, 72 + 64 * 32 + BATCHES * 32 + 64 * 12 * 64,
                  "COLD is %zu bytes", len);
     s = t_open(uri);
     cr_assert_eq(stats_of(s).cold_rebuilt, 0);

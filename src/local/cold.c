@@ -355,9 +355,10 @@ int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
 /* ------------------------------------------------------------------------
  * Loading and writing */
 
-/* Does img (len bytes) check out whole, and was it built from sg? */
-static int idem__kix_sound(const unsigned char *img, size_t len,
-                           const idem__segid *sg)
+/* Does img's header (len bytes in all) check out, and was it built
+ * from sg? */
+static int idem__kix_head_sound(const unsigned char *img, size_t len,
+                                const idem__segid *sg)
 {
     if (len < IDEM__KIX_HDR || memcmp(img, idem__kix_magic, 8) != 0 ||
         idem__get64(img + 120) != XXH3_64bits(img, 120) ||
@@ -370,11 +371,19 @@ static int idem__kix_sound(const unsigned char *img, size_t len,
         idem__kix_len(idem__get64(img + 32), nblocks,
                       idem__get32(img + 72)) != len)
         return 0;
-    return idem__get64(img + 80) ==
-           XXH3_64bits(img + IDEM__KIX_HDR, len - IDEM__KIX_HDR);
+    return 1;
 }
 
-int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c)
+int idem__cold_check(idem__cold *c)
+{
+    if (c->unchecked &&
+        c->body == XXH3_64bits(c->img + IDEM__KIX_HDR, c->len - IDEM__KIX_HDR))
+        c->unchecked = 0;
+    return !c->unchecked;
+}
+
+int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
+                    int lazy)
 {
     char name[32];
     struct stat st;
@@ -391,15 +400,18 @@ int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c)
     close(fd);
     if (p == MAP_FAILED)
         return errno == ENOMEM ? IDEM_ENOMEM : IDEM_EIO;
-    if (!idem__kix_sound(p, len, sg)) {
-        munmap(p, len);
-        return IDEM_ECORRUPT;
-    }
     memset(c, 0, sizeof *c);
     c->img = p;
     c->len = len;
-    idem__cold_point(c);
-    return 0;
+    if (idem__kix_head_sound(p, len, sg)) {
+        idem__cold_point(c);
+        c->unchecked = 1;
+        if (lazy || idem__cold_check(c))
+            return 0;
+    }
+    munmap(p, len);
+    memset(c, 0, sizeof *c);
+    return IDEM_ECORRUPT;
 }
 
 int idem__cold_write(idem_store *s, int dirfd, const char *path,
@@ -425,9 +437,12 @@ int idem__cold_make(idem_store *s, int dirfd, const char *path,
     idem__cold built = *c;
     rc = idem__cold_write(s, dirfd, path, sg->id, &built);
     /* Serve from the file's pages, which the kernel may evict, rather
-     * than from the heap copy, which it may not. */
-    if (!rc && idem__cold_load(dirfd, sg, c) == 0)
+     * than from the heap copy, which it may not: the bytes just written,
+     * whose body is known. */
+    if (!rc && idem__cold_load(dirfd, sg, c, 1) == 0) {
+        c->unchecked = 0;
         free(built.img);
+    }
     else
         *c = built;
     if (rc)

@@ -65,6 +65,8 @@ typedef struct idem__cold {
     uint64_t max_token;
     uint64_t records;
     uint64_t body;           /* XXH3-64 of the body: which build it is */
+    int unchecked;           /* loaded lazily: the header checks out,
+                              * the body is not yet known to */
 } idem__cold;
 
 /* The keyed 128-bit hash every index of the store uses (inline: the
@@ -116,8 +118,16 @@ int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
 
 /* Load PATH/seg-N.kix into *c (mapped) if it is whole and was built
  * from sg. 0; IDEM_ENOTFOUND (none); IDEM_ECORRUPT (it does not check
- * out or is stale); IDEM_EIO/IDEM_ENOMEM. */
-int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c);
+ * out or is stale); IDEM_EIO/IDEM_ENOMEM. lazy: only its header is
+ * checked now (c->unchecked is set); nothing of its body may be used
+ * before idem__cold_check says it checks out. At 3e8 keys the bodies
+ * are 5.7 GB, and a claim of a new key reads none of them. */
+int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
+                    int lazy);
+
+/* Does the body of c, loaded lazily, check out? 1 (c->unchecked is then
+ * clear) or 0: it must be built again from its segment. */
+int idem__cold_check(idem__cold *c);
 
 /* Write c's image as PATH/seg-N.kix, durably (temporary file, fsync,
  * rename, directory fsync). */

@@ -30,9 +30,9 @@
 
 #include "log.h"
 
-#define IDEM__CF_VERSION 2u
+#define IDEM__CF_VERSION 3u
 #define IDEM__CF_HDR 72u
-#define IDEM__CF_PART_REC 24u        /* a partition in the file */
+#define IDEM__CF_PART_REC 32u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
 #define IDEM__CF_MIN_CAP 256u        /* keys a partition has room for */
 #define IDEM__CF_EFFORT 8u           /* inserts of builds per key gone cold */
@@ -49,7 +49,7 @@ void idem__cfilter_prefetch(const idem__cfilter *f, const uint64_t h[2])
 
 static void idem__cf_part_unmap(idem__cfpart *p)
 {
-    if (p->blocks)
+    if (p->blocks && !p->mapped)
         munmap(p->blocks, (size_t)p->nblocks * 64);
     memset(p, 0, sizeof *p);
 }
@@ -61,6 +61,9 @@ static void idem__cf_unmap(idem__cfilter *f)
     free(f->parts);
     f->parts = NULL;
     f->nsegs = 0;
+    if (f->file)
+        munmap(f->file, f->filelen);
+    f->file = NULL;
 }
 
 void idem__cfilter_free(idem__cfilter *f)
@@ -111,13 +114,20 @@ static void *idem__cf_pages(size_t len)
     return m + head;
 }
 
+/* The blocks of a partition with room for cap keys (cap at least
+ * IDEM__CF_MIN_CAP, at most 2^40). */
+static uint64_t idem__cf_nblocks(uint64_t cap)
+{
+    return (cap * IDEM__CF_BITS + 511) / 512;
+}
+
 /* Zeroed, page-aligned room for a partition of cap keys. 0 or ENOMEM. */
 static int idem__cf_part_map(idem__cfpart *p, uint64_t cap)
 {
     cap = cap < IDEM__CF_MIN_CAP ? IDEM__CF_MIN_CAP : cap;
     if (cap > (1ull << 40))
         return IDEM_ENOMEM;
-    uint64_t nblocks = (cap * IDEM__CF_BITS + 511) / 512;
+    uint64_t nblocks = idem__cf_nblocks(cap);
     if (nblocks > SIZE_MAX / 64)
         return IDEM_ENOMEM;
     void *m = idem__cf_pages((size_t)nblocks * 64);
@@ -138,7 +148,7 @@ static int idem__cf_alloc(idem__cfilter *f)
     return f->parts ? 0 : IDEM_ENOMEM;
 }
 
-static void idem__cf_id(idem__cfseg *id, const idem__seg *g)
+void idem__cfseg_of(idem__cfseg *id, const idem__seg *g)
 {
     memset(id, 0, sizeof *id);
     id->id = g->id;
@@ -187,34 +197,60 @@ static int idem__cf_name(idem__cfilter *f, const idem__seg *g)
     if (!s)
         return IDEM_ENOMEM;
     f->segs = s;
-    idem__cf_id(&f->segs[f->nsegs++], g);
+    idem__cfseg_of(&f->segs[f->nsegs++], g);
+    return 0;
+}
+
+/* Copy the partitions still in the mapping of PATH/COLD into memory of
+ * their own, which can be written, and let the mapping go. 0 or
+ * IDEM_ENOMEM (then nothing changed). */
+static int idem__cf_own(idem__cfilter *f)
+{
+    for (unsigned j = 0; f->file && j < IDEM__CF_PARTS; j++) {
+        idem__cfpart *p = &f->parts[j], q;
+        if (!p->mapped)
+            continue;
+        if (idem__cf_part_map(&q, p->cap))
+            return IDEM_ENOMEM;
+        memcpy(q.blocks, p->blocks, (size_t)p->nblocks * 64);
+        q.set = p->set;
+        q.serves = p->serves;
+        *p = q;
+    }
+    if (f->file)
+        munmap(f->file, f->filelen);
+    f->file = NULL;
     return 0;
 }
 
 /* Set the keys of cold segment g in every partition, and name it among
- * those held; serves: they count among the keys served. */
-static int idem__cf_set(idem__cfilter *f, const idem__seg *g, int serves)
+ * those held. */
+static int idem__cf_set(idem__log *lg, idem__seg *g)
 {
-    if (idem__cf_name(f, g))
+    idem__cfilter *f = &lg->cf;
+    if (idem__log_cold_sound(lg, g) || idem__cf_own(f) || idem__cf_name(f, g))
         return IDEM_ENOMEM;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t from, to;
         idem__cf_slice(g->cold, j, &from, &to);
         idem__cf_set_range(&f->parts[j], g->cold->ents, from, to);
-        f->parts[j].serves += serves ? to - from : 0;
+        f->parts[j].serves += to - from;
     }
     f->dirty = 1;
     return 0;
 }
 
 /* Build partition j again from every cold segment's slice, with room
- * for a quarter more keys. Without memory for it the old one stays: it
+ * for a quarter more keys. Without memory for it, or with an index that
+ * does not check out and cannot be built again, the old one stays: it
  * holds every key the new one would (and more), so it is never wrong. */
 static int idem__cf_part_build(idem__log *lg, unsigned j)
 {
     idem__cfpart *p = &lg->cf.parts[j], q;
     uint64_t keys = 0, from, to;
     for (size_t i = 0; i < lg->ncold; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return IDEM_ECORRUPT;
         idem__cf_slice(lg->segs[i].cold, j, &from, &to);
         keys += to - from;
     }
@@ -232,16 +268,20 @@ static int idem__cf_part_build(idem__log *lg, unsigned j)
     return 0;
 }
 
-/* Is partition p over its capacity, or far larger than its keys need? */
-static int idem__cf_part_due(const idem__cfpart *p)
+/* Is partition p over its capacity, or far larger than its keys need?
+ * urgent: only twice over its capacity (false positives well past the
+ * configured rate). */
+static int idem__cf_part_due(const idem__cfpart *p, int urgent)
 {
+    if (urgent)
+        return p->set > 2 * p->cap;
     return p->set > p->cap ||
            (p->cap > IDEM__CF_MIN_CAP && p->serves * 4 < p->cap * 3);
 }
 
 /* Build again, in turn from the cursor, the partitions that are due,
  * until about budget inserts were spent (0: no limit). */
-static void idem__cf_tend(idem__log *lg, uint64_t budget)
+static void idem__cf_tend(idem__log *lg, uint64_t budget, int urgent)
 {
     idem__cfilter *f = &lg->cf;
     uint64_t spent = 0;
@@ -250,7 +290,7 @@ static void idem__cf_tend(idem__log *lg, uint64_t budget)
             return;
         unsigned j = f->cursor;
         f->cursor = (f->cursor + 1) % IDEM__CF_PARTS;
-        if (!idem__cf_part_due(&f->parts[j]))
+        if (!idem__cf_part_due(&f->parts[j], urgent))
             continue;
         if (idem__cf_part_build(lg, j) == 0)
             spent += f->parts[j].serves;
@@ -280,13 +320,13 @@ int idem__cfilter_add(idem__log *lg, size_t i)
     idem__cfilter *f = &lg->cf;
     if (!f->parts)
         return idem__cf_build(lg);
-    int rc = idem__cf_set(f, &lg->segs[i], 1);
+    int rc = idem__cf_set(lg, &lg->segs[i]);
     if (rc) {
         idem__cf_unmap(f);
         return rc;
     }
     uint64_t n = lg->segs[i].cold->nents;
-    idem__cf_tend(lg, (n ? n : 1) * IDEM__CF_EFFORT);
+    idem__cf_tend(lg, (n ? n : 1) * IDEM__CF_EFFORT, 0);
     return 0;
 }
 
@@ -323,7 +363,7 @@ int idem__cfilter_fit(idem__log *lg)
     uint64_t serves = 0;
     for (size_t i = 0; i < lg->ncold; i++)
         serves += lg->segs[i].cold->nents;
-    idem__cf_tend(lg, (serves / lg->ncold + 1) * IDEM__CF_EFFORT);
+    idem__cf_tend(lg, (serves / lg->ncold + 1) * IDEM__CF_EFFORT, 0);
     return 0;
 }
 
@@ -342,31 +382,19 @@ static uint64_t idem__cf_secret_hash(const idem__log *lg)
     return XXH3_64bits(lg->secret, IDEM__SECRET_LEN);
 }
 
-/* Read len bytes at off whole. */
-static int idem__cf_pread(int fd, void *buf, size_t len, off_t off)
-{
-    unsigned char *p = buf;
-    while (len) {
-        ssize_t r = pread(fd, p, len, off);
-        if (r <= 0)
-            return -1;
-        p += r;
-        len -= (size_t)r;
-        off += r;
-    }
-    return 0;
-}
-
 /* The header's counts, if it checks out by itself and matches the file's
  * length. */
 typedef struct idem__cfhdr {
     uint64_t secret, nblocks, set, nsegs, body;
 } idem__cfhdr;
 
-static uint64_t idem__cf_body_at(uint64_t nsegs)
+/* Where the blocks start in a file holding nsegs segments: after the
+ * table and segments, on a 64-byte boundary. */
+static uint64_t idem__cf_blocks_at(uint64_t nsegs)
 {
-    return IDEM__CF_HDR + (uint64_t)IDEM__CF_PARTS * IDEM__CF_PART_REC +
-           nsegs * 32;
+    uint64_t end = IDEM__CF_HDR + (uint64_t)IDEM__CF_PARTS * IDEM__CF_PART_REC +
+                   nsegs * 32;
+    return (end + 63) & ~63ull;
 }
 
 static int idem__cf_header(const unsigned char *h, uint64_t len,
@@ -386,90 +414,66 @@ static int idem__cf_header(const unsigned char *h, uint64_t len,
     o->body = idem__cf_get64(h + 56);
     return o->nblocks && o->nblocks < (1ull << 40) &&
            o->nsegs < (1ull << 32) &&
-           len == idem__cf_body_at(o->nsegs) + o->nblocks * 64;
+           len == idem__cf_blocks_at(o->nsegs) + o->nblocks * 64;
 }
 
-/* Room for the partitions the table t (as in the file) describes, if
- * their blocks add up to nblocks. 0 or -1. */
-static int idem__cf_map_table(idem__cfilter *f, const unsigned char *t,
-                              uint64_t nblocks)
+/* Point f's partitions at their blocks in the mapped file m, if the
+ * table (as in the file) adds up to nblocks and gives each partition
+ * the blocks its capacity does. 0 or -1. */
+static int idem__cf_map_table(idem__cfilter *f, const unsigned char *m,
+                              uint64_t nblocks, uint64_t nsegs)
 {
+    const unsigned char *t = m + IDEM__CF_HDR;
     uint64_t sum = 0;
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        uint64_t nb = idem__cf_get64(t + j * IDEM__CF_PART_REC);
-        if (nb == 0 || nb > nblocks - sum)
-            return -1;
-        sum += nb;
-    }
-    if (sum != nblocks || idem__cf_alloc(f))
+    if (idem__cf_alloc(f))
         return -1;
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         const unsigned char *r = t + j * IDEM__CF_PART_REC;
-        idem__cfpart *p = &f->parts[j];
-        if (idem__cf_part_map(p, idem__cf_get64(r + 8)) ||
-            p->nblocks != idem__cf_get64(r))
+        uint64_t nb = idem__cf_get64(r), cap = idem__cf_get64(r + 8);
+        if (nb == 0 || nb > nblocks - sum || cap < IDEM__CF_MIN_CAP ||
+            cap > (1ull << 40) || nb != idem__cf_nblocks(cap))
             return -1;
-        p->set = idem__cf_get64(r + 16);
+        f->parts[j] = (idem__cfpart){
+            .blocks = (uint64_t *)(void *)(m + idem__cf_blocks_at(nsegs) +
+                                           sum * 64),
+            .nblocks = nb,
+            .cap = cap,
+            .set = idem__cf_get64(r + 16),
+            .serves = idem__cf_get64(r + 24),
+            .mapped = 1,
+        };
+        sum += nb;
     }
-    return 0;
+    return sum == nblocks ? 0 : -1;
 }
 
-/* Read the partitions' blocks, in turn from off, and hash them into x. */
-static int idem__cf_read_blocks(int fd, idem__cfilter *f, off_t off,
-                                XXH3_state_t *x)
-{
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        idem__cfpart *p = &f->parts[j];
-        size_t n = (size_t)p->nblocks * 64;
-        if (idem__cf_pread(fd, p->blocks, n, off) != 0 ||
-            XXH3_64bits_update(x, p->blocks, n) != XXH_OK)
-            return -1;
-        off += (off_t)n;
-    }
-    return 0;
-}
-
-/* The table and segments of the file, then its blocks, checked against
- * the body's hash. 0 or -1. */
-static int idem__cf_read_body(int fd, const idem__cfhdr *o, idem__cfilter *f,
-                              idem__cfseg *segs, XXH3_state_t *x)
-{
-    unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
-    return idem__cf_pread(fd, t, sizeof t, IDEM__CF_HDR) == 0 &&
-                   idem__cf_pread(fd, segs, o->nsegs * 32,
-                                  IDEM__CF_HDR + sizeof t) == 0 &&
-                   idem__cf_map_table(f, t, o->nblocks) == 0 &&
-                   XXH3_64bits_reset(x) == XXH_OK &&
-                   XXH3_64bits_update(x, t, sizeof t) == XXH_OK &&
-                   XXH3_64bits_update(x, segs, o->nsegs * 32) == XXH_OK &&
-                   idem__cf_read_blocks(fd, f,
-                                        (off_t)idem__cf_body_at(o->nsegs),
-                                        x) == 0 &&
-                   XXH3_64bits_digest(x) == o->body
-               ? 0
-               : -1;
-}
-
-/* Read the file into f (partitions, segments) if it checks out whole.
+/* Map the file into f (partitions, segments) if it checks out whole.
  * 0, or -1 (absent, damaged, another store's, unreadable, no memory). */
 static int idem__cf_read(int fd, uint64_t secret, idem__cfilter *f)
 {
-    unsigned char h[IDEM__CF_HDR];
     struct stat st;
     idem__cfhdr o;
-    if (fstat(fd, &st) != 0 || idem__cf_pread(fd, h, sizeof h, 0) != 0 ||
-        !idem__cf_header(h, (uint64_t)st.st_size, &o) ||
-        (secret && o.secret != secret))
+    if (fstat(fd, &st) != 0 || st.st_size < (off_t)IDEM__CF_HDR)
         return -1;
-    idem__cfseg *segs = malloc(o.nsegs ? o.nsegs * 32 : 1);
-    XXH3_state_t *x = XXH3_createState();
-    int rc = segs && x ? idem__cf_read_body(fd, &o, f, segs, x) : -1;
-    XXH3_freeState(x);
-    if (rc) {
+    size_t len = (size_t)st.st_size;
+    /* Populated at once: the checksum reads every page anyway. */
+    unsigned char *m = mmap(NULL, len, PROT_READ, MAP_SHARED | MAP_POPULATE,
+                            fd, 0);
+    if (m == MAP_FAILED)
+        return -1;
+    idem__cfseg *segs = NULL;
+    int ok = idem__cf_header(m, len, &o) && (!secret || o.secret == secret) &&
+             XXH3_64bits(m + IDEM__CF_HDR, len - IDEM__CF_HDR) == o.body &&
+             (segs = malloc(o.nsegs ? o.nsegs * 32 : 1)) != NULL;
+    f->file = m;
+    f->filelen = len;
+    if (!ok || idem__cf_map_table(f, m, o.nblocks, o.nsegs) != 0) {
         free(segs);
         idem__cf_unmap(f);
         return -1;
     }
+    memcpy(segs, m + IDEM__CF_HDR + IDEM__CF_PARTS * IDEM__CF_PART_REC,
+           o.nsegs * 32);
     free(f->segs);
     f->segs = segs;
     f->nsegs = f->capsegs = (size_t)o.nsegs;
@@ -492,24 +496,11 @@ int idem__cfilter_file_sound(int dirfd)
 static int idem__cf_holds(const idem__cfilter *f, size_t n, const idem__seg *g)
 {
     idem__cfseg id;
-    idem__cf_id(&id, g);
+    idem__cfseg_of(&id, g);
     for (size_t i = 0; i < n; i++)
         if (memcmp(&f->segs[i], &id, sizeof id) == 0)
             return 1;
     return 0;
-}
-
-/* Count, in each partition, the keys of the cold segments still there. */
-static void idem__cf_count_serves(idem__log *lg)
-{
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
-        uint64_t n = 0, from, to;
-        for (size_t i = 0; i < lg->ncold; i++) {
-            idem__cf_slice(lg->segs[i].cold, j, &from, &to);
-            n += to - from;
-        }
-        lg->cf.parts[j].serves = n;
-    }
 }
 
 /* The file's filter, with the keys of the cold segments it does not
@@ -526,11 +517,14 @@ static int idem__cf_adopt(idem__log *lg)
     if (rc)
         return -1;
     size_t held = f->nsegs;
+    /* The file counts the keys each partition serves as of its close;
+     * segments dropped since (a crash kept it from being written again)
+     * stay counted: a partition is built again a little later, which
+     * costs false positives, never an answer. */
     for (size_t i = 0; i < lg->ncold; i++)
         if (!idem__cf_holds(f, held, &lg->segs[i]) &&
-            idem__cf_set(f, &lg->segs[i], 0) != 0)
+            idem__cf_set(lg, &lg->segs[i]) != 0)
             return -1;
-    idem__cf_count_serves(lg);
     f->dirty = f->nsegs != held;
     return 0;
 }
@@ -539,9 +533,15 @@ void idem__cfilter_open(idem__log *lg)
 {
     if (!lg->ncold)
         return;
-    /* Without memory for it, lookups ask each segment's own filter. */
+    /* Without memory for it, lookups ask each segment's own filter.
+     * Partitions a little over their capacity (a clean close leaves a
+     * few, whose turn had not come) wait for their turn, as they did
+     * before the close: a build reads a slice of every key index, and
+     * so checks every one whole (5.7 GB at 3e8 keys) at open. Only a
+     * partition twice over (a crash left an old file, and many segments'
+     * keys were set again) is built at once. */
     if (idem__cf_adopt(lg) == 0)
-        idem__cf_tend(lg, 0);
+        idem__cf_tend(lg, 0, 1);
     else
         (void)idem__cf_build(lg);
 }
@@ -551,13 +551,13 @@ static void idem__cf_table(const idem__cfilter *f, unsigned char *t)
 {
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         const idem__cfpart *p = &f->parts[j];
-        uint64_t r[3] = {p->nblocks, p->cap, p->set};
+        uint64_t r[4] = {p->nblocks, p->cap, p->set, p->serves};
         memcpy(t + j * IDEM__CF_PART_REC, r, sizeof r);
     }
 }
 
-/* The header of the file whose table is t. 0 or IDEM_ENOMEM. */
-static int idem__cf_head(const idem__log *lg, const unsigned char *t,
+/* The header of the file whose body is iov[0, n). 0 or IDEM_ENOMEM. */
+static int idem__cf_head(const idem__log *lg, const struct iovec *iov, int n,
                          unsigned char *h)
 {
     const idem__cfilter *f = &lg->cf;
@@ -565,11 +565,8 @@ static int idem__cf_head(const idem__log *lg, const unsigned char *t,
     if (!x)
         return IDEM_ENOMEM;
     XXH3_64bits_reset(x);
-    XXH3_64bits_update(x, t, IDEM__CF_PARTS * IDEM__CF_PART_REC);
-    XXH3_64bits_update(x, f->segs, f->nsegs * 32);
-    for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
-        XXH3_64bits_update(x, f->parts[j].blocks,
-                           (size_t)f->parts[j].nblocks * 64);
+    for (int i = 0; i < n; i++)
+        XXH3_64bits_update(x, iov[i].iov_base, iov[i].iov_len);
     uint32_t version = IDEM__CF_VERSION, k = IDEM__CF_K;
     uint64_t v[6] = {idem__cf_secret_hash(lg), idem__cf_total(f, 0),
                      IDEM__CF_PARTS, idem__cf_total(f, 1), f->nsegs,
@@ -599,20 +596,24 @@ int idem__cfilter_save(idem__log *lg)
         f->dirty = 0;
         return 0;
     }
+    static const unsigned char zeros[64];
     unsigned char t[IDEM__CF_PARTS * IDEM__CF_PART_REC];
     unsigned char h[IDEM__CF_HDR];
-    struct iovec iov[3 + IDEM__CF_PARTS];
+    struct iovec iov[4 + IDEM__CF_PARTS];
     idem__cf_table(f, t);
-    if (idem__cf_head(lg, t, h))
-        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
+    uint64_t end = IDEM__CF_HDR + sizeof t + f->nsegs * 32;
     iov[0] = (struct iovec){h, sizeof h};
     iov[1] = (struct iovec){t, sizeof t};
     iov[2] = (struct iovec){f->segs, f->nsegs * 32};
+    iov[3] = (struct iovec){(void *)zeros,
+                            (size_t)(idem__cf_blocks_at(f->nsegs) - end)};
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++)
-        iov[3 + j] = (struct iovec){f->parts[j].blocks,
+        iov[4 + j] = (struct iovec){f->parts[j].blocks,
                                     (size_t)f->parts[j].nblocks * 64};
+    if (idem__cf_head(lg, iov + 1, 3 + IDEM__CF_PARTS, h))
+        return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
     int rc = idem__dir_replace_v(lg->s, lg->dirfd, lg->dir, IDEM__COLD_FILE,
-                                 iov, 3 + IDEM__CF_PARTS);
+                                 iov, 4 + IDEM__CF_PARTS);
     f->dirty = rc != 0;
     return rc;
 }

@@ -32,18 +32,27 @@
  *
  *   off  size  field
  *     0     8  magic "IDEMCFL"
- *     8     4  version (2)
+ *     8     4  version (3)
  *    12     4  bits set per key (k)
  *    16     8  XXH3-64 of the store's secret (the keys' hash is keyed)
  *    24     8  blocks (64 bytes each), all partitions
  *    32     8  partitions (P, 64)
  *    40     8  keys set, all partitions
  *    48     8  segments it holds the keys of (n)
- *    56     8  XXH3-64 of the body
+ *    56     8  XXH3-64 of the body, bytes [72, end)
  *    64     8  XXH3-64 of bytes [0, 64)
- *    72        body: P partitions (blocks, capacity, keys set: 8 bytes
- *              each), n segment identities (32 bytes each), the blocks
- *              of each partition in turn
+ *    72        body: P partitions (blocks, capacity, keys set, keys of
+ *              the segments there: 8 bytes each), n segment identities
+ *              (32 bytes each), zeros up to a multiple of 64 bytes, the
+ *              blocks of each partition in turn
+ *
+ * Open maps the file rather than reading it into zeroed memory (at 3e8
+ * keys a third of a reopen went to zeroing and copying it): the blocks
+ * start on a 64-byte boundary so that a probe still reads one cache
+ * line. The mapping is read-only; the first change to the filter (a
+ * segment going cold) copies every partition into memory of its own, on
+ * huge pages, and lets the mapping go, so a file replaced at the next
+ * close is never written through and never half old, half new.
  *
  * A segment identity is its id, size, time bucket and the checksum of
  * its key index's body: a segment whose index was built again from other
@@ -62,6 +71,7 @@
 #define IDEM__COLD_FILE "COLD"
 
 struct idem__log;
+struct idem__seg;
 
 typedef struct idem__cfseg {
     uint32_t id;
@@ -73,13 +83,18 @@ typedef struct idem__cfseg {
 
 _Static_assert(sizeof(idem__cfseg) == 32, "a segment identity is 32 bytes");
 
+/* The identity of cold segment g (its key index loaded). */
+void idem__cfseg_of(idem__cfseg *id, const struct idem__seg *g);
+
 /* One partition: the keys whose hash's top 6 bits are its number. */
 typedef struct idem__cfpart {
-    uint64_t *blocks;        /* anonymous pages */
+    uint64_t *blocks;        /* anonymous pages, or the file's (mapped) */
     uint64_t nblocks;
     uint64_t cap;            /* keys it holds at its configured rate */
     uint64_t set;            /* keys set in it, dropped segments' too */
     uint64_t serves;         /* keys of the cold segments still there */
+    int mapped;              /* blocks are in the mapping of PATH/COLD:
+                              * read-only, never unmapped by themselves */
 } idem__cfpart;
 
 #define IDEM__CF_PART_BITS 6u
@@ -93,6 +108,9 @@ typedef struct idem__cfilter {
     unsigned cursor;         /* the partition whose turn to be built
                               * again comes next */
     int dirty;               /* changed since PATH/COLD was written */
+    unsigned char *file;     /* PATH/COLD mapped at open, while a
+                              * partition's blocks are in it */
+    size_t filelen;
     uint64_t builds;         /* partitions built from the key indexes */
 } idem__cfilter;
 

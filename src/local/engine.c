@@ -146,9 +146,41 @@ static int idem__cold_find(idem_store *s, const idem__seg *g,
     return 0;
 }
 
+/* Ask cold segments segs[lo, hi), newest first, for the key: 1 found
+ * (fo set), 0 not there, or why a frame could not be read. A filter's
+ * false positive costs a search of that segment's index, never an
+ * answer. */
+static int idem__ask_segs(idem_store *s, size_t lo, size_t hi,
+                          const void *key, size_t len, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    idem__probe p;
+    idem__probe_init(&p, fo->h);
+    for (size_t i = hi; i-- > lo;) {
+        int rc = idem__log_cold_sound(lg, &lg->segs[i]);
+        if (rc)
+            return rc;
+        idem__cold_prefetch(lg->segs[i].cold, fo->h);
+    }
+    for (size_t i = hi; i-- > lo;) {
+        en->filter_probes++;
+        if (!idem__cold_has(lg->segs[i].cold, &p))
+            continue;
+        en->searches++;
+        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+        if (rc)
+            return rc;
+        en->bloom_fp++;
+    }
+    return 0;
+}
+
 /* A key RAM does not hold: the cold segments, newest first, hold its
- * newest frame, if any. A filter's false positive costs a search of that
- * segment's index, never an answer. */
+ * newest frame, if any. The filter in front says whether any might; a
+ * group's filter (coldgroup.h) whether one of its 16 might, so only the
+ * segments of groups that say maybe, and of the newest groups that have
+ * no filter yet, are asked. */
 static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
                              int64_t now, idem__found *fo)
 {
@@ -160,24 +192,31 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     en->filter_probes++;
     if (!idem__cfilter_maybe(&lg->cf, fo->h))
         return 0;
-    idem__probe p;
-    idem__probe_init(&p, fo->h);
-    for (size_t i = lg->ncold; i-- > 0;)
-        idem__cold_prefetch(lg->segs[i].cold, fo->h);
-    for (size_t i = lg->ncold; i-- > 0;) {
-        en->filter_probes++;
-        if (!idem__cold_has(lg->segs[i].cold, &p))
-            continue;
-        en->searches++;
-        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+    const idem__cgroups *cg = &lg->cg;
+    uint64_t m[8];
+    idem__cf_mask(fo->h[0], (uint32_t)fo->h[1], m);
+    for (size_t k = cg->n; k-- > 0;)
+        __builtin_prefetch(idem__cg_blk(&cg->v[k], fo->h[0]));
+    size_t k = cg->n;
+    for (size_t hi = lg->ncold, lo; hi > 0; hi = lo) {
+        uint32_t num = idem__cg_num(lg->segs[hi - 1].id);
+        for (lo = hi; lo > 0 && idem__cg_num(lg->segs[lo - 1].id) == num;)
+            lo--;
+        while (k > 0 && cg->v[k - 1].num > num)
+            k--;
+        if (k > 0 && cg->v[k - 1].num == num) {
+            en->filter_probes++;
+            if (!idem__cgroup_has(&cg->v[k - 1], fo->h[0], m))
+                continue;
+        }
+        int rc = idem__ask_segs(s, lo, hi, key, len, fo);
         if (rc < 0)
             return rc;
-        if (rc == 0) {
-            en->bloom_fp++;
-            continue;
+        if (rc) {
+            fo->live =
+                fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
+            return 0;
         }
-        fo->live = fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
-        return 0;
     }
     en->merged_fp++;  /* the filter in front said maybe, no segment has it */
     return 0;
@@ -234,18 +273,21 @@ static void idem__seg_unref(idem__engine *en, const idem__found *fo)
  * found by a cold lookup, now or once its segment goes cold? Then the
  * key's entry must stay in RAM (expired, or a tombstone) to hide it. A
  * segment whose records have all expired hides nothing worth hiding. */
-static int idem__may_shadow(const idem__engine *en, const uint64_t h[2],
+static int idem__may_shadow(idem__engine *en, const uint64_t h[2],
                             uint32_t seg, int64_t now)
 {
-    const idem__log *lg = &en->log;
+    idem__log *lg = &en->log;
     if (!en->hot_limited && !lg->ncold)
         return 0;
     int cold = lg->ncold && idem__cfilter_maybe(&lg->cf, h);
     for (size_t i = 0; i < lg->nsegs && lg->segs[i].id < seg; i++) {
-        const idem__seg *g = &lg->segs[i];
+        idem__seg *g = &lg->segs[i];
         if (g->max_expires <= now)
             continue;
-        if (g->cold ? cold && idem__cold_maybe(g->cold, h) : en->hot_limited)
+        /* An index that cannot be checked might hold it. */
+        if (g->cold ? cold && (idem__log_cold_sound(lg, g) ||
+                               idem__cold_maybe(g->cold, h))
+                    : en->hot_limited)
             return 1;
     }
     return 0;
@@ -526,6 +568,9 @@ static int idem__found_at(const idem__found *fo, uint32_t seg, uint32_t off)
 static int idem__scan_cold(idem_store *s, idem__seg *g, int64_t now,
                            idem_scan_fn fn, void *ctx)
 {
+    int sound = idem__log_cold_sound(&idem__eng(s)->log, g);
+    if (sound)
+        return sound;
     for (uint64_t j = 0; j < g->cold->nents; j++) {
         uint32_t off = g->cold->ents[j].off;
         idem__frame f;
@@ -941,6 +986,7 @@ static int idem__cold_out(idem_store *s, idem__seg *g)
     /* Without the filter in front, lookups ask every segment's own:
      * slower, never wrong, so the segment goes cold all the same. */
     (void)idem__cfilter_add(lg, lg->ncold - 1);
+    idem__cgroup_went_cold(lg);
     idem__forget_hot(en, g);
     return 0;
 }
@@ -971,6 +1017,9 @@ static int idem__cold_import(idem_store *s)
     for (size_t i = lg->ncold; i-- > 0;) {
         idem__seg *g = &lg->segs[i];
         idem__token_seen(en, g->cold->max_token);
+        int sound = g->cold->nckpts ? idem__log_cold_sound(lg, g) : 0;
+        if (sound)
+            return sound;
         for (uint32_t j = g->cold->nckpts; j-- > 0;) {
             idem__frame f;
             uint32_t off = g->cold->ckpts[j];

@@ -453,6 +453,7 @@ int idem__log_drop_oldest(idem__log *lg)
     }
     if (g->cold)
         idem__cfilter_gone(&lg->cf, g->cold, g->id);
+    idem__cgroup_gone(lg, g->id);
     lg->ncold -= g->cold != NULL;
     idem__seg_release(lg, g);
     memmove(lg->segs, lg->segs + 1, (lg->nsegs - 1) * sizeof *lg->segs);
@@ -464,6 +465,7 @@ void idem__log_forget(idem__log *lg)
 {
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
+    idem__cgroup_free(&lg->cg);
     lg->nsegs = 0;
     lg->ncold = 0;
 }

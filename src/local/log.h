@@ -31,6 +31,7 @@
 
 #include "cold.h"
 #include "coldfilter.h"
+#include "coldgroup.h"
 #include "common.h"
 #include "dir.h"
 #include "store.h"
@@ -71,6 +72,7 @@ typedef struct idem__log {
     int64_t segment_span_ms;
     size_t ncold;           /* segs[0, ncold) are cold, the rest hot */
     idem__cfilter cf;       /* in front of the cold segments' filters */
+    idem__cgroups cg;       /* filters of runs of 16 cold segments */
     uint64_t kix_rebuilt;   /* key indexes built again at open */
     const unsigned char *secret;  /* the store's key hash secret */
     /* A commit whose fdatasync runs on a thread of its own
@@ -128,6 +130,13 @@ int idem__log_drop_oldest(idem__log *lg);
 
 /* Map (more of) a file segment so that `need` bytes are readable. */
 int idem__log_map(idem__log *lg, idem__seg *g, size_t need);
+
+/* Cold segment g's key index checks out (it was loaded lazily, see
+ * idem__cold_load): 0 once it does, whether as it was or built again
+ * from g's frames; else why it could not be built (nothing of it may be
+ * used then). Everything that reads an index's filter, entries or
+ * checkpoints asks this first. */
+int idem__log_cold_sound(idem__log *lg, idem__seg *g);
 
 /* The file name of segment id: "seg-00000001.log". */
 void idem__seg_name(char *buf, size_t n, uint32_t id);

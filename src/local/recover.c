@@ -285,26 +285,49 @@ static int idem__verify_seg(idem__log *lg, uint32_t id, int last,
     return 0;
 }
 
-/* The key index of sealed segment g: loaded from its file if that checks
- * out and was built from g, else (never trusted) built again from g's
- * frames, which are verified first, and written anew (not by a reader). */
-static int idem__index_seg(idem__log *lg, idem__seg *g, idem__cold *c)
+/* Build the key index of sealed segment g again from its frames, which
+ * are verified first, into c, and write it anew (not a reader). */
+static int idem__kix_rebuild(idem__log *lg, idem__seg *g, idem__cold *c)
 {
-    idem__segid sg = {g->id, g->size, g->created, g->base};
-    int rc = idem__cold_load(lg->dirfd, &sg, c);
-    if (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND)
-        return rc == IDEM_ENOMEM ? idem__fail(lg->s, rc, "out of memory")
-               : rc ? idem__log_ioerr(lg, "read key index", g->id, errno)
-                    : 0;
     idem__scan sc;
-    rc = idem__log_map(lg, g, (size_t)g->size);
+    int rc = idem__log_map(lg, g, (size_t)g->size);
     if (!rc)
         rc = idem__verify_frames(lg, g, 0, &sc);
-    sg.base = g->base;
+    idem__segid sg = {g->id, g->size, g->created, g->base};
     if (!rc)
         rc = idem__cold_make(lg->s, lg->dirfd, lg->dir, &sg, lg->secret,
                              !lg->readonly, c);
     lg->kix_rebuilt += rc == 0;
+    return rc;
+}
+
+/* The key index of sealed segment g: loaded from its file if its header
+ * checks out and names g (its body is checked when first used, see
+ * idem__log_cold_sound), else (never trusted) built again. */
+static int idem__index_seg(idem__log *lg, idem__seg *g, idem__cold *c)
+{
+    idem__segid sg = {g->id, g->size, g->created, g->base};
+    int rc = idem__cold_load(lg->dirfd, &sg, c, 1);
+    if (rc != IDEM_ECORRUPT && rc != IDEM_ENOTFOUND)
+        return rc == IDEM_ENOMEM ? idem__fail(lg->s, rc, "out of memory")
+               : rc ? idem__log_ioerr(lg, "read key index", g->id, errno)
+                    : 0;
+    return idem__kix_rebuild(lg, g, c);
+}
+
+int idem__log_cold_sound(idem__log *lg, idem__seg *g)
+{
+    idem__cold *c = g->cold;
+    if (!c->unchecked || (c->img && idem__cold_check(c)))
+        return 0;
+    idem__cold_free(c);
+    int rc = idem__kix_rebuild(lg, g, c);
+    if (rc) {
+        /* Empty, and still to be checked: nothing of it is used, and
+         * the next use tries again. */
+        memset(c, 0, sizeof *c);
+        c->unchecked = 1;
+    }
     return rc;
 }
 
@@ -498,8 +521,10 @@ int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
         }
     }
     free(ids);
-    if (!rc)
+    if (!rc) {
         idem__cfilter_open(lg);
+        idem__cgroup_open(lg);
+    }
     /* Everything checked out: now build the state, sized up front. */
     if (!rc && records)
         rc = reserve(ctx, records);
@@ -777,7 +802,7 @@ static int idem__check_kix(idem__log *lg, uint32_t id, int repair,
     idem__segid sg = {id, g.size, 0, g.base};
     int sound = idem__seg_header_ok(g.base, (size_t)g.size, id,
                                     &sg.created) == 0 &&
-                idem__cold_load(lg->dirfd, &sg, &c) == 0;
+                idem__cold_load(lg->dirfd, &sg, &c, 0) == 0;
     idem__close_seg(&g);
     if (sound)
         idem__cold_free(&c);
@@ -800,6 +825,20 @@ static int idem__check_cold(idem__log *lg, int repair, idem_check_report *r)
                                       "key indexes)");
 }
 
+/* The filter of segment group num (coldgroup.h), if there is one: as a
+ * key index, derived data that open builds again. */
+static int idem__check_group(idem__log *lg, uint32_t num, int repair,
+                             idem_check_report *r)
+{
+    char name[32];
+    return idem__cgroup_file_sound(lg->dirfd, num, name, sizeof name)
+               ? 0
+               : idem__derived_damage(lg, name, repair, r,
+                                      "the segment group's filter does not "
+                                      "check out (open builds it again from "
+                                      "the key indexes)");
+}
+
 /* Run fn on segments ids[from, n) of lg's directory. */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
@@ -817,6 +856,8 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
         }
         if (!rc)
             rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
+        if (!rc && (i == from || ids[i] % IDEM__CG_SPAN == 0))
+            rc = idem__check_group(lg, idem__cg_num(ids[i]), repair, r);
     }
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);

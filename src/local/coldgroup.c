@@ -1,0 +1,298 @@
+/* coldgroup.c - building, checking and mapping the cold segment groups'
+ * filters (layout and rules in coldgroup.h).
+ *
+ * Why groups by id and not by count: ids are consecutive and segments
+ * drop oldest first, so a group is a fixed range of ids, its filter is
+ * complete once the newest id of the range goes cold, and which group a
+ * segment is in needs no table: id / 16. Nothing else in the store
+ * refers to a group, so a group without a filter (not built yet, not to
+ * be trusted, no disk for it) only makes lookups of its keys ask each
+ * segment, as they did before groups existed.
+ *
+ * Why built from the key indexes: they hold every key of the segment
+ * (its 96 bits of hash), checked, sorted, 16 bytes each, where the
+ * frames would cost a pass over the segment. */
+#include "coldgroup.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "log.h"
+
+#define IDEM__CG_VERSION 1u
+#define IDEM__CG_HDR 64u
+#define IDEM__CG_BODY (IDEM__CG_HDR + IDEM__CG_SPAN * 32u) /* the blocks */
+#define IDEM__CG_BITS 16u                                 /* per key */
+
+static const unsigned char idem__cg_magic[8] = "IDEMKGF";
+
+static void idem__cg_name(char *buf, size_t n, uint32_t num)
+{
+    snprintf(buf, n, "grp-%08u.kgf", num);
+}
+
+static uint64_t idem__cg_get64(const unsigned char *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+
+/* The cold segments of group num, segs[*lo, *hi) (ids are consecutive
+ * from segs[0]); 1 if the group's newest id is among them (complete). */
+static int idem__cg_members(const idem__log *lg, uint32_t num, size_t *lo,
+                            size_t *hi)
+{
+    uint64_t first = (uint64_t)num * IDEM__CG_SPAN, last =
+                                                        first + IDEM__CG_SPAN;
+    uint64_t base = lg->ncold ? lg->segs[0].id : 0;
+    *lo = first > base ? (size_t)(first - base) : 0;
+    *hi = last > base ? (size_t)(last - base) : 0;
+    *lo = *lo < lg->ncold ? *lo : lg->ncold;
+    int complete = *hi <= lg->ncold && *hi > *lo;
+    *hi = *hi < lg->ncold ? *hi : lg->ncold;
+    return complete;
+}
+
+/* Set the keys of cold index c in the blocks. Loads of blocks a few
+ * entries ahead overlap with the writes. */
+static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nblocks,
+                             const idem__cold *c)
+{
+    enum { AHEAD = 16 };
+    const idem__kent *e = c->ents;
+    for (uint64_t i = 0; i < c->nents; i++) {
+        if (i + AHEAD < c->nents)
+            __builtin_prefetch(
+                blocks + 8 * idem__cg_block(nblocks, e[i + AHEAD].h0), 1);
+        uint64_t m[8], *blk = blocks + 8 * idem__cg_block(nblocks, e[i].h0);
+        idem__cf_mask(e[i].h0, e[i].h1, m);
+        for (unsigned w = 0; w < 8; w++)
+            blk[w] |= m[w];
+    }
+    return c->nents;
+}
+
+/* The file image of group num from segs[lo, hi) (heap, *len bytes), or
+ * NULL without memory or when an index does not check out and cannot be
+ * built again. */
+static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
+                                     size_t lo, size_t hi, size_t *len)
+{
+    uint64_t keys = 0;
+    for (size_t i = lo; i < hi; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return NULL;
+        keys += lg->segs[i].cold->nents;
+    }
+    uint64_t nblocks = (keys * IDEM__CG_BITS + 511) / 512;
+    nblocks = nblocks ? nblocks : 1;
+    if (nblocks > (SIZE_MAX - IDEM__CG_BODY) / 64)
+        return NULL;
+    *len = IDEM__CG_BODY + (size_t)nblocks * 64;
+    unsigned char *img = calloc(1, *len);
+    if (!img)
+        return NULL;
+    uint64_t *blocks = (uint64_t *)(void *)(img + IDEM__CG_BODY), set = 0;
+    for (size_t i = lo; i < hi; i++) {
+        idem__cfseg id;
+        idem__cfseg_of(&id, &lg->segs[i]);
+        memcpy(img + IDEM__CG_HDR + (i - lo) * 32, &id, 32);
+        set += idem__cg_set(blocks, nblocks, lg->segs[i].cold);
+    }
+    uint32_t version = IDEM__CG_VERSION;
+    uint64_t v[5] = {hi - lo, nblocks, set,
+                     XXH3_64bits(img + IDEM__CG_HDR, *len - IDEM__CG_HDR), 0};
+    memcpy(img, idem__cg_magic, 8);
+    memcpy(img + 8, &version, 4);
+    memcpy(img + 12, &num, 4);
+    memcpy(img + 16, v, sizeof v);
+    uint64_t check = XXH3_64bits(img, 56);
+    memcpy(img + 56, &check, 8);
+    return img;
+}
+
+/* Does img (len bytes) check out whole as group num's filter? */
+static int idem__cg_sound(const unsigned char *img, size_t len, uint32_t num)
+{
+    uint32_t version, n;
+    if (len < IDEM__CG_BODY + 64 || memcmp(img, idem__cg_magic, 8) != 0 ||
+        idem__cg_get64(img + 56) != XXH3_64bits(img, 56))
+        return 0;
+    memcpy(&version, img + 8, 4);
+    memcpy(&n, img + 12, 4);
+    uint64_t members = idem__cg_get64(img + 16);
+    uint64_t nblocks = idem__cg_get64(img + 24);
+    return version == IDEM__CG_VERSION && n == num &&
+           members <= IDEM__CG_SPAN && nblocks &&
+           nblocks == (len - IDEM__CG_BODY) / 64 &&
+           len == IDEM__CG_BODY + nblocks * 64 &&
+           idem__cg_get64(img + 40) ==
+               XXH3_64bits(img + IDEM__CG_HDR, len - IDEM__CG_HDR);
+}
+
+/* Does img name every one of segs[lo, hi), as they are now? */
+static int idem__cg_names(const idem__log *lg, const unsigned char *img,
+                          size_t lo, size_t hi)
+{
+    uint64_t n = idem__cg_get64(img + 16);
+    for (size_t i = lo; i < hi; i++) {
+        idem__cfseg id;
+        int named = 0;
+        idem__cfseg_of(&id, &lg->segs[i]);
+        for (uint64_t j = 0; j < n && !named; j++)
+            named = memcmp(img + IDEM__CG_HDR + j * 32, &id, 32) == 0;
+        if (!named)
+            return 0;
+    }
+    return 1;
+}
+
+/* PATH/grp-N.kgf mapped (*img, *len) if it checks out whole. 0 or -1. */
+static int idem__cg_map(int dirfd, uint32_t num, unsigned char **img,
+                        size_t *len)
+{
+    char name[32];
+    struct stat st;
+    idem__cg_name(name, sizeof name, num);
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    void *p = fstat(fd, &st) == 0 && st.st_size > 0
+                  ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd,
+                         0)
+                  : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED)
+        return -1;
+    if (!idem__cg_sound(p, (size_t)st.st_size, num)) {
+        munmap(p, (size_t)st.st_size);
+        return -1;
+    }
+    *img = p;
+    *len = (size_t)st.st_size;
+    return 0;
+}
+
+int idem__cgroup_file_sound(int dirfd, uint32_t num, char *name, size_t n)
+{
+    unsigned char *img;
+    size_t len;
+    idem__cg_name(name, n, num);
+    if (faccessat(dirfd, name, F_OK, 0) != 0)
+        return 1;
+    if (idem__cg_map(dirfd, num, &img, &len) != 0)
+        return 0;
+    munmap(img, len);
+    return 1;
+}
+
+/* Take the mapped filter of group num, newer than every group held. */
+static int idem__cg_hold(idem__log *lg, uint32_t num, unsigned char *img,
+                         size_t len)
+{
+    idem__cgroups *g = &lg->cg;
+    idem__cgroup *v = idem__grow(g->v, g->n, &g->cap, sizeof *v, 16);
+    if (!v) {
+        munmap(img, len);
+        return -1;
+    }
+    g->v = v;
+    v[g->n++] = (idem__cgroup){
+        .num = num,
+        .img = img,
+        .len = len,
+        .blocks = (const uint64_t *)(void *)(img + IDEM__CG_BODY),
+        .nblocks = idem__cg_get64(img + 24),
+    };
+    return 0;
+}
+
+/* Build group num's filter from segs[lo, hi), write it and map it. */
+static int idem__cg_make(idem__log *lg, uint32_t num, size_t lo, size_t hi)
+{
+    char name[32];
+    size_t len = 0;
+    unsigned char *img = idem__cg_image(lg, num, lo, hi, &len), *m;
+    idem__cg_name(name, sizeof name, num);
+    int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
+                                     len)
+                 : -1;
+    free(img);
+    if (rc || idem__cg_map(lg->dirfd, num, &m, &len) != 0)
+        return -1;
+    lg->cg.built++;
+    return idem__cg_hold(lg, num, m, len);
+}
+
+/* Map group num's filter if it checks out and names its members as they
+ * are; else build it again (never a reader's). */
+static void idem__cg_take(idem__log *lg, uint32_t num, size_t lo, size_t hi)
+{
+    unsigned char *img;
+    size_t len;
+    if (idem__cg_map(lg->dirfd, num, &img, &len) == 0) {
+        if (idem__cg_names(lg, img, lo, hi)) {
+            (void)idem__cg_hold(lg, num, img, len);
+            return;
+        }
+        munmap(img, len);
+    }
+    if (!lg->readonly)
+        (void)idem__cg_make(lg, num, lo, hi);
+}
+
+void idem__cgroup_went_cold(idem__log *lg)
+{
+    size_t lo, hi;
+    if (lg->memory || lg->dirfd < 0 || !lg->ncold)
+        return;
+    uint32_t num = idem__cg_num(lg->segs[lg->ncold - 1].id);
+    if (idem__cg_members(lg, num, &lo, &hi) &&
+        (!lg->cg.n || lg->cg.v[lg->cg.n - 1].num < num))
+        (void)idem__cg_make(lg, num, lo, hi);
+}
+
+void idem__cgroup_open(idem__log *lg)
+{
+    size_t lo, hi;
+    if (lg->memory || lg->dirfd < 0 || !lg->ncold)
+        return;
+    for (uint32_t num = idem__cg_num(lg->segs[0].id);
+         idem__cg_members(lg, num, &lo, &hi); num++)
+        idem__cg_take(lg, num, lo, hi);
+}
+
+void idem__cgroup_gone(idem__log *lg, uint32_t id)
+{
+    idem__cgroups *g = &lg->cg;
+    uint32_t num = idem__cg_num(id);
+    if (lg->nsegs > 1 && idem__cg_num(lg->segs[1].id) == num)
+        return;  /* others of its group are still there */
+    if (g->n && g->v[0].num == num) {
+        munmap(g->v[0].img, g->v[0].len);
+        memmove(g->v, g->v + 1, (g->n - 1) * sizeof *g->v);
+        g->n--;
+    }
+    char name[32];
+    idem__cg_name(name, sizeof name, num);
+    /* Derived data: one left behind by a failure names segments that
+     * are gone, and is never read again (ids only grow). */
+    if (!lg->memory && !lg->readonly && lg->dirfd >= 0)
+        (void)unlinkat(lg->dirfd, name, 0);
+}
+
+void idem__cgroup_free(idem__cgroups *g)
+{
+    for (size_t i = 0; i < g->n; i++)
+        munmap(g->v[i].img, g->v[i].len);
+    free(g->v);
+    memset(g, 0, sizeof *g);
+}

@@ -1,0 +1,125 @@
+/* coldgroup.h - one Bloom filter for each run of 16 cold segments.
+ *
+ * The filter in front (coldfilter.h) tells a new key from a cold one,
+ * but not which segment holds a cold key: a lookup that it lets through
+ * asked every cold segment's own filter, newest first, until one said
+ * maybe. With hundreds of cold segments that was ~170 cache (and TLB)
+ * misses a lookup of a key that is there. Segments are grouped by id,
+ * 16 to a group (ids [16 g, 16 g + 16)); once the newest of a group goes
+ * cold, a filter of all its keys is written beside the segments, and a
+ * lookup asks the groups' filters newest first and only the segments of
+ * a group that says maybe: about G/2 + 8 probes for G groups, not 8 G.
+ *
+ * Why a file, mapped, and not RAM: its pages are the page cache's, as
+ * the key indexes' are, so the RAM budget (anonymous memory a cold key
+ * costs) does not grow; a group never changes once built, so a file
+ * written whole once is never half old, half new.
+ *
+ * Why 16 bits a key (k = 13 as the filter in front): a false positive of
+ * a group costs at most 16 probes of its segments' filters, never an
+ * answer, so ~1e-3 of them cost far less than the 1 byte a key more on
+ * disk that 24 bits would.
+ *
+ * PATH/grp-00000001.kgf, group 1 (segments 16 to 31):
+ *
+ *   off  size  field
+ *     0     8  magic "IDEMKGF"
+ *     8     4  version (1)
+ *    12     4  group number
+ *    16     8  members (n, at most 16)
+ *    24     8  filter blocks (64 bytes each)
+ *    32     8  keys set
+ *    40     8  XXH3-64 of the body
+ *    48     8  reserved (0)
+ *    56     8  XXH3-64 of bytes [0, 56)
+ *    64   512  16 segment identities (coldfilter.h), n of them used
+ *   576        the filter's blocks
+ *
+ * The file is derived from the members' key indexes and never trusted
+ * unless it checks out whole and names, with the same identity (id,
+ * size, time bucket, key index checksum), every cold segment of its
+ * range still there. A writer builds one that does not again; a reader
+ * goes without it (each segment's own filter is asked, slower, never
+ * wrong). Members gone since (dropped, oldest first) leave their bits:
+ * false positives only. */
+#ifndef IDEM_COLDGROUP_H
+#define IDEM_COLDGROUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coldfilter.h"
+
+#define IDEM__CG_SPAN 16u
+
+struct idem__log;
+
+typedef struct idem__cgroup {
+    uint32_t num;            /* segments [num * SPAN, num * SPAN + SPAN) */
+    unsigned char *img;      /* the file, mapped */
+    size_t len;
+    const uint64_t *blocks;
+    uint64_t nblocks;
+} idem__cgroup;
+
+/* The groups with a filter, by number ascending (not all consecutive:
+ * one that could not be built has none). */
+typedef struct idem__cgroups {
+    idem__cgroup *v;
+    size_t n, cap;
+    uint64_t built;          /* group filters built (open or runtime) */
+} idem__cgroups;
+
+static inline uint32_t idem__cg_num(uint32_t id)
+{
+    return id / IDEM__CG_SPAN;
+}
+
+/* The block of a key in a group's filter, from all of h0 (a multiply
+ * mixes it), so that it falls apart from its block in the filter in
+ * front, which comes from h0's top bits, and the two fail apart. */
+static inline uint64_t idem__cg_block(uint64_t nblocks, uint64_t h0)
+{
+    return (uint64_t)(((unsigned __int128)(h0 * 0xD6E8FEB86659FD93ull) *
+                       nblocks) >> 64);
+}
+
+static inline const uint64_t *idem__cg_blk(const idem__cgroup *q,
+                                           uint64_t h0)
+{
+    return q->blocks + 8 * idem__cg_block(q->nblocks, h0);
+}
+
+/* Might group q hold the key whose hash's first word is h0 and bits in
+ * a block are m (idem__cf_mask)? */
+static inline int idem__cgroup_has(const idem__cgroup *q, uint64_t h0,
+                                   const uint64_t m[8])
+{
+    const uint64_t *blk = idem__cg_blk(q, h0);
+    uint64_t missing = 0;
+    for (unsigned w = 0; w < 8; w++)
+        missing |= m[w] & ~blk[w];
+    return missing == 0;
+}
+
+/* The newest cold segment just went cold: if it is the last of its
+ * group, build the group's filter (a failure leaves the group without
+ * one: slower lookups, never wrong ones). */
+void idem__cgroup_went_cold(struct idem__log *lg);
+
+/* At open, after the cold segments are loaded: map the filter of every
+ * group whose last segment is cold, building again (a writer) the ones
+ * missing or not to be trusted. */
+void idem__cgroup_open(struct idem__log *lg);
+
+/* The oldest segment, id, is about to drop: when it is the last of its
+ * group still there, the group's filter goes with it. */
+void idem__cgroup_gone(struct idem__log *lg, uint32_t id);
+
+/* Does PATH/grp-N.kgf, if there is one, check out whole? (check/repair;
+ * name receives its file name.) */
+int idem__cgroup_file_sound(int dirfd, uint32_t num, char *name, size_t n);
+
+void idem__cgroup_free(idem__cgroups *g);
+
+#endif
