@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -254,4 +255,84 @@ int t_no_process_with(const char *text)
          waited += 10)
         t_sleep_ms(10);
     return !t_processes_with(text);
+}
+
+/* A power cut after a run: every file of the store the run synced goes
+ * back to its size at its last fdatasync that returned (the shim's
+ * notes, tests/shim/synclog.c); what was only written is lost. Only a
+ * file's last note counts: cutting it to an earlier one first would
+ * lose what a later sync made durable. */
+enum { MAX_NOTES = 4096 };
+static struct note {
+    long long size;
+    unsigned long long ino;
+    char path[512];
+} notes[MAX_NOTES];
+
+void t_power_cut(void)
+{
+    FILE *f = fopen(t_at("synced"), "r");
+    if (!f)
+        return;
+    size_t n = 0;
+    while (n < MAX_NOTES && fscanf(f, "%lld %llu %511[^\n]\n", &notes[n].size,
+                                   &notes[n].ino, notes[n].path) == 3)
+        n++;
+    cr_assert(feof(f), "more than %d syncs in a run", MAX_NOTES);
+    fclose(f);
+    unlink(t_at("synced"));
+    for (size_t i = 0; i < n; i++) {
+        int last = 1;
+        for (size_t j = i + 1; j < n && last; j++)
+            last = strcmp(notes[i].path, notes[j].path) != 0;
+        struct stat st;
+        if (last && stat(notes[i].path, &st) == 0 &&
+            st.st_ino == notes[i].ino)
+            cr_assert_eq(truncate(notes[i].path, (off_t)notes[i].size), 0,
+                         "%s", notes[i].path);
+    }
+}
+
+/* The runs started from now on have the shim preloaded (on), or not. */
+void t_synclog(int on)
+{
+    /* Under ASan (make asan) idem's runtime must come first among its
+     * libraries, and a preload comes before it: the shim only wraps
+     * fdatasync and fsync, so the check is turned off, not the shim. */
+    static char asan0[1024];
+    static int saved;
+    char shim[4200], asan[1200];
+    if (!saved++)
+        snprintf(asan0, sizeof asan0, "%s", getenv("ASAN_OPTIONS") ?
+                 getenv("ASAN_OPTIONS") : "");
+    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
+    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", asan0,
+             *asan0 ? ":" : "");
+    if (on) {
+        setenv("LD_PRELOAD", shim, 1);
+        setenv("ASAN_OPTIONS", asan, 1);
+        setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
+    } else {
+        unsetenv("LD_PRELOAD");
+        if (*asan0)
+            setenv("ASAN_OPTIONS", asan0, 1);
+        else
+            unsetenv("ASAN_OPTIONS");
+        unsetenv("IDEM_TEST_SYNCED");
+    }
+}
+
+/* A run of args in t_dir (stderr appended to err) with the shim
+ * preloaded, killed at kill_at (NULL: not), then a power cut. Its exit
+ * status. */
+int t_cli_cut_at(const char *kill_at, const char *args)
+{
+    t_synclog(1);
+    if (kill_at)
+        setenv("IDEM_TEST_KILL_AT", kill_at, 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    t_synclog(0);
+    t_power_cut();
+    return st;
 }

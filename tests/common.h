@@ -110,4 +110,13 @@ void t_sleep_ms(long ms);
 /* Run a shell command; returns its exit status. */
 int t_sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Power cuts of a local store (tests/shim/synclog.c): with the shim
+ * on (t_synclog(1)), the idem runs started note in t_dir/synced what
+ * each fdatasync made durable; t_power_cut() then cuts every file noted
+ * back to it, as the worst power cut would. t_cli_cut_at() is one run
+ * of args so (IDEM_TEST_KILL_AT=kill_at unless NULL), its exit status. */
+void t_synclog(int on);
+void t_power_cut(void);
+int t_cli_cut_at(const char *kill_at, const char *args);
+
 #endif

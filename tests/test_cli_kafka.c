@@ -520,6 +520,40 @@ Test(kafka, dedup_kill9_each_key_once)
             seed);
 }
 
+/* dedup on a local store overlaps a batch's sync with the next batch's
+ * writes (stream.c, sync_overlaps), and commits its offsets only after
+ * that sync. A power cut (tests/shim/synclog.c) just after the next
+ * batch was written, while the sync is still in flight (the shim makes
+ * each sync take 200 ms), loses the records and checkpoints of both
+ * batches, whose messages are in the output: the rerun resumes at the
+ * last durable checkpoint's offsets and must read both batches back
+ * from its output offsets, not write their keys again. Cut after the
+ * third batch's writes, twice; then a whole run, which reads back more
+ * than a batch: each key once, offsets at the end. */
+Test(kafka, power_cuts_with_a_sync_in_flight_write_nothing_twice)
+{
+    int nkeys = produce(600, KEY_IN_VALUE);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 300ms --batch 20 --store local:store --job kp "
+             "--stats-json", src("group=g"), dst());
+    setenv("IDEM_TEST_SYNC_DELAY_MS", "200", 1);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli_cut_at("sink-written:3", args), 128 + SIGKILL,
+                     "run %d not killed: %s", i, t_read(t_at("err"), NULL));
+    unsetenv("IDEM_TEST_SYNC_DELAY_MS");
+    unlink(t_at("err"));
+    cr_assert_eq(t_cli_cut_at(NULL, args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    char *stats = t_read(t_at("err"), NULL), *rb = strstr(stats,
+                                                          "\"read_back\":");
+    cr_assert(rb && strtol(rb + 12, NULL, 10) > 20, "not more than a "
+              "batch read back: %s", stats);
+    free(stats);
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+}
+
 /* run: each key's result once, after kills; message keys kept. */
 Test(kafka, run_kill9_results_once)
 {

@@ -211,13 +211,11 @@ static long kills(long dflt)
  * number of batches (IDEM_TEST_KILL_AT): the moment that read-back is
  * for, which a random kill seldom hits. Returns the kills that landed. */
 static int cut_power;  /* kill_loop: each kill is a power cut too */
-static void preload(int on);
-static void power_cut(void);
 
 static long kill_loop(const char *args, double span, long nkills)
 {
     long landed = 0;
-    preload(cut_power);
+    t_synclog(cut_power);
     for (int tries = 0; landed < nkills && tries < 4 * nkills; tries++) {
         char at[64];
         snprintf(at, sizeof at, "sink-written:%d", 1 + rand() % 8);
@@ -231,14 +229,14 @@ static long kill_loop(const char *args, double span, long nkills)
         int hit = kill(pid, SIGKILL) == 0;
         int st = t_wait(pid);
         if (cut_power)
-            power_cut();
+            t_power_cut();
         if (hit && st == 128 + SIGKILL)
             landed++;
         else
             cr_assert_eq(st, 0, "a resumed run failed on its own: %s",
                          t_read(t_at("err"), NULL));
     }
-    preload(0);
+    t_synclog(0);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
     return landed;
@@ -381,7 +379,7 @@ Test(rstream, run_kill9_results_once_in_order)
 }
 
 /* The kills of dedup_kill9 and run_kill9 on a local store, each a power
- * cut too (power_cut): what a kill -9 leaves in the page cache is lost. */
+ * cut too (t_power_cut): what a kill -9 leaves in the page cache is lost. */
 Test(rstream, dedup_power_cuts_with_a_local_store)
 {
     cut_power = 1;
@@ -896,82 +894,6 @@ Test(rstream, sigterm_with_batches_read_ahead_and_a_sync_in_flight)
     expect_nothing_pending("g");
 }
 
-/* A power cut after a run: every file of the store the run synced goes
- * back to its size at its last fdatasync that returned (the shim's
- * notes, tests/shim/synclog.c); what was only written is lost. Only a
- * file's last note counts: cutting it to an earlier one first would
- * lose what a later sync made durable. */
-enum { MAX_NOTES = 4096 };
-static struct note {
-    long long size;
-    unsigned long long ino;
-    char path[512];
-} notes[MAX_NOTES];
-
-static void power_cut(void)
-{
-    FILE *f = fopen(t_at("synced"), "r");
-    if (!f)
-        return;
-    size_t n = 0;
-    while (n < MAX_NOTES && fscanf(f, "%lld %llu %511[^\n]\n", &notes[n].size,
-                                   &notes[n].ino, notes[n].path) == 3)
-        n++;
-    cr_assert(feof(f), "more than %d syncs in a run", MAX_NOTES);
-    fclose(f);
-    unlink(t_at("synced"));
-    for (size_t i = 0; i < n; i++) {
-        int last = 1;
-        for (size_t j = i + 1; j < n && last; j++)
-            last = strcmp(notes[i].path, notes[j].path) != 0;
-        struct stat st;
-        if (last && stat(notes[i].path, &st) == 0 &&
-            st.st_ino == notes[i].ino)
-            cr_assert_eq(truncate(notes[i].path, (off_t)notes[i].size), 0,
-                         "%s", notes[i].path);
-    }
-}
-
-/* The runs started from now on have the shim preloaded (on), or not. */
-static void preload(int on)
-{
-    /* Under ASan (make asan) idem's runtime must come first among its
-     * libraries, and a preload comes before it: the shim only wraps
-     * fdatasync and fsync, so the check is turned off, not the shim. */
-    static char asan0[1024];
-    static int saved;
-    char shim[4200], asan[1200];
-    if (!saved++)
-        snprintf(asan0, sizeof asan0, "%s", getenv("ASAN_OPTIONS") ?
-                 getenv("ASAN_OPTIONS") : "");
-    snprintf(shim, sizeof shim, "%s/synclog.so", getenv("IDEM_PROGS"));
-    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", asan0,
-             *asan0 ? ":" : "");
-    if (on) {
-        setenv("LD_PRELOAD", shim, 1);
-        setenv("ASAN_OPTIONS", asan, 1);
-        setenv("IDEM_TEST_SYNCED", t_at("synced"), 1);
-    } else {
-        unsetenv("LD_PRELOAD");
-        if (*asan0)
-            setenv("ASAN_OPTIONS", asan0, 1);
-        else
-            unsetenv("ASAN_OPTIONS");
-        unsetenv("IDEM_TEST_SYNCED");
-    }
-}
-
-/* A run of args with the shim preloaded, killed at kill_at (NULL: not),
- * then a power cut. Its exit status. */
-static int cli_cut_at(const char *kill_at, const char *args)
-{
-    preload(1);
-    int st = cli_at(kill_at, args);
-    preload(0);
-    power_cut();
-    return st;
-}
-
 /* Power cuts at points[] in turn, each the first, second and third time
  * it is reached in a run, `runs` runs in all; then a whole run: each of
  * the nkeys keys once, in order, and nothing pending. */
@@ -982,10 +904,11 @@ static void cut_through(const char *const *points, int npoints, int runs,
         char at[64];
         snprintf(at, sizeof at, "%s:%d", points[i / 3 % npoints],
                  1 + i % 3);
-        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+        cr_assert_eq(t_cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
                      "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
     }
-    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli_cut_at(NULL, args), 0, "%s",
+                 t_read(t_at("err"), NULL));
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }

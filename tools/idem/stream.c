@@ -1526,24 +1526,29 @@ static int stop_asked(void *ctx)
     return stream_stop != 0;
 }
 
-/* dedup from a Redis stream to a Redis stream on a local store: a
- * batch's sync runs while the next batch's entries are written
- * (IDEM_RUNNER_SYNC_START), and the batch is acknowledged after both.
- * What exactly-once needs of it: an entry is acknowledged only after
- * the sync that covers its key; the next batch's claims, which may be
- * of its keys, see them done in memory, and a crash before the sync
- * loses both batches' records but none of their entries: both are
- * still pending, come again (handed out before: `again`), and are read
- * back from the sink after the last durable checkpoint's position,
- * which precedes both batches' entries. So a crash leaves up to two
- * batches of entries past the job's position (rsink.c's maxlen rule).
- * A handler's effects (run) need their claims synced first, which this
- * would not change; other brokers' read-back looks one batch back. */
+/* dedup from a stream to a stream of the same broker (Redis Streams,
+ * Kafka, NATS JetStream) on a local store: a batch's sync runs while the
+ * next batch's entries are written (IDEM_RUNNER_SYNC_START), and the
+ * batch is acknowledged after both. What exactly-once needs of it: an
+ * entry is acknowledged (a Redis XACK, a Kafka offset commit, a NATS
+ * ack) only after the sync that covers its key; the next batch's
+ * claims, which may be of its keys, see them done in memory, and a
+ * crash before the sync loses both batches' records but none of their
+ * entries: both are still pending (past the group's offsets, unacked),
+ * come again (handed out before: `again`, or after a resume: reread),
+ * and are read back from the sink after the last durable checkpoint's
+ * position, which precedes both batches' entries. Every sink reads back
+ * from that position to its end (Kafka: to a fence), however many
+ * batches lie there, and every source resumes at or before it (a Kafka
+ * source at the later of the checkpoint's offsets and the group's,
+ * which only acknowledgements move). So a crash leaves up to two
+ * batches of entries past the job's position, which a trimmed output
+ * must keep (rsink.c's maxlen rule). A handler's effects (run) need
+ * their claims synced first, which this would not change. */
 static int sync_overlaps(const stream_cfg *c)
 {
-    return !c->handler && c->from && c->to &&
-           !strncmp(c->from, "redis-stream://", 15) &&
-           !strncmp(c->to, "redis-stream://", 15) &&
+    int kind = connect_kind(c->from);
+    return !c->handler && kind && kind == connect_kind(c->to) &&
            (idem_uri_caps(cli_store_uri(c->uri)) & IDEM_CAP_SEGMENTS);
 }
 
