@@ -27,9 +27,10 @@
  * thread at a time as idem.h asks), and batches are committed in the
  * order read. A batch copies its lines out of the reader, so the reader
  * is free to move on; its buffer is the reader's again once the worker
- * has finished it (batch_done). From a Redis stream to a Redis stream
- * on a local store, a batch's sync also runs while the next batch's
- * entries are written (sync_overlaps says why that keeps exactly once).
+ * has finished it (batch_done). From a stream to a stream of the same
+ * broker on a local store, a batch's sync also runs while the next
+ * batch's entries are written (sync_overlaps says why that keeps
+ * exactly once).
  *
  * Stopping (SIGTERM from systemd or Kubernetes, SIGINT from Ctrl-C): the
  * first signal only sets stream_stop. The reader takes no more lines
@@ -118,7 +119,7 @@ typedef struct loop {
     int commit_over;   /* a batch ended the run: the worker takes no more */
     int result;        /* ... and the exit status it ended it with */
     uint64_t shown_fresh, shown_dup;  /* for the progress line */
-    /* Redis stream to Redis stream on a local store (sync_overlaps):
+    /* Stream to stream of one broker on a local store (sync_overlaps):
      * each commit's sync is started, not awaited, and the batch is owed
      * its acknowledgements until the next commit has waited for it, or
      * the worker finds no batch waiting, or the run ends (settle_owed). */
