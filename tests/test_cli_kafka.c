@@ -768,6 +768,48 @@ Test(kafka, writes_of_a_dead_run_unanswered_by_the_broker_are_read_back)
     expect_committed_to_the_end("g");
 }
 
+/* The cluster gone for good after the work: the member's session ends,
+ * its partitions go, and --idle-exit, which counts only while
+ * partitions are assigned, would never end the run. With --idle-exit
+ * the outage is bounded instead (ksource.c, brokers_gone): the run
+ * stops with exit status 1 and says so, naming the bootstrap servers.
+ * What it wrote before is committed. */
+Test(kafka, all_brokers_gone_end_an_idle_exit_run_with_an_error)
+{
+    int nkeys = produce(50, KEY_IN_VALUE);
+    char from[800];
+    snprintf(from, sizeof from, "'kafka://%s/in?group=g&timeout_ms=3000&"
+             GROUP_PARAMS "'", brokers);
+    pid_t a = runner_pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                                       "%s --to %s --idle-exit 6s --store "
+                                       "local:store 2>err", from, dst());
+    await_count("out", 4, nkeys);
+    expect_committed_to_the_end("g");
+    mock("down 1");
+    mock("down 2");
+    mock("down 3");
+    int64_t until = t_mono_ms() + 60000;
+    int st = 0;
+    pid_t got;
+    while ((got = waitpid(a, &st, WNOHANG)) == 0 && t_mono_ms() < until)
+        t_sleep_ms(200);
+    cr_assert_eq(got, a, "still polling a minute later: %s",
+                 t_read(t_at("err"), NULL));
+    runner_pid = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "no broker of the cluster has answered "
+                     "for"), "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), brokers), "%s",
+              t_read(t_at("err"), NULL));
+    for (int b = 1; b <= 3; b++) {
+        char up[16];
+        snprintf(up, sizeof up, "up %d", b);
+        mock(up);
+    }
+    expect_output(nkeys, KEY_IN_VALUE);
+}
+
 Test(kafka, bad_uris_and_properties_say_what_is_wrong_and_no_secret)
 {
     struct {

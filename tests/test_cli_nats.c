@@ -403,10 +403,11 @@ Test(nats, a_restart_past_the_duplicate_window_is_exact_by_read_back)
  * batch's writes, while the fifth's sync is still in flight (the shim
  * makes each take 200 ms; the sixth, not the second, so that the
  * reader is ahead and the worker does not settle the fifth early for
- * want of a next batch: nsource.c's MaxAckPending), loses both batches' records and checkpoints; their messages
- * are in the output and come again. Past the duplicate window (the
- * server's fence gone), runs to the end: more than a batch is read
- * back, each key once, in order. */
+ * want of a next batch: nsource.c's MaxAckPending), loses both
+ * batches' records and checkpoints; their messages are in the output
+ * and come again. Past the duplicate window (the server's fence gone),
+ * runs to the end: more than a batch is read back, each key once, in
+ * order. */
 Test(nats, a_power_cut_with_a_sync_in_flight_writes_nothing_twice)
 {
     one_second_window(0);
