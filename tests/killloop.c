@@ -126,3 +126,15 @@ void t_power_cut(void)
                          "%s", notes[i].path);
     }
 }
+
+int t_cli_cut_at(const char *kill_at, const char *args)
+{
+    t_synclog_preload(1);
+    if (kill_at)
+        setenv("IDEM_TEST_KILL_AT", kill_at, 1);
+    int st = t_cli(t_dir, "%s 2>>err", args);
+    unsetenv("IDEM_TEST_KILL_AT");
+    t_synclog_preload(0);
+    t_power_cut();
+    return st;
+}

@@ -41,4 +41,9 @@ void t_synclog_preload(int on);
  * goes back to its size at its last fdatasync that returned. */
 void t_power_cut(void);
 
+/* One run of args in t_dir (stderr appended to err) with the shim
+ * preloaded, killed at kill_at (IDEM_TEST_KILL_AT; NULL: not), then a
+ * power cut. Its exit status. */
+int t_cli_cut_at(const char *kill_at, const char *args);
+
 #endif

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "killloop.h"
 #include "redis_harness.h"
 
 #define LINES 20000
@@ -135,12 +136,6 @@ static void tokens_never_repeat(void)
                  "a token was given twice for one key");
 }
 
-static long kills(long dflt)
-{
-    const char *e = getenv("IDEM_CLI_KILLS");
-    return e ? strtol(e, NULL, 10) : dflt;
-}
-
 /* Empties a store that `rm -rf store` does not reach (NULL: none). */
 static void (*reset_store)(void);
 
@@ -176,7 +171,7 @@ Test(cli_crash, dedup_file_kill9, .timeout = 900)
     paths();
     const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
                     "--store", "local:store", "--output", "out", "in", NULL};
-    crash_case(argv, 0, kills(30), same_as_ref);
+    crash_case(argv, 0, t_kills(30), same_as_ref);
 }
 
 Test(cli_crash, dedup_pipe_kill9, .timeout = 900)
@@ -184,7 +179,7 @@ Test(cli_crash, dedup_pipe_kill9, .timeout = 900)
     paths();
     const char *argv[] = {cli, "dedup", "--key", "id", "--batch", "300",
                     "--store", "local:store", "--output", "out", NULL};
-    crash_case(argv, 1, kills(30), same_as_ref);
+    crash_case(argv, 1, t_kills(30), same_as_ref);
 }
 
 Test(cli_crash, run_kill9, .timeout = 900)
@@ -193,7 +188,7 @@ Test(cli_crash, run_kill9, .timeout = 900)
     const char *argv[] = {cli, "run", "--key", "id", "--batch", "300",
                           "--store", "local:store", "--output", "out",
                           "--exec", handler, "in", NULL};
-    crash_case(argv, 0, kills(50), tokens_never_repeat);
+    crash_case(argv, 0, t_kills(50), tokens_never_repeat);
 }
 
 /* Redis: out is ref byte for byte (and, for run, no token is given
@@ -261,24 +256,24 @@ static void run_on(const char *uri, long n)
 
 Test(cli_crash, dedup_redis_kill9, .timeout = 900)
 {
-    dedup_on(redis_case("redis", th_redis_addr()), kills(20));
+    dedup_on(redis_case("redis", th_redis_addr()), t_kills(20));
     th_shared_stop();
 }
 
 Test(cli_crash, run_redis_kill9, .timeout = 900)
 {
-    run_on(redis_case("redis", th_redis_addr()), kills(10));
+    run_on(redis_case("redis", th_redis_addr()), t_kills(10));
     th_shared_stop();
 }
 
 Test(cli_crash, dedup_cluster_kill9, .timeout = 900)
 {
-    dedup_on(redis_case("redis-cluster", th_cluster_addr()), kills(10));
+    dedup_on(redis_case("redis-cluster", th_cluster_addr()), t_kills(10));
     th_shared_stop();
 }
 
 Test(cli_crash, run_cluster_kill9, .timeout = 900)
 {
-    run_on(redis_case("redis-cluster", th_cluster_addr()), kills(10));
+    run_on(redis_case("redis-cluster", th_cluster_addr()), t_kills(10));
     th_shared_stop();
 }

@@ -465,12 +465,16 @@ Test(kafka, dedup_keeps_first_messages_with_their_key_and_headers)
  * to 3 batches; the third is killed within span seconds (joining the
  * group takes a few of them, the work the rest). A run that ends by
  * itself has done the input: no kill can land on work after it. Then one
- * run finishes. Returns the kills that landed. */
+ * run finishes. Returns the kills that landed. With cut_power, every
+ * kill is a random one and a power cut too (t_power_cut). */
+static int cut_power;
+
 static long kill_loop(const char *args, double span, long nkills)
 {
     t_kill_plan p = {.args = args, .span = span, .nkills = nkills,
-                     .tries = 2, .at_max = 3, .every = 3, .self_only = 1,
-                     .done_ends = 1};
+                     .tries = 2, .at_max = 3, .every = cut_power ? 1 : 3,
+                     .self_only = 1, .done_ends = 1,
+                     .power_cut = cut_power};
     long landed = t_kill_loop(&p);
     cr_assert_eq(t_cli(t_dir, "%s 2>>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
@@ -491,6 +495,64 @@ Test(kafka, dedup_kill9_each_key_once)
     expect_output(nkeys, KEY_IN_VALUE);
     expect_committed_to_the_end("g");
     fprintf(stderr, "kafka dedup: %ld kills landed (seed %u)\n", landed,
+            seed);
+}
+
+/* dedup on a local store overlaps a batch's sync with the next batch's
+ * writes (stream.c, sync_overlaps), and commits its offsets only after
+ * that sync. A power cut (tests/shim/synclog.c) just after the next
+ * batch was written, while the sync is still in flight (the shim makes
+ * each sync take 200 ms), loses the records and checkpoints of both
+ * batches, whose messages are in the output: the rerun resumes at the
+ * last durable checkpoint's offsets and must read both batches back
+ * from its output offsets, not write their keys again. Cut after the
+ * third batch's writes, twice; then a whole run, which reads back more
+ * than a batch: each key once, offsets at the end. */
+Test(kafka, power_cuts_with_a_sync_in_flight_write_nothing_twice)
+{
+    int nkeys = produce(600, KEY_IN_VALUE);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 300ms --batch 20 --store local:store --job kp "
+             "--stats-json", src("group=g"), dst());
+    setenv("IDEM_TEST_SYNC_DELAY_MS", "200", 1);
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(t_cli_cut_at("sink-written:3", args), 128 + SIGKILL,
+                     "run %d not killed: %s", i, t_read(t_at("err"), NULL));
+    unsetenv("IDEM_TEST_SYNC_DELAY_MS");
+    unlink(t_at("err"));
+    cr_assert_eq(t_cli_cut_at(NULL, args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    char *stats = t_read(t_at("err"), NULL), *rb = strstr(stats,
+                                                          "\"read_back\":");
+    cr_assert(rb && strtol(rb + 12, NULL, 10) > 20, "not more than a "
+              "batch read back: %s", stats);
+    free(stats);
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+}
+
+/* Kills at random moments that are power cuts too, each sync slowed to
+ * 50 ms so that many land while one is in flight beside the next
+ * batch's writes (the overlap of dedup on a local store): whatever the
+ * store lost, each key once and the offsets at the end. */
+Test(kafka, dedup_power_cuts_at_random_moments)
+{
+    unsigned seed = (unsigned)time(NULL);
+    srand(seed);
+    int nkeys = produce(1500, KEY_IN_VALUE);
+    char args[2048];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 300ms --batch 20 --store local:store --job kr",
+             src("group=g"), dst());
+    cut_power = 1;
+    setenv("IDEM_TEST_SYNC_DELAY_MS", "50", 1);
+    long landed = kill_loop(args, 5.0, 3);
+    unsetenv("IDEM_TEST_SYNC_DELAY_MS");
+    cut_power = 0;
+    expect_output(nkeys, KEY_IN_VALUE);
+    expect_committed_to_the_end("g");
+    fprintf(stderr, "kafka power cuts: %ld landed (seed %u)\n", landed,
             seed);
 }
 
@@ -669,6 +731,48 @@ Test(kafka, writes_of_a_dead_run_unanswered_by_the_broker_are_read_back)
               "back: %s", t_read(t_at("err"), NULL));
     expect_output(nkeys, KEY_IN_VALUE);
     expect_committed_to_the_end("g");
+}
+
+/* The cluster gone for good after the work: the member's session ends,
+ * its partitions go, and --idle-exit, which counts only while
+ * partitions are assigned, would never end the run. With --idle-exit
+ * the outage is bounded instead (ksource.c, brokers_gone): the run
+ * stops with exit status 1 and says so, naming the bootstrap servers.
+ * What it wrote before is committed. */
+Test(kafka, all_brokers_gone_end_an_idle_exit_run_with_an_error)
+{
+    int nkeys = produce(50, KEY_IN_VALUE);
+    char from[800];
+    snprintf(from, sizeof from, "'kafka://%s/in?group=g&timeout_ms=3000&"
+             GROUP_PARAMS "'", brokers);
+    pid_t a = runner_pid = t_cli_start(t_dir, "dedup --key event_id --from "
+                                       "%s --to %s --idle-exit 6s --store "
+                                       "local:store 2>err", from, dst());
+    await_count("out", 4, nkeys);
+    expect_committed_to_the_end("g");
+    mock("down 1");
+    mock("down 2");
+    mock("down 3");
+    int64_t until = t_mono_ms() + 60000;
+    int st = 0;
+    pid_t got;
+    while ((got = waitpid(a, &st, WNOHANG)) == 0 && t_mono_ms() < until)
+        t_sleep_ms(200);
+    cr_assert_eq(got, a, "still polling a minute later: %s",
+                 t_read(t_at("err"), NULL));
+    runner_pid = 0;
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 1, "%s",
+              t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), "no broker of the cluster has answered "
+                     "for"), "%s", t_read(t_at("err"), NULL));
+    cr_assert(t_grep(t_at("err"), brokers), "%s",
+              t_read(t_at("err"), NULL));
+    for (int b = 1; b <= 3; b++) {
+        char up[16];
+        snprintf(up, sizeof up, "up %d", b);
+        mock(up);
+    }
+    expect_output(nkeys, KEY_IN_VALUE);
 }
 
 Test(kafka, bad_uris_and_properties_say_what_is_wrong_and_no_secret)

@@ -867,17 +867,6 @@ Test(rstream, sigterm_with_batches_read_ahead_and_a_sync_in_flight)
     expect_nothing_pending("g");
 }
 
-/* A run of args with the shim preloaded, killed at kill_at (NULL: not),
- * then a power cut. Its exit status. */
-static int cli_cut_at(const char *kill_at, const char *args)
-{
-    t_synclog_preload(1);
-    int st = cli_at(kill_at, args);
-    t_synclog_preload(0);
-    t_power_cut();
-    return st;
-}
-
 /* Power cuts at points[] in turn, each the first, second and third time
  * it is reached in a run, `runs` runs in all; then a whole run: each of
  * the nkeys keys once, in order, and nothing pending. */
@@ -888,10 +877,11 @@ static void cut_through(const char *const *points, int npoints, int runs,
         char at[64];
         snprintf(at, sizeof at, "%s:%d", points[i / 3 % npoints],
                  1 + i % 3);
-        cr_assert_eq(cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
+        cr_assert_eq(t_cli_cut_at(at, args), 128 + SIGKILL, "run %d not "
                      "killed at %s: %s", i, at, t_read(t_at("err"), NULL));
     }
-    cr_assert_eq(cli_cut_at(NULL, args), 0, "%s", t_read(t_at("err"), NULL));
+    cr_assert_eq(t_cli_cut_at(NULL, args), 0, "%s",
+                 t_read(t_at("err"), NULL));
     expect_output(nkeys, 0);
     expect_nothing_pending("g");
 }

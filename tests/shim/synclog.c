@@ -8,7 +8,13 @@
  * inode and its name: all of that is on the disk. A test then cuts each file back to its last such
  * size (the worst a power cut may do) before the next run, unless
  * another file was renamed over the name since (a rewrite). The size is
- * taken before the call, as a write racing it would not be covered. */
+ * taken before the call, as a write racing it would not be covered.
+ *
+ * With IDEM_TEST_SYNC_DELAY_MS=N each call first sleeps N ms, as a slow
+ * disk would: a sync that idem runs beside other work (a local store's
+ * idem_sync_start) is then still in flight when a kill point a little
+ * later is reached, so that a test can cut the power at that moment
+ * rather than hope for it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -17,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Exported whatever -fvisibility says: it is what the preload is for. */
@@ -48,6 +55,11 @@ static int synced(int fd, int (*real)(int))
 {
     struct stat st;
     int sized = fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    const char *delay = getenv("IDEM_TEST_SYNC_DELAY_MS");
+    long ms = delay ? strtol(delay, NULL, 10) : 0;
+    struct timespec ts = {ms / 1000, ms % 1000 * 1000000};
+    if (ms > 0)
+        nanosleep(&ts, NULL);
     int rc = real(fd);
     if (rc == 0 && sized)
         note_synced(fd, &st);

@@ -27,9 +27,10 @@
  * thread at a time as idem.h asks), and batches are committed in the
  * order read. A batch copies its lines out of the reader, so the reader
  * is free to move on; its buffer is the reader's again once the worker
- * has finished it (batch_done). From a Redis stream to a Redis stream
- * on a local store, a batch's sync also runs while the next batch's
- * entries are written (sync_overlaps says why that keeps exactly once).
+ * has finished it (batch_done). From a stream to a stream of the same
+ * broker on a local store, a batch's sync also runs while the next
+ * batch's entries are written (sync_overlaps says why that keeps
+ * exactly once).
  *
  * Stopping (SIGTERM from systemd or Kubernetes, SIGINT from Ctrl-C): the
  * first signal only sets stream_stop. The reader takes no more lines
@@ -118,7 +119,7 @@ typedef struct loop {
     int commit_over;   /* a batch ended the run: the worker takes no more */
     int result;        /* ... and the exit status it ended it with */
     uint64_t shown_fresh, shown_dup;  /* for the progress line */
-    /* Redis stream to Redis stream on a local store (sync_overlaps):
+    /* Stream to stream of one broker on a local store (sync_overlaps):
      * each commit's sync is started, not awaited, and the batch is owed
      * its acknowledgements until the next commit has waited for it, or
      * the worker finds no batch waiting, or the run ends (settle_owed). */
@@ -1526,24 +1527,29 @@ static int stop_asked(void *ctx)
     return stream_stop != 0;
 }
 
-/* dedup from a Redis stream to a Redis stream on a local store: a
- * batch's sync runs while the next batch's entries are written
- * (IDEM_RUNNER_SYNC_START), and the batch is acknowledged after both.
- * What exactly-once needs of it: an entry is acknowledged only after
- * the sync that covers its key; the next batch's claims, which may be
- * of its keys, see them done in memory, and a crash before the sync
- * loses both batches' records but none of their entries: both are
- * still pending, come again (handed out before: `again`), and are read
- * back from the sink after the last durable checkpoint's position,
- * which precedes both batches' entries. So a crash leaves up to two
- * batches of entries past the job's position (rsink.c's maxlen rule).
- * A handler's effects (run) need their claims synced first, which this
- * would not change; other brokers' read-back looks one batch back. */
+/* dedup from a stream to a stream of the same broker (Redis Streams,
+ * Kafka, NATS JetStream) on a local store: a batch's sync runs while the
+ * next batch's entries are written (IDEM_RUNNER_SYNC_START), and the
+ * batch is acknowledged after both. What exactly-once needs of it: an
+ * entry is acknowledged (a Redis XACK, a Kafka offset commit, a NATS
+ * ack) only after the sync that covers its key; the next batch's
+ * claims, which may be of its keys, see them done in memory, and a
+ * crash before the sync loses both batches' records but none of their
+ * entries: both are still pending (past the group's offsets, unacked),
+ * come again (handed out before: `again`, or after a resume: reread),
+ * and are read back from the sink after the last durable checkpoint's
+ * position, which precedes both batches' entries. Every sink reads back
+ * from that position to its end (Kafka: to a fence), however many
+ * batches lie there, and every source resumes at or before it (a Kafka
+ * source at the later of the checkpoint's offsets and the group's,
+ * which only acknowledgements move). So a crash leaves up to two
+ * batches of entries past the job's position, which a trimmed output
+ * must keep (rsink.c's maxlen rule). A handler's effects (run) need
+ * their claims synced first, which this would not change. */
 static int sync_overlaps(const stream_cfg *c)
 {
-    return !c->handler && c->from && c->to &&
-           !strncmp(c->from, "redis-stream://", 15) &&
-           !strncmp(c->to, "redis-stream://", 15) &&
+    int kind = connect_kind(c->from);
+    return !c->handler && kind && kind == connect_kind(c->to) &&
            (idem_uri_caps(cli_store_uri(c->uri)) & IDEM_CAP_SEGMENTS);
 }
 

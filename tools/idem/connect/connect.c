@@ -22,6 +22,14 @@ int connect_is_uri(const char *uri)
     return rs_is_uri(uri) || kafka_is_uri(uri) || ns_is_uri(uri);
 }
 
+int connect_kind(const char *uri)
+{
+    return rs_is_uri(uri)      ? 'r'
+           : kafka_is_uri(uri) ? 'k'
+           : ns_is_uri(uri)    ? 'n'
+                               : 0;
+}
+
 int connect_ident(const char *cmd, const char *uri, int as_sink, char *buf,
                   size_t size)
 {

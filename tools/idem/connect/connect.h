@@ -176,6 +176,9 @@ typedef struct source_opts {
 /* Does uri name a stream (a source for --from, a sink for --to), rather
  * than a file? */
 int connect_is_uri(const char *uri);
+/* The broker uri names: 'r' Redis Streams, 'k' Kafka, 'n' NATS
+ * JetStream; 0 for none (a file, NULL). */
+int connect_kind(const char *uri);
 
 
 /* The stream uri names, as the same text however it is reached (no

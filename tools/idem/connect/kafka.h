@@ -45,6 +45,10 @@ void kafka_uri_free(kafka_uri *u);
 rd_kafka_conf_t *kafka_conf(const char *cmd, const kafka_uri *u,
                             const char *const *base);
 
+/* A line of librdkafka's (a log line, an error) on standard error,
+ * each configured value replaced by ***. */
+void kafka_say(const char *fac, const char *msg);
+
 /* A client of type t on conf (which it takes); NULL after saying why. */
 rd_kafka_t *kafka_client(const char *cmd, const kafka_uri *u,
                          rd_kafka_type_t t, rd_kafka_conf_t *conf);

@@ -40,10 +40,7 @@ static void hide(const char *value)
         nhidden++;
 }
 
-/* librdkafka's warnings and errors, on standard error, each configured
- * value replaced by ***. */
-static void on_log(const rd_kafka_t *rk, int level, const char *fac,
-                   const char *msg)
+void kafka_say(const char *fac, const char *msg)
 {
     char line[1024];
     snprintf(line, sizeof line, "%s", msg);
@@ -56,6 +53,13 @@ static void on_log(const rd_kafka_t *rk, int level, const char *fac,
         }
     }
     fprintf(stderr, "idem: kafka: %s: %s\n", fac, line);
+}
+
+/* librdkafka's warnings and errors. */
+static void on_log(const rd_kafka_t *rk, int level, const char *fac,
+                   const char *msg)
+{
+    kafka_say(fac, msg);
 }
 
 void connect_kafka_config(const char *path)

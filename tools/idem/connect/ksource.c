@@ -34,7 +34,9 @@
  * sink that reproduces the message. A message with an empty value
  * (a tombstone, or a fence marker of a Kafka sink) is a blank line:
  * passed over, its offset committed. --idle-exit counts only while
- * partitions are assigned and every one has been read to its end. */
+ * partitions are assigned and every one has been read to its end; with
+ * it, a cluster whose brokers are all gone for as long ends the run
+ * with an error (brokers_gone). */
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
@@ -94,6 +96,9 @@ typedef struct k_source {
     int rewind;            /* a revoke took the batch being read back */
     int failed;            /* a rebalance could not be followed: s->err */
     int64_t last_new_ms;
+    int64_t down_since;    /* librdkafka said all brokers are down then,
+                            * and nothing came since; 0: not down (the
+                            * reader's own, as the poll's events are) */
     pthread_t committer;   /* commits offsets acked (ack_flush) */
     pthread_cond_t wake;   /* committer: offsets acked, or quit (mu) */
     int has_committer, commit_asked, quit;
@@ -269,6 +274,7 @@ static int committed(k_source *s, rd_kafka_topic_partition_list_t *l)
  * (s->failed). */
 static void start_offsets(k_source *s, rd_kafka_topic_partition_list_t *l)
 {
+    s->down_since = 0;  /* the group's coordinator answered */
     if (committed(s, l)) {
         s->failed = 1;
         return;
@@ -382,6 +388,19 @@ static int subscribe(k_source *s)
     return -1;
 }
 
+/* librdkafka's errors of the client (its poll serves them, in the
+ * reader): said as its log would say them, and the first "all brokers
+ * down" of an outage noted (brokers_gone). librdkafka reconnects on its
+ * own. */
+static void on_error(rd_kafka_t *rk, int err, const char *reason,
+                     void *opaque)
+{
+    k_source *s = opaque;
+    if (err == RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN && !s->down_since)
+        s->down_since = cli_mono_ms();
+    kafka_say("ERROR", reason);
+}
+
 static int make_consumer(k_source *s)
 {
     const char *base[] = {"group.id", s->u.group,
@@ -397,6 +416,7 @@ static int make_consumer(k_source *s)
     if (!c)
         return 1;
     rd_kafka_conf_set_rebalance_cb(c, on_rebalance);
+    rd_kafka_conf_set_error_cb(c, on_error);
     rd_kafka_conf_set_opaque(c, s);
     if (!(s->rk = kafka_client(s->cmd, &s->u, RD_KAFKA_CONSUMER, c)))
         return 1;
@@ -617,6 +637,41 @@ static int caught_up(k_source *s)
     return any && all && really_at_end(s);
 }
 
+/* With --idle-exit, a cluster none of whose brokers has answered for
+ * that long (and timeout_ms at least) ends the run with an error that
+ * names the bootstrap servers, rather than polling for ever: the idle
+ * clock counts only while partitions are assigned, and a member whose
+ * brokers are gone loses its session and its partitions. librdkafka
+ * says when all brokers go down, not when one comes back, so a
+ * metadata request asks once more before giving up; an answer ends
+ * the outage, as a message or an assignment does. Without --idle-exit
+ * a run rides an outage out (a service's brokers come back). 1 when
+ * gone (s->err says so). */
+static int brokers_gone(k_source *s)
+{
+    int64_t bound = s->o.idle_exit_ms > s->u.timeout_ms ? s->o.idle_exit_ms
+                                                        : s->u.timeout_ms;
+    if (!s->o.idle_exit_ms || !s->down_since ||
+        cli_mono_ms() - s->down_since < bound)
+        return 0;
+    const struct rd_kafka_metadata *md = NULL;
+    rd_kafka_resp_err_t e = rd_kafka_metadata(s->rk, 0, NULL, &md,
+                                              4 * POLL_SLICE_MS);
+    if (md)
+        rd_kafka_metadata_destroy(md);
+    if (!e) {
+        s->down_since = 0;
+        return 0;
+    }
+    snprintf(s->err, sizeof s->err, "%s: no broker of the cluster has "
+             "answered for %" PRId64 " s (%s; then %s): stopping, as "
+             "--idle-exit asks for an end", s->u.display,
+             (cli_mono_ms() - s->down_since) / 1000,
+             rd_kafka_err2str(RD_KAFKA_RESP_ERR__ALL_BROKERS_DOWN),
+             rd_kafka_err2str(e));
+    return 1;
+}
+
 static int k_next(source *base, nd_line *l, int wait)
 {
     k_source *s = (k_source *)base;
@@ -636,6 +691,8 @@ static int k_next(source *base, nd_line *l, int wait)
                 rd_kafka_message_destroy(m);
             return ND_ERR;
         }
+        if (m && (!m->err || m->err == RD_KAFKA_RESP_ERR__PARTITION_EOF))
+            s->down_since = 0;
         if (m && !m->err) {
             s->last_new_ms = cli_mono_ms();
             if (hand_out(s, m, l) == 0)
@@ -653,6 +710,8 @@ static int k_next(source *base, nd_line *l, int wait)
             continue;
         if (!m)
             retry_commit(s);
+        if (!m && brokers_gone(s))
+            return ND_ERR;
         if (!caught_up(s))  /* the idle clock runs only when caught up */
             s->last_new_ms = cli_mono_ms();
         else if (s->o.idle_exit_ms &&

@@ -2,8 +2,11 @@
  * run.
  *
  * The consumer is made if missing: explicit acks, AckWait longer than the
- * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of three
- * batches (one committing, one being read, one fetched ahead); one found
+ * lease (ack_wait_ms=, else twice the lease) and MaxAckPending of four
+ * batches (one whose store sync is in flight, its acks owed: stream.c's
+ * sync_overlaps; one committing, one being read, one fetched ahead:
+ * with three, the reader waited for the owed acks every other batch,
+ * and the worker, finding no batch ready, waited out the sync); one found
  * must ack explicitly and filter what subject= asks. Messages
  * are fetched up to a batch at a time; each is handed out as its data,
  * one line, with its headers beside it (nd_line.meta, connect.h)
@@ -161,7 +164,7 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
         cc.AckPolicy = js_AckExplicit;
         cc.AckWait = (s->u.ack_wait_ms ? s->u.ack_wait_ms : 2 * lease_ms) *
                      1000000;
-        cc.MaxAckPending = (int64_t)(3 * s->batch);
+        cc.MaxAckPending = (int64_t)(4 * s->batch);
         cc.FilterSubject = s->u.subject;
         st = js_AddConsumer(&ci, s->l.js, s->u.name, &cc, NULL, &jerr);
     }
