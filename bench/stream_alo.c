@@ -2,7 +2,7 @@
  * benchmark: what a consumer of a Redis Stream writes by hand when it
  * copies entries from one stream to another with no idempotency at all.
  *
- * usage: stream_alo PORT IN GROUP OUT BATCH
+ * usage: stream_alo PORT IN GROUP OUT BATCH [DEDUP]
  *
  * One connection to 127.0.0.1:PORT. The group GROUP of stream IN is made
  * if missing (from ID 0), then, until a read finds nothing new for 500 ms
@@ -21,7 +21,37 @@
  * Prints system=stream-alo entries=N batches=B seconds=S
  * entries_per_sec=R, where S runs from the first read to the last XACK
  * (the final 500 ms wait not included); bench/streams.sh times the
- * process from outside as it times idem, so its ratios do not use S. */
+ * process from outside as it times idem, so its ratios do not use S.
+ *
+ * DEDUP turns the same loop into the least any dedup on the same Redis
+ * can do, the floor a store on that server is measured against (README,
+ * #12): each entry's key (its field event_id) recorded as done with a
+ * TTL, the entry copied only if its key was new, the batch acknowledged
+ * and a checkpoint (the batch's last ID) written. No leases, no
+ * attempts, no tokens, no responses: a key is done or absent, which is
+ * all dedup needs of a record. The ways, from one connection each:
+ *
+ *   set    one script per batch: per entry SET PREFIX+KEY ID NX PX TTL
+ *          (a plain string with its TTL) and, if it was set, XADD; then
+ *          XACK the batch and SET the checkpoint. Atomic: no window.
+ *   day    the same script with each key a field of one hash per day
+ *          (HSETNX; the hash's TTL raised once a batch), the store's
+ *          `day` layout reduced to its write.
+ *   multi  the XADDs sent by the client: WATCH and MGET the batch's keys
+ *          (one round trip), then MULTI, SET PX and XADD for each new
+ *          key, XACK, the checkpoint, EXEC (a second). Atomic too: a
+ *          key written meanwhile by another consumer fails the EXEC and
+ *          the batch is tried again.
+ *   rb     the script records the keys and answers which were new; the
+ *          client XADDs those, then XACKs and writes the checkpoint in
+ *          the same pipeline. Not atomic: after a crash between the two,
+ *          a key recorded (with its entry's ID as its value) but not
+ *          copied must be looked for in OUT past the checkpoint (the
+ *          read-back of docs/streams.md; this floor measures the normal
+ *          path only, without that recovery).
+ *
+ * Duplicates inside one batch are decided in order (the first
+ * occurrence is copied), as idem does. */
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -30,6 +60,40 @@
 #include <time.h>
 
 #define IDLE_MS "500"
+#define KEY_FIELD "event_id"
+#define PREFIX "b:f:"    /* bench/streams.sh removes b:* between runs */
+#define DAY_BUCKET "b:fd:day"
+#define CHECKPOINT "b:fc:"
+#define TTL_MS "86400000"
+
+enum dedup { NONE, SET, DAY, MULTI, RB };
+static const char *const dedup_name[] = {"", "set", "day", "multi", "rb"};
+
+/* One script for set, day and rb. KEYS: IN OUT CHECKPOINT BUCKET; ARGV:
+ * GROUP TTL PREFIX DAY(0/1) COPY(0/1) N, then per entry ID KEY NF and
+ * its NF field names and values. With COPY 1 it copies the new entries,
+ * acknowledges, checkpoints and answers how many it copied; with COPY 0
+ * (rb) it only records the keys and answers 1 or 0 per entry. */
+static const char floor_lua[] =
+    "local day, copy, n = ARGV[4] == '1', ARGV[5] == '1', tonumber(ARGV[6])\n"
+    "local ids, new, i = {}, {}, 7\n"
+    "for e = 1, n do\n"
+    "  local id, k, nf = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])\n"
+    "  local fresh\n"
+    "  if day then fresh = redis.call('HSETNX', KEYS[4], k, id) == 1\n"
+    "  else fresh = redis.call('SET', ARGV[3] .. k, id, 'NX', 'PX', ARGV[2])\n"
+    "  end\n"
+    "  ids[e], new[e] = id, fresh and 1 or 0\n"
+    "  if fresh and copy then\n"
+    "    redis.call('XADD', KEYS[2], '*', unpack(ARGV, i + 3, i + 2 + nf))\n"
+    "  end\n"
+    "  i = i + 3 + nf\n"
+    "end\n"
+    "if day then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end\n"
+    "if not copy then return new end\n"
+    "redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))\n"
+    "redis.call('SET', KEYS[3], ids[n])\n"
+    "return n\n";
 
 /* The run: its connection, names, and room for one command's arguments
  * (the larger of an entry's XADD and the batch's XACK). */
@@ -39,6 +103,10 @@ typedef struct alo {
     const char **argv;
     size_t *lens, room;
     uint64_t entries, batches;
+    enum dedup dedup;
+    char sha[41];        /* floor_lua's, once loaded */
+    char ckpt[128];      /* CHECKPOINT + GROUP */
+    unsigned char *fresh; /* per entry of the batch: copy it */
 } alo;
 
 static double now_s(void)
@@ -70,6 +138,40 @@ static int make_group(const alo *a)
     return bad;
 }
 
+/* The value of entry fields f's KEY_FIELD, or NULL. */
+static const redisReply *key_of(const redisReply *f)
+{
+    for (size_t i = 0; i + 1 < f->elements; i += 2)
+        if (f->element[i]->len == sizeof KEY_FIELD - 1 &&
+            !memcmp(f->element[i]->str, KEY_FIELD, sizeof KEY_FIELD - 1))
+            return f->element[i + 1];
+    return NULL;
+}
+
+/* Room for `need` arguments of one command; 0, or 1 out of memory. */
+static int room_for(alo *a, size_t need)
+{
+    if (need <= a->room)
+        return 0;
+    const char **v = realloc(a->argv, need * sizeof *v);
+    if (v)
+        a->argv = v;
+    size_t *l = v ? realloc(a->lens, need * sizeof *l) : NULL;
+    if (l)
+        a->lens = l, a->room = need;
+    return !l;
+}
+
+static void arg(alo *a, int *n, const char *s, size_t len)
+{
+    a->argv[*n] = s, a->lens[(*n)++] = len;
+}
+
+static void arg_str(alo *a, int *n, const char *s)
+{
+    arg(a, n, s, strlen(s));
+}
+
 /* Queue XADD OUT * with the fields of entry e ([id, [f, v, ...]]): 1
  * queued, 0 nothing to copy (trimmed while pending), -1 an error. */
 static int queue_copy(alo *a, const redisReply *e)
@@ -78,26 +180,41 @@ static int queue_copy(alo *a, const redisReply *e)
     if (f->type != REDIS_REPLY_ARRAY)
         return 0;
     int n = 0;
-    a->argv[n] = "XADD", a->lens[n++] = 4;
-    a->argv[n] = a->out, a->lens[n++] = strlen(a->out);
-    a->argv[n] = "*", a->lens[n++] = 1;
+    arg_str(a, &n, "XADD"), arg_str(a, &n, a->out), arg_str(a, &n, "*");
     for (size_t i = 0; i < f->elements; i++)
-        a->argv[n] = f->element[i]->str, a->lens[n++] = f->element[i]->len;
+        arg(a, &n, f->element[i]->str, f->element[i]->len);
     return redisAppendCommandArgv(a->c, n, a->argv, a->lens) == REDIS_OK
                ? 1 : -1;
 }
 
-/* Read the replies of `queued` XADDs; 0, or 1 after saying why. */
-static int check_copies(const alo *a, size_t queued)
+/* Queue the XADDs of the batch's entries (only the fresh ones when
+ * deduplicating); how many, or -1. */
+static long queue_copies(alo *a, const redisReply *entries)
+{
+    long queued = 0;
+    for (size_t i = 0; i < entries->elements; i++) {
+        if (a->dedup != NONE && !a->fresh[i])
+            continue;
+        int rc = queue_copy(a, entries->element[i]);
+        if (rc < 0)
+            return -1;
+        queued += rc;
+    }
+    return queued;
+}
+
+/* Read the replies of `queued` commands, none of which may fail; 0, or
+ * 1 after saying why. */
+static int check_replies(const alo *a, size_t queued, const char *what)
 {
     for (size_t i = 0; i < queued; i++) {
         void *rv = NULL;
         if (redisGetReply(a->c, &rv) != REDIS_OK)
-            return die(a, "XADD", NULL);
+            return die(a, what, NULL);
         redisReply *r = rv;
-        int bad = r->type != REDIS_REPLY_STRING;
+        int bad = r->type == REDIS_REPLY_ERROR;
         if (bad)
-            die(a, "XADD", r);
+            die(a, what, r);
         freeReplyObject(r);
         if (bad)
             return 1;
@@ -105,44 +222,245 @@ static int check_copies(const alo *a, size_t queued)
     return 0;
 }
 
-/* XACK IN GROUP with the IDs of the entries; 0 or 1. */
-static int ack(alo *a, const redisReply *entries)
+/* Queue XACK IN GROUP with the IDs of the entries, and with dedup the
+ * checkpoint SET after it; how many commands, or -1. */
+static int queue_ack(alo *a, const redisReply *entries)
 {
     int n = 0;
-    a->argv[n] = "XACK", a->lens[n++] = 4;
-    a->argv[n] = a->in, a->lens[n++] = strlen(a->in);
-    a->argv[n] = a->group, a->lens[n++] = strlen(a->group);
+    arg_str(a, &n, "XACK"), arg_str(a, &n, a->in), arg_str(a, &n, a->group);
     for (size_t i = 0; i < entries->elements; i++) {
         const redisReply *id = entries->element[i]->element[0];
-        a->argv[n] = id->str, a->lens[n++] = id->len;
+        arg(a, &n, id->str, id->len);
     }
-    redisReply *r = redisCommandArgv(a->c, n, a->argv, a->lens);
-    int bad = !r || r->type != REDIS_REPLY_INTEGER;
-    if (bad)
-        die(a, "XACK", r);
+    if (redisAppendCommandArgv(a->c, n, a->argv, a->lens) != REDIS_OK)
+        return -1;
+    if (a->dedup == NONE)
+        return 1;
+    const redisReply *last = entries->element[entries->elements - 1];
+    n = 0;
+    arg_str(a, &n, "SET"), arg_str(a, &n, a->ckpt);
+    arg(a, &n, last->element[0]->str, last->element[0]->len);
+    return redisAppendCommandArgv(a->c, n, a->argv, a->lens) == REDIS_OK
+               ? 2 : -1;
+}
+
+/* The batch's keys: each entry's PREFIX + key in one buffer. */
+typedef struct keys {
+    char *buf;
+    size_t cap, *at, *len, n;
+} keys;
+static keys K;
+
+static int collect_keys(const redisReply *entries)
+{
+    size_t need = 0, n = entries->elements;
+    for (size_t i = 0; i < n; i++)
+        need += sizeof PREFIX + key_of(entries->element[i]->element[1])->len;
+    if (need > K.cap) {
+        char *b = realloc(K.buf, need);
+        if (!b)
+            return 1;
+        K.buf = b, K.cap = need;
+    }
+    if (n > K.n) {
+        size_t *at = realloc(K.at, n * sizeof *at);
+        if (at)
+            K.at = at;
+        size_t *len = at ? realloc(K.len, n * sizeof *len) : NULL;
+        if (!len)
+            return 1;
+        K.len = len, K.n = n;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *k = key_of(entries->element[i]->element[1]);
+        K.at[i] = off, K.len[i] = sizeof PREFIX - 1 + k->len;
+        memcpy(K.buf + off, PREFIX, sizeof PREFIX - 1);
+        memcpy(K.buf + off + sizeof PREFIX - 1, k->str, k->len);
+        off += K.len[i];
+    }
+    return 0;
+}
+
+/* The batch's entry order sorted by key, ties by position: marks each
+ * key's later occurrences in the batch not fresh. */
+static int by_key(const void *x, const void *y)
+{
+    size_t i = *(const size_t *)x, j = *(const size_t *)y;
+    size_t l = K.len[i] < K.len[j] ? K.len[i] : K.len[j];
+    int c = memcmp(K.buf + K.at[i], K.buf + K.at[j], l);
+    if (c || K.len[i] != K.len[j])
+        return c ? c : K.len[i] < K.len[j] ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+static int same_key(size_t i, size_t j)
+{
+    return K.len[i] == K.len[j] &&
+           !memcmp(K.buf + K.at[i], K.buf + K.at[j], K.len[i]);
+}
+
+static int first_in_batch(alo *a, size_t n)
+{
+    size_t *ord = malloc(n * sizeof *ord);
+    if (!ord)
+        return 1;
+    for (size_t i = 0; i < n; i++)
+        ord[i] = i;
+    qsort(ord, n, sizeof *ord, by_key);
+    for (size_t i = 1; i < n; i++)
+        if (same_key(ord[i - 1], ord[i]))
+            a->fresh[ord[i]] = 0;
+    free(ord);
+    return 0;
+}
+
+/* multi: one batch; 0 done, 1 an error, -1 a watched key changed (the
+ * EXEC did nothing: try the batch again). */
+static int multi_batch(alo *a, const redisReply *entries)
+{
+    size_t n = entries->elements, fresh = 0;
+    int m = 0;
+    arg_str(a, &m, "WATCH");
+    for (size_t i = 0; i < n; i++)
+        arg(a, &m, K.buf + K.at[i], K.len[i]);
+    redisAppendCommandArgv(a->c, m, a->argv, a->lens);
+    a->argv[0] = "MGET", a->lens[0] = 4;
+    redisAppendCommandArgv(a->c, m, a->argv, a->lens);
+    void *rv = NULL;
+    if (check_replies(a, 1, "WATCH") || redisGetReply(a->c, &rv) != REDIS_OK)
+        return die(a, "MGET", NULL);
+    redisReply *r = rv;
+    int bad = r->type != REDIS_REPLY_ARRAY || r->elements != n;
+    for (size_t i = 0; !bad && i < n; i++)
+        a->fresh[i] = r->element[i]->type == REDIS_REPLY_NIL;
     freeReplyObject(r);
-    return bad;
+    if (bad || first_in_batch(a, n))
+        return die(a, "MGET", NULL);
+    redisAppendCommand(a->c, "MULTI");
+    for (size_t i = 0; i < n; i++) {
+        if (!a->fresh[i])
+            continue;
+        const redisReply *id = entries->element[i]->element[0];
+        m = 0;
+        arg_str(a, &m, "SET"), arg(a, &m, K.buf + K.at[i], K.len[i]);
+        arg(a, &m, id->str, id->len);
+        arg_str(a, &m, "PX"), arg_str(a, &m, TTL_MS);
+        redisAppendCommandArgv(a->c, m, a->argv, a->lens);
+        fresh++;
+    }
+    long q = queue_copies(a, entries);
+    int acks = queue_ack(a, entries);
+    if (q < 0 || acks < 0 || redisAppendCommand(a->c, "EXEC") != REDIS_OK ||
+        check_replies(a, 1 + fresh + (size_t)q + (size_t)acks, "MULTI") ||
+        redisGetReply(a->c, &rv) != REDIS_OK)
+        return die(a, "EXEC", NULL);
+    r = rv;
+    int rc = r->type == REDIS_REPLY_NIL ? -1 : r->type != REDIS_REPLY_ARRAY;
+    for (size_t i = 0; rc == 0 && i < r->elements; i++)
+        rc = r->element[i]->type == REDIS_REPLY_ERROR;
+    if (rc > 0)
+        die(a, "EXEC", r);
+    freeReplyObject(r);
+    return rc;
+}
+
+/* set, day, rb: the batch through floor_lua; 0 or 1. */
+static int script_batch(alo *a, const redisReply *entries)
+{
+    size_t n = entries->elements;
+    char (*nf)[8] = malloc((n + 1) * sizeof *nf);
+    if (!nf)
+        return die(a, "out of memory", NULL);
+    int m = 0;
+    arg_str(a, &m, "EVALSHA"), arg_str(a, &m, a->sha), arg_str(a, &m, "4");
+    arg_str(a, &m, a->in), arg_str(a, &m, a->out), arg_str(a, &m, a->ckpt);
+    arg_str(a, &m, DAY_BUCKET), arg_str(a, &m, a->group);
+    arg_str(a, &m, TTL_MS), arg_str(a, &m, PREFIX);
+    arg_str(a, &m, a->dedup == DAY ? "1" : "0");
+    arg_str(a, &m, a->dedup == RB ? "0" : "1");
+    snprintf(nf[n], sizeof nf[n], "%zu", n);
+    arg_str(a, &m, nf[n]);
+    for (size_t i = 0; i < n; i++) {
+        const redisReply *e = entries->element[i], *f = e->element[1];
+        arg(a, &m, e->element[0]->str, e->element[0]->len);
+        arg(a, &m, K.buf + K.at[i] + sizeof PREFIX - 1,
+            K.len[i] - (sizeof PREFIX - 1));
+        snprintf(nf[i], sizeof nf[i], "%zu", f->elements);
+        arg_str(a, &m, nf[i]);
+        for (size_t j = 0; j < f->elements; j++)
+            arg(a, &m, f->element[j]->str, f->element[j]->len);
+    }
+    redisReply *r = redisCommandArgv(a->c, m, a->argv, a->lens);
+    free(nf);
+    int bad = !r || (a->dedup == RB ? r->type != REDIS_REPLY_ARRAY ||
+                                          r->elements != n
+                                    : r->type != REDIS_REPLY_INTEGER);
+    for (size_t i = 0; !bad && a->dedup == RB && i < n; i++)
+        a->fresh[i] = r->element[i]->integer == 1;
+    if (bad)
+        die(a, "EVALSHA", r);
+    freeReplyObject(r);
+    if (bad || a->dedup != RB)
+        return bad;
+    long q = queue_copies(a, entries);
+    if (q < 0 || check_replies(a, (size_t)q, "XADD"))
+        return 1;
+    int acks = queue_ack(a, entries);
+    return acks < 0 || check_replies(a, (size_t)acks, "XACK");
+}
+
+/* Room for the batch's largest command, or 0 if an entry is not a
+ * stream entry (or, deduplicating, has no key field). */
+static size_t batch_room(const alo *a, const redisReply *entries)
+{
+    size_t need = 16 + entries->elements;
+    for (size_t i = 0; i < entries->elements; i++) {
+        const redisReply *e = entries->element[i];
+        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
+            e->element[0]->type != REDIS_REPLY_STRING)
+            return 0;
+        const redisReply *f = e->element[1];
+        if (f->type != REDIS_REPLY_ARRAY) {
+            if (a->dedup != NONE)
+                return 0;
+            continue;
+        }
+        if (a->dedup != NONE && !key_of(f))
+            return 0;
+        need += 3 + f->elements;
+    }
+    return need;
 }
 
 /* Copy one batch of entries, then acknowledge it; 0 or 1. */
 static int copy_batch(alo *a, const redisReply *entries)
 {
-    size_t queued = 0;
-    for (size_t i = 0; i < entries->elements; i++) {
-        const redisReply *e = entries->element[i];
-        if (e->type != REDIS_REPLY_ARRAY || e->elements != 2 ||
-            e->element[0]->type != REDIS_REPLY_STRING ||
-            (e->element[1]->type == REDIS_REPLY_ARRAY &&
-             e->element[1]->elements + 3 > a->room))
-            return die(a, "an entry that is not a stream entry's", NULL);
-        int rc = queue_copy(a, e);
-        if (rc < 0)
-            return die(a, "XADD", NULL);
-        queued += (size_t)rc;
-    }
+    size_t need = batch_room(a, entries);
+    if (!need)
+        return die(a, "an entry that is not a stream entry with "
+                      KEY_FIELD, NULL);
+    if (!entries->elements)
+        return 0;
+    if (room_for(a, need))
+        return die(a, "out of memory", NULL);
     a->entries += entries->elements;
     a->batches++;
-    return check_copies(a, queued) || ack(a, entries);
+    if (a->dedup == NONE) {
+        long q = queue_copies(a, entries);
+        int acks = q < 0 ? -1 : check_replies(a, (size_t)q, "XADD")
+                                   ? -1 : queue_ack(a, entries);
+        return acks < 0 || check_replies(a, (size_t)acks, "XACK");
+    }
+    memset(a->fresh, 1, entries->elements);
+    if (collect_keys(entries))
+        return die(a, "out of memory", NULL);
+    if (a->dedup != MULTI)
+        return script_batch(a, entries);
+    int rc;
+    while ((rc = multi_batch(a, entries)) < 0)
+        ;
+    return rc;
 }
 
 /* The entries array of an XREADGROUP reply, NULL if it is not one. */
@@ -171,15 +489,41 @@ static int round_trip(alo *a)
     return rc;
 }
 
+/* DEDUP's name to its mode (-1 unknown); with a script, load it. */
+static int setup_dedup(alo *a, const char *name, size_t batch)
+{
+    int d = NONE;
+    while (d <= RB && strcmp(dedup_name[d], name))
+        d++;
+    if (d > RB)
+        return -1;
+    a->dedup = (enum dedup)d;
+    snprintf(a->ckpt, sizeof a->ckpt, CHECKPOINT "%s", a->group);
+    a->fresh = malloc(batch);
+    if (!a->fresh)
+        return 1;
+    if (d == NONE || d == MULTI)
+        return 0;
+    redisReply *r = redisCommand(a->c, "SCRIPT LOAD %s", floor_lua);
+    int bad = !r || r->type != REDIS_REPLY_STRING || r->len != 40;
+    if (bad)
+        die(a, "SCRIPT LOAD", r);
+    else
+        memcpy(a->sha, r->str, 41);
+    freeReplyObject(r);
+    return bad;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 6 || !strtoul(argv[5], NULL, 10)) {
-        fputs("usage: stream_alo PORT IN GROUP OUT BATCH\n", stderr);
+    if ((argc != 6 && argc != 7) || !strtoul(argv[5], NULL, 10)) {
+        fputs("usage: stream_alo PORT IN GROUP OUT BATCH "
+              "[set|day|multi|rb]\n", stderr);
         return 2;
     }
     size_t batch = strtoul(argv[5], NULL, 10);
     alo a = {.in = argv[2], .group = argv[3], .out = argv[4],
-             .count = argv[5], .room = (batch > 64 ? batch : 64) + 3};
+             .count = argv[5], .room = 64};
     a.c = redisConnect("127.0.0.1", (int)strtol(argv[1], NULL, 10));
     if (!a.c || a.c->err) {
         fprintf(stderr, "stream_alo: connect: %s\n",
@@ -188,17 +532,22 @@ int main(int argc, char **argv)
     }
     a.argv = malloc(a.room * sizeof *a.argv);
     a.lens = malloc(a.room * sizeof *a.lens);
-    int rc = !a.argv || !a.lens || make_group(&a);
+    int rc = !a.argv || !a.lens ||
+             setup_dedup(&a, argc == 7 ? argv[6] : "", batch) ||
+             make_group(&a);
     double t0 = now_s(), t1 = t0;
     while (!rc && (rc = round_trip(&a)) == 0)
         t1 = now_s();
     if (rc < 0)
-        printf("system=stream-alo entries=%" PRIu64 " batches=%" PRIu64
-               " seconds=%.3f entries_per_sec=%.0f\n", a.entries,
+        printf("system=stream-%s%s entries=%" PRIu64 " batches=%" PRIu64
+               " seconds=%.3f entries_per_sec=%.0f\n",
+               a.dedup ? "floor-" : "alo", dedup_name[a.dedup], a.entries,
                a.batches, t1 - t0,
                t1 > t0 ? (double)a.entries / (t1 - t0) : 0);
     free(a.argv);
     free(a.lens);
+    free(a.fresh);
+    free(K.buf), free(K.at), free(K.len);
     redisFree(a.c);
     return rc > 0;
 }

@@ -18,6 +18,12 @@
 #   idem-redis-rb  the same, told to write before the commit and read
 #               back after a crash instead (one_script=0): the A/B of
 #               the one-script commit
+#   floor-set, floor-day, floor-multi, floor-rb
+#               bench/stream_alo with a dedup argument: the least any
+#               dedup with its store on the same server can do (a key
+#               done with a TTL, nothing more; its comment says how
+#               each does it), the floor idem-redis is measured against.
+#               Not run unless named in IDEM_BENCH_STREAM_SYSTEMS.
 #
 # all with the same batch (XREADGROUP COUNT and idem's --batch) and the
 # same end: 500 ms with nothing new (stream_alo's BLOCK 500, idem's
@@ -100,6 +106,8 @@ contender() {
     case $1 in
     stream-alo) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
         "$group" "$BATCH" ;;
+    floor-*) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
+        "$group" "$BATCH" "${1#floor-}" ;;
     idem-local) set -- "local:$tmp/store" ;;
     idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:" ;;
     idem-redis-rb) OPT=one_script=0 &&
@@ -164,6 +172,14 @@ redis_rb=$(best idem-redis-rb)
 outs() { field "$1" output_entries | sort -u | tr '\n' ' ' | sed 's/ $//'; }
 fresh=$(outs idem-local)
 pending=$(field '[a-z-]*' pending | sort -u | tr '\n' ' ' | sed 's/ $//')
+FLOORS="floor-set floor-day floor-multi floor-rb"
+# Each floor that ran wrote what idem-local wrote.
+floors_same() {
+    for f in $FLOORS; do
+        o=$(outs "$f")
+        [ -z "$o" ] || [ "$o" = "$fresh" ] || return 1
+    done
+}
 # Every run done; the reference copied everything; both idem runs, in
 # every round, the same one number of entries, fewer than the input.
 same=NO
@@ -173,6 +189,7 @@ case $fresh in
     if [ "$(outs stream-alo)" = "$N" ] && [ "$pending" = 0 ] &&
         { [ -z "$redis" ] || [ "$fresh" = "$(outs idem-redis)" ]; } &&
         { [ -z "$redis_rb" ] || [ "$fresh" = "$(outs idem-redis-rb)" ]; } &&
+        floors_same &&
         ! grep -q failed= "$tmp/runs.txt"; then
         same=yes
     fi
@@ -188,6 +205,11 @@ echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
 echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
 echo "stream_redis_readback_vs_alo=$(ratio "$redis_rb" "$alo")" \
     "(one script vs read-back: $(ratio "$redis" "$redis_rb"))"
+for f in $FLOORS; do
+    b=$(best "$f")
+    [ -n "$b" ] && echo "stream_${f#floor-}_floor_vs_alo=$(ratio "$b" "$alo")" \
+        "(idem-redis / this floor: $(ratio "$redis" "$b"))"
+done
 if [ "$COMMANDS" = 1 ]; then
     echo "# the one-script commit's parts (bench/stream_scripts)"
     "$BUILD/bench/stream_scripts" "$port" "$N"
