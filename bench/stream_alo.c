@@ -35,13 +35,18 @@
  *          (a plain string with its TTL) and, if it was set, XADD; then
  *          XACK the batch and SET the checkpoint. Atomic: no window.
  *   day    the same script with each key a field of one hash per day
- *          (HSETNX; the hash's TTL raised once a batch), the store's
- *          `day` layout reduced to its write.
+ *          (HMGET of the batch's keys, one HSET of the new ones, the
+ *          hash's TTL raised once a batch), the store's `day` layout
+ *          reduced to its write.
  *   multi  the XADDs sent by the client: WATCH and MGET the batch's keys
  *          (one round trip), then MULTI, SET PX and XADD for each new
  *          key, XACK, the checkpoint, EXEC (a second). Atomic too: a
  *          key written meanwhile by another consumer fails the EXEC and
  *          the batch is tried again.
+ *   day-multi  multi with the keys recorded as day does: WATCH the
+ *          day's hash and HMGET the keys, then in the MULTI one HSET of
+ *          the new ones (another consumer's write to the day fails the
+ *          EXEC, so under contention batches are tried again).
  *   rb     the script records the keys and answers which were new; the
  *          client XADDs those, then XACKs and writes the checkpoint in
  *          the same pipeline. Not atomic: after a crash between the two,
@@ -49,6 +54,7 @@
  *          copied must be looked for in OUT past the checkpoint (the
  *          read-back of docs/streams.md; this floor measures the normal
  *          path only, without that recovery).
+ *   day-rb rb with the keys recorded as day does.
  *
  * Duplicates inside one batch are decided in order (the first
  * occurrence is copied), as idem does. */
@@ -66,31 +72,53 @@
 #define CHECKPOINT "b:fc:"
 #define TTL_MS "86400000"
 
-enum dedup { NONE, SET, DAY, MULTI, RB };
-static const char *const dedup_name[] = {"", "set", "day", "multi", "rb"};
+enum dedup { NONE, SET, DAY, MULTI, DAY_MULTI, RB, DAY_RB };
+static const char *const dedup_name[] = {"",   "set",       "day",   "multi",
+                                        "day-multi", "rb", "day-rb"};
 
-/* One script for set, day and rb. KEYS: IN OUT CHECKPOINT BUCKET; ARGV:
- * GROUP TTL PREFIX DAY(0/1) COPY(0/1) N, then per entry ID KEY NF and
- * its NF field names and values. With COPY 1 it copies the new entries,
- * acknowledges, checkpoints and answers how many it copied; with COPY 0
- * (rb) it only records the keys and answers 1 or 0 per entry. */
+/* One script for set, day, rb and day-rb. KEYS: IN OUT CHECKPOINT
+ * BUCKET; ARGV: GROUP TTL PREFIX DAY(0/1) COPY(0/1) N, then per entry ID
+ * KEY NF and its NF field names and values. The keys are recorded first:
+ * a SET NX each, or for the day layout the whole batch in two calls (one
+ * HMGET, one HSET of the new ones; a key met twice in the batch is new
+ * once), because each redis.call costs the script more than the
+ * command's own work. With COPY 1 it then copies the new entries,
+ * acknowledges, checkpoints and answers N; with COPY 0 (rb) it only
+ * answers 1 or 0 per entry. */
 static const char floor_lua[] =
     "local day, copy, n = ARGV[4] == '1', ARGV[5] == '1', tonumber(ARGV[6])\n"
-    "local ids, new, i = {}, {}, 7\n"
+    "local ids, ks, at, new, i = {}, {}, {}, {}, 7\n"
     "for e = 1, n do\n"
-    "  local id, k, nf = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])\n"
-    "  local fresh\n"
-    "  if day then fresh = redis.call('HSETNX', KEYS[4], k, id) == 1\n"
-    "  else fresh = redis.call('SET', ARGV[3] .. k, id, 'NX', 'PX', ARGV[2])\n"
-    "  end\n"
-    "  ids[e], new[e] = id, fresh and 1 or 0\n"
-    "  if fresh and copy then\n"
-    "    redis.call('XADD', KEYS[2], '*', unpack(ARGV, i + 3, i + 2 + nf))\n"
-    "  end\n"
-    "  i = i + 3 + nf\n"
+    "  ids[e], ks[e], at[e] = ARGV[i], ARGV[i + 1], i\n"
+    "  i = i + 3 + tonumber(ARGV[i + 2])\n"
     "end\n"
-    "if day then redis.call('PEXPIRE', KEYS[4], ARGV[2]) end\n"
-    "if not copy then return new end\n"
+    "if day then\n"
+    "  local v, seen, hs = redis.call('HMGET', KEYS[4], unpack(ks)), {}, {}\n"
+    "  for e = 1, n do\n"
+    "    new[e] = not v[e] and not seen[ks[e]]\n"
+    "    if new[e] then\n"
+    "      seen[ks[e]] = true\n"
+    "      hs[#hs + 1], hs[#hs + 2] = ks[e], ids[e]\n"
+    "    end\n"
+    "  end\n"
+    "  if #hs > 0 then redis.call('HSET', KEYS[4], unpack(hs)) end\n"
+    "  redis.call('PEXPIRE', KEYS[4], ARGV[2])\n"
+    "else\n"
+    "  for e = 1, n do\n"
+    "    new[e] = redis.call('SET', ARGV[3] .. ks[e], ids[e], 'NX', 'PX',\n"
+    "      ARGV[2]) ~= false\n"
+    "  end\n"
+    "end\n"
+    "local flags = {}\n"
+    "for e = 1, n do\n"
+    "  flags[e] = new[e] and 1 or 0\n"
+    "  if new[e] and copy then\n"
+    "    local j = at[e]\n"
+    "    redis.call('XADD', KEYS[2], '*',\n"
+    "      unpack(ARGV, j + 3, j + 2 + tonumber(ARGV[j + 2])))\n"
+    "  end\n"
+    "end\n"
+    "if not copy then return flags end\n"
     "redis.call('XACK', KEYS[1], ARGV[1], unpack(ids))\n"
     "redis.call('SET', KEYS[3], ids[n])\n"
     "return n\n";
@@ -315,17 +343,31 @@ static int first_in_batch(alo *a, size_t n)
     return 0;
 }
 
-/* multi: one batch; 0 done, 1 an error, -1 a watched key changed (the
- * EXEC did nothing: try the batch again). */
-static int multi_batch(alo *a, const redisReply *entries)
+/* The batch's key i as multi (PREFIX + key) or day-multi (the key, a
+ * field of DAY_BUCKET) names it. */
+static void arg_key(alo *a, int *n, size_t i)
 {
-    size_t n = entries->elements, fresh = 0;
-    int m = 0;
+    size_t skip = a->dedup == DAY_MULTI ? sizeof PREFIX - 1 : 0;
+    arg(a, n, K.buf + K.at[i] + skip, K.len[i] - skip);
+}
+
+/* multi, day-multi: WATCH what the batch's keys are recorded in and
+ * read them, in one round trip; marks the new ones fresh. 0 or 1. */
+static int watch_keys(alo *a, size_t n)
+{
+    int day = a->dedup == DAY_MULTI, m = 0;
     arg_str(a, &m, "WATCH");
-    for (size_t i = 0; i < n; i++)
-        arg(a, &m, K.buf + K.at[i], K.len[i]);
+    if (day)
+        arg_str(a, &m, DAY_BUCKET);
+    for (size_t i = 0; !day && i < n; i++)
+        arg_key(a, &m, i);
     redisAppendCommandArgv(a->c, m, a->argv, a->lens);
-    a->argv[0] = "MGET", a->lens[0] = 4;
+    m = 0;
+    arg_str(a, &m, day ? "HMGET" : "MGET");
+    if (day)
+        arg_str(a, &m, DAY_BUCKET);
+    for (size_t i = 0; i < n; i++)
+        arg_key(a, &m, i);
     redisAppendCommandArgv(a->c, m, a->argv, a->lens);
     void *rv = NULL;
     if (check_replies(a, 1, "WATCH") || redisGetReply(a->c, &rv) != REDIS_OK)
@@ -337,25 +379,54 @@ static int multi_batch(alo *a, const redisReply *entries)
     freeReplyObject(r);
     if (bad || first_in_batch(a, n))
         return die(a, "MGET", NULL);
-    redisAppendCommand(a->c, "MULTI");
-    for (size_t i = 0; i < n; i++) {
+    return 0;
+}
+
+/* Queue the records of the fresh keys: a SET PX each, or one HSET of
+ * them all and the bucket's PEXPIRE. How many commands. */
+static size_t queue_records(alo *a, const redisReply *entries)
+{
+    int day = a->dedup == DAY_MULTI, m = 0;
+    size_t queued = 0;
+    if (day)
+        arg_str(a, &m, "HSET"), arg_str(a, &m, DAY_BUCKET);
+    for (size_t i = 0; i < entries->elements; i++) {
         if (!a->fresh[i])
             continue;
         const redisReply *id = entries->element[i]->element[0];
-        m = 0;
-        arg_str(a, &m, "SET"), arg(a, &m, K.buf + K.at[i], K.len[i]);
-        arg(a, &m, id->str, id->len);
+        if (!day)
+            m = 0, arg_str(a, &m, "SET");
+        arg_key(a, &m, i), arg(a, &m, id->str, id->len);
+        if (day)
+            continue;
         arg_str(a, &m, "PX"), arg_str(a, &m, TTL_MS);
         redisAppendCommandArgv(a->c, m, a->argv, a->lens);
-        fresh++;
+        queued++;
     }
+    if (day && m > 2) {
+        redisAppendCommandArgv(a->c, m, a->argv, a->lens);
+        redisAppendCommand(a->c, "PEXPIRE %s %s", DAY_BUCKET, TTL_MS);
+        queued += 2;
+    }
+    return queued;
+}
+
+/* multi, day-multi: one batch; 0 done, 1 an error, -1 a watched key
+ * changed (the EXEC did nothing: try the batch again). */
+static int multi_batch(alo *a, const redisReply *entries)
+{
+    if (watch_keys(a, entries->elements))
+        return 1;
+    redisAppendCommand(a->c, "MULTI");
+    size_t records = queue_records(a, entries);
     long q = queue_copies(a, entries);
     int acks = queue_ack(a, entries);
+    void *rv = NULL;
     if (q < 0 || acks < 0 || redisAppendCommand(a->c, "EXEC") != REDIS_OK ||
-        check_replies(a, 1 + fresh + (size_t)q + (size_t)acks, "MULTI") ||
+        check_replies(a, 1 + records + (size_t)q + (size_t)acks, "MULTI") ||
         redisGetReply(a->c, &rv) != REDIS_OK)
         return die(a, "EXEC", NULL);
-    r = rv;
+    redisReply *r = rv;
     int rc = r->type == REDIS_REPLY_NIL ? -1 : r->type != REDIS_REPLY_ARRAY;
     for (size_t i = 0; rc == 0 && i < r->elements; i++)
         rc = r->element[i]->type == REDIS_REPLY_ERROR;
@@ -365,7 +436,13 @@ static int multi_batch(alo *a, const redisReply *entries)
     return rc;
 }
 
-/* set, day, rb: the batch through floor_lua; 0 or 1. */
+/* The script records the keys, the client copies the entries. */
+static int rb(const alo *a)
+{
+    return a->dedup == RB || a->dedup == DAY_RB;
+}
+
+/* set, day, rb, day-rb: the batch through floor_lua; 0 or 1. */
 static int script_batch(alo *a, const redisReply *entries)
 {
     size_t n = entries->elements;
@@ -377,8 +454,8 @@ static int script_batch(alo *a, const redisReply *entries)
     arg_str(a, &m, a->in), arg_str(a, &m, a->out), arg_str(a, &m, a->ckpt);
     arg_str(a, &m, DAY_BUCKET), arg_str(a, &m, a->group);
     arg_str(a, &m, TTL_MS), arg_str(a, &m, PREFIX);
-    arg_str(a, &m, a->dedup == DAY ? "1" : "0");
-    arg_str(a, &m, a->dedup == RB ? "0" : "1");
+    arg_str(a, &m, a->dedup == DAY || a->dedup == DAY_RB ? "1" : "0");
+    arg_str(a, &m, rb(a) ? "0" : "1");
     snprintf(nf[n], sizeof nf[n], "%zu", n);
     arg_str(a, &m, nf[n]);
     for (size_t i = 0; i < n; i++) {
@@ -386,22 +463,24 @@ static int script_batch(alo *a, const redisReply *entries)
         arg(a, &m, e->element[0]->str, e->element[0]->len);
         arg(a, &m, K.buf + K.at[i] + sizeof PREFIX - 1,
             K.len[i] - (sizeof PREFIX - 1));
-        snprintf(nf[i], sizeof nf[i], "%zu", f->elements);
+        /* rb copies from the client: the fields stay there */
+        size_t fields = rb(a) ? 0 : f->elements;
+        snprintf(nf[i], sizeof nf[i], "%zu", fields);
         arg_str(a, &m, nf[i]);
-        for (size_t j = 0; j < f->elements; j++)
+        for (size_t j = 0; j < fields; j++)
             arg(a, &m, f->element[j]->str, f->element[j]->len);
     }
     redisReply *r = redisCommandArgv(a->c, m, a->argv, a->lens);
     free(nf);
-    int bad = !r || (a->dedup == RB ? r->type != REDIS_REPLY_ARRAY ||
+    int bad = !r || (rb(a) ? r->type != REDIS_REPLY_ARRAY ||
                                           r->elements != n
                                     : r->type != REDIS_REPLY_INTEGER);
-    for (size_t i = 0; !bad && a->dedup == RB && i < n; i++)
+    for (size_t i = 0; !bad && rb(a) && i < n; i++)
         a->fresh[i] = r->element[i]->integer == 1;
     if (bad)
         die(a, "EVALSHA", r);
     freeReplyObject(r);
-    if (bad || a->dedup != RB)
+    if (bad || !rb(a))
         return bad;
     long q = queue_copies(a, entries);
     if (q < 0 || check_replies(a, (size_t)q, "XADD"))
@@ -455,7 +534,7 @@ static int copy_batch(alo *a, const redisReply *entries)
     memset(a->fresh, 1, entries->elements);
     if (collect_keys(entries))
         return die(a, "out of memory", NULL);
-    if (a->dedup != MULTI)
+    if (a->dedup != MULTI && a->dedup != DAY_MULTI)
         return script_batch(a, entries);
     int rc;
     while ((rc = multi_batch(a, entries)) < 0)
@@ -493,16 +572,16 @@ static int round_trip(alo *a)
 static int setup_dedup(alo *a, const char *name, size_t batch)
 {
     int d = NONE;
-    while (d <= RB && strcmp(dedup_name[d], name))
+    while (d <= DAY_RB && strcmp(dedup_name[d], name))
         d++;
-    if (d > RB)
+    if (d > DAY_RB)
         return -1;
     a->dedup = (enum dedup)d;
     snprintf(a->ckpt, sizeof a->ckpt, CHECKPOINT "%s", a->group);
     a->fresh = malloc(batch);
     if (!a->fresh)
         return 1;
-    if (d == NONE || d == MULTI)
+    if (d == NONE || d == MULTI || d == DAY_MULTI)
         return 0;
     redisReply *r = redisCommand(a->c, "SCRIPT LOAD %s", floor_lua);
     int bad = !r || r->type != REDIS_REPLY_STRING || r->len != 40;
@@ -518,7 +597,7 @@ int main(int argc, char **argv)
 {
     if ((argc != 6 && argc != 7) || !strtoul(argv[5], NULL, 10)) {
         fputs("usage: stream_alo PORT IN GROUP OUT BATCH "
-              "[set|day|multi|rb]\n", stderr);
+              "[set|day|multi|day-multi|rb|day-rb]\n", stderr);
         return 2;
     }
     size_t batch = strtoul(argv[5], NULL, 10);

@@ -18,7 +18,8 @@
 #   idem-redis-rb  the same, told to write before the commit and read
 #               back after a crash instead (one_script=0): the A/B of
 #               the one-script commit
-#   floor-set, floor-day, floor-multi, floor-rb
+#   floor-set, floor-day, floor-multi, floor-day-multi, floor-rb,
+#   floor-day-rb
 #               bench/stream_alo with a dedup argument: the least any
 #               dedup with its store on the same server can do (a key
 #               done with a TTL, nothing more; its comment says how
@@ -41,7 +42,8 @@
 # three run in turn (default 1; each round's figures are printed, and the
 # ratios of the best run of each). IDEM_BENCH_STREAM_SYSTEMS runs only
 # the systems named (e.g. "stream-alo idem-local"; the checks then judge
-# those alone). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
+# those alone). IDEM_BENCH_STREAM_STORE_OPTS is appended to the Redis
+# store's URI (e.g. "&layout=day"). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
 # the server ran for it per input entry (INFO commandstats, reset before
 # the run): each command's calls and microseconds, commands run inside
 # scripts counted apart from the EVALSHA that ran them; and at the end,
@@ -54,6 +56,7 @@ N=${IDEM_BENCH_STREAM_N:-1000000}
 BATCH=${IDEM_BENCH_STREAM_BATCH:-1000}
 ROUNDS=${IDEM_BENCH_STREAM_ROUNDS:-1}
 COMMANDS=${IDEM_BENCH_STREAM_COMMANDS:-0}
+STORE_OPTS=${IDEM_BENCH_STREAM_STORE_OPTS:-}
 SYSTEMS=${IDEM_BENCH_STREAM_SYSTEMS:-stream-alo idem-local idem-redis \
 idem-redis-rb}
 IDLE=0.5
@@ -109,9 +112,9 @@ contender() {
     floor-*) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
         "$group" "$BATCH" "${1#floor-}" ;;
     idem-local) set -- "local:$tmp/store" ;;
-    idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+    idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:$STORE_OPTS" ;;
     idem-redis-rb) OPT=one_script=0 &&
-        set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+        set -- "redis://127.0.0.1:$port?prefix=b:$STORE_OPTS" ;;
     esac
     case $1 in
     local:* | redis:*) set -- "$BUILD/idem" dedup --key event_id \
@@ -172,7 +175,7 @@ redis_rb=$(best idem-redis-rb)
 outs() { field "$1" output_entries | sort -u | tr '\n' ' ' | sed 's/ $//'; }
 fresh=$(outs idem-local)
 pending=$(field '[a-z-]*' pending | sort -u | tr '\n' ' ' | sed 's/ $//')
-FLOORS="floor-set floor-day floor-multi floor-rb"
+FLOORS="floor-set floor-day floor-multi floor-day-multi floor-rb floor-day-rb"
 # Each floor that ran wrote what idem-local wrote.
 floors_same() {
     for f in $FLOORS; do
