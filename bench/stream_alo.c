@@ -57,7 +57,10 @@
  *   day-rb rb with the keys recorded as day does.
  *
  * Duplicates inside one batch are decided in order (the first
- * occurrence is copied), as idem does. */
+ * occurrence is copied), as idem does. An entry without the key field,
+ * or trimmed while pending, stops a deduplicating run with an error:
+ * the benchmark's input has neither, and a floor need not say what to
+ * do with them. */
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <stdio.h>
