@@ -18,6 +18,13 @@
 #   idem-redis-rb  the same, told to write before the commit and read
 #               back after a crash instead (one_script=0): the A/B of
 #               the one-script commit
+#   floor-set, floor-day, floor-multi, floor-day-multi, floor-rb,
+#   floor-day-rb
+#               bench/stream_alo with a dedup argument: the least any
+#               dedup with its store on the same server can do (a key
+#               done with a TTL, nothing more; its comment says how
+#               each does it), the floor idem-redis is measured against.
+#               Not run unless named in IDEM_BENCH_STREAM_SYSTEMS.
 #
 # all with the same batch (XREADGROUP COUNT and idem's --batch) and the
 # same end: 500 ms with nothing new (stream_alo's BLOCK 500, idem's
@@ -35,7 +42,8 @@
 # three run in turn (default 1; each round's figures are printed, and the
 # ratios of the best run of each). IDEM_BENCH_STREAM_SYSTEMS runs only
 # the systems named (e.g. "stream-alo idem-local"; the checks then judge
-# those alone). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
+# those alone). IDEM_BENCH_STREAM_STORE_OPTS is appended to the Redis
+# store's URI (e.g. "&layout=day"). IDEM_BENCH_STREAM_COMMANDS=1 prints after each run what
 # the server ran for it per input entry (INFO commandstats, reset before
 # the run): each command's calls and microseconds, commands run inside
 # scripts counted apart from the EVALSHA that ran them; and at the end,
@@ -48,6 +56,7 @@ N=${IDEM_BENCH_STREAM_N:-1000000}
 BATCH=${IDEM_BENCH_STREAM_BATCH:-1000}
 ROUNDS=${IDEM_BENCH_STREAM_ROUNDS:-1}
 COMMANDS=${IDEM_BENCH_STREAM_COMMANDS:-0}
+STORE_OPTS=${IDEM_BENCH_STREAM_STORE_OPTS:-}
 SYSTEMS=${IDEM_BENCH_STREAM_SYSTEMS:-stream-alo idem-local idem-redis \
 idem-redis-rb}
 IDLE=0.5
@@ -100,10 +109,12 @@ contender() {
     case $1 in
     stream-alo) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
         "$group" "$BATCH" ;;
+    floor-*) set -- "$BUILD/bench/stream_alo" "$port" in "$group" \
+        "$group" "$BATCH" "${1#floor-}" ;;
     idem-local) set -- "local:$tmp/store" ;;
-    idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+    idem-redis) set -- "redis://127.0.0.1:$port?prefix=b:$STORE_OPTS" ;;
     idem-redis-rb) OPT=one_script=0 &&
-        set -- "redis://127.0.0.1:$port?prefix=b:" ;;
+        set -- "redis://127.0.0.1:$port?prefix=b:$STORE_OPTS" ;;
     esac
     case $1 in
     local:* | redis:*) set -- "$BUILD/idem" dedup --key event_id \
@@ -164,6 +175,14 @@ redis_rb=$(best idem-redis-rb)
 outs() { field "$1" output_entries | sort -u | tr '\n' ' ' | sed 's/ $//'; }
 fresh=$(outs idem-local)
 pending=$(field '[a-z-]*' pending | sort -u | tr '\n' ' ' | sed 's/ $//')
+FLOORS="floor-set floor-day floor-multi floor-day-multi floor-rb floor-day-rb"
+# Each floor that ran wrote what idem-local wrote.
+floors_same() {
+    for f in $FLOORS; do
+        o=$(outs "$f")
+        [ -z "$o" ] || [ "$o" = "$fresh" ] || return 1
+    done
+}
 # Every run done; the reference copied everything; both idem runs, in
 # every round, the same one number of entries, fewer than the input.
 same=NO
@@ -173,6 +192,7 @@ case $fresh in
     if [ "$(outs stream-alo)" = "$N" ] && [ "$pending" = 0 ] &&
         { [ -z "$redis" ] || [ "$fresh" = "$(outs idem-redis)" ]; } &&
         { [ -z "$redis_rb" ] || [ "$fresh" = "$(outs idem-redis-rb)" ]; } &&
+        floors_same &&
         ! grep -q failed= "$tmp/runs.txt"; then
         same=yes
     fi
@@ -188,6 +208,11 @@ echo "stream_local_vs_alo=$(ratio "$local_" "$alo") (>= 0.9)"
 echo "stream_redis_vs_alo=$(ratio "$redis" "$alo") (>= 0.6)"
 echo "stream_redis_readback_vs_alo=$(ratio "$redis_rb" "$alo")" \
     "(one script vs read-back: $(ratio "$redis" "$redis_rb"))"
+for f in $FLOORS; do
+    b=$(best "$f")
+    [ -n "$b" ] && echo "stream_${f#floor-}_floor_vs_alo=$(ratio "$b" "$alo")" \
+        "(idem-redis / this floor: $(ratio "$redis" "$b"))"
+done
 if [ "$COMMANDS" = 1 ]; then
     echo "# the one-script commit's parts (bench/stream_scripts)"
     "$BUILD/bench/stream_scripts" "$port" "$N"

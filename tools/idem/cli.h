@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "idem/idem.h"
@@ -159,9 +160,21 @@ typedef struct cli_buf {
     size_t len, cap;
 } cli_buf;
 
-int cli_buf_add(cli_buf *b, const void *p, size_t n);
 /* Make room for n more bytes past len. */
 int cli_buf_reserve(cli_buf *b, size_t n);
+/* Append p[0..n). Inline because a stream entry's line, its fields and
+ * its output are built from dozens of appends of a few bytes each
+ * (quotes, separators, names, values), where a call per append cost
+ * more than the copying: the room check is all most of them need. */
+static inline int cli_buf_add(cli_buf *b, const void *p, size_t n)
+{
+    if (n > b->cap - b->len && cli_buf_reserve(b, n))
+        return -1;
+    if (n)
+        memcpy(b->p + b->len, p, n);
+    b->len += n;
+    return 0;
+}
 int cli_buf_str(cli_buf *b, const char *s);
 int cli_buf_fmt(cli_buf *b, const char *fmt, ...) CLI_PRINTF(2, 3);
 /* s[0..n), valid UTF-8, as a quoted JSON string. */

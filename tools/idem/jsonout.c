@@ -34,16 +34,6 @@ int cli_buf_reserve(cli_buf *b, size_t n)
     return 0;
 }
 
-int cli_buf_add(cli_buf *b, const void *p, size_t n)
-{
-    if (cli_buf_reserve(b, n))
-        return -1;
-    if (n)
-        memcpy(b->p + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
 int cli_buf_str(cli_buf *b, const char *s)
 {
     return cli_buf_add(b, s, strlen(s));

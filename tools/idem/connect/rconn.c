@@ -402,6 +402,28 @@ int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq)
     return *end || errno ? -1 : 0;
 }
 
+/* v's decimal digits at p; past them. */
+static char *put_u64(char *p, uint64_t v)
+{
+    char tmp[20];
+    size_t n = 0;
+    do
+        tmp[n++] = (char)('0' + v % 10);
+    while ((v /= 10) != 0);
+    while (n)
+        *p++ = tmp[--n];
+    return p;
+}
+
+size_t rs_id_format(char buf[RS_ID_MAX], uint64_t ms, uint64_t seq)
+{
+    char *p = put_u64(buf, ms);
+    *p++ = '-';
+    p = put_u64(p, seq);
+    *p = 0;
+    return (size_t)(p - buf);
+}
+
 /* ---- replies in an arena (rs_arena) */
 
 #define ARENA_BLOCK (256u << 10)

@@ -112,5 +112,10 @@ int rs_on_store(const rs_uri *u, idem_store *s);
 
 /* Parse an entry ID "MS-SEQ". 0 or -1. */
 int rs_id_parse(const char *s, size_t n, uint64_t *ms, uint64_t *seq);
+/* Room for an entry ID, "MS-SEQ", and its NUL. */
+#define RS_ID_MAX 42
+/* Write the entry ID ms-seq and a NUL into buf; its length. Not printf:
+ * every entry's ID is written back for its XACK. */
+size_t rs_id_format(char buf[RS_ID_MAX], uint64_t ms, uint64_t seq);
 
 #endif

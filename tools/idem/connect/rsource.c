@@ -292,10 +292,9 @@ static int queue_ack(rs_source *s, const char *id, size_t n)
 static int rs_ack(source *base, const nd_line *l)
 {
     rs_source *s = (rs_source *)base;
-    char id[48];
-    int n = snprintf(id, sizeof id, "%" PRIu64 "-%" PRIu64, l->end,
-                     l->lineno);
-    if (queue_ack(s, id, (size_t)n))
+    char id[RS_ID_MAX];
+    size_t n = rs_id_format(id, l->end, l->lineno);
+    if (queue_ack(s, id, n))
         return cli_fail(s->cmd, "out of memory"), -1;
     return 0;
 }
