@@ -921,6 +921,46 @@ static void delivered_once(const char *d)
     natsSubscription_Destroy(sub);
 }
 
+/* A dead worker's messages come back in the order their AckWait ran
+ * out, not the stream's: the later half of what it fetched had no +WPI
+ * (it was not handed out yet) and expires first. The next run still
+ * writes each key's first message first, in order. */
+Test(nats, a_dead_runs_messages_come_back_in_stream_order)
+{
+    int nkeys = fill(40);
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = "d";
+    cc.AckPolicy = js_AckExplicit;
+    cc.AckWait = 1500 * (int64_t)1000000;
+    cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL), NATS_OK);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = "IN";
+    so.Consumer = "d";
+    natsSubscription *sub = NULL;
+    natsMsgList got = {0};
+    cr_assert_eq(js_PullSubscribe(&sub, js, NULL, "d", NULL, &so, NULL),
+                 NATS_OK, "%s", nats_GetLastError(NULL));
+    cr_assert_eq(natsSubscription_Fetch(&got, sub, 20, 5000, NULL), NATS_OK);
+    cr_assert_eq(got.Count, 20);
+    t_sleep_ms(500);
+    for (int i = 0; i < 10; i++)  /* the first half, in progress */
+        cr_assert_eq(natsMsg_InProgress(got.Msgs[i], NULL), NATS_OK);
+    cr_assert_eq(natsConnection_Flush(nc), NATS_OK);
+    natsMsgList_Destroy(&got);
+    natsSubscription_Destroy(sub);
+    t_sleep_ms(1000);  /* the second half expired first */
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --batch 8 --store local:store",
+             src("durable=d"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+}
+
 /* A key whose record expired (--ttl) comes again, delivered a second
  * time (a worker died before its claim), to a worker whose job is new
  * (a worker added): its claim is the key's first, and its output must

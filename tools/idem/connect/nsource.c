@@ -27,8 +27,15 @@
  * (JetStream has no "my own pending list" to read first, as a Redis
  * consumer group has). So that it still comes before newer messages, and
  * each key's first message stays first, a run that finds messages
- * pending on the consumer when it starts waits AckWait before its first
- * fetch: the server hands redeliveries out before new messages. A run
+ * pending on the consumer when it starts waits AckWait (and RESUME_SLACK_MS
+ * for the server's timer) before its first fetch: the server hands
+ * redeliveries out before new messages. But it hands them out in the
+ * order their AckWait ran out, not the stream's: a message the dead run
+ * had fetched and not yet handed out got no +WPI, so it expired before
+ * older ones that did. So the first fetch takes, at once (no_wait),
+ * everything the consumer has pending and a batch more, and every fetch
+ * is put in stream order (in_stream_order) before it is handed out:
+ * redelivered messages are all older than any never delivered. A run
  * that stops cleanly NAKs what it holds uncommitted, which the server
  * redelivers at once. */
 #include <inttypes.h>
@@ -44,6 +51,7 @@
 
 #define FETCH_SLICE_MS 250
 #define FETCH_MAX 4096
+#define RESUME_SLACK_MS 250
 
 /* One message handed out: held until acknowledged. */
 typedef struct held {
@@ -60,6 +68,8 @@ typedef struct ns_source {
     natsSubscription *sub;
     uint64_t batch;
     int64_t ack_wait_ms, idle_exit_ms, last_new_ms, start_after_ms;
+    int64_t resume;           /* the first fetch's size: a dead run's
+                               * messages and a batch; 0 after it */
     volatile const sig_atomic_t *stop;
     natsMsgList got;          /* fetched, not handed out yet */
     int next_got;
@@ -175,8 +185,11 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
         return ND_ERR;
     }
     s->ack_wait_ms = ci->Config->AckWait / 1000000;
-    if (ci->NumAckPending > 0)  /* --idle-exit counts from then too */
-        s->start_after_ms = s->last_new_ms = cli_mono_ms() + s->ack_wait_ms;
+    if (ci->NumAckPending > 0) {  /* --idle-exit counts from then too */
+        s->start_after_ms = s->last_new_ms =
+            cli_mono_ms() + s->ack_wait_ms + RESUME_SLACK_MS;
+        s->resume = ci->NumAckPending + (int64_t)s->batch;
+    }
     jsConsumerInfo_Destroy(ci);
     jsSubOptions so;
     jsSubOptions_Init(&so);
@@ -430,7 +443,53 @@ static int fetch_size(ns_source *s, int wait)
     s->late_fetch = 0;
     if (wait)
         return 1;
-    return (int)(s->batch < FETCH_MAX ? s->batch : FETCH_MAX);
+    int64_t want = s->resume ? s->resume : (int64_t)s->batch;
+    return (int)(want < FETCH_MAX ? want : FETCH_MAX);
+}
+
+typedef struct seq_msg {
+    uint64_t seq;
+    natsMsg *m;
+} seq_msg;
+
+static int by_seq(const void *a, const void *b)
+{
+    uint64_t x = ((const seq_msg *)a)->seq, y = ((const seq_msg *)b)->seq;
+    return (x > y) - (x < y);
+}
+
+/* The stream sequence of a message fetched, 0 when it has none. */
+static uint64_t stream_seq(natsMsg *m)
+{
+    jsMsgMetaData *md = NULL;
+    if (natsMsg_GetMetaData(&md, m) != NATS_OK)
+        return 0;
+    uint64_t seq = md->Sequence.Stream;
+    jsMsgMetaData_Destroy(md);
+    return seq;
+}
+
+/* The messages fetched in stream order (see the top): redeliveries come
+ * in the order their AckWait ran out. 0, or -1 out of memory. */
+static int in_stream_order(natsMsgList *l)
+{
+    if (l->Count < 2)
+        return 0;
+    seq_msg *v = malloc((size_t)l->Count * sizeof *v);
+    if (!v)
+        return -1;
+    int sorted = 1;
+    for (int i = 0; i < l->Count; i++) {
+        v[i] = (seq_msg){stream_seq(l->Msgs[i]), l->Msgs[i]};
+        sorted &= i == 0 || v[i - 1].seq <= v[i].seq;
+    }
+    if (!sorted) {
+        qsort(v, (size_t)l->Count, sizeof *v, by_seq);
+        for (int i = 0; i < l->Count; i++)
+            l->Msgs[i] = v[i].m;
+    }
+    free(v);
+    return 0;
 }
 
 /* One fetch (fetch_size): waiting a slice when `wait`, else only what is
@@ -449,11 +508,14 @@ static long fetch(ns_source *s, int wait)
     }
     jsFetchRequest fr;
     jsFetchRequest_Init(&fr);
-    fr.Batch = fetch_size(s, wait);
+    fr.Batch = fetch_size(s, wait && !s->resume);
     fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
-    fr.NoWait = !wait;
+    fr.NoWait = !wait || s->resume;
+    s->resume = 0;
     natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
     s->late += s->late_fetch ? (uint64_t)s->got.Count : 0;
+    if (in_stream_order(&s->got))
+        return failed(s, "fetching messages", NATS_NO_MEMORY);
     if (s->got.Count > 0)
         return s->got.Count;
     if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
