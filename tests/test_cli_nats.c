@@ -921,6 +921,47 @@ static void delivered_once(const char *d)
     natsSubscription_Destroy(sub);
 }
 
+/* A worker that fetched the first n messages of a new durable "d"
+ * (AckWait 1.5 s, MaxAckPending max_pending, 0: the server's) and
+ * died, having sent +WPI for the first half 500 ms after the fetch:
+ * the second half, which it had not handed out yet, expires first.
+ * Returns once the second half has expired (the first half expires
+ * 500 ms later). */
+static void dead_worker(int n, int64_t max_pending)
+{
+    jsConsumerConfig cc;
+    jsConsumerConfig_Init(&cc);
+    cc.Durable = "d";
+    cc.AckPolicy = js_AckExplicit;
+    cc.AckWait = 1500 * (int64_t)1000000;
+    cc.MaxAckPending = max_pending;
+    cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL), NATS_OK);
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Stream = "IN";
+    so.Consumer = "d";
+    natsSubscription *sub = NULL;
+    cr_assert_eq(js_PullSubscribe(&sub, js, NULL, "d", NULL, &so, NULL),
+                 NATS_OK, "%s", nats_GetLastError(NULL));
+    natsMsgList got[16] = {{0}};
+    int lists = 0, have = 0;
+    for (; have < n && lists < 16; have += got[lists++].Count)
+        cr_assert_eq(natsSubscription_Fetch(&got[lists], sub, n - have, 5000,
+                                            NULL), NATS_OK);
+    cr_assert_eq(have, n);
+    t_sleep_ms(500);
+    for (int i = 0, k = 0; i < lists; i++)  /* the first half, in progress */
+        for (int j = 0; j < got[i].Count; j++, k++)
+            if (k < n / 2)
+                cr_assert_eq(natsMsg_InProgress(got[i].Msgs[j], NULL),
+                             NATS_OK);
+    cr_assert_eq(natsConnection_Flush(nc), NATS_OK);
+    for (int i = 0; i < lists; i++)
+        natsMsgList_Destroy(&got[i]);
+    natsSubscription_Destroy(sub);
+    t_sleep_ms(1000);
+}
+
 /* A dead worker's messages come back in the order their AckWait ran
  * out, not the stream's: the later half of what it fetched had no +WPI
  * (it was not handed out yet) and expires first. The next run still
@@ -928,32 +969,28 @@ static void delivered_once(const char *d)
 Test(nats, a_dead_runs_messages_come_back_in_stream_order)
 {
     int nkeys = fill(40);
-    jsConsumerConfig cc;
-    jsConsumerConfig_Init(&cc);
-    cc.Durable = "d";
-    cc.AckPolicy = js_AckExplicit;
-    cc.AckWait = 1500 * (int64_t)1000000;
-    cr_assert_eq(js_AddConsumer(NULL, js, "IN", &cc, NULL, NULL), NATS_OK);
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Stream = "IN";
-    so.Consumer = "d";
-    natsSubscription *sub = NULL;
-    natsMsgList got = {0};
-    cr_assert_eq(js_PullSubscribe(&sub, js, NULL, "d", NULL, &so, NULL),
-                 NATS_OK, "%s", nats_GetLastError(NULL));
-    cr_assert_eq(natsSubscription_Fetch(&got, sub, 20, 5000, NULL), NATS_OK);
-    cr_assert_eq(got.Count, 20);
-    t_sleep_ms(500);
-    for (int i = 0; i < 10; i++)  /* the first half, in progress */
-        cr_assert_eq(natsMsg_InProgress(got.Msgs[i], NULL), NATS_OK);
-    cr_assert_eq(natsConnection_Flush(nc), NATS_OK);
-    natsMsgList_Destroy(&got);
-    natsSubscription_Destroy(sub);
-    t_sleep_ms(1000);  /* the second half expired first */
+    dead_worker(20, 0);
     char args[1024];
     snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
              "--idle-exit 1s --batch 8 --store local:store",
+             src("durable=d"), dst());
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+}
+
+/* The same with more of them than one fetch takes (4096: a --batch
+ * over 1024 makes a consumer whose MaxAckPending lets a run hold
+ * more): the first fetch held the second half and the front of the
+ * first, and the rest of the first half came after it. */
+Test(nats, a_dead_runs_messages_past_one_fetch_come_back_in_stream_order)
+{
+    int nkeys = fill(5000);
+    dead_worker(4800, 20000);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --batch 1200 --store local:store",
              src("durable=d"), dst());
     cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
                  t_read(t_at("err"), NULL));
@@ -1121,6 +1158,31 @@ Test(nats, late_answers_to_given_up_pulls_are_taken_once_in_order)
     cr_assert_eq(pending("d"), 0);
     cr_assert(t_grep(t_at("err"), "fetched one at a time"), "no answer "
               "came late: %s", t_read(t_at("err"), NULL));
+}
+
+/* A dead worker's messages, redelivered in the order their AckWait ran
+ * out (dead_worker), while the server is stopped (SIGSTOP) across the
+ * next run's first pull, which gives up: the server answers it once it
+ * goes on, and its messages wait in the subscription, to be fetched one
+ * at a time. They are still handed out in stream order. */
+Test(nats, a_dead_runs_messages_come_in_stream_order_when_the_first_pull_gave_up)
+{
+    int nkeys = fill(40);
+    dead_worker(20, 0);
+    t_sleep_ms(800);  /* the first half expired too, after the second */
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 3s --batch 8 --store local:store",
+             src("durable=d"), dst());
+    pid_t pid = t_cli_start(t_dir, "%s 2>err", args);
+    t_sleep_ms(700);  /* it has found the consumer's pending messages */
+    pid_t server = server_pid();
+    kill(server, SIGSTOP);
+    t_sleep_ms(2500);  /* past its wait of AckWait and 250 ms, and its pull */
+    kill(server, SIGCONT);
+    cr_assert_eq(t_wait(pid), 0, "%s", t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
 }
 
 /* NATS into a file, killed at random and just after writes: the file
