@@ -1165,7 +1165,7 @@ Test(nats, late_answers_to_given_up_pulls_are_taken_once_in_order)
  * next run's first pull, which gives up: the server answers it once it
  * goes on, and its messages wait in the subscription, to be fetched one
  * at a time. They are still handed out in stream order. */
-Test(nats, a_dead_runs_messages_come_in_stream_order_when_the_first_pull_gave_up)
+Test(nats, a_dead_runs_messages_in_order_past_a_pull_given_up)
 {
     int nkeys = fill(40);
     dead_worker(20, 0);
@@ -1183,6 +1183,8 @@ Test(nats, a_dead_runs_messages_come_in_stream_order_when_the_first_pull_gave_up
     cr_assert_eq(t_wait(pid), 0, "%s", t_read(t_at("err"), NULL));
     expect_output(nkeys, 0, 0);
     cr_assert_eq(pending("d"), 0);
+    cr_assert(t_grep(t_at("err"), "fetched one at a time"), "the first "
+              "pull did not give up: %s", t_read(t_at("err"), NULL));
 }
 
 /* NATS into a file, killed at random and just after writes: the file

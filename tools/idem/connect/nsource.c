@@ -32,12 +32,16 @@
  * redeliveries out before new messages. But it hands them out in the
  * order their AckWait ran out, not the stream's: a message the dead run
  * had fetched and not yet handed out got no +WPI, so it expired before
- * older ones that did. So the first fetch takes, at once (no_wait),
- * everything the consumer has pending and a batch more, and every fetch
- * is put in stream order (in_stream_order) before it is handed out:
- * redelivered messages are all older than any never delivered. A run
- * that stops cleanly NAKs what it holds uncommitted, which the server
- * redelivers at once. */
+ * older ones that did. So the run gathers before it hands out anything
+ * (gather): its pulls (no_wait) take everything the consumer had pending
+ * and a batch more, over as many pulls as that takes (one takes at most
+ * FETCH_MAX), and late answers to pulls that gave up (a stalled server)
+ * too, until every message pending at the start has come back or an
+ * answer shows that none is left to come; then the lot is put in stream
+ * order (in_stream_order), as every later fetch is: redelivered
+ * messages are all older than any never delivered. A run that stops
+ * cleanly NAKs what it holds uncommitted, which the server redelivers
+ * at once. */
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -68,11 +72,14 @@ typedef struct ns_source {
     natsSubscription *sub;
     uint64_t batch;
     int64_t ack_wait_ms, idle_exit_ms, last_new_ms, start_after_ms;
-    int64_t resume;           /* the first fetch's size: a dead run's
-                               * messages and a batch; 0 after it */
+    int64_t resume;           /* a dead run's messages still to come
+                               * back while gathering (gather); 0 once
+                               * the gathered ones may be handed out */
+    int64_t gather_wpi_ms;    /* the last +WPI of the gathered ones */
     volatile const sig_atomic_t *stop;
-    natsMsgList got;          /* fetched, not handed out yet */
-    int next_got;
+    natsMsg **got;            /* fetched: got[next_got..ngot) not handed
+                               * out yet (NULL: handed out) */
+    int ngot, gotcap, next_got;
     uint64_t late;            /* messages fetched one at a time
                                * (fetch_size) */
     int late_fetch;           /* this fetch is one of those */
@@ -188,7 +195,7 @@ static int bind_consumer(ns_source *s, int64_t lease_ms)
     if (ci->NumAckPending > 0) {  /* --idle-exit counts from then too */
         s->start_after_ms = s->last_new_ms =
             cli_mono_ms() + s->ack_wait_ms + RESUME_SLACK_MS;
-        s->resume = ci->NumAckPending + (int64_t)s->batch;
+        s->resume = ci->NumAckPending;
     }
     jsConsumerInfo_Destroy(ci);
     jsSubOptions so;
@@ -250,10 +257,12 @@ static void ns_close(source *base)
         natsMsg_Destroy(s->hv[i].m);
         free(s->hv[i].hdr);
     }
-    for (int i = s->next_got; i < s->got.Count; i++)
-        if (s->got.Msgs[i] && s->l.nc)
-            natsMsg_Nak(s->got.Msgs[i], NULL);
-    natsMsgList_Destroy(&s->got);
+    for (int i = s->next_got; i < s->ngot; i++) {
+        if (s->got[i] && s->l.nc)
+            natsMsg_Nak(s->got[i], NULL);
+        natsMsg_Destroy(s->got[i]);
+    }
+    free(s->got);
     if (s->late)  /* a loaded client or server: said, as a hint */
         fprintf(stderr, "idem %s: %s: %" PRIu64 " message%s fetched one "
                 "at a time: answers to earlier pulls came after those had "
@@ -443,7 +452,7 @@ static int fetch_size(ns_source *s, int wait)
     s->late_fetch = 0;
     if (wait)
         return 1;
-    int64_t want = s->resume ? s->resume : (int64_t)s->batch;
+    int64_t want = s->resume + (int64_t)s->batch;
     return (int)(want < FETCH_MAX ? want : FETCH_MAX);
 }
 
@@ -469,55 +478,138 @@ static uint64_t stream_seq(natsMsg *m)
     return seq;
 }
 
-/* The messages fetched in stream order (see the top): redeliveries come
- * in the order their AckWait ran out. 0, or -1 out of memory. */
-static int in_stream_order(natsMsgList *l)
+/* got[from..ngot) in stream order (see the top): redeliveries come in
+ * the order their AckWait ran out. 0, or -1 out of memory. */
+static int in_stream_order(ns_source *s, int from)
 {
-    if (l->Count < 2)
+    int n = s->ngot - from;
+    if (n < 2)
         return 0;
-    seq_msg *v = malloc((size_t)l->Count * sizeof *v);
+    seq_msg *v = malloc((size_t)n * sizeof *v);
     if (!v)
         return -1;
     int sorted = 1;
-    for (int i = 0; i < l->Count; i++) {
-        v[i] = (seq_msg){stream_seq(l->Msgs[i]), l->Msgs[i]};
+    for (int i = 0; i < n; i++) {
+        v[i] = (seq_msg){stream_seq(s->got[from + i]), s->got[from + i]};
         sorted &= i == 0 || v[i - 1].seq <= v[i].seq;
     }
     if (!sorted) {
-        qsort(v, (size_t)l->Count, sizeof *v, by_seq);
-        for (int i = 0; i < l->Count; i++)
-            l->Msgs[i] = v[i].m;
+        qsort(v, (size_t)n, sizeof *v, by_seq);
+        for (int i = 0; i < n; i++)
+            s->got[from + i] = v[i].m;
     }
     free(v);
     return 0;
 }
 
+/* One pull (fetch_size) onto the end of got: waiting a slice when
+ * `wait`, else with no_wait, answered at once. Its status, with
+ * NATS_NO_MEMORY when got could not take its messages (they are NAKed
+ * then, and come again at once). */
+static natsStatus pull(ns_source *s, int wait)
+{
+    jsFetchRequest fr;
+    jsFetchRequest_Init(&fr);
+    fr.Batch = fetch_size(s, wait);
+    fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
+    fr.NoWait = !wait;
+    natsMsgList l = {0};
+    natsStatus st = natsSubscription_FetchRequest(&l, s->sub, &fr);
+    s->late += s->late_fetch ? (uint64_t)l.Count : 0;
+    if (s->ngot + l.Count > s->gotcap) {
+        int cap = s->ngot + l.Count > 2 * s->gotcap ? s->ngot + l.Count
+                                                    : 2 * s->gotcap;
+        natsMsg **v = realloc(s->got, (size_t)cap * sizeof *v);
+        if (v) {
+            s->got = v;
+            s->gotcap = cap;
+        }
+    }
+    for (int i = 0; i < l.Count; i++) {
+        if (s->ngot < s->gotcap) {
+            s->got[s->ngot++] = l.Msgs[i];
+            l.Msgs[i] = NULL;
+        } else {
+            natsMsg_Nak(l.Msgs[i], NULL);
+            st = NATS_NO_MEMORY;
+        }
+    }
+    natsMsgList_Destroy(&l);
+    return st;
+}
+
+/* The gathered messages are in progress too: they wait, not handed out,
+ * while the gathering goes on (a stalled server), and must not expire
+ * meanwhile. */
+static void gathered_in_progress(ns_source *s)
+{
+    int64_t now = cli_mono_ms();
+    if (now - s->gather_wpi_ms < s->ack_wait_ms / 3)
+        return;
+    s->gather_wpi_ms = now;
+    for (int i = 0; i < s->ngot; i++)
+        natsMsg_InProgress(s->got[i], NULL);
+}
+
+/* One pull of the gathering that starts a run which found messages
+ * pending (see the top; s->resume counts those still to come back).
+ * It ends once all have come back, or once the server answered a pull
+ * with a message never delivered before, or with nothing: it hands out
+ * redeliveries first, so none was left to come (a dead worker's that
+ * had not expired yet, past RESUME_SLACK_MS, come later, out of order:
+ * what is left open). A pull that gave up (NATS_TIMEOUT: a stalled or
+ * loaded server) proves nothing: its answer comes later, into the
+ * subscription, and later pulls take it. Messages ready to hand out
+ * (then all that were gathered, in stream order), or ND_ERR. */
+static long gather(ns_source *s)
+{
+    int from = s->ngot;
+    natsStatus st = pull(s, 0);
+    if (st == NATS_NO_MEMORY)
+        return failed(s, "fetching messages", st);
+    int fresh = 0;
+    for (int i = from; i < s->ngot; i++) {
+        jsMsgMetaData *md = NULL;
+        int again = natsMsg_GetMetaData(&md, s->got[i]) == NATS_OK &&
+                    md->NumDelivered > 1;
+        jsMsgMetaData_Destroy(md);
+        s->resume -= again;
+        fresh |= !again;
+    }
+    if (s->ngot > from)
+        s->last_new_ms = cli_mono_ms();
+    int answered = s->ngot > from || st == NATS_OK || st == NATS_NOT_FOUND;
+    if (s->resume > 0 && !fresh && !(answered && s->ngot == from)) {
+        gathered_in_progress(s);
+        return 0;
+    }
+    s->resume = 0;
+    if (in_stream_order(s, 0))
+        return failed(s, "fetching messages", NATS_NO_MEMORY);
+    return s->ngot;
+}
+
 /* One fetch (fetch_size): waiting a slice when `wait`, else only what is
- * there. A lost connection (the server restarting) reads as nothing
- * yet: libnats reconnects on its own. Messages fetched, or ND_ERR. */
+ * there; while gathering, one pull of that (gather). A lost connection
+ * (the server restarting) reads as nothing yet: libnats reconnects on
+ * its own. Messages ready to hand out, or ND_ERR. */
 static long fetch(ns_source *s, int wait)
 {
-    natsMsgList_Destroy(&s->got);
-    memset(&s->got, 0, sizeof s->got);
-    s->next_got = 0;
+    if (!s->resume)
+        s->ngot = s->next_got = 0;  /* all handed out: each NULL */
     if (cli_mono_ms() < s->start_after_ms) {
         struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
         if (wait)
             nanosleep(&ts, NULL);
         return 0;
     }
-    jsFetchRequest fr;
-    jsFetchRequest_Init(&fr);
-    fr.Batch = fetch_size(s, wait && !s->resume);
-    fr.Expires = (int64_t)FETCH_SLICE_MS * 1000000;
-    fr.NoWait = !wait || s->resume;
-    s->resume = 0;
-    natsStatus st = natsSubscription_FetchRequest(&s->got, s->sub, &fr);
-    s->late += s->late_fetch ? (uint64_t)s->got.Count : 0;
-    if (in_stream_order(&s->got))
+    if (s->resume)
+        return gather(s);
+    natsStatus st = pull(s, wait);
+    if (st == NATS_NO_MEMORY || in_stream_order(s, 0))
         return failed(s, "fetching messages", NATS_NO_MEMORY);
-    if (s->got.Count > 0)
-        return s->got.Count;
+    if (s->ngot > 0)
+        return s->ngot;
     if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
         return 0;
     if (natsConnection_Status(s->l.nc) != NATS_CONN_STATUS_CONNECTED ||
@@ -532,7 +624,7 @@ static long fetch(ns_source *s, int wait)
 /* Messages this source has fetched and not acknowledged. */
 static long long held_here(ns_source *s)
 {
-    long long n = s->got.Count - s->next_got;
+    long long n = s->ngot - s->next_got;
     pthread_mutex_lock(&s->mu);
     for (size_t i = 0; i < s->hn; i++)
         n += s->hv[i].m != NULL;
@@ -565,9 +657,9 @@ static int ns_next(source *base, nd_line *l, int wait)
 {
     ns_source *s = (ns_source *)base;
     for (;;) {
-        if (s->next_got < s->got.Count) {
-            natsMsg *m = s->got.Msgs[s->next_got];
-            s->got.Msgs[s->next_got++] = NULL;  /* held now */
+        if (!s->resume && s->next_got < s->ngot) {
+            natsMsg *m = s->got[s->next_got];
+            s->got[s->next_got++] = NULL;  /* held now */
             if (hand_out(s, m, l)) {
                 natsMsg_Destroy(m);
                 snprintf(s->err, sizeof s->err, "%s: out of memory",
