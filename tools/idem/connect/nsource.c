@@ -36,8 +36,10 @@
  * (gather): its pulls (no_wait) take everything the consumer had pending
  * and a batch more, over as many pulls as that takes (one takes at most
  * FETCH_MAX), and late answers to pulls that gave up (a stalled server)
- * too, until every message pending at the start has come back or an
- * answer shows that none is left to come; then the lot is put in stream
+ * too, until every message pending at the start has come back or none
+ * is left to come (an answer without them, and none pending on the
+ * consumer beside those gathered, or one AckWait more: a server late
+ * with its redelivery timer); then the lot is put in stream
  * order (in_stream_order), as every later fetch is: redelivered
  * messages are all older than any never delivered. A run that stops
  * cleanly NAKs what it holds uncommitted, which the server redelivers
@@ -76,6 +78,8 @@ typedef struct ns_source {
                                * back while gathering (gather); 0 once
                                * the gathered ones may be handed out */
     int64_t gather_wpi_ms;    /* the last +WPI of the gathered ones */
+    int64_t gather_until_ms;  /* 0, or when to stop waiting for a dead
+                               * run's messages the server is late with */
     volatile const sig_atomic_t *stop;
     natsMsg **got;            /* fetched: got[next_got..ngot) not handed
                                * out yet (NULL: handed out) */
@@ -551,14 +555,50 @@ static void gathered_in_progress(ns_source *s)
         natsMsg_InProgress(s->got[i], NULL);
 }
 
+/* Are messages of a dead run still pending on the consumer, not yet
+ * redelivered? Those the consumer has unacknowledged, less the ones
+ * gathered here and those waiting in the subscription (late answers).
+ * (A second worker's count too: gather waits for them one AckWait at
+ * most.) */
+static int dead_ones_left(ns_source *s)
+{
+    jsConsumerInfo *ci = NULL;
+    int waiting = 0;
+    if (natsSubscription_GetPending(s->sub, &waiting, NULL) != NATS_OK ||
+        js_GetConsumerInfo(&ci, s->l.js, s->u.name, s->u.durable, NULL,
+                           NULL) != NATS_OK)
+        return 0;
+    int left = ci->NumAckPending > (int64_t)s->ngot + waiting;
+    jsConsumerInfo_Destroy(ci);
+    return left;
+}
+
+/* An answer with no redelivery before all came back: the server hands
+ * redeliveries out first, so none was ready. Either none is left to
+ * come (a dead run's message acknowledged after all, a second worker's
+ * counted) or the server is late with them: its timer did not run yet
+ * (it was stalled across their AckWait). Wait for them, one AckWait at
+ * most, while the consumer still has some pending; after an empty
+ * answer, the next pull a slice later. */
+static int still_coming(ns_source *s, int got_some)
+{
+    int64_t now = cli_mono_ms();
+    if (!s->gather_until_ms)
+        s->gather_until_ms = now + s->ack_wait_ms;
+    if (now >= s->gather_until_ms || !dead_ones_left(s))
+        return 0;
+    struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
+    if (!got_some)  /* the next pull a slice later */
+        nanosleep(&ts, NULL);
+    return 1;
+}
+
 /* One pull of the gathering that starts a run which found messages
  * pending (see the top; s->resume counts those still to come back).
- * It ends once all have come back, or once the server answered a pull
- * with a message never delivered before, or with nothing: it hands out
- * redeliveries first, so none was left to come (a dead worker's that
- * had not expired yet, past RESUME_SLACK_MS, come later, out of order:
- * what is left open). A pull that gave up (NATS_TIMEOUT: a stalled or
- * loaded server) proves nothing: its answer comes later, into the
+ * It ends once all have come back, or once an answer with a message
+ * never delivered before, or with nothing, shows that none is still
+ * coming (still_coming). A pull that gave up (NATS_TIMEOUT: a stalled
+ * or loaded server) proves nothing: its answer comes later, into the
  * subscription, and later pulls take it. Messages ready to hand out
  * (then all that were gathered, in stream order), or ND_ERR. */
 static long gather(ns_source *s)
@@ -579,7 +619,8 @@ static long gather(ns_source *s)
     if (s->ngot > from)
         s->last_new_ms = cli_mono_ms();
     int answered = s->ngot > from || st == NATS_OK || st == NATS_NOT_FOUND;
-    if (s->resume > 0 && !fresh && !(answered && s->ngot == from)) {
+    int proves = fresh || (answered && s->ngot == from);
+    if (s->resume > 0 && (!proves || still_coming(s, s->ngot > from))) {
         gathered_in_progress(s);
         return 0;
     }
