@@ -555,6 +555,21 @@ static void gathered_in_progress(ns_source *s)
         natsMsg_InProgress(s->got[i], NULL);
 }
 
+/* A pull that brought nothing and gave up for another reason than
+ * its time: a lost connection (the server restarting) reads as nothing
+ * yet, a slice later (libnats reconnects on its own); anything else
+ * fails the run. 0 or ND_ERR. */
+static long pull_failed(ns_source *s, natsStatus st)
+{
+    if (natsConnection_Status(s->l.nc) != NATS_CONN_STATUS_CONNECTED ||
+        st == NATS_CONNECTION_CLOSED || st == NATS_NO_RESPONDERS) {
+        struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
+        nanosleep(&ts, NULL);
+        return 0;
+    }
+    return failed(s, "fetching messages", st);
+}
+
 /* Are messages of a dead run still pending on the consumer, not yet
  * redelivered? Those the consumer has unacknowledged, less the ones
  * gathered here and those waiting in the subscription (late answers).
@@ -619,6 +634,8 @@ static long gather(ns_source *s)
     if (s->ngot > from)
         s->last_new_ms = cli_mono_ms();
     int answered = s->ngot > from || st == NATS_OK || st == NATS_NOT_FOUND;
+    if (!answered && st != NATS_TIMEOUT)
+        return pull_failed(s, st);
     int proves = fresh || (answered && s->ngot == from);
     if (s->resume > 0 && (!proves || still_coming(s, s->ngot > from))) {
         gathered_in_progress(s);
@@ -631,9 +648,8 @@ static long gather(ns_source *s)
 }
 
 /* One fetch (fetch_size): waiting a slice when `wait`, else only what is
- * there; while gathering, one pull of that (gather). A lost connection
- * (the server restarting) reads as nothing yet: libnats reconnects on
- * its own. Messages ready to hand out, or ND_ERR. */
+ * there; while gathering, one pull of that (gather). Messages ready to
+ * hand out, or ND_ERR (pull_failed). */
 static long fetch(ns_source *s, int wait)
 {
     if (!s->resume)
@@ -653,13 +669,7 @@ static long fetch(ns_source *s, int wait)
         return s->ngot;
     if (st == NATS_OK || st == NATS_TIMEOUT || st == NATS_NOT_FOUND)
         return 0;
-    if (natsConnection_Status(s->l.nc) != NATS_CONN_STATUS_CONNECTED ||
-        st == NATS_CONNECTION_CLOSED || st == NATS_NO_RESPONDERS) {
-        struct timespec ts = {0, FETCH_SLICE_MS * 1000000L};
-        nanosleep(&ts, NULL);
-        return 0;
-    }
-    return failed(s, "fetching messages", st);
+    return pull_failed(s, st);
 }
 
 /* Messages this source has fetched and not acknowledged. */
