@@ -962,22 +962,31 @@ static void dead_worker(int n, int64_t max_pending, int settle_ms)
     t_sleep_ms(settle_ms);
 }
 
+/* n messages in, `dead` of them held by a dead worker (dead_worker),
+ * then a run with --batch `batch`: each key's first message once, in
+ * order, nothing pending. */
+static void a_dead_worker_then_a_run(int n, int dead, int64_t max_pending,
+                                     int batch)
+{
+    int nkeys = fill(n);
+    dead_worker(dead, max_pending, 1000);
+    char args[1024];
+    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
+             "--idle-exit 1s --batch %d --store local:store",
+             src("durable=d"), dst(), batch);
+    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
+                 t_read(t_at("err"), NULL));
+    expect_output(nkeys, 0, 0);
+    cr_assert_eq(pending("d"), 0);
+}
+
 /* A dead worker's messages come back in the order their AckWait ran
  * out, not the stream's: the later half of what it fetched had no +WPI
  * (it was not handed out yet) and expires first. The next run still
  * writes each key's first message first, in order. */
 Test(nats, a_dead_runs_messages_come_back_in_stream_order)
 {
-    int nkeys = fill(40);
-    dead_worker(20, 0, 1000);
-    char args[1024];
-    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
-             "--idle-exit 1s --batch 8 --store local:store",
-             src("durable=d"), dst());
-    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
-                 t_read(t_at("err"), NULL));
-    expect_output(nkeys, 0, 0);
-    cr_assert_eq(pending("d"), 0);
+    a_dead_worker_then_a_run(40, 20, 0, 8);
 }
 
 /* The same with more of them than one fetch takes (4096: a --batch
@@ -986,16 +995,7 @@ Test(nats, a_dead_runs_messages_come_back_in_stream_order)
  * first, and the rest of the first half came after it. */
 Test(nats, a_dead_runs_messages_past_one_fetch_come_back_in_stream_order)
 {
-    int nkeys = fill(5000);
-    dead_worker(4800, 20000, 1000);
-    char args[1024];
-    snprintf(args, sizeof args, "dedup --key event_id --from %s --to %s "
-             "--idle-exit 1s --batch 1200 --store local:store",
-             src("durable=d"), dst());
-    cr_assert_eq(t_cli(t_dir, "%s 2>err", args), 0, "%s",
-                 t_read(t_at("err"), NULL));
-    expect_output(nkeys, 0, 0);
-    cr_assert_eq(pending("d"), 0);
+    a_dead_worker_then_a_run(5000, 4800, 20000, 1200);
 }
 
 /* A key whose record expired (--ttl) comes again, delivered a second
