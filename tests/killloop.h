@@ -4,7 +4,9 @@
  * What read-back is for is the moment between a run's write to its sink
  * and its commit, which a random kill seldom hits; so most runs kill
  * themselves there (IDEM_TEST_KILL_AT=sink-written:N, N batches in), and
- * the others are killed at a random time. A power cut goes further: each
+ * the others are killed at a random time, once the first three kills
+ * have landed (a random kill too late lets a run do the whole input, and
+ * none lands after it). A power cut goes further: each
  * file a run synced goes back to its size at its last fdatasync that
  * returned (tests/shim/synclog.c notes them), so what was only written,
  * which a kill -9 leaves in the page cache, is lost. */
