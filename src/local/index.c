@@ -181,6 +181,10 @@ idem__ient *idem__index_insert(idem__index *ix, const uint64_t h[2])
     if (ix->free_head != IDEM__NOFREE) {
         id = ix->free_head;
         ix->free_head = idem__index_at(ix, id)->off;
+        /* Freed entries are spread over the whole index: load the next
+         * while this claim goes on, not when the next one needs it. */
+        if (ix->free_head != IDEM__NOFREE)
+            __builtin_prefetch(idem__index_at(ix, ix->free_head), 1);
     } else {
         id = ix->hw++;
     }
