@@ -406,45 +406,8 @@ static int idem__claim_one(idem_store *s, const idem_key *k,
     return 0;
 }
 
-/* Keys claimed a window at a time, their memory loaded ahead in two
- * stages: the RAM index's slots two windows ahead, then (the slots in
- * cache by then) the entries they name and the blocks of the filter in
- * front of the cold segments one window ahead. A store of 3e8 keys has
- * a filter of 1 GB, so its block is a trip to memory for every new key,
- * and loaded only just before the claim that reads it, the trip was
- * most of that read's time. */
+/* Keys hashed and prefetched ahead of the one being claimed. */
 #define IDEM__WINDOW 16
-
-/* Hash the keys of window [from, n) into h and load their slots; how
- * many it holds. */
-static size_t idem__window_hash(idem__engine *en, const idem_key *keys,
-                                const idem_outcome *outs, size_t from,
-                                size_t n, uint64_t h[][2])
-{
-    size_t m = from >= n ? 0 : n - from < IDEM__WINDOW ? n - from
-                                                       : IDEM__WINDOW;
-    for (size_t j = 0; j < m; j++) {
-        const idem_key *k = &keys[from + j];
-        if (!outs[from + j].status)
-            idem__hash(en, k->key, k->keylen, h[j]);
-        else
-            h[j][0] = h[j][1] = 0;
-        idem__index_prefetch(&en->ix, h[j], 0);
-    }
-    return m;
-}
-
-/* Load what the m keys of h will read after their slots. */
-static void idem__window_load(idem__engine *en, size_t m, uint64_t h[][2])
-{
-    for (size_t j = 0; j < m; j++) {
-        idem__index_prefetch(&en->ix, h[j], 1);
-        /* RAM will lack most keys of a claim: the filter in front of
-         * the cold segments is asked next. */
-        if (en->log.ncold)
-            idem__cfilter_prefetch(&en->log.cf, h[j]);
-    }
-}
 
 static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
                                 size_t n, const idem__claim_args *a,
@@ -452,26 +415,29 @@ static int idem__eng_claim_many(idem_store *s, const idem_key *keys,
 {
     idem__engine *en = idem__eng(s);
     int64_t now_us = idem__now_us(s);
-    uint64_t h[3][IDEM__WINDOW][2];
-    size_t m[3];
+    uint64_t h[IDEM__WINDOW][2];
     for (size_t i = 0; i < n; i++) {
-        size_t w = i % IDEM__WINDOW, win = i / IDEM__WINDOW;
+        size_t w = i % IDEM__WINDOW;
         if (w == 0) {
-            if (win == 0) {
-                m[0] = idem__window_hash(en, keys, outs, 0, n, h[0]);
-                m[1] = idem__window_hash(en, keys, outs, IDEM__WINDOW, n,
-                                         h[1]);
-                idem__window_load(en, m[0], h[0]);
+            size_t m = n - i < IDEM__WINDOW ? n - i : IDEM__WINDOW;
+            for (size_t j = 0; j < m; j++) {
+                if (!outs[i + j].status)
+                    idem__hash(en, keys[i + j].key, keys[i + j].keylen, h[j]);
+                else
+                    h[j][0] = h[j][1] = 0;
+                idem__index_prefetch(&en->ix, h[j], 0);
             }
-            m[(win + 2) % 3] =
-                idem__window_hash(en, keys, outs, (win + 2) * IDEM__WINDOW,
-                                  n, h[(win + 2) % 3]);
-            idem__window_load(en, m[(win + 1) % 3], h[(win + 1) % 3]);
+            for (size_t j = 0; j < m; j++) {
+                idem__index_prefetch(&en->ix, h[j], 1);
+                /* RAM will lack most keys of a claim: the filter in
+                 * front of the cold segments is asked next. */
+                if (en->log.ncold)
+                    idem__cfilter_prefetch(&en->log.cf, h[j]);
+            }
         }
         if (outs[i].status)
             continue;
-        int rc = idem__claim_one(s, &keys[i], h[win % 3][w], a, now_us,
-                                 &outs[i]);
+        int rc = idem__claim_one(s, &keys[i], h[w], a, now_us, &outs[i]);
         if (rc == IDEM_ECOLLISION || rc == IDEM_ECORRUPT) {
             outs[i].status = rc;
         } else if (rc) {
