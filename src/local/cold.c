@@ -32,7 +32,7 @@
 #include "log.h"
 #include "record.h"
 
-#define IDEM__KIX_VERSION 1u
+#define IDEM__KIX_VERSION 2u
 #define IDEM__BLOOM_BITS 24u   /* per key: 5e-5 false positives at k 13 */
 #define IDEM__BLOOM_K 13u
 
@@ -110,7 +110,7 @@ uint64_t idem__cold_lower(const idem__cold *c, const uint64_t h[2])
     uint64_t lo = 0, hi = c->nents;
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (c->ents[mid].h0 < h[0])
+        if (c->h0s[mid] < h[0])
             lo = mid + 1;
         else
             hi = mid;
@@ -272,8 +272,9 @@ static void idem__cold_point(idem__cold *c)
     c->nckpts = idem__get32(h + 72);
     c->body = idem__get64(h + 80);
     c->blocks = (const uint64_t *)(c->img + IDEM__KIX_HDR);
-    c->ents = (const idem__kent *)(c->img + IDEM__KIX_HDR + c->nblocks * 64);
-    c->ckpts = (const uint32_t *)(c->ents + c->nents);
+    c->h0s = (const uint64_t *)(c->img + IDEM__KIX_HDR + c->nblocks * 64);
+    c->offs = (const uint32_t *)(c->h0s + c->nents);
+    c->ckpts = c->offs + c->nents;
 }
 
 /* Bytes of the image for these counts; 0 when they cannot be. */
@@ -282,8 +283,8 @@ static size_t idem__kix_len(uint64_t nents, uint64_t nblocks,
 {
     if (nents > (1ull << 36) || nblocks > (1ull << 36) || nckpts > (1u << 30))
         return 0;
-    return (size_t)(IDEM__KIX_HDR + nblocks * 64 + nents * 16 +
-                    ((nckpts * 4 + 7) & ~7ull));
+    return (size_t)(IDEM__KIX_HDR + nblocks * 64 + nents * 8 +
+                    (((nents + nckpts) * 4 + 7) & ~7ull));
 }
 
 static void idem__kix_header(unsigned char *h, const idem__segid *sg,
@@ -319,15 +320,15 @@ static int idem__cold_image(const idem__segid *sg, const idem__gather *g,
     if (!img)
         return IDEM_ENOMEM;
     uint64_t *blocks = (uint64_t *)(img + IDEM__KIX_HDR);
-    idem__kent *ents = (idem__kent *)(blocks + 8 * nblocks);
+    uint64_t *h0s = blocks + 8 * nblocks;
+    uint32_t *offs = (uint32_t *)(h0s + nkeys);
     for (size_t i = 0; i < nkeys; i++) {
         idem__bloom_add(blocks, nblocks, g->keys[i].h);
-        ents[i].h0 = g->keys[i].h[0];
-        ents[i].h1 = (uint32_t)g->keys[i].h[1];
-        ents[i].off = g->keys[i].off;
+        h0s[i] = g->keys[i].h[0];
+        offs[i] = g->keys[i].off;
     }
     if (g->nckpts)
-        memcpy(ents + nkeys, g->ckpts, g->nckpts * sizeof *g->ckpts);
+        memcpy(offs + nkeys, g->ckpts, g->nckpts * sizeof *g->ckpts);
     idem__kix_header(img, sg, g, nkeys, nblocks, len);
     memset(c, 0, sizeof *c);
     c->img = img;

@@ -6,7 +6,7 @@
  *
  *   off  size  field
  *     0     8  magic "IDEMKIX"
- *     8     4  version (1)
+ *     8     4  version (2)
  *    12     4  segment id
  *    16     8  segment size: the file it was built from, byte for byte
  *    24     8  segment created (its header's time bucket)
@@ -20,13 +20,22 @@
  *    80     8  XXH3-64 of the body
  *    88    32  reserved (0)
  *   120     8  XXH3-64 of bytes [0, 120)
- *   128        body: the filter, the entries, the checkpoint offsets
+ *   128        body: the filter; the entries' hashes (8 bytes each);
+ *              their frames' offsets (4 bytes each); the checkpoint
+ *              offsets (4 bytes each); zeros to a multiple of 8 bytes
  *
- * An entry is 16 bytes: the first 64 bits of the key's keyed hash, 32
- * more bits of it, and the offset of the key's newest frame in the
- * segment; entries are sorted by hash. The filter is a blocked Bloom
- * filter: a key sets k bits in one 64-byte block, so a probe costs one
- * cache line, at 24 bits a key (3 bytes; 5e-5 false positives).
+ * An entry is 12 bytes: the first 64 bits of the key's keyed hash and
+ * the offset of the key's newest frame in the segment; entries are
+ * sorted by hash. The hashes and the offsets are two arrays, so a binary
+ * search reads eight hashes a cache line. 64 bits tell a segment's keys
+ * apart but for a chance of n^2 / 2^65 (1e-10 at 65 k keys); a lookup
+ * compares the frame's full key, so two keys sharing them cost a read,
+ * never an answer. Version 1 kept 32 more bits of the hash a key (16
+ * bytes an entry); at 3e8 keys those bits were 1.2 GB of disk, and a
+ * version 1 file is built again from its segment, like any file that
+ * does not check out. The filter is a blocked Bloom filter: a key sets k
+ * bits in one 64-byte block, so a probe costs one cache line, at 24 bits
+ * a key (3 bytes; 5e-5 false positives).
  *
  * The file is derived data: it is built from the segment alone (every
  * key, its newest frame there) and checked whole when loaded; one that
@@ -43,21 +52,14 @@
 
 #define IDEM__KIX_HDR 128u
 
-typedef struct idem__kent {
-    uint64_t h0;       /* the key's keyed hash, first 64 bits */
-    uint32_t h1;       /* and 32 more */
-    uint32_t off;      /* its newest frame in the segment */
-} idem__kent;
-
-_Static_assert(sizeof(idem__kent) == 16, "a key index entry is 16 bytes");
-
 typedef struct idem__cold {
     unsigned char *img;      /* the whole file: mapped, or heap */
     size_t len;
     int heap;                /* img is malloc'ed (a reader's rebuild) */
     const uint64_t *blocks;  /* filter: nblocks * 8 words */
     uint64_t nblocks;
-    const idem__kent *ents;
+    const uint64_t *h0s;     /* entry i: its key's hash, first 64 bits */
+    const uint32_t *offs;    /* and its newest frame in the segment */
     uint64_t nents;
     const uint32_t *ckpts;   /* offsets of the checkpoint frames */
     uint32_t nckpts;

@@ -30,7 +30,7 @@
 
 #include "log.h"
 
-#define IDEM__CF_VERSION 3u
+#define IDEM__CF_VERSION 4u
 #define IDEM__CF_HDR 72u
 #define IDEM__CF_PART_REC 32u        /* a partition in the file */
 #define IDEM__CF_BITS 24u            /* per key of capacity */
@@ -169,28 +169,28 @@ static void idem__cf_slice(const idem__cold *c, unsigned j, uint64_t *from,
     *to = j + 1 < IDEM__CF_PARTS ? idem__cold_lower(c, hi) : c->nents;
 }
 
-/* Set key e in partition p. */
-static void idem__cf_put(idem__cfpart *p, const idem__kent *e)
+/* Set the key whose hash begins with h0 in partition p. */
+static void idem__cf_put(idem__cfpart *p, uint64_t h0)
 {
     uint64_t m[8];
-    idem__cf_mask(e->h0, e->h1, m);
-    uint64_t *blk = p->blocks + 8 * idem__cf_block(p->nblocks, e->h0);
+    idem__cf_mask(h0, m);
+    uint64_t *blk = p->blocks + 8 * idem__cf_block(p->nblocks, h0);
     for (unsigned w = 0; w < 8; w++)
         blk[w] |= m[w];
 }
 
-/* Set entries [from, to) of e, all of partition p. Loads of blocks a
+/* Set entries [from, to) of h0s, all of partition p. Loads of blocks a
  * few entries ahead overlap with the writes. */
-static void idem__cf_set_range(idem__cfpart *p, const idem__kent *e,
+static void idem__cf_set_range(idem__cfpart *p, const uint64_t *h0s,
                                uint64_t from, uint64_t to)
 {
     enum { AHEAD = 16 };
     for (uint64_t i = from; i < to; i++) {
         if (i + AHEAD < to)
             __builtin_prefetch(
-                p->blocks + 8 * idem__cf_block(p->nblocks, e[i + AHEAD].h0),
+                p->blocks + 8 * idem__cf_block(p->nblocks, h0s[i + AHEAD]),
                 1);
-        idem__cf_put(p, &e[i]);
+        idem__cf_put(p, h0s[i]);
     }
     p->set += to - from;
 }
@@ -239,7 +239,7 @@ static int idem__cf_set(idem__log *lg, idem__seg *g)
     for (unsigned j = 0; j < IDEM__CF_PARTS; j++) {
         uint64_t from, to;
         idem__cf_slice(g->cold, j, &from, &to);
-        idem__cf_set_range(&f->parts[j], g->cold->ents, from, to);
+        idem__cf_set_range(&f->parts[j], g->cold->h0s, from, to);
         f->parts[j].serves += to - from;
     }
     f->dirty = 1;
@@ -263,10 +263,10 @@ static void idem__cf_fill(idem__log *lg, idem__cfpart *q, uint64_t *cur)
          * set even if a slice were out of order. */
         uint64_t stop = lim < q->nblocks ? lim : UINT64_MAX;
         for (size_t i = 0; i < lg->ncold; i++) {
-            const idem__kent *e = lg->segs[i].cold->ents;
+            const uint64_t *h0s = lg->segs[i].cold->h0s;
             uint64_t k = cur[2 * i], to = cur[2 * i + 1];
-            while (k < to && idem__cf_block(q->nblocks, e[k].h0) < stop)
-                idem__cf_put(q, &e[k++]);
+            while (k < to && idem__cf_block(q->nblocks, h0s[k]) < stop)
+                idem__cf_put(q, h0s[k++]);
             q->set += k - cur[2 * i];
             cur[2 * i] = k;
         }

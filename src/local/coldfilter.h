@@ -8,7 +8,7 @@
  * a false positive at 5e-5) goes on to the segments' own filters, which
  * say which index to search.
  *
- * It is built from the key index entries (their 96 bits of hash), never
+ * It is built from the key index entries (their 64 bits of hash), never
  * from the segments' frames. A Bloom filter cannot forget, so a segment
  * that drops leaves its bits behind: they cost false positives, never a
  * wrong answer (the segment is gone, nothing is searched there).
@@ -153,8 +153,10 @@ size_t idem__cfilter_bytes(const idem__cfilter *f);
 
 /* ------------------------------------------------------------------------
  * Inline: the probe every claim of a key RAM lacks makes. The block comes
- * from the top of h[0], the 13 bit positions from its low 32 bits and the
- * low 32 of h[1]: the 96 bits a key index entry keeps. */
+ * from the top of h[0], the 13 bit positions from a mix of all of h[0]:
+ * the 64 bits a key index entry keeps. Keys of one block differ in the
+ * bits below those that chose it, and the mix spreads them over every
+ * position. */
 
 #define IDEM__CF_K 13u
 
@@ -171,12 +173,12 @@ static inline uint64_t idem__cf_block(uint64_t nblocks, uint64_t h0)
                        nblocks) >> 64);
 }
 
-static inline void idem__cf_mask(uint64_t h0, uint32_t h1, uint64_t m[8])
+static inline void idem__cf_mask(uint64_t h0, uint64_t m[8])
 {
-    uint64_t a = ((uint64_t)h1 << 32) | (h0 & 0xffffffffu);
+    uint64_t a = h0 ^ (h0 >> 31);
+    a *= 0xBF58476D1CE4E5B9ull;
+    a ^= a >> 29;
     uint64_t b = a * 0x9E3779B97F4A7C15ull;
-    b ^= b >> 29;
-    b *= 0xBF58476D1CE4E5B9ull;
     b ^= b >> 32;
     for (unsigned w = 0; w < 8; w++)
         m[w] = 0;
@@ -195,7 +197,7 @@ static inline int idem__cfilter_maybe(const idem__cfilter *f,
         return 1;
     const idem__cfpart *p = &f->parts[idem__cf_part(h[0])];
     uint64_t m[8], missing = 0;
-    idem__cf_mask(h[0], (uint32_t)h[1], m);
+    idem__cf_mask(h[0], m);
     const uint64_t *blk = p->blocks + 8 * idem__cf_block(p->nblocks, h[0]);
     for (unsigned w = 0; w < 8; w++)
         missing |= m[w] & ~blk[w];

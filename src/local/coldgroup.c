@@ -10,7 +10,7 @@
  * segment, as they did before groups existed.
  *
  * Why built from the key indexes: they hold every key of the segment
- * (its 96 bits of hash), checked, sorted, 16 bytes each, where the
+ * (its 64 bits of hash), checked, sorted, 8 bytes each, where the
  * frames would cost a pass over the segment. */
 #include "coldgroup.h"
 
@@ -26,7 +26,7 @@
 
 #include "log.h"
 
-#define IDEM__CG_VERSION 1u
+#define IDEM__CG_VERSION 2u
 #define IDEM__CG_HDR 64u
 #define IDEM__CG_BODY (IDEM__CG_HDR + IDEM__CG_SPAN * 32u) /* the blocks */
 #define IDEM__CG_BITS 16u                                 /* per key */
@@ -67,13 +67,13 @@ static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nblocks,
                              const idem__cold *c)
 {
     enum { AHEAD = 16 };
-    const idem__kent *e = c->ents;
+    const uint64_t *h0s = c->h0s;
     for (uint64_t i = 0; i < c->nents; i++) {
         if (i + AHEAD < c->nents)
             __builtin_prefetch(
-                blocks + 8 * idem__cg_block(nblocks, e[i + AHEAD].h0), 1);
-        uint64_t m[8], *blk = blocks + 8 * idem__cg_block(nblocks, e[i].h0);
-        idem__cf_mask(e[i].h0, e[i].h1, m);
+                blocks + 8 * idem__cg_block(nblocks, h0s[i + AHEAD]), 1);
+        uint64_t m[8], *blk = blocks + 8 * idem__cg_block(nblocks, h0s[i]);
+        idem__cf_mask(h0s[i], m);
         for (unsigned w = 0; w < 8; w++)
             blk[w] |= m[w];
     }

@@ -122,7 +122,7 @@ static int idem__read_frame(idem_store *s, uint32_t seg, uint32_t off,
 }
 
 /* Is the key in cold segment g? 1 (fo->f, cold_seg, cold_off set), 0,
- * or why its frame could not be read. Entries share the first 96 bits
+ * or why its frame could not be read. Entries share the first 64 bits
  * of a hash by chance: the full key tells them apart. */
 static int idem__cold_find(idem_store *s, const idem__seg *g,
                            const void *key, size_t len, idem__found *fo)
@@ -130,16 +130,14 @@ static int idem__cold_find(idem_store *s, const idem__seg *g,
     idem__engine *en = idem__eng(s);
     const idem__cold *c = g->cold;
     uint64_t j = idem__cold_lower(c, fo->h);
-    for (; j < c->nents && c->ents[j].h0 == fo->h[0]; j++) {
-        if (c->ents[j].h1 != (uint32_t)fo->h[1])
-            continue;
+    for (; j < c->nents && c->h0s[j] == fo->h[0]; j++) {
         en->cold_reads++;
-        int rc = idem__read_frame(s, g->id, c->ents[j].off, &fo->f);
+        int rc = idem__read_frame(s, g->id, c->offs[j], &fo->f);
         if (rc)
             return rc;
         if (fo->f.keylen == len && memcmp(fo->f.key, key, len) == 0) {
             fo->cold_seg = g->id;
-            fo->cold_off = c->ents[j].off;
+            fo->cold_off = c->offs[j];
             return 1;
         }
     }
@@ -213,7 +211,7 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
         return 0;
     const idem__cgroups *cg = &lg->cg;
     uint64_t m[8];
-    idem__cf_mask(fo->h[0], (uint32_t)fo->h[1], m);
+    idem__cf_mask(fo->h[0], m);
     for (size_t k = cg->n; k-- > 0;)
         __builtin_prefetch(idem__cg_blk(&cg->v[k], fo->h[0]));
     size_t k = cg->n;
@@ -590,7 +588,7 @@ static int idem__scan_cold(idem_store *s, idem__seg *g, int64_t now,
     if (sound)
         return sound;
     for (uint64_t j = 0; j < g->cold->nents; j++) {
-        uint32_t off = g->cold->ents[j].off;
+        uint32_t off = g->cold->offs[j];
         idem__frame f;
         idem__found fo;
         int rc = idem__read_frame(s, g->id, off, &f);
@@ -969,18 +967,18 @@ static void idem__eng_gauges(idem_store *s)
  * the entries they name. */
 static void idem__forget_hot(idem__engine *en, const idem__seg *g)
 {
-    const idem__kent *k = g->cold->ents;
+    const uint64_t *h0s = g->cold->h0s;
+    const uint32_t *offs = g->cold->offs;
     uint64_t n = g->cold->nents;
     enum { AHEAD = 8 };
     for (uint64_t i = 0; i < n; i++) {
         if (i + 2 * AHEAD < n)
             idem__index_prefetch(&en->ix,
-                                 (uint64_t[2]){k[i + 2 * AHEAD].h0, 0}, 0);
+                                 (uint64_t[2]){h0s[i + 2 * AHEAD], 0}, 0);
         if (i + AHEAD < n)
-            idem__index_prefetch(&en->ix, (uint64_t[2]){k[i + AHEAD].h0, 0},
+            idem__index_prefetch(&en->ix, (uint64_t[2]){h0s[i + AHEAD], 0},
                                  1);
-        (void)idem__index_remove_at(&en->ix, k[i].h0, k[i].h1, g->id,
-                                    k[i].off);
+        (void)idem__index_remove_at(&en->ix, h0s[i], g->id, offs[i]);
     }
 }
 

@@ -241,8 +241,8 @@ void idem__index_remove_id(idem__index *ix, uint32_t id)
     idem__unslot(ix, i, id);
 }
 
-int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t h1,
-                          uint32_t seg, uint32_t off)
+int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t seg,
+                          uint32_t off)
 {
     if (!ix->slots)
         return 0;
@@ -253,8 +253,7 @@ int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t h1,
             continue;
         uint32_t id = (uint32_t)(ix->slots[i] & 0xffffffffu) - 1;
         const idem__ient *e = idem__index_at(ix, id);
-        if (e->h[0] == h0 && (uint32_t)e->h[1] == h1 && e->seg == seg &&
-            e->off == off) {
+        if (e->h[0] == h0 && e->seg == seg && e->off == off) {
             idem__unslot(ix, i, id);
             return 1;
         }

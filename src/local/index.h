@@ -73,14 +73,14 @@ void idem__index_remove(idem__index *ix, idem__ient *e);
  * finding it from the pointer costs a look through the chunks). */
 void idem__index_remove_id(idem__index *ix, uint32_t id);
 
-/* Remove the entry of the key whose hash begins with h0 and whose second
- * half's low 32 bits are h1, if it points at (seg, off): what a key
- * index entry (cold.h) knows of a key. A key going cold is found from
- * its own segment's list, not by a walk over the whole index; (seg, off)
- * tells it from another key sharing those 96 bits, since no two entries
- * point at one frame. 1 if removed, 0 if no entry matched. */
-int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t h1,
-                          uint32_t seg, uint32_t off);
+/* Remove the entry of the key whose hash begins with h0, if it points
+ * at (seg, off): what a key index entry (cold.h) knows of a key. A key
+ * going cold is found from its own segment's list, not by a walk over
+ * the whole index; (seg, off) tells it from another key sharing those 64
+ * bits, since no two entries point at one frame. 1 if removed, 0 if no
+ * entry matched. */
+int idem__index_remove_at(idem__index *ix, uint64_t h0, uint32_t seg,
+                          uint32_t off);
 
 /* The entry with id `id` (< ix->hw); its seg is IDEM__IENT_FREE when
  * unused. For walks over the whole index. */
