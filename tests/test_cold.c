@@ -496,6 +496,54 @@ Test(cold, a_damaged_or_stale_group_filter_is_built_again)
     free(good);
 }
 
+/* Runs do for groups what groups do for segments: once the 256 segments
+ * of a run are cold, a filter of their keys is written beside them, and
+ * a key in the oldest run costs a probe of each run's filter, not of
+ * every group's. A run filter that does not check out is built again;
+ * check reports it. */
+Test(cold, a_run_filter_spares_the_probes_of_its_groups)
+{
+    enum { N = 1100 };   /* a segment each: runs 0 to 3 all cold */
+    idem_store *s = t_open(uri);
+    idem_outcome o;
+    for (int i = 0; i < N; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        cr_assert_eq(claim(s, k, &o), 0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    cr_assert(exists("run-00000000.kgf") && exists("run-00000003.kgf"));
+    cr_assert(!exists("run-00000004.kgf"), "run 4 is not all cold");
+    idem_stats st = stats_of(s);
+    uint64_t ncold = st.cold_segments, probes = st.filter_probes;
+    cr_assert_eq(claim(s, "order-0", &o), 0);   /* in group 0, run 0 */
+    cr_assert_eq(o.kind, IDEM_BUSY);
+    st = stats_of(s);
+    /* The filter in front, run 4's groups and newest segments, runs 3 to
+     * 0, run 0's 16 groups and group 0's 15 segments: without runs, the
+     * 68 groups' filters alone. */
+    uint64_t took = st.filter_probes - probes;
+    cr_assert_lt(took, ncold / 16, "%llu probes, %llu cold segments",
+                 (unsigned long long)took, (unsigned long long)ncold);
+    cr_assert_eq(idem_close(s), 0);
+
+    damage("run-00000000.kgf", -3);   /* a bit of the filter */
+    idem_check_report r = {0};
+    cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT);
+    cr_assert(strstr(r.first_damage, "run-00000000.kgf"), "%s",
+              r.first_damage);
+    s = t_open(uri);
+    for (int i = 0; i < N; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        cr_assert_eq(claim(s, k, &o), 0);
+        cr_assert_eq(o.kind, IDEM_BUSY, "%s: kind %d", k, o.kind);
+    }
+    cr_assert_eq(idem_close(s), 0);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
+}
+
 Test(cold, forget_and_expiry_hide_cold_records_across_reopen)
 {
     idem_store *s = t_open(uri);

@@ -28,14 +28,20 @@
 
 #define IDEM__CG_VERSION 2u
 #define IDEM__CG_HDR 64u
-#define IDEM__CG_BODY (IDEM__CG_HDR + IDEM__CG_SPAN * 32u) /* the blocks */
-#define IDEM__CG_BITS 16u                                 /* per key */
+#define IDEM__CG_BITS 16u  /* per key */
 
 static const unsigned char idem__cg_magic[8] = "IDEMKGF";
 
-static void idem__cg_name(char *buf, size_t n, uint32_t num)
+/* Where a level's blocks begin: after the header and its members'
+ * identities (a multiple of 64 bytes at both levels). */
+static size_t idem__cg_body(unsigned lv)
 {
-    snprintf(buf, n, "grp-%08u.kgf", num);
+    return IDEM__CG_HDR + (size_t)idem__cg_span(lv) * 32u;
+}
+
+static void idem__cg_name(char *buf, size_t n, unsigned lv, uint32_t num)
+{
+    snprintf(buf, n, lv ? "run-%08u.kgf" : "grp-%08u.kgf", num);
 }
 
 static uint64_t idem__cg_get64(const unsigned char *p)
@@ -45,13 +51,14 @@ static uint64_t idem__cg_get64(const unsigned char *p)
     return v;
 }
 
-/* The cold segments of group num, segs[*lo, *hi) (ids are consecutive
- * from segs[0]); 1 if the group's newest id is among them (complete). */
-static int idem__cg_members(const idem__log *lg, uint32_t num, size_t *lo,
-                            size_t *hi)
+/* The cold segments of group num of level lv, segs[*lo, *hi) (ids are
+ * consecutive from segs[0]); 1 if the group's newest id is among them
+ * (complete). */
+static int idem__cg_members(const idem__log *lg, unsigned lv, uint32_t num,
+                            size_t *lo, size_t *hi)
 {
-    uint64_t first = (uint64_t)num * IDEM__CG_SPAN, last =
-                                                        first + IDEM__CG_SPAN;
+    uint64_t first = (uint64_t)num * idem__cg_span(lv),
+             last = first + idem__cg_span(lv);
     uint64_t base = lg->ncold ? lg->segs[0].id : 0;
     *lo = first > base ? (size_t)(first - base) : 0;
     *hi = last > base ? (size_t)(last - base) : 0;
@@ -80,12 +87,13 @@ static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nblocks,
     return c->nents;
 }
 
-/* The file image of group num from segs[lo, hi) (heap, *len bytes), or
- * NULL without memory or when an index does not check out and cannot be
- * built again. */
-static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
+/* The file image of group num of level lv from segs[lo, hi) (heap, *len
+ * bytes), or NULL without memory or when an index does not check out and
+ * cannot be built again. */
+static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
                                      size_t lo, size_t hi, size_t *len)
 {
+    const size_t body = idem__cg_body(lv);
     uint64_t keys = 0;
     for (size_t i = lo; i < hi; i++) {
         if (idem__log_cold_sound(lg, &lg->segs[i]))
@@ -94,13 +102,13 @@ static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
     }
     uint64_t nblocks = (keys * IDEM__CG_BITS + 511) / 512;
     nblocks = nblocks ? nblocks : 1;
-    if (nblocks > (SIZE_MAX - IDEM__CG_BODY) / 64)
+    if (nblocks > (SIZE_MAX - body) / 64)
         return NULL;
-    *len = IDEM__CG_BODY + (size_t)nblocks * 64;
+    *len = body + (size_t)nblocks * 64;
     unsigned char *img = calloc(1, *len);
     if (!img)
         return NULL;
-    uint64_t *blocks = (uint64_t *)(void *)(img + IDEM__CG_BODY), set = 0;
+    uint64_t *blocks = (uint64_t *)(void *)(img + body), set = 0;
     for (size_t i = lo; i < hi; i++) {
         idem__cfseg id;
         idem__cfseg_of(&id, &lg->segs[i]);
@@ -109,7 +117,8 @@ static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
     }
     uint32_t version = IDEM__CG_VERSION;
     uint64_t v[5] = {hi - lo, nblocks, set,
-                     XXH3_64bits(img + IDEM__CG_HDR, *len - IDEM__CG_HDR), 0};
+                     XXH3_64bits(img + IDEM__CG_HDR, *len - IDEM__CG_HDR),
+                     idem__cg_span(lv)};
     memcpy(img, idem__cg_magic, 8);
     memcpy(img + 8, &version, 4);
     memcpy(img + 12, &num, 4);
@@ -119,11 +128,14 @@ static unsigned char *idem__cg_image(idem__log *lg, uint32_t num,
     return img;
 }
 
-/* Does img (len bytes) check out whole as group num's filter? */
-static int idem__cg_sound(const unsigned char *img, size_t len, uint32_t num)
+/* Does img (len bytes) check out whole as the filter of group num of
+ * level lv? */
+static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
+                          uint32_t num)
 {
+    const size_t body = idem__cg_body(lv);
     uint32_t version, n;
-    if (len < IDEM__CG_BODY + 64 || memcmp(img, idem__cg_magic, 8) != 0 ||
+    if (len < body + 64 || memcmp(img, idem__cg_magic, 8) != 0 ||
         idem__cg_get64(img + 56) != XXH3_64bits(img, 56))
         return 0;
     memcpy(&version, img + 8, 4);
@@ -131,9 +143,9 @@ static int idem__cg_sound(const unsigned char *img, size_t len, uint32_t num)
     uint64_t members = idem__cg_get64(img + 16);
     uint64_t nblocks = idem__cg_get64(img + 24);
     return version == IDEM__CG_VERSION && n == num &&
-           members <= IDEM__CG_SPAN && nblocks &&
-           nblocks == (len - IDEM__CG_BODY) / 64 &&
-           len == IDEM__CG_BODY + nblocks * 64 &&
+           idem__cg_get64(img + 48) == idem__cg_span(lv) &&
+           members <= idem__cg_span(lv) && nblocks &&
+           nblocks == (len - body) / 64 && len == body + nblocks * 64 &&
            idem__cg_get64(img + 40) ==
                XXH3_64bits(img + IDEM__CG_HDR, len - IDEM__CG_HDR);
 }
@@ -155,13 +167,14 @@ static int idem__cg_names(const idem__log *lg, const unsigned char *img,
     return 1;
 }
 
-/* PATH/grp-N.kgf mapped (*img, *len) if it checks out whole. 0 or -1. */
-static int idem__cg_map(int dirfd, uint32_t num, unsigned char **img,
-                        size_t *len)
+/* Group num's filter of level lv mapped (*img, *len) if it checks out
+ * whole. 0 or -1. */
+static int idem__cg_map(int dirfd, unsigned lv, uint32_t num,
+                        unsigned char **img, size_t *len)
 {
     char name[32];
     struct stat st;
-    idem__cg_name(name, sizeof name, num);
+    idem__cg_name(name, sizeof name, lv, num);
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -172,7 +185,7 @@ static int idem__cg_map(int dirfd, uint32_t num, unsigned char **img,
     close(fd);
     if (p == MAP_FAILED)
         return -1;
-    if (!idem__cg_sound(p, (size_t)st.st_size, num)) {
+    if (!idem__cg_sound(p, (size_t)st.st_size, lv, num)) {
         munmap(p, (size_t)st.st_size);
         return -1;
     }
@@ -181,24 +194,26 @@ static int idem__cg_map(int dirfd, uint32_t num, unsigned char **img,
     return 0;
 }
 
-int idem__cgroup_file_sound(int dirfd, uint32_t num, char *name, size_t n)
+int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
+                            size_t n)
 {
     unsigned char *img;
     size_t len;
-    idem__cg_name(name, n, num);
+    idem__cg_name(name, n, lv, num);
     if (faccessat(dirfd, name, F_OK, 0) != 0)
         return 1;
-    if (idem__cg_map(dirfd, num, &img, &len) != 0)
+    if (idem__cg_map(dirfd, lv, num, &img, &len) != 0)
         return 0;
     munmap(img, len);
     return 1;
 }
 
-/* Take the mapped filter of group num, newer than every group held. */
-static int idem__cg_hold(idem__log *lg, uint32_t num, unsigned char *img,
-                         size_t len)
+/* Take the mapped filter of group num of level lv, newer than every
+ * group of that level held. */
+static int idem__cg_hold(idem__log *lg, unsigned lv, uint32_t num,
+                         unsigned char *img, size_t len)
 {
-    idem__cgroups *g = &lg->cg;
+    idem__cgroups *g = &lg->cg[lv];
     idem__cgroup *v = idem__grow(g->v, g->n, &g->cap, sizeof *v, 16);
     if (!v) {
         munmap(img, len);
@@ -209,44 +224,47 @@ static int idem__cg_hold(idem__log *lg, uint32_t num, unsigned char *img,
         .num = num,
         .img = img,
         .len = len,
-        .blocks = (const uint64_t *)(void *)(img + IDEM__CG_BODY),
+        .blocks = (const uint64_t *)(void *)(img + idem__cg_body(lv)),
         .nblocks = idem__cg_get64(img + 24),
     };
     return 0;
 }
 
-/* Build group num's filter from segs[lo, hi), write it and map it. */
-static int idem__cg_make(idem__log *lg, uint32_t num, size_t lo, size_t hi)
+/* Build group num's filter of level lv from segs[lo, hi), write it and
+ * map it. */
+static int idem__cg_make(idem__log *lg, unsigned lv, uint32_t num, size_t lo,
+                         size_t hi)
 {
     char name[32];
     size_t len = 0;
-    unsigned char *img = idem__cg_image(lg, num, lo, hi, &len), *m;
-    idem__cg_name(name, sizeof name, num);
+    unsigned char *img = idem__cg_image(lg, lv, num, lo, hi, &len), *m;
+    idem__cg_name(name, sizeof name, lv, num);
     int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
                                      len)
                  : -1;
     free(img);
-    if (rc || idem__cg_map(lg->dirfd, num, &m, &len) != 0)
+    if (rc || idem__cg_map(lg->dirfd, lv, num, &m, &len) != 0)
         return -1;
-    lg->cg.built++;
-    return idem__cg_hold(lg, num, m, len);
+    lg->cg[lv].built++;
+    return idem__cg_hold(lg, lv, num, m, len);
 }
 
-/* Map group num's filter if it checks out and names its members as they
- * are; else build it again (never a reader's). */
-static void idem__cg_take(idem__log *lg, uint32_t num, size_t lo, size_t hi)
+/* Map group num's filter of level lv if it checks out and names its
+ * members as they are; else build it again (never a reader's). */
+static void idem__cg_take(idem__log *lg, unsigned lv, uint32_t num,
+                          size_t lo, size_t hi)
 {
     unsigned char *img;
     size_t len;
-    if (idem__cg_map(lg->dirfd, num, &img, &len) == 0) {
+    if (idem__cg_map(lg->dirfd, lv, num, &img, &len) == 0) {
         if (idem__cg_names(lg, img, lo, hi)) {
-            (void)idem__cg_hold(lg, num, img, len);
+            (void)idem__cg_hold(lg, lv, num, img, len);
             return;
         }
         munmap(img, len);
     }
     if (!lg->readonly)
-        (void)idem__cg_make(lg, num, lo, hi);
+        (void)idem__cg_make(lg, lv, num, lo, hi);
 }
 
 void idem__cgroup_went_cold(idem__log *lg)
@@ -254,10 +272,13 @@ void idem__cgroup_went_cold(idem__log *lg)
     size_t lo, hi;
     if (lg->memory || lg->dirfd < 0 || !lg->ncold)
         return;
-    uint32_t num = idem__cg_num(lg->segs[lg->ncold - 1].id);
-    if (idem__cg_members(lg, num, &lo, &hi) &&
-        (!lg->cg.n || lg->cg.v[lg->cg.n - 1].num < num))
-        (void)idem__cg_make(lg, num, lo, hi);
+    for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++) {
+        const idem__cgroups *g = &lg->cg[lv];
+        uint32_t num = idem__cg_num(lg->segs[lg->ncold - 1].id, lv);
+        if (idem__cg_members(lg, lv, num, &lo, &hi) &&
+            (!g->n || g->v[g->n - 1].num < num))
+            (void)idem__cg_make(lg, lv, num, lo, hi);
+    }
 }
 
 void idem__cgroup_open(idem__log *lg)
@@ -265,34 +286,52 @@ void idem__cgroup_open(idem__log *lg)
     size_t lo, hi;
     if (lg->memory || lg->dirfd < 0 || !lg->ncold)
         return;
-    for (uint32_t num = idem__cg_num(lg->segs[0].id);
-         idem__cg_members(lg, num, &lo, &hi); num++)
-        idem__cg_take(lg, num, lo, hi);
+    for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++)
+        for (uint32_t num = idem__cg_num(lg->segs[0].id, lv);
+             idem__cg_members(lg, lv, num, &lo, &hi); num++)
+            idem__cg_take(lg, lv, num, lo, hi);
 }
 
 void idem__cgroup_gone(idem__log *lg, uint32_t id)
 {
-    idem__cgroups *g = &lg->cg;
-    uint32_t num = idem__cg_num(id);
-    if (lg->nsegs > 1 && idem__cg_num(lg->segs[1].id) == num)
-        return;  /* others of its group are still there */
-    if (g->n && g->v[0].num == num) {
-        munmap(g->v[0].img, g->v[0].len);
-        memmove(g->v, g->v + 1, (g->n - 1) * sizeof *g->v);
-        g->n--;
+    for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++) {
+        idem__cgroups *g = &lg->cg[lv];
+        uint32_t num = idem__cg_num(id, lv);
+        if (lg->nsegs > 1 && idem__cg_num(lg->segs[1].id, lv) == num)
+            continue;  /* others of its group are still there */
+        if (g->n && g->v[0].num == num) {
+            munmap(g->v[0].img, g->v[0].len);
+            memmove(g->v, g->v + 1, (g->n - 1) * sizeof *g->v);
+            g->n--;
+        }
+        char name[32];
+        idem__cg_name(name, sizeof name, lv, num);
+        /* Derived data: one left behind by a failure names segments that
+         * are gone, and is never read again (ids only grow). */
+        if (!lg->memory && !lg->readonly && lg->dirfd >= 0)
+            (void)unlinkat(lg->dirfd, name, 0);
     }
-    char name[32];
-    idem__cg_name(name, sizeof name, num);
-    /* Derived data: one left behind by a failure names segments that
-     * are gone, and is never read again (ids only grow). */
-    if (!lg->memory && !lg->readonly && lg->dirfd >= 0)
-        (void)unlinkat(lg->dirfd, name, 0);
+}
+
+size_t idem__cgroup_find(const idem__cgroups *g, uint32_t num)
+{
+    size_t lo = 0, hi = g->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (g->v[mid].num <= num)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 void idem__cgroup_free(idem__cgroups *g)
 {
-    for (size_t i = 0; i < g->n; i++)
-        munmap(g->v[i].img, g->v[i].len);
-    free(g->v);
-    memset(g, 0, sizeof *g);
+    for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++) {
+        for (size_t i = 0; i < g[lv].n; i++)
+            munmap(g[lv].v[i].img, g[lv].v[i].len);
+        free(g[lv].v);
+        memset(&g[lv], 0, sizeof g[lv]);
+    }
 }

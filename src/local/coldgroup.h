@@ -1,4 +1,5 @@
-/* coldgroup.h - one Bloom filter for each run of 16 cold segments.
+/* coldgroup.h - one Bloom filter for each group of 16 cold segments, and
+ * one for each run of 16 groups.
  *
  * The filter in front (coldfilter.h) tells a new key from a cold one,
  * but not which segment holds a cold key: a lookup that it lets through
@@ -10,6 +11,16 @@
  * lookup asks the groups' filters newest first and only the segments of
  * a group that says maybe: about G/2 + 8 probes for G groups, not 8 G.
  *
+ * Runs do for groups what groups do for segments. At 3e8 keys there are
+ * 287 groups, and a key half a day old cost ~140 probes of their filters
+ * (100 k lookups a second); runs of 256 segments (ids [256 r, 256 r +
+ * 256)) bring a key anywhere in the store to about R/2 + 8 + 8 probes for
+ * R runs (18 at 3e8). A run's filter costs 2 bytes a key of disk, which
+ * the key indexes' 12-byte entries (cold.h) paid for. A run is built
+ * once its newest segment goes cold, from its 256 key indexes: 16.7 M
+ * keys at 65 k keys a segment, a quarter of a second, once per 256
+ * segments.
+ *
  * Why a file, mapped, and not RAM: its pages are the page cache's, as
  * the key indexes' are, so the RAM budget (anonymous memory a cold key
  * costs) does not grow; a group never changes once built, so a file
@@ -20,20 +31,21 @@
  * answer, so ~1e-3 of them cost far less than the 1 byte a key more on
  * disk that 24 bits would.
  *
- * PATH/grp-00000001.kgf, group 1 (segments 16 to 31):
+ * PATH/grp-00000001.kgf, group 1 (segments 16 to 31), and
+ * PATH/run-00000001.kgf, run 1 (segments 256 to 511), span S (16, 256):
  *
  *   off  size  field
  *     0     8  magic "IDEMKGF"
- *     8     4  version (1)
+ *     8     4  version (2: bits from h0 alone, coldfilter.h)
  *    12     4  group number
- *    16     8  members (n, at most 16)
+ *    16     8  members (n, at most S)
  *    24     8  filter blocks (64 bytes each)
  *    32     8  keys set
  *    40     8  XXH3-64 of the body
- *    48     8  reserved (0)
+ *    48     8  span S
  *    56     8  XXH3-64 of bytes [0, 56)
- *    64   512  16 segment identities (coldfilter.h), n of them used
- *   576        the filter's blocks
+ *    64  32 S  S segment identities (coldfilter.h), n of them used
+ *     ...      the filter's blocks
  *
  * The file is derived from the members' key indexes and never trusted
  * unless it checks out whole and names, with the same identity (id,
@@ -50,7 +62,7 @@
 
 #include "coldfilter.h"
 
-#define IDEM__CG_SPAN 16u
+#define IDEM__CG_LEVELS 2u   /* 0: groups of 16 segments; 1: runs of 256 */
 
 struct idem__log;
 
@@ -62,18 +74,29 @@ typedef struct idem__cgroup {
     uint64_t nblocks;
 } idem__cgroup;
 
-/* The groups with a filter, by number ascending (not all consecutive:
- * one that could not be built has none). */
+/* The groups of one level with a filter, by number ascending (not all
+ * consecutive: one that could not be built has none). */
 typedef struct idem__cgroups {
     idem__cgroup *v;
     size_t n, cap;
     uint64_t built;          /* group filters built (open or runtime) */
 } idem__cgroups;
 
-static inline uint32_t idem__cg_num(uint32_t id)
+/* Segments in a group of level lv. */
+static inline uint32_t idem__cg_span(unsigned lv)
 {
-    return id / IDEM__CG_SPAN;
+    return lv ? 256u : 16u;
 }
+
+/* The group of level lv that segment id is in. */
+static inline uint32_t idem__cg_num(uint32_t id, unsigned lv)
+{
+    return id / idem__cg_span(lv);
+}
+
+/* Where group num is in g, or would be: the count of g's groups
+ * numbered num or lower. */
+size_t idem__cgroup_find(const idem__cgroups *g, uint32_t num);
 
 /* The block of a key in a group's filter, from all of h0 (a multiply
  * mixes it), so that it falls apart from its block in the filter in
@@ -103,23 +126,25 @@ static inline int idem__cgroup_has(const idem__cgroup *q, uint64_t h0,
 }
 
 /* The newest cold segment just went cold: if it is the last of its
- * group, build the group's filter (a failure leaves the group without
+ * group (or run), build that filter (a failure leaves the group without
  * one: slower lookups, never wrong ones). */
 void idem__cgroup_went_cold(struct idem__log *lg);
 
 /* At open, after the cold segments are loaded: map the filter of every
- * group whose last segment is cold, building again (a writer) the ones
- * missing or not to be trusted. */
+ * group and run whose last segment is cold, building again (a writer)
+ * the ones missing or not to be trusted. */
 void idem__cgroup_open(struct idem__log *lg);
 
 /* The oldest segment, id, is about to drop: when it is the last of its
- * group still there, the group's filter goes with it. */
+ * group (or run) still there, that filter goes with it. */
 void idem__cgroup_gone(struct idem__log *lg, uint32_t id);
 
-/* Does PATH/grp-N.kgf, if there is one, check out whole? (check/repair;
- * name receives its file name.) */
-int idem__cgroup_file_sound(int dirfd, uint32_t num, char *name, size_t n);
+/* Does the filter of group num of level lv, if there is one, check out
+ * whole? (check/repair; name receives its file name.) */
+int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
+                            size_t n);
 
+/* Let go of both levels, g[0] and g[1]. */
 void idem__cgroup_free(idem__cgroups *g);
 
 #endif

@@ -174,30 +174,83 @@ static int idem__ask_segs(idem_store *s, size_t lo, size_t hi,
     return 0;
 }
 
-/* The cold segments of the group of segs[hi - 1] are segs[lo, hi).
- * Cold ids are consecutive (coldgroup.c), so lo follows from the id
- * alone, where a walk would read every cold segment's entry for a key
- * found in the oldest group (4,594 of them at 3e8 keys, most of a
- * lookup's time). The walk stays for a gap, which would only cost
+/* The cold segments of the group of level lv of segs[hi - 1] are
+ * segs[lo, hi). Cold ids are consecutive (coldgroup.c), so lo follows
+ * from the id alone, where a walk would read every cold segment's entry
+ * for a key found in the oldest group (4,594 of them at 3e8 keys, most
+ * of a lookup's time). The walk stays for a gap, which would only cost
  * time. */
-static size_t idem__group_lo(const idem__log *lg, size_t hi)
+static size_t idem__group_lo(const idem__log *lg, size_t hi, unsigned lv)
 {
-    uint32_t id = lg->segs[hi - 1].id, num = idem__cg_num(id);
-    uint64_t past = id - (uint64_t)num * IDEM__CG_SPAN; /* < SPAN */
+    uint32_t id = lg->segs[hi - 1].id, num = idem__cg_num(id, lv);
+    uint64_t past = id - (uint64_t)num * idem__cg_span(lv); /* < span */
     size_t lo = past < hi ? hi - 1 - (size_t)past : 0;
-    if (idem__cg_num(lg->segs[lo].id) == num &&
-        (lo == 0 || idem__cg_num(lg->segs[lo - 1].id) != num))
+    if (idem__cg_num(lg->segs[lo].id, lv) == num &&
+        (lo == 0 || idem__cg_num(lg->segs[lo - 1].id, lv) != num))
         return lo;
-    for (lo = hi; lo > 0 && idem__cg_num(lg->segs[lo - 1].id) == num;)
+    for (lo = hi; lo > 0 && idem__cg_num(lg->segs[lo - 1].id, lv) == num;)
         lo--;
     return lo;
 }
 
+/* A key's probe of the group filters: its first hash word and its bits
+ * in a block (idem__cf_mask). */
+typedef struct idem__gprobe {
+    uint64_t h0;
+    uint64_t m[8];
+} idem__gprobe;
+
+/* Start loading the blocks a probe reads in the filters of level lv's
+ * groups numbered [first, last]: the loads overlap when started
+ * together. */
+static void idem__groups_prefetch(const idem__cgroups *cg, uint32_t first,
+                                  uint32_t last, uint64_t h0)
+{
+    for (size_t k = idem__cgroup_find(cg, last);
+         k-- > 0 && cg->v[k].num >= first;)
+        __builtin_prefetch(idem__cg_blk(&cg->v[k], h0));
+}
+
+/* Ask the groups of level lv in segs[lo, hi), newest first: a group
+ * whose filter says no is passed over; one that says maybe, or has no
+ * filter (not all cold yet, or none to trust), has its groups of the
+ * level below asked, or at level 0 its segments. 1 found (fo set), 0
+ * not there, or why a frame could not be read. */
+static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
+                            const void *key, size_t len,
+                            const idem__gprobe *gp, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    const idem__cgroups *cg = &lg->cg[lv];
+    idem__groups_prefetch(cg, idem__cg_num(lg->segs[lo].id, lv),
+                          idem__cg_num(lg->segs[hi - 1].id, lv), gp->h0);
+    size_t k = cg->n;
+    for (size_t top = hi, bot; top > lo; top = bot) {
+        uint32_t num = idem__cg_num(lg->segs[top - 1].id, lv);
+        bot = idem__group_lo(lg, top, lv);
+        bot = bot > lo ? bot : lo;
+        while (k > 0 && cg->v[k - 1].num > num)
+            k--;
+        if (k > 0 && cg->v[k - 1].num == num) {
+            en->filter_probes++;
+            if (!idem__cgroup_has(&cg->v[k - 1], gp->h0, gp->m))
+                continue;
+        }
+        int rc = lv ? idem__ask_groups(s, lv - 1, bot, top, key, len, gp, fo)
+                    : idem__ask_segs(s, bot, top, key, len, fo);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 /* A key RAM does not hold: the cold segments, newest first, hold its
  * newest frame, if any. The filter in front says whether any might; a
- * group's filter (coldgroup.h) whether one of its 16 might, so only the
- * segments of groups that say maybe, and of the newest groups that have
- * no filter yet, are asked. */
+ * run's filter whether one of its 16 groups might, a group's whether one
+ * of its 16 segments might (coldgroup.h), so only the segments under
+ * filters that say maybe, and of the newest groups that have no filter
+ * yet, are asked. */
 static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
                              int64_t now, idem__found *fo)
 {
@@ -209,30 +262,15 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     en->filter_probes++;
     if (!idem__cfilter_maybe(&lg->cf, fo->h))
         return 0;
-    const idem__cgroups *cg = &lg->cg;
-    uint64_t m[8];
-    idem__cf_mask(fo->h[0], m);
-    for (size_t k = cg->n; k-- > 0;)
-        __builtin_prefetch(idem__cg_blk(&cg->v[k], fo->h[0]));
-    size_t k = cg->n;
-    for (size_t hi = lg->ncold, lo; hi > 0; hi = lo) {
-        uint32_t num = idem__cg_num(lg->segs[hi - 1].id);
-        lo = idem__group_lo(lg, hi);
-        while (k > 0 && cg->v[k - 1].num > num)
-            k--;
-        if (k > 0 && cg->v[k - 1].num == num) {
-            en->filter_probes++;
-            if (!idem__cgroup_has(&cg->v[k - 1], fo->h[0], m))
-                continue;
-        }
-        int rc = idem__ask_segs(s, lo, hi, key, len, fo);
-        if (rc < 0)
-            return rc;
-        if (rc) {
-            fo->live =
-                fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
-            return 0;
-        }
+    idem__gprobe gp = {.h0 = fo->h[0]};
+    idem__cf_mask(fo->h[0], gp.m);
+    int rc = idem__ask_groups(s, IDEM__CG_LEVELS - 1, 0, lg->ncold, key, len,
+                              &gp, fo);
+    if (rc < 0)
+        return rc;
+    if (rc) {
+        fo->live = fo->f.type != IDEM__R_FORGET && now < fo->f.rec.expires;
+        return 0;
     }
     en->merged_fp++;  /* the filter in front said maybe, no segment has it */
     return 0;

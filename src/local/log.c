@@ -465,7 +465,7 @@ void idem__log_forget(idem__log *lg)
 {
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
-    idem__cgroup_free(&lg->cg);
+    idem__cgroup_free(lg->cg);
     lg->nsegs = 0;
     lg->ncold = 0;
 }

@@ -72,7 +72,7 @@ typedef struct idem__log {
     int64_t segment_span_ms;
     size_t ncold;           /* segs[0, ncold) are cold, the rest hot */
     idem__cfilter cf;       /* in front of the cold segments' filters */
-    idem__cgroups cg;       /* filters of runs of 16 cold segments */
+    idem__cgroups cg[IDEM__CG_LEVELS]; /* filters of groups, of runs */
     uint64_t kix_rebuilt;   /* key indexes built again at open */
     const unsigned char *secret;  /* the store's key hash secret */
     /* A commit whose fdatasync runs on a thread of its own

@@ -825,13 +825,13 @@ static int idem__check_cold(idem__log *lg, int repair, idem_check_report *r)
                                       "key indexes)");
 }
 
-/* The filter of segment group num (coldgroup.h), if there is one: as a
- * key index, derived data that open builds again. */
-static int idem__check_group(idem__log *lg, uint32_t num, int repair,
-                             idem_check_report *r)
+/* The filter of segment group num of level lv (coldgroup.h), if there
+ * is one: as a key index, derived data that open builds again. */
+static int idem__check_group(idem__log *lg, unsigned lv, uint32_t num,
+                             int repair, idem_check_report *r)
 {
     char name[32];
-    return idem__cgroup_file_sound(lg->dirfd, num, name, sizeof name)
+    return idem__cgroup_file_sound(lg->dirfd, lv, num, name, sizeof name)
                ? 0
                : idem__derived_damage(lg, name, repair, r,
                                       "the segment group's filter does not "
@@ -856,8 +856,10 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
         }
         if (!rc)
             rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
-        if (!rc && (i == from || ids[i] % IDEM__CG_SPAN == 0))
-            rc = idem__check_group(lg, idem__cg_num(ids[i]), repair, r);
+        for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++)
+            if (!rc && (i == from || ids[i] % idem__cg_span(lv) == 0))
+                rc = idem__check_group(lg, lv, idem__cg_num(ids[i], lv),
+                                       repair, r);
     }
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
