@@ -145,6 +145,18 @@ static void damage(const char *name, long at)
     close(fd);
 }
 
+/* Zero dir/name from offset at to its end. */
+static void zero_from(const char *name, off_t at)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat sb;
+    cr_assert_eq(stat(p, &sb), 0, "%s", p);
+    cr_assert_lt(at, sb.st_size);
+    cr_assert_eq(truncate(p, at), 0);
+    cr_assert_eq(truncate(p, sb.st_size), 0);
+}
+
 static void cut(const char *name, off_t len)
 {
     char p[4400];
@@ -527,11 +539,26 @@ Test(cold, a_run_filter_spares_the_probes_of_its_groups)
                  (unsigned long long)took, (unsigned long long)ncold);
     cr_assert_eq(idem_close(s), 0);
 
-    damage("run-00000000.kgf", -3);   /* a bit of the filter */
+    /* Emptied blocks would say no to every key of run 0: open checks
+     * only the header, the first lookup through it the whole file. A
+     * reader passes it over, a writer builds it again. */
+    zero_from("run-00000000.kgf", 64 + 256 * 32);
     idem_check_report r = {0};
     cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT);
     cr_assert(strstr(r.first_damage, "run-00000000.kgf"), "%s",
               r.first_damage);
+    idem_opts ro = t_options();
+    ro.flags = IDEM_O_READONLY;
+    cr_assert_eq(idem_open(uri, &ro, &s), 0, "%s", idem_errdetail(s));
+    for (int i = 0; i < N; i += 7) {
+        char k[32];
+        idem_record rec;
+        key_of(k, sizeof k, i);
+        cr_assert_eq(idem_get(s, k, strlen(k), &rec), 0, "%s", k);
+    }
+    cr_assert_eq(idem_close(s), 0);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(uri, &r), IDEM_ECORRUPT, "a reader writes none");
     s = t_open(uri);
     for (int i = 0; i < N; i++) {
         char k[32];

@@ -128,10 +128,16 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
     return img;
 }
 
-/* Does img (len bytes) check out whole as the filter of group num of
- * level lv? */
+static int idem__cg_body_sound(const unsigned char *img, size_t len)
+{
+    return idem__cg_get64(img + 40) ==
+           XXH3_64bits(img + IDEM__CG_HDR, len - IDEM__CG_HDR);
+}
+
+/* Does img's header (len bytes in all) check out as that of the filter
+ * of group num of level lv, and, unless lazy, its body too? */
 static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
-                          uint32_t num)
+                          uint32_t num, int lazy)
 {
     const size_t body = idem__cg_body(lv);
     uint32_t version, n;
@@ -146,8 +152,7 @@ static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
            idem__cg_get64(img + 48) == idem__cg_span(lv) &&
            members <= idem__cg_span(lv) && nblocks &&
            nblocks == (len - body) / 64 && len == body + nblocks * 64 &&
-           idem__cg_get64(img + 40) ==
-               XXH3_64bits(img + IDEM__CG_HDR, len - IDEM__CG_HDR);
+           (lazy || idem__cg_body_sound(img, len));
 }
 
 /* Does img name every one of segs[lo, hi), as they are now? */
@@ -168,8 +173,8 @@ static int idem__cg_names(const idem__log *lg, const unsigned char *img,
 }
 
 /* Group num's filter of level lv mapped (*img, *len) if it checks out
- * whole. 0 or -1. */
-static int idem__cg_map(int dirfd, unsigned lv, uint32_t num,
+ * (lazy: its header only). 0 or -1. */
+static int idem__cg_map(int dirfd, unsigned lv, uint32_t num, int lazy,
                         unsigned char **img, size_t *len)
 {
     char name[32];
@@ -185,7 +190,7 @@ static int idem__cg_map(int dirfd, unsigned lv, uint32_t num,
     close(fd);
     if (p == MAP_FAILED)
         return -1;
-    if (!idem__cg_sound(p, (size_t)st.st_size, lv, num)) {
+    if (!idem__cg_sound(p, (size_t)st.st_size, lv, num, lazy)) {
         munmap(p, (size_t)st.st_size);
         return -1;
     }
@@ -202,16 +207,30 @@ int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
     idem__cg_name(name, n, lv, num);
     if (faccessat(dirfd, name, F_OK, 0) != 0)
         return 1;
-    if (idem__cg_map(dirfd, lv, num, &img, &len) != 0)
+    if (idem__cg_map(dirfd, lv, num, 0, &img, &len) != 0)
         return 0;
     munmap(img, len);
     return 1;
 }
 
+/* The group num of level lv whose file is mapped at img (len bytes). */
+static idem__cgroup idem__cg_of(unsigned lv, uint32_t num, unsigned char *img,
+                                size_t len, int state)
+{
+    return (idem__cgroup){
+        .num = num,
+        .state = state,
+        .img = img,
+        .len = len,
+        .blocks = (const uint64_t *)(void *)(img + idem__cg_body(lv)),
+        .nblocks = idem__cg_get64(img + 24),
+    };
+}
+
 /* Take the mapped filter of group num of level lv, newer than every
  * group of that level held. */
 static int idem__cg_hold(idem__log *lg, unsigned lv, uint32_t num,
-                         unsigned char *img, size_t len)
+                         unsigned char *img, size_t len, int state)
 {
     idem__cgroups *g = &lg->cg[lv];
     idem__cgroup *v = idem__grow(g->v, g->n, &g->cap, sizeof *v, 16);
@@ -220,33 +239,55 @@ static int idem__cg_hold(idem__log *lg, unsigned lv, uint32_t num,
         return -1;
     }
     g->v = v;
-    v[g->n++] = (idem__cgroup){
-        .num = num,
-        .img = img,
-        .len = len,
-        .blocks = (const uint64_t *)(void *)(img + idem__cg_body(lv)),
-        .nblocks = idem__cg_get64(img + 24),
-    };
+    v[g->n++] = idem__cg_of(lv, num, img, len, state);
     return 0;
 }
 
 /* Build group num's filter of level lv from segs[lo, hi), write it and
- * map it. */
+ * map it (*m, *len). 0 or -1. */
+static int idem__cg_write(idem__log *lg, unsigned lv, uint32_t num, size_t lo,
+                          size_t hi, unsigned char **m, size_t *len)
+{
+    char name[32];
+    unsigned char *img = idem__cg_image(lg, lv, num, lo, hi, len);
+    idem__cg_name(name, sizeof name, lv, num);
+    int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
+                                     *len)
+                 : -1;
+    free(img);
+    if (rc || idem__cg_map(lg->dirfd, lv, num, 0, m, len) != 0)
+        return -1;
+    lg->cg[lv].built++;
+    return 0;
+}
+
+/* Build group num's filter of level lv from segs[lo, hi), newer than
+ * every group of that level held, and hold it. */
 static int idem__cg_make(idem__log *lg, unsigned lv, uint32_t num, size_t lo,
                          size_t hi)
 {
-    char name[32];
+    unsigned char *m;
     size_t len = 0;
-    unsigned char *img = idem__cg_image(lg, lv, num, lo, hi, &len), *m;
-    idem__cg_name(name, sizeof name, lv, num);
-    int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
-                                     len)
-                 : -1;
-    free(img);
-    if (rc || idem__cg_map(lg->dirfd, lv, num, &m, &len) != 0)
+    if (idem__cg_write(lg, lv, num, lo, hi, &m, &len) != 0)
         return -1;
-    lg->cg[lv].built++;
-    return idem__cg_hold(lg, lv, num, m, len);
+    return idem__cg_hold(lg, lv, num, m, len, IDEM__CG_SOUND);
+}
+
+int idem__cgroup_usable(idem__log *lg, unsigned lv, idem__cgroup *q,
+                        size_t lo, size_t hi)
+{
+    unsigned char *m;
+    size_t len;
+    if (q->state == IDEM__CG_UNCHECKED)
+        q->state = idem__cg_body_sound(q->img, q->len) ? IDEM__CG_SOUND
+                                                       : IDEM__CG_DAMAGED;
+    if (q->state != IDEM__CG_DAMAGED)
+        return 1;
+    if (lg->readonly || idem__cg_write(lg, lv, q->num, lo, hi, &m, &len))
+        return 0;
+    munmap(q->img, q->len);
+    *q = idem__cg_of(lv, q->num, m, len, IDEM__CG_SOUND);
+    return 1;
 }
 
 /* Map group num's filter of level lv if it checks out and names its
@@ -256,9 +297,9 @@ static void idem__cg_take(idem__log *lg, unsigned lv, uint32_t num,
 {
     unsigned char *img;
     size_t len;
-    if (idem__cg_map(lg->dirfd, lv, num, &img, &len) == 0) {
+    if (idem__cg_map(lg->dirfd, lv, num, 1, &img, &len) == 0) {
         if (idem__cg_names(lg, img, lo, hi)) {
-            (void)idem__cg_hold(lg, lv, num, img, len);
+            (void)idem__cg_hold(lg, lv, num, img, len, IDEM__CG_UNCHECKED);
             return;
         }
         munmap(img, len);

@@ -66,8 +66,19 @@
 
 struct idem__log;
 
+/* What is known of a group's filter: open checks a file's header and the
+ * identities it names, not its blocks (at 3e8 keys the groups' and runs'
+ * files are 1.1 GB, which a lookup of an old key reads only a block of);
+ * the first lookup that would probe it checks it whole. */
+enum {
+    IDEM__CG_SOUND,          /* checked whole */
+    IDEM__CG_UNCHECKED,      /* header checked, blocks not yet */
+    IDEM__CG_DAMAGED         /* blocks do not check out: as if none */
+};
+
 typedef struct idem__cgroup {
     uint32_t num;            /* segments [num * SPAN, num * SPAN + SPAN) */
+    int state;               /* IDEM__CG_SOUND, ... */
     unsigned char *img;      /* the file, mapped */
     size_t len;
     const uint64_t *blocks;
@@ -124,6 +135,14 @@ static inline int idem__cgroup_has(const idem__cgroup *q, uint64_t h0,
         missing |= m[w] & ~blk[w];
     return missing == 0;
 }
+
+/* May lookups believe q, the filter of group q->num of level lv, whose
+ * cold segments are segs[lo, hi)? 1, or 0 (as if it had none). The
+ * first call checks an unchecked filter whole; one that does not check
+ * out is built again in its place by a writer, and passed over by a
+ * reader. */
+int idem__cgroup_usable(struct idem__log *lg, unsigned lv, idem__cgroup *q,
+                        size_t lo, size_t hi);
 
 /* The newest cold segment just went cold: if it is the last of its
  * group (or run), build that filter (a failure leaves the group without

@@ -222,7 +222,7 @@ static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
-    const idem__cgroups *cg = &lg->cg[lv];
+    idem__cgroups *cg = &lg->cg[lv];
     idem__groups_prefetch(cg, idem__cg_num(lg->segs[lo].id, lv),
                           idem__cg_num(lg->segs[hi - 1].id, lv), gp->h0);
     size_t k = cg->n;
@@ -232,7 +232,8 @@ static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
         bot = bot > lo ? bot : lo;
         while (k > 0 && cg->v[k - 1].num > num)
             k--;
-        if (k > 0 && cg->v[k - 1].num == num) {
+        if (k > 0 && cg->v[k - 1].num == num &&
+            idem__cgroup_usable(lg, lv, &cg->v[k - 1], bot, top)) {
             en->filter_probes++;
             if (!idem__cgroup_has(&cg->v[k - 1], gp->h0, gp->m))
                 continue;
