@@ -377,6 +377,8 @@ static int idem__kix_head_sound(const unsigned char *img, size_t len,
 
 int idem__cold_check(idem__cold *c)
 {
+    if (c->unchecked && !c->heap)
+        madvise(c->img, c->len, MADV_WILLNEED);  /* read at once, in bulk */
     if (c->unchecked &&
         c->body == XXH3_64bits(c->img + IDEM__KIX_HDR, c->len - IDEM__KIX_HDR))
         c->unchecked = 0;
@@ -401,6 +403,11 @@ int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
     close(fd);
     if (p == MAP_FAILED)
         return errno == ENOMEM ? IDEM_ENOMEM : IDEM_EIO;
+    /* A fault reads its page, not the window around it: a lookup reads
+     * a block and a few entries, and open only the header (around it,
+     * the kernel's read-ahead had read every index whole: 3.6 GB at
+     * 3e8 keys, most of a reopen from a cold page cache). */
+    madvise(p, len, MADV_RANDOM);
     memset(c, 0, sizeof *c);
     c->img = p;
     c->len = len;

@@ -103,11 +103,17 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
     if (p == MAP_FAILED)
         return errno == ENOMEM ? IDEM_ENOMEM
                                : idem__log_ioerr(lg, "mmap", g->id, errno);
+    if (need <= IDEM__SEG_HDR)
+        /* A cold segment: open reads its header, a lookup a frame. A
+         * fault reads its page, not the window around it (up to the
+         * whole segment, with a large read-ahead). */
+        madvise(p, len, MADV_RANDOM);
 #ifdef MADV_POPULATE_READ
-    /* Fill the page tables for what exists in one call rather than one
-     * fault per page on first read (recovery reads all of it). A hint:
-     * older kernels refuse it, harmlessly. */
-    madvise(p, need, MADV_POPULATE_READ);
+    else
+        /* Fill the page tables for what exists in one call rather than
+         * one fault per page on first read (recovery reads all of it).
+         * A hint: older kernels refuse it, harmlessly. */
+        madvise(p, need, MADV_POPULATE_READ);
 #endif
     if (g->base)
         munmap(g->base, g->maplen);

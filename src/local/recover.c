@@ -291,6 +291,8 @@ static int idem__kix_rebuild(idem__log *lg, idem__seg *g, idem__cold *c)
 {
     idem__scan sc;
     int rc = idem__log_map(lg, g, (size_t)g->size);
+    if (!rc && !lg->memory)  /* mapped for random reads: read in bulk */
+        madvise(g->base, (size_t)g->size, MADV_WILLNEED);
     if (!rc)
         rc = idem__verify_frames(lg, g, 0, &sc);
     idem__segid sg = {g->id, g->size, g->created, g->base};
