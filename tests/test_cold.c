@@ -755,6 +755,27 @@ Test(cold, seed_workload_lets_no_repeat_through, .timeout = 300)
     free(o);
 }
 
+/* idem bench --overlap syncs each batch while it claims the next: every
+ * batch is still claimed, and all of them are durable once it ends. */
+Test(cold, bench_overlap_syncs_every_batch)
+{
+    char u[4400];
+    snprintf(u, sizeof u, "%s?hot=64k&segment=64k", t_local_uri(dir));
+    cr_assert_eq(t_cli(dir, "bench --overlap -n 5000 --batch 700 --store "
+                            "'%s' > out", u),
+                 0);
+    char out[4500];
+    snprintf(out, sizeof out, "%s/out", dir);
+    char *o = t_read(out, NULL);
+    cr_assert(strstr(o, " new=5000 "), "%s", o);
+    free(o);
+    idem_store *s = t_open(u);
+    idem_stats st = stats_of(s);
+    cr_assert_eq(st.hot_keys + st.cold_keys, 5000);
+    cr_assert_gt(st.cold_keys, 0);
+    cr_assert_eq(idem_close(s), 0);
+}
+
 /* Claim keys [from, to) of prefix in one batch, recorded DONE at once;
  * each answers kind (NEW the first time, REPLAY after). */
 static void claim_range(idem_store *s, const char *prefix, int from, int to,

@@ -31,10 +31,10 @@ static const char bench_usage[] =
     "                  [--workload claim|claim-complete|replay|seed]\n"
     "                  [--keys random|ordered] [-n N] [--batch B]\n"
     "                  [--value-size BYTES] [--reopen] [--skip N]\n"
-    "                  [--every N]\n"
+    "                  [--every N] [--overlap]\n"
     "\n"
     "Measures a store. Prints one line of name=value pairs, among them\n"
-    "ops_per_sec. Every batch is synced (durable).\n"
+    "ops_per_sec. Every batch is synced (durable) before the next.\n"
     "\n"
     "  --store URI        store to use (default local:./idem-bench-data);\n"
     "                     use a fresh one: existing keys change the answers\n"
@@ -52,6 +52,10 @@ static const char bench_usage[] =
     "                     that holds keys 0..N-1 from an earlier run\n"
     "  --every N          also print, to stderr, the rate of each N keys\n"
     "                     (is it sustained at the end as at the start?)\n"
+    "  --overlap          sync each batch while the next one is claimed,\n"
+    "                     as idem dedup and idem run do: a batch is\n"
+    "                     durable before the one after it returns\n"
+    "                     (claim and claim-complete)\n"
     "\n"
     "seed: messages offered at --rate N a second (default 50000) of an\n"
     "injected clock for --simulate SECONDS (default 86400); --repeats\n"
@@ -67,7 +71,7 @@ static const char bench_usage[] =
 
 typedef struct bench_cfg {
     const char *uri, *workload;
-    int random_keys, reopen;
+    int random_keys, reopen, overlap;
     size_t n, batch, value_size, skip, every;
     uint64_t rate, simulate, repeats, ttl_s;   /* seed */
 } bench_cfg;
@@ -111,7 +115,7 @@ static int run_batch(idem_store *s, const bench_cfg *c, bench_buf *b,
         b->keys[j] = (idem_key){k, KEYLEN, NULL};
     }
     int rc = idem_claim_many(s, b->keys, m, NULL, b->outs,
-                             complete ? IDEM_NOSYNC : 0);
+                             complete || c->overlap ? IDEM_NOSYNC : 0);
     size_t q = 0;
     for (size_t j = 0; !rc && j < m; j++) {
         *news += b->outs[j].kind == IDEM_NEW;
@@ -121,7 +125,10 @@ static int run_batch(idem_store *s, const bench_cfg *c, bench_buf *b,
                                               c->value_size, 0};
     }
     if (!rc && complete)
-        rc = idem_complete_many(s, b->items, q, b->st, 0);
+        rc = idem_complete_many(s, b->items, q, b->st,
+                                c->overlap ? IDEM_NOSYNC : 0);
+    if (!rc && c->overlap)  /* the batch before is durable; sync this one */
+        rc = idem_sync_wait(s) || idem_sync_start(s) ? -1 : 0;
     if (rc)
         fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
     return rc;
@@ -149,6 +156,10 @@ static int run_all(idem_store *s, const bench_cfg *c, bench_buf *b,
             return 1;
         progress(c, i + m, m, &since);
     }
+    if (c->overlap && idem_sync_wait(s) != 0) {
+        fprintf(stderr, "idem bench: %s\n", idem_errdetail(s));
+        return 1;
+    }
     return 0;
 }
 
@@ -174,12 +185,15 @@ static int parse(int argc, char **argv, bench_cfg *c)
         {"skip", 1, 0, 'S'},       {"help", 0, 0, 'h'},
         {"every", 1, 0, 'e'},      {"rate", 1, 0, 'R'},
         {"simulate", 1, 0, 'D'},   {"repeats", 1, 0, 'P'},
-        {"ttl", 1, 0, 'T'},        {0, 0, 0, 0}};
+        {"ttl", 1, 0, 'T'},        {"overlap", 0, 0, 'o'},
+        {0, 0, 0, 0}};
     static const char *const workloads[] = {"claim", "claim-complete",
                                             "replay", "seed", NULL};
     static const char *const keys[] = {"ordered", "random", NULL};
-    *c = (bench_cfg){"local:./idem-bench-data", "claim", 1, 0, 1000000, 1000,
-                     16, 0, 0, 50000, 86400, 10, 86400};
+    *c = (bench_cfg){.uri = "local:./idem-bench-data", .workload = "claim",
+                     .random_keys = 1, .n = 1000000, .batch = 1000,
+                     .value_size = 16, .rate = 50000, .simulate = 86400,
+                     .repeats = 10, .ttl_s = 86400};
     int ch, rc = 0, i = 0;
     uint64_t v = 0;
     while (!rc && (ch = cli_getopt_short("bench", argc, argv, ":n:h",
@@ -214,6 +228,7 @@ static int parse(int argc, char **argv, bench_cfg *c)
         case 'T': rc = cli_number("bench", "--ttl", optarg, 3600,
                                   366 * 86400, &c->ttl_s); break;
         case 'r': c->reopen = 1; break;
+        case 'o': c->overlap = 1; break;
         case 'S':
             rc = cli_number("bench", "--skip", optarg, 0, BENCH_N_MAX, &v);
             c->skip = (size_t)v;
