@@ -403,15 +403,16 @@ int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
     close(fd);
     if (p == MAP_FAILED)
         return errno == ENOMEM ? IDEM_ENOMEM : IDEM_EIO;
-    /* A fault reads its page, not the window around it: a lookup reads
-     * a block and a few entries, and open only the header (around it,
-     * the kernel's read-ahead had read every index whole: 3.6 GB at
-     * 3e8 keys, most of a reopen from a cold page cache). */
+    /* The header is read by itself: around it the kernel's read-ahead
+     * would read the whole index (3.6 GB at 3e8 keys, most of a reopen
+     * from a cold page cache). Lookups then read as usual. */
     madvise(p, len, MADV_RANDOM);
+    int sound = idem__kix_head_sound(p, len, sg);
+    madvise(p, len, MADV_NORMAL);
     memset(c, 0, sizeof *c);
     c->img = p;
     c->len = len;
-    if (idem__kix_head_sound(p, len, sg)) {
+    if (sound) {
         idem__cold_point(c);
         c->unchecked = 1;
         if (lazy || idem__cold_check(c))

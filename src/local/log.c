@@ -104,9 +104,9 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
         return errno == ENOMEM ? IDEM_ENOMEM
                                : idem__log_ioerr(lg, "mmap", g->id, errno);
     if (need <= IDEM__SEG_HDR)
-        /* A cold segment: open reads its header, a lookup a frame. A
-         * fault reads its page, not the window around it (up to the
-         * whole segment, with a large read-ahead). */
+        /* A cold segment: open reads its header by itself, not the
+         * window around it (up to the whole segment, with a large
+         * read-ahead); idem__log_map_read() ends that. */
         madvise(p, len, MADV_RANDOM);
 #ifdef MADV_POPULATE_READ
     else
@@ -120,6 +120,12 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
     g->base = p;
     g->maplen = len;
     return 0;
+}
+
+void idem__log_map_read(idem__seg *g)
+{
+    if (g->base && g->fd >= 0)
+        madvise(g->base, g->maplen, MADV_NORMAL);
 }
 
 int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,

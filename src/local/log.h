@@ -128,8 +128,12 @@ int idem__log_new_segment(idem__log *lg, int64_t now);
  * first if it has one. */
 int idem__log_drop_oldest(idem__log *lg);
 
-/* Map (more of) a file segment so that `need` bytes are readable. */
+/* Map (more of) a file segment so that `need` bytes are readable. A
+ * mapping of the header alone (a cold segment's, at open) reads only
+ * the pages touched until idem__log_map_read(g) says it is to be read
+ * as usual. */
 int idem__log_map(idem__log *lg, idem__seg *g, size_t need);
+void idem__log_map_read(idem__seg *g);
 
 /* Cold segment g's key index checks out (it was loaded lazily, see
  * idem__cold_load): 0 once it does, whether as it was or built again

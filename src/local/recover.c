@@ -291,8 +291,6 @@ static int idem__kix_rebuild(idem__log *lg, idem__seg *g, idem__cold *c)
 {
     idem__scan sc;
     int rc = idem__log_map(lg, g, (size_t)g->size);
-    if (!rc && !lg->memory)  /* mapped for random reads: read in bulk */
-        madvise(g->base, (size_t)g->size, MADV_WILLNEED);
     if (!rc)
         rc = idem__verify_frames(lg, g, 0, &sc);
     idem__segid sg = {g->id, g->size, g->created, g->base};
@@ -342,6 +340,7 @@ static int idem__load_cold(idem__log *lg, uint32_t id)
         return rc;
     if ((rc = idem__seg_header_ok(g.base, (size_t)g.size, id, &g.created)))
         rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
+    idem__log_map_read(&g);
     idem__cold *c = rc ? NULL : calloc(1, sizeof *c);
     if (!rc && !c)
         rc = idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
