@@ -86,6 +86,47 @@ static idem_stats stats_of(idem_store *s)
     return st;
 }
 
+/* idem__cold_lower starts where a uniform hash would be and gallops from
+ * there: whatever the values (uniform, bunched at one end, all equal,
+ * duplicated), it answers as a scan does: the first entry not below. */
+Test(cold, the_index_search_answers_as_a_scan_does)
+{
+    enum { MAX = 3000 };
+    uint64_t *v = malloc(MAX * sizeof *v);
+    cr_assert(v);
+    uint64_t r = 0x9E3779B97F4A7C15ull;
+    for (int shape = 0; shape < 5; shape++)
+        for (uint64_t n = 0; n <= MAX; n += n < 20 ? 1 : 997) {
+            for (uint64_t i = 0; i < n; i++) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                v[i] = shape == 0   ? r
+                       : shape == 1 ? r >> 40           /* all near 0 */
+                       : shape == 2 ? ~(r >> 40)        /* all near 2^64 */
+                       : shape == 3 ? 42                /* all equal */
+                                    : (r >> 60) << 60; /* 16 values */
+            }
+            for (uint64_t i = 1; i < n; i++)  /* insertion sort */
+                for (uint64_t j = i; j > 0 && v[j - 1] > v[j]; j--) {
+                    uint64_t t = v[j];
+                    v[j] = v[j - 1];
+                    v[j - 1] = t;
+                }
+            idem__cold c = {.h0s = v, .nents = n};
+            for (uint64_t q = 0; q < 2 * n + 8; q++) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                uint64_t x = q < n ? v[q] - (q & 1) : q & 1 ? r : ~0ull - q;
+                uint64_t want = 0;
+                while (want < n && v[want] < x)
+                    want++;
+                uint64_t h[2] = {x, 0};
+                cr_assert_eq(idem__cold_lower(&c, h), want,
+                             "shape %d n %llu x %llx", shape,
+                             (unsigned long long)n, (unsigned long long)x);
+            }
+        }
+    free(v);
+}
+
 Test(cold, keys_leave_ram_and_answer_from_disk)
 {
     idem_store *s = t_open(uri);
