@@ -953,3 +953,38 @@ Test(cold, an_eviction_leaves_no_stale_entry_in_ram)
     expect_churned(s, CHURN);
     cr_assert_eq(idem_close(s), 0);
 }
+
+/* With one record a segment, every sealed segment is mostly dead to a
+ * sweep (a survivor or two are cheap to move), and its copies roll into
+ * new segments that are the same. A sweep moves each segment there was
+ * when it began, once: one that chased its own copies never returned. */
+Test(cold, a_sweep_does_not_chase_its_own_copies, .timeout = 30)
+{
+    idem_store *s = t_open(uri);
+    enum { KEYS = 12 };
+    for (int i = 0; i < KEYS; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        idem_outcome o;
+        cr_assert_eq(claim(s, k, &o), 0);
+        cr_assert_eq(idem_complete(s, k, strlen(k), o.token, k, strlen(k),
+                                   0), 0);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    uint64_t expired, before = stats_of(s).records_copied;
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0);
+    cr_assert_leq(stats_of(s).records_copied - before, KEYS);
+    cr_assert_eq(idem_sweep(s, 0, &expired), 0);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(uri);
+    for (int i = 0; i < KEYS; i++) {
+        char k[32];
+        key_of(k, sizeof k, i);
+        idem_outcome o;
+        cr_assert_eq(claim(s, k, &o), 0);
+        cr_assert_eq(o.kind, IDEM_REPLAY, "%s", k);
+        cr_assert_eq(o.len, strlen(k));
+        cr_assert_eq(memcmp(o.data, k, o.len), 0);
+    }
+    cr_assert_eq(idem_close(s), 0);
+}

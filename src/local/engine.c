@@ -908,12 +908,18 @@ static int idem__copy_forward(idem_store *s, idem__seg *g, int64_t now)
 /* Survivors few enough to copy out of the oldest segment in any case. */
 #define IDEM__FEW 8
 
-/* Drop (or empty, then drop) the oldest segments while that is cheap. */
+/* Drop (or empty, then drop) the oldest segments while that is cheap.
+ * Only segments sealed before the call: the copies land in the active
+ * segment and, when records are few to a segment (large responses, a
+ * small segment size), roll it into new ones whose survivors are as few;
+ * a loop that went on into those would copy the same live keys forward
+ * for ever, and the sweep would never return. */
 static int idem__retire_oldest(idem_store *s, int64_t now)
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
-    while (lg->nsegs > 1 && !lg->in_group) {
+    const uint32_t stop = lg->nsegs ? lg->segs[lg->nsegs - 1].id : 0;
+    while (lg->nsegs > 1 && !lg->in_group && lg->segs[0].id < stop) {
         idem__seg *g = &lg->segs[0];
         uint64_t pins = idem__ckpt_pins(en, g->id);
         int dead = (g->live == 0 || g->max_expires <= now) && pins == 0;
