@@ -59,7 +59,7 @@ static const char bench_usage[] =
     "\n"
     "seed: messages offered at --rate N a second (default 50000) of an\n"
     "injected clock for --simulate SECONDS (default 86400); --repeats\n"
-    "PERCENT of them (default 10) repeat an earlier message, 80 %% of those\n"
+    "PERCENT of them (default 10) repeat an earlier message, 80 % of those\n"
     "within the hour, the rest within the TTL (--ttl SECONDS, default\n"
     "86400). Each NEW is completed with an empty response. Prints RAM,\n"
     "disk, the repeats that got through as NEW (exit status 1 unless 0)\n"
