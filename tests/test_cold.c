@@ -721,9 +721,20 @@ Test(cold, cli_stats_shows_the_cold_keys)
     snprintf(out, sizeof out, "%s/out", dir);
     cr_assert(t_grep(out, "hot keys       10\n"), "%s", t_read(out, NULL));
     cr_assert(t_grep(out, "cold keys      190 (at most) in 20 segments"));
-    cr_assert(t_grep(out, "RAM (filters)"));
+    cr_assert(t_grep(out, "RAM (filter)   "));
+    cr_assert(t_grep(out, "the segments' own: page cache"));
     cr_assert_eq(t_cli(dir, "stats --json --store '%s' > out", uri), 0);
     cr_assert(t_grep(out, "\"cold_segments\":20,"));
+    idem_stats st;
+    cr_assert_eq(idem_open(uri, NULL, &s), 0);
+    cr_assert_eq(idem_stats_read(s, &st, sizeof st), 0);
+    cr_assert_gt(st.cold_front_bytes, 0);
+    cr_assert_lt(st.cold_front_bytes, st.cold_index_bytes);
+    cr_assert_eq(idem_close(s), 0);
+    char want[64];
+    snprintf(want, sizeof want, "\"cold_front_bytes\":%llu",
+             (unsigned long long)st.cold_front_bytes);
+    cr_assert(t_grep(out, want), "%s", t_read(out, NULL));
     cr_assert_eq(t_cli(dir, "get order-5 --store '%s' > out", uri), 0);
     cr_assert(t_grep(out, "response   order-5"));
 }

@@ -979,6 +979,9 @@ typedef struct idem_stats {
                                        * cold segment held) */
     uint64_t cold_reads;       /* frames read from cold segments */
     uint64_t cold_rebuilt;     /* key indexes built again at open */
+    uint64_t cold_front_bytes; /* of cold_index_bytes, the filter in
+                                * front: the RAM a cold key costs (a
+                                * reader maps it from PATH/COLD) */
 } idem_stats;
 
 /* Fill *out up to records_copied, the fields idem_stats had when this

@@ -1131,7 +1131,8 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
         out->cold_index_bytes += idem__cold_bytes(lg->segs[i].cold);
         out->cold_segments++;
     }
-    out->cold_index_bytes += idem__cfilter_bytes(&lg->cf);
+    out->cold_front_bytes = idem__cfilter_bytes(&lg->cf);
+    out->cold_index_bytes += out->cold_front_bytes;
     out->live_keys += out->cold_keys;
     out->cold_lookups = en->cold_lookups;
     out->filter_probes = en->filter_probes;

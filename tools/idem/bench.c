@@ -274,12 +274,15 @@ static void print_cold(const idem_stats *st)
     uint64_t hits = st->index_searches - st->filter_false_positives;
     uint64_t misses = st->filter_probes - hits;
     printf(" hot_keys=%" PRIu64 " cold_keys=%" PRIu64 " cold_segments=%" PRIu64
-           " filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
+           " filter_bytes_per_cold_key=%.2f"
+           " front_filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
            " filter_probes_per_lookup=%.2f index_searches_per_lookup=%.4f"
            " frame_reads_per_lookup=%.4f"
            " false_positives=%" PRIu64 " false_positive_rate=%.2e",
            st->hot_keys, st->cold_keys, st->cold_segments,
            (double)st->cold_index_bytes /
+               (double)(st->cold_keys ? st->cold_keys : 1),
+           (double)st->cold_front_bytes /
                (double)(st->cold_keys ? st->cold_keys : 1),
            st->cold_lookups, (double)st->filter_probes / q,
            (double)st->index_searches / q, (double)st->cold_reads / q,

@@ -58,16 +58,20 @@ static void print_text(const char *uri, const idem_stats *st,
     if (!st->cold_segments)
         return;
     uint64_t q = st->cold_lookups ? st->cold_lookups : 1;
+    double cold = (double)(st->cold_keys ? st->cold_keys : 1);
     printf("hot keys       %" PRIu64 "\ncold keys      %" PRIu64
-           " (at most) in %" PRIu64 " segments\nRAM (filters)  %" PRIu64
-           " bytes (%.2f a cold key)\ncold lookups   %" PRIu64
+           " (at most) in %" PRIu64 " segments\nRAM (filter)   %" PRIu64
+           " bytes (%.2f a cold key), the filter in front\n"
+           "mapped filters %" PRIu64
+           " bytes (%.2f a cold key), the segments' own: page cache\n"
+           "cold lookups   %" PRIu64
            ": %.2f filter probes, %.3f index searches, %.3f frame reads "
            "each; %" PRIu64
            " false positives\n",
            st->hot_keys, st->cold_keys, st->cold_segments,
-           st->cold_index_bytes,
-           (double)st->cold_index_bytes /
-               (double)(st->cold_keys ? st->cold_keys : 1),
+           st->cold_front_bytes, (double)st->cold_front_bytes / cold,
+           st->cold_index_bytes - st->cold_front_bytes,
+           (double)(st->cold_index_bytes - st->cold_front_bytes) / cold,
            st->cold_lookups, (double)st->filter_probes / (double)q,
            (double)st->index_searches / (double)q,
            (double)st->cold_reads / (double)q, st->filter_false_positives);
@@ -216,10 +220,11 @@ int cli_cmd_stats(int argc, char **argv)
                ",\"cold_lookups\":%" PRIu64 ",\"filter_probes\":%" PRIu64
                ",\"index_searches\":%" PRIu64
                ",\"filter_false_positives\":%" PRIu64
-               ",\"cold_reads\":%" PRIu64,
+               ",\"cold_reads\":%" PRIu64 ",\"cold_front_bytes\":%" PRIu64,
                st.hot_keys, st.cold_keys, st.cold_segments,
                st.cold_index_bytes, st.cold_lookups, st.filter_probes,
-               st.index_searches, st.filter_false_positives, st.cold_reads);
+               st.index_searches, st.filter_false_positives, st.cold_reads,
+               st.cold_front_bytes);
         if (o.per_space) {
             fputs(",\"key_spaces\":{", stdout);
             print_spaces(&c, 1);
