@@ -366,11 +366,13 @@ Test(torn, version_4_frame_cut_and_garbled_at_every_byte, .timeout = 60)
     const char *vals[] = {"", "response", "", ""};
     for (size_t i = 0; i < sizeof recs / sizeof *recs; i++) {
         size_t kl = strlen(keys[i]), vl = strlen(vals[i]);
-        size_t len = idem__frame_size(&recs[i], kl, vl);
+        idem__fplan plan;
+        size_t len = idem__frame_plan(&plan, types[i], &recs[i], keys[i], kl,
+                                      vals[i], vl);
         unsigned char *buf = malloc(len + 64), *bad = malloc(len + 64);
         cr_assert(buf && bad);
         memset(buf, 0xa5, len + 64);  /* what follows is not zero */
-        idem__frame_encode(buf, types[i], &recs[i], keys[i], kl, vals[i], vl);
+        idem__frame_write(buf, &plan);
         cr_assert_eq(len % IDEM__REC_ALIGN, 0);
         cr_assert_eq(buf[12], IDEM__REC_VERSION);
         idem__frame f;

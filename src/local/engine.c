@@ -368,11 +368,12 @@ static int idem__put(idem_store *s, idem__found *fo, uint8_t type,
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
-    size_t n = idem__frame_size(r, keylen, vallen);
+    idem__fplan fp;
+    size_t n = idem__frame_plan(&fp, type, r, key, keylen, val, vallen);
     int rc = idem__log_append(&en->log, now, n, &dst, &seg, &off);
     if (rc)
         return rc;
-    idem__frame_encode(dst, type, r, key, keylen, val, vallen);
+    idem__frame_write(dst, &fp);
     idem__seg_unref(en, fo);
     if (!fo->e)
         fo->e = idem__index_insert(&en->ix, fo->h);
@@ -716,12 +717,14 @@ static int idem__eng_forget(idem_store *s, const void *key, size_t keylen)
         return idem__fail(s, IDEM_ENOMEM, "out of memory");
     unsigned char *dst;
     uint32_t seg, off;
+    idem__fplan fp;
     rc = idem__log_append(&en->log, now,
-                          idem__frame_size(&fo.f.rec, keylen, 0), &dst,
-                          &seg, &off);
+                          idem__frame_plan(&fp, IDEM__R_FORGET, &fo.f.rec,
+                                           key, keylen, NULL, 0),
+                          &dst, &seg, &off);
     if (rc)
         return rc;
-    idem__frame_encode(dst, IDEM__R_FORGET, &fo.f.rec, key, keylen, NULL, 0);
+    idem__frame_write(dst, &fp);
     /* The tombstone's entry points at the FORGET frame, which is what a
      * cold index will name once its segment goes cold. */
     idem__seg_unref(en, &fo);
@@ -818,12 +821,14 @@ static int idem__eng_ckpt_put(idem_store *s, const char *name,
     unsigned char *dst;
     uint32_t seg, off;
     idem__rec r = {.expires = INT64_MAX};
+    idem__fplan fp;
     int rc = idem__log_append(&en->log, idem__now(s),
-                              idem__frame_size(&r, nlen, len), &dst, &seg,
-                              &off);
+                              idem__frame_plan(&fp, IDEM__R_CHECKPOINT, &r,
+                                               name, nlen, blob, len),
+                              &dst, &seg, &off);
     if (rc)
         return rc;
-    idem__frame_encode(dst, IDEM__R_CHECKPOINT, &r, name, nlen, blob, len);
+    idem__frame_write(dst, &fp);
     return idem__ckpt_set(en, name, nlen, seg, off);
 }
 

@@ -306,11 +306,11 @@ static int idem__commit(idem__log *lg, int start)
     if (rc0)
         return rc0;
     idem__rec none = {.created = (int64_t)idem__active(lg)->committed};
-    size_t n = idem__frame_size(&none, 0, 0);
+    idem__fplan fp;
+    size_t n = idem__frame_plan(&fp, IDEM__R_COMMIT, &none, NULL, 0, NULL, 0);
     if (idem__buf_reserve(&lg->wbuf, n))
         return idem__fail(lg->s, IDEM_ENOMEM, "out of memory");
-    idem__frame_encode(lg->wbuf.data + lg->wbuf.len, IDEM__R_COMMIT, &none,
-                       NULL, 0, NULL, 0);
+    idem__frame_write(lg->wbuf.data + lg->wbuf.len, &fp);
     lg->wbuf.len += n;
     int rc = idem__flush(lg);
     if (rc) {

@@ -135,11 +135,17 @@ static size_t idem__v4_stream(unsigned char *st, uint8_t type,
     return n;
 }
 
-size_t idem__frame_size(const idem__rec *r, size_t keylen, size_t vallen)
+size_t idem__frame_plan(idem__fplan *p, uint8_t type, const idem__rec *r,
+                        const void *key, size_t keylen, const void *val,
+                        size_t vallen)
 {
-    unsigned char st[IDEM__V4_STREAM];
-    return idem__size_with(5 + idem__v4_stream(st, 0, r, keylen, vallen),
-                           keylen, vallen, 4);
+    p->n = idem__v4_stream(p->st, type, r, keylen, vallen);
+    p->len = idem__size_with(5 + p->n, keylen, vallen, 4);
+    p->key = key;
+    p->keylen = keylen;
+    p->val = val;
+    p->vallen = vallen;
+    return p->len;
 }
 
 /* A COMMIT's created is an offset in its segment, below 4 GiB, and its
@@ -149,22 +155,18 @@ const size_t idem__commit_sizes[] = {16, 20, IDEM__REC_HDR3,
                                      IDEM__REC_HDR3 + 8, IDEM__REC_HDR2,
                                      IDEM__REC_HDR1, 0};
 
-void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,
-                        const void *key, size_t keylen, const void *val,
-                        size_t vallen)
+void idem__frame_write(unsigned char *dst, const idem__fplan *p)
 {
-    unsigned char st[IDEM__V4_STREAM];
-    size_t n = idem__v4_stream(st, type, r, keylen, vallen);
-    size_t len = idem__size_with(5 + n, keylen, vallen, 4);
-    memcpy(dst + 4, st, 8);
+    const size_t n = p->n, len = p->len;
+    memcpy(dst + 4, p->st, 8);
     dst[12] = IDEM__REC_VERSION;
-    memcpy(dst + 13, st + 8, n - 8);
+    memcpy(dst + 13, p->st + 8, n - 8);
     unsigned char *q = dst + 5 + n;
-    if (keylen)
-        memcpy(q, key, keylen);
-    if (vallen)
-        memcpy(q + keylen, val, vallen);
-    memset(q + keylen + vallen, 0, len - (5 + n) - keylen - vallen);
+    if (p->keylen)
+        memcpy(q, p->key, p->keylen);
+    if (p->vallen)
+        memcpy(q + p->keylen, p->val, p->vallen);
+    memset(q + p->keylen + p->vallen, 0, len - (5 + n) - p->keylen - p->vallen);
     idem__put32(dst, (uint32_t)XXH3_64bits(dst + 4, len - 4));
 }
 

@@ -170,17 +170,29 @@ typedef struct idem__frame {
     uint32_t vallen;
 } idem__frame;
 
-/* Bytes the frame of record r with these sizes takes. */
-size_t idem__frame_size(const idem__rec *r, size_t keylen, size_t vallen);
+/* A frame worked out before it is written: its length first, to make
+ * room for it, then its bytes, with its field stream encoded once (a
+ * claim's frame is most of a claim's own work). */
+typedef struct idem__fplan {
+    unsigned char st[IDEM__V4_STREAM];  /* the field stream */
+    size_t n;                           /* bytes of st used */
+    size_t len;                         /* of the frame */
+    const void *key, *val;
+    size_t keylen, vallen;
+} idem__fplan;
+
+/* Plan into *p the frame of type for record r, key and value (which
+ * must stay valid until idem__frame_write()). Returns its length. */
+size_t idem__frame_plan(idem__fplan *p, uint8_t type, const idem__rec *r,
+                        const void *key, size_t keylen, const void *val,
+                        size_t vallen);
 
 /* The sizes a COMMIT frame written by any version may have, 0 ended
  * (log_check.c looks for one at a segment's end). */
 extern const size_t idem__commit_sizes[];
 
-/* Encode a frame into dst, which has idem__frame_size() bytes. */
-void idem__frame_encode(unsigned char *dst, uint8_t type, const idem__rec *r,
-                        const void *key, size_t keylen, const void *val,
-                        size_t vallen);
+/* Write the frame p planned into dst, which has p->len bytes. */
+void idem__frame_write(unsigned char *dst, const idem__fplan *p);
 
 /* Decode the frame at p with `avail` bytes readable. Returns 0, or
  * IDEM_ECORRUPT when no valid frame starts there (torn, garbled, or not a

@@ -629,12 +629,12 @@ static int idem__seal_rewrite(idem__rewrite *w)
     if (w->durable_len <= w->commit_len)
         return 0;
     idem__rec none = {0};
-    size_t n = idem__frame_size(&none, 0, 0);
+    idem__fplan fp;
+    size_t n = idem__frame_plan(&fp, IDEM__R_COMMIT, &none, NULL, 0, NULL, 0);
     w->out.len = (size_t)w->durable_len;
     if (idem__buf_reserve(&w->out, n))
         return IDEM_ENOMEM;
-    idem__frame_encode(w->out.data + w->out.len, IDEM__R_COMMIT, &none, NULL,
-                       0, NULL, 0);
+    idem__frame_write(w->out.data + w->out.len, &fp);
     w->out.len += n;
     w->commit_len = w->out.len;
     return 0;
