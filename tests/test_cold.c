@@ -999,3 +999,37 @@ Test(cold, a_sweep_does_not_chase_its_own_copies, .timeout = 30)
     }
     cr_assert_eq(idem_close(s), 0);
 }
+
+/* A segment may pass the roll size by more than the 1 MiB slack of its
+ * map (one value of a few MiB): once cold, reopened, its fd is closed
+ * after its header was mapped, and a read past that window must still
+ * work (it failed with "mmap: Bad file descriptor", IDEM_EIO). */
+Test(cold, a_cold_segment_past_its_map_window_reads_after_reopen)
+{
+    char u[4500];
+    snprintf(u, sizeof u, "%s?hot=0&segment=4M", t_local_uri(dir));
+    size_t vl = 6u << 20;
+    unsigned char *v = malloc(vl);
+    cr_assert(v);
+    memset(v, 0x5a, vl);
+    idem_store *s;
+    cr_assert_eq(idem_open(u, NULL, &s), 0);
+    idem_outcome o;
+    cr_assert_eq(claim(s, "a", &o), 0);
+    cr_assert_eq(idem_complete(s, "a", 1, o.token, v, vl, 0), 0);
+    cr_assert_eq(idem_sync(s), 0);
+    cr_assert_eq(claim(s, "b", &o), 0);  /* a's segment rolls, goes cold */
+    cr_assert_eq(idem_sync(s), 0);
+    cr_assert_eq(idem_close(s), 0);
+    cr_assert_eq(idem_open(u, NULL, &s), 0);
+    idem_record r;
+    int rc = idem_get(s, "a", 1, &r);
+    cr_assert_eq(rc, 0, "get: %d %s", rc, idem_errdetail(s));
+    cr_assert_eq(r.len, vl);
+    cr_assert_eq(memcmp(r.data, v, vl), 0);
+    rc = claim(s, "a", &o);
+    cr_assert_eq(rc, 0, "claim: %d %s", rc, idem_errdetail(s));
+    cr_assert_eq(o.kind, IDEM_REPLAY);
+    idem_close(s);
+    free(v);
+}

@@ -96,8 +96,13 @@ int idem__log_map(idem__log *lg, idem__seg *g, size_t need)
 {
     if (lg->memory || need <= g->maplen)
         return 0;
+    /* The window covers the whole file, whatever need asks for: a
+     * segment can pass segment_bytes by a group's worth of frames (a
+     * value up to 64 MiB), and a sealed segment's fd is closed once it is
+     * mapped (a cold one's at open, after only its header was asked for),
+     * so a later read past a smaller window would map from fd -1. */
     size_t len = (size_t)lg->segment_bytes + (1u << 20);
-    while (len < need)
+    while (len < need || len < g->size)
         len *= 2;
     void *p = mmap(NULL, len, PROT_READ, MAP_SHARED, g->fd, 0);
     if (p == MAP_FAILED)
