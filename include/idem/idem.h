@@ -970,9 +970,11 @@ typedef struct idem_stats {
     uint64_t cold_index_bytes; /* their Bloom filters (file pages) and
                                 * the one in front of them all (RAM) */
     uint64_t cold_lookups;     /* lookups RAM did not answer */
-    uint64_t filter_probes;    /* Bloom filters asked by those (the one
-                                * in front, then on a maybe each cold
-                                * segment's) */
+    uint64_t filter_probes;    /* filter blocks read by those: the one
+                                * in front, then on a maybe those of
+                                * runs and groups (a stripe answers for
+                                * their 16 members at once) and of cold
+                                * segments with no group */
     uint64_t index_searches;   /* filter hits: key indexes searched */
     uint64_t filter_false_positives;  /* filter hits the index denied (or,
                                        * for the one in front, that no
@@ -982,6 +984,13 @@ typedef struct idem_stats {
     uint64_t cold_front_bytes; /* of cold_index_bytes, the filter in
                                 * front: the RAM a cold key costs (a
                                 * reader maps it from PATH/COLD) */
+    uint64_t filters_asked;    /* filters asked whether a segment holds
+                                * a key: each cold segment's own, and
+                                * each segment a group's stripe answers
+                                * for (the filter in front is asked once
+                                * a cold lookup) */
+    uint64_t front_false_positives; /* of filter_false_positives, the
+                                * filter in front's */
 } idem_stats;
 
 /* Fill *out up to records_copied, the fields idem_stats had when this

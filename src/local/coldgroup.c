@@ -26,7 +26,7 @@
 
 #include "log.h"
 
-#define IDEM__CG_VERSION 2u
+#define IDEM__CG_VERSION 3u
 #define IDEM__CG_HDR 64u
 #define IDEM__CG_BITS 16u  /* per key */
 
@@ -68,23 +68,45 @@ static int idem__cg_members(const idem__log *lg, unsigned lv, uint32_t num,
     return complete;
 }
 
-/* Set the keys of cold index c in the blocks. Loads of blocks a few
- * entries ahead overlap with the writes. */
-static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nblocks,
+/* Set the keys of cold index c in lane j of nstripes stripes. Loads of
+ * blocks a few entries ahead overlap with the writes. */
+static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nstripes, unsigned j,
                              const idem__cold *c)
 {
     enum { AHEAD = 16 };
     const uint64_t *h0s = c->h0s;
+    uint64_t *lane = blocks + 8 * j;
     for (uint64_t i = 0; i < c->nents; i++) {
         if (i + AHEAD < c->nents)
-            __builtin_prefetch(
-                blocks + 8 * idem__cg_block(nblocks, h0s[i + AHEAD]), 1);
-        uint64_t m[8], *blk = blocks + 8 * idem__cg_block(nblocks, h0s[i]);
+            __builtin_prefetch(lane + 8 * IDEM__CG_LANES *
+                                          idem__cg_stripe_of(nstripes,
+                                                             h0s[i + AHEAD]),
+                               1);
+        uint64_t m[8], *blk = lane + 8 * IDEM__CG_LANES *
+                                         idem__cg_stripe_of(nstripes, h0s[i]);
         idem__cf_mask(h0s[i], m);
         for (unsigned w = 0; w < 8; w++)
             blk[w] |= m[w];
     }
     return c->nents;
+}
+
+/* The stripes a filter of segs[lo, hi) at level lv needs: those of its
+ * fullest lane; 0 when an index does not check out and cannot be built
+ * again. */
+static uint64_t idem__cg_stripes(idem__log *lg, unsigned lv, size_t lo,
+                                 size_t hi)
+{
+    uint64_t keys[IDEM__CG_LANES] = {0}, most = 0;
+    for (size_t i = lo; i < hi; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return 0;
+        unsigned j = idem__cg_lane(lg->segs[i].id, lv);
+        keys[j] += lg->segs[i].cold->nents;
+        most = keys[j] > most ? keys[j] : most;
+    }
+    uint64_t n = (most * IDEM__CG_BITS + 511) / 512;
+    return n ? n : 1;
 }
 
 /* The file image of group num of level lv from segs[lo, hi) (heap, *len
@@ -94,16 +116,10 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
                                      size_t lo, size_t hi, size_t *len)
 {
     const size_t body = idem__cg_body(lv);
-    uint64_t keys = 0;
-    for (size_t i = lo; i < hi; i++) {
-        if (idem__log_cold_sound(lg, &lg->segs[i]))
-            return NULL;
-        keys += lg->segs[i].cold->nents;
-    }
-    uint64_t nblocks = (keys * IDEM__CG_BITS + 511) / 512;
-    nblocks = nblocks ? nblocks : 1;
-    if (nblocks > (SIZE_MAX - body) / 64)
+    uint64_t nstripes = idem__cg_stripes(lg, lv, lo, hi);
+    if (!nstripes || nstripes > (SIZE_MAX - body) / 64 / IDEM__CG_LANES)
         return NULL;
+    uint64_t nblocks = nstripes * IDEM__CG_LANES;
     *len = body + (size_t)nblocks * 64;
     unsigned char *img = calloc(1, *len);
     if (!img)
@@ -113,7 +129,9 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
         idem__cfseg id;
         idem__cfseg_of(&id, &lg->segs[i]);
         memcpy(img + IDEM__CG_HDR + (i - lo) * 32, &id, 32);
-        set += idem__cg_set(blocks, nblocks, lg->segs[i].cold);
+        set += idem__cg_set(blocks, nstripes,
+                            idem__cg_lane(lg->segs[i].id, lv),
+                            lg->segs[i].cold);
     }
     uint32_t version = IDEM__CG_VERSION;
     uint64_t v[5] = {hi - lo, nblocks, set,
@@ -153,6 +171,7 @@ static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
     return version == IDEM__CG_VERSION && n == num &&
            idem__cg_get64(img + 48) == idem__cg_span(lv) &&
            members <= idem__cg_span(lv) && nblocks &&
+           nblocks % IDEM__CG_LANES == 0 &&
            nblocks == (len - body) / 64 && len == body + nblocks * 64 &&
            (lazy || idem__cg_body_sound(img, len));
 }

@@ -26,34 +26,53 @@
  * costs) does not grow; a group never changes once built, so a file
  * written whole once is never half old, half new.
  *
- * Why 16 bits a key (k = 13 as the filter in front): a false positive of
- * a group costs at most 16 probes of its segments' filters, never an
- * answer, so ~1e-3 of them cost far less than the 1 byte a key more on
- * disk that 24 bits would.
+ * Why lanes: a filter of a group's keys says whether one of its 16
+ * members (segments of a group, groups of a run) might hold a key, not
+ * which; asking each member's own filter after it was 16 probes more, on
+ * 16 pages of 16 files, each a TLB miss (two on a virtual machine,
+ * whose page walks are nested), and the oldest keys cost 38 probes at
+ * 3e8 keys. So a group's file holds 16 filters, one a member (its lane),
+ * of as many blocks each, and a key's block in each of them sits side by
+ * side: a stripe of 16 blocks, 1 KiB, on one page. One probe reads the
+ * stripe and tells which members might hold the key; at level 0 those
+ * are the segments whose key indexes are searched (their own filters
+ * are passed over), at level 1 the groups whose stripes are read next.
+ * The lanes cost what one filter of all the keys did, when members hold
+ * as many keys as each other (a lane has the blocks of the fullest).
+ *
+ * Why 16 bits a key (k = 13 as the filter in front): a lane's false
+ * positive costs a search of a key index or a stripe, never an answer,
+ * so ~1e-3 of them (15 lanes: 1.5 % of lookups) cost far less than the
+ * 1 byte a key more on disk that 24 bits would.
  *
  * PATH/grp-00000001.kgf, group 1 (segments 16 to 31), and
  * PATH/run-00000001.kgf, run 1 (segments 256 to 511), span S (16, 256):
  *
  *   off  size  field
  *     0     8  magic "IDEMKGF"
- *     8     4  version (2: bits from h0 alone, coldfilter.h)
+ *     8     4  version (3: lanes)
  *    12     4  group number
  *    16     8  members (n, at most S)
- *    24     8  filter blocks (64 bytes each)
+ *    24     8  filter blocks (64 bytes each), all lanes: 16 B
  *    32     8  keys set
  *    40     8  XXH3-64 of the body
  *    48     8  span S
  *    56     8  XXH3-64 of bytes [0, 56)
  *    64  32 S  S segment identities (coldfilter.h), n of them used
- *     ...      the filter's blocks
+ *     ...      B stripes of 16 blocks: stripe b holds block b of lane
+ *              0, of lane 1, ... of lane 15
+ *
+ * A segment's lane is its id mod 16 in a group, its group's number mod
+ * 16 in a run. A key sets its bits (idem__cf_mask) in block
+ * idem__cg_stripe_of(B, h0) of its segment's lane.
  *
  * The file is derived from the members' key indexes and never trusted
  * unless it checks out whole and names, with the same identity (id,
  * size, time bucket, key index checksum), every cold segment of its
- * range still there. A writer builds one that does not again; a reader
- * goes without it (each segment's own filter is asked, slower, never
- * wrong). Members gone since (dropped, oldest first) leave their bits:
- * false positives only. */
+ * range still there. A writer builds one that does not again (a file of
+ * version 2, one filter for all members, too); a reader goes without it
+ * (each segment's own filter is asked, slower, never wrong). Members
+ * gone since (dropped, oldest first) leave their lanes: never asked. */
 #ifndef IDEM_COLDGROUP_H
 #define IDEM_COLDGROUP_H
 
@@ -109,31 +128,46 @@ static inline uint32_t idem__cg_num(uint32_t id, unsigned lv)
  * numbered num or lower. */
 size_t idem__cgroup_find(const idem__cgroups *g, uint32_t num);
 
-/* The block of a key in a group's filter, from all of h0 (a multiply
- * mixes it), so that it falls apart from its block in the filter in
- * front, which comes from h0's top bits, and the two fail apart. */
-static inline uint64_t idem__cg_block(uint64_t nblocks, uint64_t h0)
+#define IDEM__CG_LANES 16u  /* members a group of either level has */
+
+/* The lane of segment id in its group of level lv: its member's place. */
+static inline unsigned idem__cg_lane(uint32_t id, unsigned lv)
+{
+    return (unsigned)(lv ? id / idem__cg_span(0) : id) % IDEM__CG_LANES;
+}
+
+/* The stripe of a key in a filter of nstripes, from all of h0 (a
+ * multiply mixes it), so that it falls apart from its block in the
+ * filter in front, which comes from h0's top bits, and the two fail
+ * apart. */
+static inline uint64_t idem__cg_stripe_of(uint64_t nstripes, uint64_t h0)
 {
     return (uint64_t)(((unsigned __int128)(h0 * 0xD6E8FEB86659FD93ull) *
-                       nblocks) >> 64);
+                       nstripes) >> 64);
 }
 
-static inline const uint64_t *idem__cg_blk(const idem__cgroup *q,
-                                           uint64_t h0)
+/* The first block of the key's stripe in group q's filter. */
+static inline const uint64_t *idem__cg_stripe(const idem__cgroup *q,
+                                              uint64_t h0)
 {
-    return q->blocks + 8 * idem__cg_block(q->nblocks, h0);
+    uint64_t b = idem__cg_stripe_of(q->nblocks / IDEM__CG_LANES, h0);
+    return q->blocks + 8 * IDEM__CG_LANES * b;
 }
 
-/* Might group q hold the key whose hash's first word is h0 and bits in
- * a block are m (idem__cf_mask)? */
-static inline int idem__cgroup_has(const idem__cgroup *q, uint64_t h0,
-                                   const uint64_t m[8])
+/* The lanes of group q that might hold the key whose hash's first word
+ * is h0 and bits in a block are m (idem__cf_mask): bit j for lane j. */
+static inline unsigned idem__cgroup_lanes(const idem__cgroup *q, uint64_t h0,
+                                          const uint64_t m[8])
 {
-    const uint64_t *blk = idem__cg_blk(q, h0);
-    uint64_t missing = 0;
-    for (unsigned w = 0; w < 8; w++)
-        missing |= m[w] & ~blk[w];
-    return missing == 0;
+    const uint64_t *blk = idem__cg_stripe(q, h0);
+    unsigned maybe = 0;
+    for (unsigned j = 0; j < IDEM__CG_LANES; j++, blk += 8) {
+        uint64_t missing = 0;
+        for (unsigned w = 0; w < 8; w++)
+            missing |= m[w] & ~blk[w];
+        maybe |= (unsigned)(missing == 0) << j;
+    }
+    return maybe;
 }
 
 /* May lookups believe q, the filter of group q->num of level lv, whose

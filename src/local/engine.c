@@ -57,6 +57,7 @@ typedef struct idem__engine {
                               * oldest hot sealed segment goes cold */
     int hot_limited;         /* hot_keys is a limit (local:, not mem:) */
     uint64_t cold_lookups, filter_probes, searches, bloom_fp, cold_reads;
+    uint64_t asked;          /* segments' filters and lanes asked */
     uint64_t merged_fp;      /* maybes of the filter in front (coldfilter.h)
                               * that no cold segment held */
 } idem__engine;
@@ -144,6 +145,23 @@ static int idem__cold_find(idem_store *s, const idem__seg *g,
     return 0;
 }
 
+/* Search cold segment segs[i]'s key index for the key, whose filter (its
+ * own, or its lane's) said maybe: 1 found (fo set), 0 not there (a false
+ * positive), or why a frame could not be read. */
+static int idem__search_seg(idem_store *s, size_t i, const void *key,
+                            size_t len, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    int rc = idem__log_cold_sound(lg, &lg->segs[i]);
+    if (rc)
+        return rc;
+    en->searches++;
+    rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+    en->bloom_fp += rc == 0;
+    return rc;
+}
+
 /* Ask cold segments segs[lo, hi), newest first, for the key: 1 found
  * (fo set), 0 not there, or why a frame could not be read. A filter's
  * false positive costs a search of that segment's index, never an
@@ -163,13 +181,12 @@ static int idem__ask_segs(idem_store *s, size_t lo, size_t hi,
     }
     for (size_t i = hi; i-- > lo;) {
         en->filter_probes++;
+        en->asked++;
         if (!idem__cold_has(lg->segs[i].cold, &p))
             continue;
-        en->searches++;
-        int rc = idem__cold_find(s, &lg->segs[i], key, len, fo);
+        int rc = idem__search_seg(s, i, key, len, fo);
         if (rc)
             return rc;
-        en->bloom_fp++;
     }
     return 0;
 }
@@ -200,20 +217,54 @@ typedef struct idem__gprobe {
     uint64_t m[8];
 } idem__gprobe;
 
-/* Start loading the blocks a probe reads in the filters of level lv's
+/* Start loading the stripes a probe reads in the filters of level lv's
  * groups numbered [first, last]: the loads overlap when started
- * together. */
+ * together. A stripe is 16 lines of one page. */
 static void idem__groups_prefetch(const idem__cgroups *cg, uint32_t first,
                                   uint32_t last, uint64_t h0)
 {
     for (size_t k = idem__cgroup_find(cg, last);
-         k-- > 0 && cg->v[k].num >= first;)
-        __builtin_prefetch(idem__cg_blk(&cg->v[k], h0));
+         k-- > 0 && cg->v[k].num >= first;) {
+        const char *p = (const char *)idem__cg_stripe(&cg->v[k], h0);
+        for (unsigned j = 0; j < IDEM__CG_LANES; j++)
+            __builtin_prefetch(p + 64 * j);
+    }
+}
+
+static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
+                            const void *key, size_t len,
+                            const idem__gprobe *gp, idem__found *fo);
+
+/* Ask the members of group q of level lv, whose cold segments are
+ * segs[lo, hi), that its lanes say might hold the key, newest first: at
+ * level 0 each such segment's key index is searched, at level 1 each
+ * such group is asked. 1 found (fo set), 0 not there, or why a frame
+ * could not be read. */
+static int idem__ask_lanes(idem_store *s, unsigned lv, const idem__cgroup *q,
+                           size_t lo, size_t hi, const void *key, size_t len,
+                           const idem__gprobe *gp, idem__found *fo)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    unsigned maybe = idem__cgroup_lanes(q, gp->h0, gp->m);
+    en->asked += lv ? 0 : hi - lo;  /* a run's lanes choose no index */
+    for (size_t top = hi, bot; maybe && top > lo; top = bot) {
+        unsigned j = idem__cg_lane(lg->segs[top - 1].id, lv);
+        bot = lv ? idem__group_lo(lg, top, 0) : top - 1;
+        bot = bot > lo ? bot : lo;
+        if (!(maybe >> j & 1))
+            continue;
+        int rc = lv ? idem__ask_groups(s, 0, bot, top, key, len, gp, fo)
+                    : idem__search_seg(s, top - 1, key, len, fo);
+        if (rc)
+            return rc;
+    }
+    return 0;
 }
 
 /* Ask the groups of level lv in segs[lo, hi), newest first: a group
- * whose filter says no is passed over; one that says maybe, or has no
- * filter (not all cold yet, or none to trust), has its groups of the
+ * with a filter has the members its lanes say maybe to asked; one
+ * without (not all cold yet, or none to trust) has its groups of the
  * level below asked, or at level 0 its segments. 1 found (fo set), 0
  * not there, or why a frame could not be read. */
 static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
@@ -232,14 +283,16 @@ static int idem__ask_groups(idem_store *s, unsigned lv, size_t lo, size_t hi,
         bot = bot > lo ? bot : lo;
         while (k > 0 && cg->v[k - 1].num > num)
             k--;
+        int rc;
         if (k > 0 && cg->v[k - 1].num == num &&
             idem__cgroup_usable(lg, lv, &cg->v[k - 1], bot, top)) {
             en->filter_probes++;
-            if (!idem__cgroup_has(&cg->v[k - 1], gp->h0, gp->m))
-                continue;
-        }
-        int rc = lv ? idem__ask_groups(s, lv - 1, bot, top, key, len, gp, fo)
+            rc = idem__ask_lanes(s, lv, &cg->v[k - 1], bot, top, key, len, gp,
+                                 fo);
+        } else {
+            rc = lv ? idem__ask_groups(s, lv - 1, bot, top, key, len, gp, fo)
                     : idem__ask_segs(s, bot, top, key, len, fo);
+        }
         if (rc)
             return rc;
     }
@@ -1143,6 +1196,8 @@ static int idem__eng_stats(idem_store *s, idem_stats *out)
     out->filter_probes = en->filter_probes;
     out->index_searches = en->searches;
     out->filter_false_positives = en->bloom_fp + en->merged_fp;
+    out->front_false_positives = en->merged_fp;
+    out->filters_asked = en->asked;
     out->cold_reads = en->cold_reads;
     out->cold_rebuilt = lg->kix_rebuilt;
     out->oldest_ms = lg->nsegs ? lg->segs[0].created : 0;

@@ -260,25 +260,33 @@ static int reopen_check(const bench_cfg *c, idem_store **s, double *secs)
     return rc;
 }
 
+/* " name=RATE", fp of n, or " name=-" when n is 0. */
+static void print_rate(const char *name, uint64_t fp, uint64_t n)
+{
+    if (n)
+        printf(" %s=%.2e", name, (double)fp / (double)n);
+    else
+        printf(" %s=-", name);
+}
+
 /* What a store past its hot budget did (local:PATH?hot=SIZE): the keys
  * it holds in RAM and on disk, and what a lookup RAM did not answer cost:
- * Bloom filters asked, frames read, and the false positives among the
- * filters asked about a key they do not hold. */
+ * filter blocks read, indexes searched, frames read, and the false
+ * positives of the filter in front (over the lookups of keys no cold
+ * segment held) and of the segments' filters and lanes (over those asked
+ * about a key their segment does not hold); "-" when none was asked. */
 static void print_cold(const idem_stats *st)
 {
     if (!st->cold_segments)
         return;
     double q = st->cold_lookups ? (double)st->cold_lookups : 1.0;
-    /* Probes of filters that do not hold the key: all but the hits
-     * that found it. */
-    uint64_t hits = st->index_searches - st->filter_false_positives;
-    uint64_t misses = st->filter_probes - hits;
+    uint64_t seg_fp = st->filter_false_positives - st->front_false_positives;
+    uint64_t found = st->index_searches - seg_fp;
     printf(" hot_keys=%" PRIu64 " cold_keys=%" PRIu64 " cold_segments=%" PRIu64
            " filter_bytes_per_cold_key=%.2f"
            " front_filter_bytes_per_cold_key=%.2f cold_lookups=%" PRIu64
            " filter_probes_per_lookup=%.2f index_searches_per_lookup=%.4f"
-           " frame_reads_per_lookup=%.4f"
-           " false_positives=%" PRIu64 " false_positive_rate=%.2e",
+           " frame_reads_per_lookup=%.4f false_positives=%" PRIu64,
            st->hot_keys, st->cold_keys, st->cold_segments,
            (double)st->cold_index_bytes /
                (double)(st->cold_keys ? st->cold_keys : 1),
@@ -286,9 +294,11 @@ static void print_cold(const idem_stats *st)
                (double)(st->cold_keys ? st->cold_keys : 1),
            st->cold_lookups, (double)st->filter_probes / q,
            (double)st->index_searches / q, (double)st->cold_reads / q,
-           st->filter_false_positives,
-           (double)st->filter_false_positives /
-               (double)(misses ? misses : 1));
+           st->filter_false_positives);
+    print_rate("front_false_positive_rate", st->front_false_positives,
+               st->cold_lookups - found);
+    print_rate("segment_false_positive_rate", seg_fp,
+               st->filters_asked - found);
 }
 
 /* ------------------------------------------------------------------------

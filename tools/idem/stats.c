@@ -220,11 +220,14 @@ int cli_cmd_stats(int argc, char **argv)
                ",\"cold_lookups\":%" PRIu64 ",\"filter_probes\":%" PRIu64
                ",\"index_searches\":%" PRIu64
                ",\"filter_false_positives\":%" PRIu64
-               ",\"cold_reads\":%" PRIu64 ",\"cold_front_bytes\":%" PRIu64,
+               ",\"cold_reads\":%" PRIu64 ",\"cold_front_bytes\":%" PRIu64
+               ",\"filters_asked\":%" PRIu64
+               ",\"front_false_positives\":%" PRIu64,
                st.hot_keys, st.cold_keys, st.cold_segments,
                st.cold_index_bytes, st.cold_lookups, st.filter_probes,
                st.index_searches, st.filter_false_positives, st.cold_reads,
-               st.cold_front_bytes);
+               st.cold_front_bytes, st.filters_asked,
+               st.front_false_positives);
         if (o.per_space) {
             fputs(",\"key_spaces\":{", stdout);
             print_spaces(&c, 1);
