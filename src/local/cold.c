@@ -408,12 +408,20 @@ static int idem__kix_head_sound(const unsigned char *img, size_t len,
     return 1;
 }
 
+uint64_t idem__mapped_sum(void *map, size_t len, size_t from)
+{
+    if (madvise(map, len, MADV_POPULATE_READ) != 0)
+        madvise(map, len, MADV_WILLNEED);
+    return XXH3_64bits((const unsigned char *)map + from, len - from);
+}
+
 int idem__cold_check(idem__cold *c)
 {
-    if (c->unchecked && !c->heap)
-        madvise(c->img, c->len, MADV_WILLNEED);  /* read at once, in bulk */
     if (c->unchecked &&
-        c->body == XXH3_64bits(c->img + IDEM__KIX_HDR, c->len - IDEM__KIX_HDR))
+        c->body == (c->heap ? XXH3_64bits(c->img + IDEM__KIX_HDR,
+                                          c->len - IDEM__KIX_HDR)
+                            : idem__mapped_sum(c->img, c->len,
+                                               IDEM__KIX_HDR)))
         c->unchecked = 0;
     return !c->unchecked;
 }

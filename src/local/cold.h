@@ -127,6 +127,12 @@ int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
 int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
                     int lazy);
 
+/* XXH3-64 of bytes [from, len) of a file mapped whole at map, read in
+ * bulk: the page tables are filled in one call, where each page touched
+ * would fault (and a fault on a virtual machine may cost a trip through
+ * its hypervisor); on a kernel before 5.14 the pages are read ahead. */
+uint64_t idem__mapped_sum(void *map, size_t len, size_t from);
+
 /* Does the body of c, loaded lazily, check out? 1 (c->unchecked is then
  * clear) or 0: it must be built again from its segment. */
 int idem__cold_check(idem__cold *c);

@@ -149,9 +149,8 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
 /* Do the blocks of img (mapped, len bytes) check out? */
 static int idem__cg_body_sound(const unsigned char *img, size_t len)
 {
-    madvise((void *)img, len, MADV_WILLNEED);  /* read at once, in bulk */
     return idem__cg_get64(img + 40) ==
-           XXH3_64bits(img + IDEM__CG_HDR, len - IDEM__CG_HDR);
+           idem__mapped_sum((void *)img, len, IDEM__CG_HDR);
 }
 
 /* Does img's header (len bytes in all) check out as that of the filter
