@@ -26,7 +26,7 @@
 
 #include "log.h"
 
-#define IDEM__CG_VERSION 3u
+#define IDEM__CG_VERSION 4u
 #define IDEM__CG_HDR 64u
 #define IDEM__CG_BITS 16u  /* per key */
 
@@ -39,7 +39,7 @@ static size_t idem__cg_body(unsigned lv)
     return IDEM__CG_HDR + (size_t)idem__cg_span(lv) * 32u;
 }
 
-static void idem__cg_name(char *buf, size_t n, unsigned lv, uint32_t num)
+void idem__cgroup_name(char *buf, size_t n, unsigned lv, uint32_t num)
 {
     snprintf(buf, n, lv ? "run-%08u.kgf" : "grp-%08u.kgf", num);
 }
@@ -75,18 +75,18 @@ static uint64_t idem__cg_set(uint64_t *blocks, uint64_t nstripes, unsigned j,
 {
     enum { AHEAD = 16 };
     const uint64_t *h0s = c->h0s;
-    uint64_t *lane = blocks + 8 * j;
+    uint64_t *lane = blocks + 2 * j;
     for (uint64_t i = 0; i < c->nents; i++) {
         if (i + AHEAD < c->nents)
-            __builtin_prefetch(lane + 8 * IDEM__CG_LANES *
+            __builtin_prefetch(lane + 2 * IDEM__CG_LANES *
                                           idem__cg_stripe_of(nstripes,
                                                              h0s[i + AHEAD]),
                                1);
-        uint64_t m[8], *blk = lane + 8 * IDEM__CG_LANES *
+        uint64_t m[2], *blk = lane + 2 * IDEM__CG_LANES *
                                          idem__cg_stripe_of(nstripes, h0s[i]);
-        idem__cf_mask(h0s[i], m);
-        for (unsigned w = 0; w < 8; w++)
-            blk[w] |= m[w];
+        idem__cg_mask(h0s[i], m);
+        blk[0] |= m[0];
+        blk[1] |= m[1];
     }
     return c->nents;
 }
@@ -105,7 +105,7 @@ static uint64_t idem__cg_stripes(idem__log *lg, unsigned lv, size_t lo,
         keys[j] += lg->segs[i].cold->nents;
         most = keys[j] > most ? keys[j] : most;
     }
-    uint64_t n = (most * IDEM__CG_BITS + 511) / 512;
+    uint64_t n = (most * IDEM__CG_BITS + 127) / 128;
     return n ? n : 1;
 }
 
@@ -117,9 +117,9 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
 {
     const size_t body = idem__cg_body(lv);
     uint64_t nstripes = idem__cg_stripes(lg, lv, lo, hi);
-    if (!nstripes || nstripes > (SIZE_MAX - body) / 64 / IDEM__CG_LANES)
+    if (!nstripes || nstripes > (SIZE_MAX - body) / 256)
         return NULL;
-    uint64_t nblocks = nstripes * IDEM__CG_LANES;
+    uint64_t nblocks = nstripes * 4;  /* 64 bytes each: 4 lanes' blocks */
     *len = body + (size_t)nblocks * 64;
     unsigned char *img = calloc(1, *len);
     if (!img)
@@ -170,7 +170,7 @@ static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
     return version == IDEM__CG_VERSION && n == num &&
            idem__cg_get64(img + 48) == idem__cg_span(lv) &&
            members <= idem__cg_span(lv) && nblocks &&
-           nblocks % IDEM__CG_LANES == 0 &&
+           nblocks % 4 == 0 &&
            nblocks == (len - body) / 64 && len == body + nblocks * 64 &&
            (lazy || idem__cg_body_sound(img, len));
 }
@@ -199,7 +199,7 @@ static int idem__cg_map(int dirfd, unsigned lv, uint32_t num, int lazy,
 {
     char name[32];
     struct stat st;
-    idem__cg_name(name, sizeof name, lv, num);
+    idem__cgroup_name(name, sizeof name, lv, num);
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -229,7 +229,7 @@ int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
 {
     unsigned char *img;
     size_t len;
-    idem__cg_name(name, n, lv, num);
+    idem__cgroup_name(name, n, lv, num);
     if (faccessat(dirfd, name, F_OK, 0) != 0)
         return 1;
     if (idem__cg_map(dirfd, lv, num, 0, &img, &len) != 0)
@@ -276,7 +276,7 @@ static int idem__cg_write(idem__log *lg, unsigned lv, uint32_t num, size_t lo,
 {
     char name[32];
     unsigned char *img = idem__cg_image(lg, lv, num, lo, hi, len);
-    idem__cg_name(name, sizeof name, lv, num);
+    idem__cgroup_name(name, sizeof name, lv, num);
     int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
                                      *len)
                  : -1;
@@ -373,7 +373,7 @@ void idem__cgroup_gone(idem__log *lg, uint32_t id)
             g->n--;
         }
         char name[32];
-        idem__cg_name(name, sizeof name, lv, num);
+        idem__cgroup_name(name, sizeof name, lv, num);
         /* Derived data: one left behind by a failure names segments that
          * are gone, and is never read again (ids only grow). */
         if (!lg->memory && !lg->readonly && lg->dirfd >= 0)

@@ -30,47 +30,54 @@
  * members (segments of a group, groups of a run) might hold a key, not
  * which; asking each member's own filter after it was 16 probes more, on
  * 16 pages of 16 files, each a TLB miss (two on a virtual machine,
- * whose page walks are nested), and the oldest keys cost 38 probes at
- * 3e8 keys. So a group's file holds 16 filters, one a member (its lane),
- * of as many blocks each, and a key's block in each of them sits side by
- * side: a stripe of 16 blocks, 1 KiB, on one page. One probe reads the
- * stripe and tells which members might hold the key; at level 0 those
- * are the segments whose key indexes are searched (their own filters
- * are passed over), at level 1 the groups whose stripes are read next.
- * The lanes cost what one filter of all the keys did, when members hold
- * as many keys as each other (a lane has the blocks of the fullest).
+ * whose page walks are nested) and a cache miss, and the oldest keys
+ * cost 38 probes at 3e8 keys. So a group's file holds 16 filters, one a
+ * member (its lane), and a key's block in each of them sits side by
+ * side: a stripe of 16 blocks of 128 bits, 256 bytes, four cache lines
+ * of one page. One probe reads the stripe and tells which members might
+ * hold the key; at level 0 those are the segments whose key indexes are
+ * searched (their own filters are passed over), at level 1 the groups
+ * whose stripes are read next. The lanes cost what one filter of all
+ * the keys did, when members hold as many keys as each other (a lane has
+ * the blocks of the fullest).
  *
- * Why 16 bits a key (k = 13 as the filter in front): a lane's false
- * positive costs a search of a key index or a stripe, never an answer,
- * so ~1e-3 of them (15 lanes: 1.5 % of lookups) cost far less than the
- * 1 byte a key more on disk that 24 bits would.
+ * Why 128-bit blocks and not a cache line each: a stripe of 64-byte
+ * blocks is 16 lines, and reading them cost more than the page walks it
+ * saved (replays of the oldest keys at 3e8: no faster than 38 probes of
+ * one line each, the middle ones 30 % slower). A 128-bit block holds 8
+ * keys on average, where a wider one would hold more per bit; at 16 bits
+ * a key with k = 8 a lane says maybe wrongly about 2e-3 of the time
+ * (5e-4 with 512-bit blocks), and that costs a search of a key index or
+ * a stripe, never an answer: 1 byte a key more on disk would cost more
+ * than the searches it spares.
  *
  * PATH/grp-00000001.kgf, group 1 (segments 16 to 31), and
  * PATH/run-00000001.kgf, run 1 (segments 256 to 511), span S (16, 256):
  *
  *   off  size  field
  *     0     8  magic "IDEMKGF"
- *     8     4  version (3: lanes)
+ *     8     4  version (4: lanes of 128-bit blocks)
  *    12     4  group number
  *    16     8  members (n, at most S)
- *    24     8  filter blocks (64 bytes each), all lanes: 16 B
+ *    24     8  64-byte lines of filter: 4 B for B stripes
  *    32     8  keys set
  *    40     8  XXH3-64 of the body
  *    48     8  span S
  *    56     8  XXH3-64 of bytes [0, 56)
  *    64  32 S  S segment identities (coldfilter.h), n of them used
- *     ...      B stripes of 16 blocks: stripe b holds block b of lane
- *              0, of lane 1, ... of lane 15
+ *     ...      B stripes of 16 blocks of 16 bytes: stripe b holds block b
+ *              of lane 0, of lane 1, ... of lane 15
  *
  * A segment's lane is its id mod 16 in a group, its group's number mod
- * 16 in a run. A key sets its bits (idem__cf_mask) in block
+ * 16 in a run. A key sets its bits (idem__cg_mask) in block
  * idem__cg_stripe_of(B, h0) of its segment's lane.
  *
  * The file is derived from the members' key indexes and never trusted
  * unless it checks out whole and names, with the same identity (id,
  * size, time bucket, key index checksum), every cold segment of its
  * range still there. A writer builds one that does not again (a file of
- * version 2, one filter for all members, too); a reader goes without it
+ * version 2, one filter for all members, too, or of version 3, lanes of
+ * 64-byte blocks); a reader goes without it
  * (each segment's own filter is asked, slower, never wrong). Members
  * gone since (dropped, oldest first) leave their lanes: never asked. */
 #ifndef IDEM_COLDGROUP_H
@@ -129,6 +136,7 @@ static inline uint32_t idem__cg_num(uint32_t id, unsigned lv)
 size_t idem__cgroup_find(const idem__cgroups *g, uint32_t num);
 
 #define IDEM__CG_LANES 16u  /* members a group of either level has */
+#define IDEM__CG_K 8u       /* bits a key sets in its lane's block */
 
 /* The lane of segment id in its group of level lv: its member's place. */
 static inline unsigned idem__cg_lane(uint32_t id, unsigned lv)
@@ -146,27 +154,34 @@ static inline uint64_t idem__cg_stripe_of(uint64_t nstripes, uint64_t h0)
                        nstripes) >> 64);
 }
 
-/* The first block of the key's stripe in group q's filter. */
+/* The IDEM__CG_K bits of a key in a lane's 128-bit block, 7 bits a
+ * position, from a remix of h0 apart from the stripe's. */
+static inline void idem__cg_mask(uint64_t h0, uint64_t m[2])
+{
+    uint64_t a = (h0 ^ (h0 >> 29)) * 0x94D049BB133111EBull;
+    a ^= a >> 32;
+    m[0] = m[1] = 0;
+    for (unsigned i = 0; i < IDEM__CG_K; i++, a >>= 7)
+        m[(a >> 6) & 1] |= 1ull << (a & 63);
+}
+
+/* The first word of the key's stripe in group q's filter. */
 static inline const uint64_t *idem__cg_stripe(const idem__cgroup *q,
                                               uint64_t h0)
 {
-    uint64_t b = idem__cg_stripe_of(q->nblocks / IDEM__CG_LANES, h0);
-    return q->blocks + 8 * IDEM__CG_LANES * b;
+    uint64_t b = idem__cg_stripe_of(q->nblocks / 4, h0);
+    return q->blocks + 2 * IDEM__CG_LANES * b;
 }
 
 /* The lanes of group q that might hold the key whose hash's first word
- * is h0 and bits in a block are m (idem__cf_mask): bit j for lane j. */
+ * is h0 and bits in a block are m (idem__cg_mask): bit j for lane j. */
 static inline unsigned idem__cgroup_lanes(const idem__cgroup *q, uint64_t h0,
-                                          const uint64_t m[8])
+                                          const uint64_t m[2])
 {
     const uint64_t *blk = idem__cg_stripe(q, h0);
     unsigned maybe = 0;
-    for (unsigned j = 0; j < IDEM__CG_LANES; j++, blk += 8) {
-        uint64_t missing = 0;
-        for (unsigned w = 0; w < 8; w++)
-            missing |= m[w] & ~blk[w];
-        maybe |= (unsigned)(missing == 0) << j;
-    }
+    for (unsigned j = 0; j < IDEM__CG_LANES; j++, blk += 2)
+        maybe |= (unsigned)(((m[0] & ~blk[0]) | (m[1] & ~blk[1])) == 0) << j;
     return maybe;
 }
 
@@ -196,6 +211,9 @@ void idem__cgroup_gone(struct idem__log *lg, uint32_t id);
  * whole? (check/repair; name receives its file name.) */
 int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
                             size_t n);
+
+/* The file name of group num's filter of level lv. */
+void idem__cgroup_name(char *buf, size_t n, unsigned lv, uint32_t num);
 
 /* Let go of both levels, g[0] and g[1]. */
 void idem__cgroup_free(idem__cgroups *g);

@@ -211,22 +211,22 @@ static size_t idem__group_lo(const idem__log *lg, size_t hi, unsigned lv)
 }
 
 /* A key's probe of the group filters: its first hash word and its bits
- * in a block (idem__cf_mask). */
+ * in a lane's block (idem__cg_mask). */
 typedef struct idem__gprobe {
     uint64_t h0;
-    uint64_t m[8];
+    uint64_t m[2];
 } idem__gprobe;
 
 /* Start loading the stripes a probe reads in the filters of level lv's
  * groups numbered [first, last]: the loads overlap when started
- * together. A stripe is 16 lines of one page. */
+ * together. A stripe is 4 lines of one page. */
 static void idem__groups_prefetch(const idem__cgroups *cg, uint32_t first,
                                   uint32_t last, uint64_t h0)
 {
     for (size_t k = idem__cgroup_find(cg, last);
          k-- > 0 && cg->v[k].num >= first;) {
         const char *p = (const char *)idem__cg_stripe(&cg->v[k], h0);
-        for (unsigned j = 0; j < IDEM__CG_LANES; j++)
+        for (unsigned j = 0; j < 4; j++)
             __builtin_prefetch(p + 64 * j);
     }
 }
@@ -317,7 +317,7 @@ static int idem__lookup_cold(idem_store *s, const void *key, size_t len,
     if (!idem__cfilter_maybe(&lg->cf, fo->h))
         return 0;
     idem__gprobe gp = {.h0 = fo->h[0]};
-    idem__cf_mask(fo->h[0], gp.m);
+    idem__cg_mask(fo->h[0], gp.m);
     int rc = idem__ask_groups(s, IDEM__CG_LEVELS - 1, 0, lg->ncold, key, len,
                               &gp, fo);
     if (rc < 0)

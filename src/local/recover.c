@@ -840,12 +840,57 @@ static int idem__check_group(idem__log *lg, unsigned lv, uint32_t num,
                                       "the key indexes)");
 }
 
-/* Run fn on segments ids[from, n) of lg's directory. */
+/* Delete PATH/name if it is there. */
+static int idem__unlink_derived(idem__log *lg, const char *name)
+{
+    if (unlinkat(lg->dirfd, name, 0) == 0 || errno == ENOENT)
+        return 0;
+    return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
+                      strerror(errno));
+}
+
+/* A repair renamed a segment from id to a lower one: whatever was derived
+ * from the segments that had either id (key indexes, the filters of their
+ * groups and runs) must go, not be checked. They name a segment by id,
+ * size and time bucket, and a renamed segment of the same size made in
+ * the same millisecond as the one it replaces would pass for it: lookups
+ * would search another segment's index and answer a DONE key as new.
+ * Open builds them again from the segments. */
+static int idem__drop_derived(idem__log *lg, uint32_t id)
+{
+    char name[32];
+    idem__kix_name(name, sizeof name, id);
+    int rc = idem__unlink_derived(lg, name);
+    for (unsigned lv = 0; !rc && lv < IDEM__CG_LEVELS; lv++) {
+        idem__cgroup_name(name, sizeof name, lv, idem__cg_num(id, lv));
+        rc = idem__unlink_derived(lg, name);
+    }
+    return rc;
+}
+
+/* Check (or repair) the files derived from segment id, which a repair
+ * renamed to want (or left as it was: want == id). */
+static int idem__visit_derived(idem__log *lg, uint32_t id, uint32_t want,
+                               int first, int repair, idem_check_report *r)
+{
+    if (id != want) {
+        int rc = idem__drop_derived(lg, want);
+        return rc ? rc : idem__drop_derived(lg, id);
+    }
+    int rc = idem__check_kix(lg, id, repair, r);
+    for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++)
+        if (!rc && (first || id % idem__cg_span(lv) == 0))
+            rc = idem__check_group(lg, lv, idem__cg_num(id, lv), repair, r);
+    return rc;
+}
+
+/* Run fn on segments ids[from, n) of lg's directory, and check (or
+ * repair) what is derived from them. */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
                             idem_check_report *r)
 {
-    int rc = 0;
+    int rc = 0, renamed = 0;
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
         rc = idem__open_seg(lg, ids[i], &g, repair, 1);
@@ -855,13 +900,17 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
             rc = fn(lg, &g, want, i + 1 == n, r);
             idem__close_seg(&g);
         }
+        uint32_t now = repair ? want : ids[i];  /* check renames none */
+        renamed |= now != ids[i];
         if (!rc)
-            rc = idem__check_kix(lg, repair ? want : ids[i], repair, r);
-        for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++)
-            if (!rc && (i == from || ids[i] % idem__cg_span(lv) == 0))
-                rc = idem__check_group(lg, lv, idem__cg_num(ids[i], lv),
-                                       repair, r);
+            rc = idem__visit_derived(lg, ids[i], now, i == from, repair, r);
     }
+    /* PATH/COLD names cold segments the same way. */
+    if (!rc && renamed)
+        rc = idem__unlink_derived(lg, IDEM__COLD_FILE);
+    if (!rc && renamed && fsync(lg->dirfd) != 0)
+        rc = idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
+                        strerror(errno));
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
     return rc;
