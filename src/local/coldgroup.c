@@ -117,9 +117,9 @@ static unsigned char *idem__cg_image(idem__log *lg, unsigned lv, uint32_t num,
 {
     const size_t body = idem__cg_body(lv);
     uint64_t nstripes = idem__cg_stripes(lg, lv, lo, hi);
-    if (!nstripes || nstripes > (SIZE_MAX - body) / 256)
+    if (!nstripes || nstripes > (SIZE_MAX - body) / 64 / IDEM__CG_STRIPE_LINES)
         return NULL;
-    uint64_t nblocks = nstripes * 4;  /* 64 bytes each: 4 lanes' blocks */
+    uint64_t nblocks = nstripes * IDEM__CG_STRIPE_LINES;  /* of 64 bytes */
     *len = body + (size_t)nblocks * 64;
     unsigned char *img = calloc(1, *len);
     if (!img)
@@ -170,7 +170,7 @@ static int idem__cg_sound(const unsigned char *img, size_t len, unsigned lv,
     return version == IDEM__CG_VERSION && n == num &&
            idem__cg_get64(img + 48) == idem__cg_span(lv) &&
            members <= idem__cg_span(lv) && nblocks &&
-           nblocks % 4 == 0 &&
+           nblocks % IDEM__CG_STRIPE_LINES == 0 &&
            nblocks == (len - body) / 64 && len == body + nblocks * 64 &&
            (lazy || idem__cg_body_sound(img, len));
 }

@@ -137,6 +137,8 @@ size_t idem__cgroup_find(const idem__cgroups *g, uint32_t num);
 
 #define IDEM__CG_LANES 16u  /* members a group of either level has */
 #define IDEM__CG_K 8u       /* bits a key sets in its lane's block */
+/* 64-byte lines a stripe takes: 16 lanes' blocks of 16 bytes */
+#define IDEM__CG_STRIPE_LINES (IDEM__CG_LANES * 16u / 64u)
 
 /* The lane of segment id in its group of level lv: its member's place. */
 static inline unsigned idem__cg_lane(uint32_t id, unsigned lv)
@@ -169,7 +171,7 @@ static inline void idem__cg_mask(uint64_t h0, uint64_t m[2])
 static inline const uint64_t *idem__cg_stripe(const idem__cgroup *q,
                                               uint64_t h0)
 {
-    uint64_t b = idem__cg_stripe_of(q->nblocks / 4, h0);
+    uint64_t b = idem__cg_stripe_of(q->nblocks / IDEM__CG_STRIPE_LINES, h0);
     return q->blocks + 2 * IDEM__CG_LANES * b;
 }
 

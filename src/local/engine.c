@@ -219,14 +219,14 @@ typedef struct idem__gprobe {
 
 /* Start loading the stripes a probe reads in the filters of level lv's
  * groups numbered [first, last]: the loads overlap when started
- * together. A stripe is 4 lines of one page. */
+ * together. A stripe is a few lines of one page. */
 static void idem__groups_prefetch(const idem__cgroups *cg, uint32_t first,
                                   uint32_t last, uint64_t h0)
 {
     for (size_t k = idem__cgroup_find(cg, last);
          k-- > 0 && cg->v[k].num >= first;) {
         const char *p = (const char *)idem__cg_stripe(&cg->v[k], h0);
-        for (unsigned j = 0; j < 4; j++)
+        for (unsigned j = 0; j < IDEM__CG_STRIPE_LINES; j++)
             __builtin_prefetch(p + 64 * j);
     }
 }
