@@ -49,10 +49,10 @@ PROGS += $(BUILD)/progs/synclog.so
 BENCHES := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 EXAMPLES := $(EXAMPLE_SRC:examples/%.c=$(BUILD)/examples/%)
 
-# Tests see every write, fdatasync, mmap and allocation the library makes,
-# to fail the Nth one on purpose (tests/fault.c).
+# Tests see every write, fdatasync, mmap, unlink and allocation the
+# library makes, to fail the Nth one on purpose (tests/fault.c).
 WRAP = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=write \
-       -Wl,--wrap=aligned_alloc,--wrap=mmap \
+       -Wl,--wrap=aligned_alloc,--wrap=mmap,--wrap=unlinkat \
        -Wl,--wrap=pwrite,--wrap=fdatasync,--wrap=ftruncate
 
 .PHONY: all test asan bench demo install clean deps check-style

@@ -60,12 +60,14 @@ idem_store *t_open(const char *uri);
 const char *t_local_uri(const char *dir);
 
 /* Fault injection: after `n` more successful calls, the next call of that
- * kind fails (malloc/calloc/realloc return NULL; write, pwrite, fdatasync
- * and ftruncate fail with t_fail_errno; mmap with ENOMEM). -1 disarms. */
+ * kind fails (malloc/calloc/realloc return NULL; write, pwrite, fdatasync,
+ * ftruncate and unlinkat fail with t_fail_errno; mmap with ENOMEM). -1
+ * disarms. */
 extern long t_fail_alloc_after;
 extern long t_fail_write_after;
 extern long t_fail_sync_after;
 extern long t_fail_mmap_after;
+extern long t_fail_unlink_after;
 extern int t_fail_errno;
 
 /* A whole file in malloc'ed memory (NUL-terminated; *len may be NULL);

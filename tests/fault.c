@@ -1,10 +1,12 @@
-/* tests/fault.c - failing the Nth allocation, write or sync on purpose.
+/* tests/fault.c - failing the Nth allocation, write, sync or unlink on
+ * purpose.
  *
  * The test binary is linked with --wrap for these functions, so every call
  * that libidem.a makes comes through here. Disarmed (-1) they pass
  * through. This is how the tests show that ENOMEM, ENOSPC and EIO are
  * returned as errors without crashes, leaks or lost data. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <sys/mman.h>
 #include <sys/types.h>
@@ -16,6 +18,7 @@ long t_fail_alloc_after = -1;
 long t_fail_write_after = -1;
 long t_fail_sync_after = -1;
 long t_fail_mmap_after = -1;
+long t_fail_unlink_after = -1;
 int t_fail_errno = EIO;
 
 void *__real_malloc(size_t n);
@@ -28,6 +31,7 @@ int __real_fdatasync(int fd);
 int __real_ftruncate(int fd, off_t len);
 void *__real_mmap(void *addr, size_t len, int prot, int flags, int fd,
                   off_t off);
+int __real_unlinkat(int dirfd, const char *name, int flags);
 
 void *__wrap_malloc(size_t n);
 void *__wrap_calloc(size_t n, size_t m);
@@ -39,6 +43,7 @@ int __wrap_fdatasync(int fd);
 int __wrap_ftruncate(int fd, off_t len);
 void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
                   off_t off);
+int __wrap_unlinkat(int dirfd, const char *name, int flags);
 
 /* Count down; true when this call must fail. */
 static int t_trip(long *counter)
@@ -113,4 +118,13 @@ void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
         return MAP_FAILED;
     }
     return __real_mmap(addr, len, prot, flags, fd, off);
+}
+
+int __wrap_unlinkat(int dirfd, const char *name, int flags)
+{
+    if (t_trip(&t_fail_unlink_after)) {
+        errno = t_fail_errno;
+        return -1;
+    }
+    return __real_unlinkat(dirfd, name, flags);
 }

@@ -5,6 +5,7 @@
  * (segment=1), so that a key leaves RAM at the commit after its own. The
  * conformance suite runs the same way (conf_cold); these tests look at
  * what only a cold store has: its files, its counters, its reopen. */
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -616,6 +617,57 @@ Test(cold, a_run_filter_spares_the_probes_of_its_groups)
     cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
 }
 
+/* Claims of keys order-FIRST.. (n of them), a segment each, all alike
+ * with the clock still (keys of one length). */
+static void alike_segments(const char *u, int first, int n)
+{
+    idem_opts o = t_options();
+    idem_store *s;
+    cr_assert_eq(idem_open(u, &o, &s), 0, "%s", idem_errdetail(s));
+    for (int i = first; i < first + n; i++) {
+        char k[32];
+        idem_outcome out;
+        key_of(k, sizeof k, i);
+        cr_assert_eq(claim(s, k, &out), 0);
+        cr_assert_eq(out.kind, IDEM_NEW);
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* Claim order-FIRST.. again: how many are new. */
+static int new_again(const char *u, int first, int n)
+{
+    idem_opts o = t_options();
+    idem_store *s;
+    cr_assert_eq(idem_open(u, &o, &s), 0, "%s", idem_errdetail(s));
+    int news = 0;
+    for (int i = first; i < first + n; i++) {
+        char k[32];
+        idem_outcome out;
+        key_of(k, sizeof k, i);
+        cr_assert_eq(claim(s, k, &out), 0);
+        news += out.kind == IDEM_NEW;
+    }
+    cr_assert_eq(idem_close(s), 0);
+    return news;
+}
+
+static void lose(const char *name)
+{
+    char p[4400];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    cr_assert_eq(unlink(p), 0, "%s", p);
+}
+
+static void repair_and_check(const char *u)
+{
+    idem_check_report r = {0};
+    cr_assert_eq(idem_repair(u, &r), 0, "%s", r.first_damage);
+    memset(&r, 0, sizeof r);
+    cr_assert_eq(idem_check(u, &r), 0, "%s", r.first_damage);
+}
+
 /* A segment file lost from the middle of the store: repair closes the
  * gap by renaming every later segment down one id. Their key indexes,
  * group and run filters and PATH/COLD named the segments that had those
@@ -625,34 +677,65 @@ Test(cold, a_run_filter_spares_the_probes_of_its_groups)
  * Only the lost segment's key may be new again. */
 Test(cold, a_repair_that_closes_a_gap_drops_what_named_the_old_ids)
 {
-    enum { N = 40 };
-    idem_store *s = t_open(uri);
-    idem_outcome o;
-    for (int i = 0; i < N; i++) {   /* a segment each, all alike */
-        char k[32];
-        key_of(k, sizeof k, 10 + i);
-        cr_assert_eq(claim(s, k, &o), 0);
-        cr_assert_eq(idem_sync(s), 0);
-    }
-    cr_assert_eq(idem_close(s), 0);
+    alike_segments(uri, 10, 40);
     cr_assert(exists("seg-00000012.kix") && exists(GROUP0));
-    char p[4400];
-    snprintf(p, sizeof p, "%s/seg-00000010.log", dir);
-    cr_assert_eq(unlink(p), 0);
-    idem_check_report r = {0};
-    cr_assert_eq(idem_repair(uri, &r), 0, "%s", r.first_damage);
-    memset(&r, 0, sizeof r);
-    cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
-    s = t_open(uri);
-    int news = 0;
-    for (int i = 0; i < N; i++) {
-        char k[32];
-        key_of(k, sizeof k, 10 + i);
-        cr_assert_eq(claim(s, k, &o), 0);
-        news += o.kind == IDEM_NEW;
+    lose("seg-00000010.log");
+    repair_and_check(uri);
+    cr_assert_eq(new_again(uri, 10, 40), 1);
+}
+
+/* The same repair, stopped at each of its unlinks in turn (a crash
+ * there leaves what it did before), then run whole: a repair that
+ * renamed a segment before the index of the id it took was gone left
+ * that index beside it, and the next repair kept it. */
+Test(cold, a_repair_stopped_at_any_unlink_then_run_whole_loses_one_key,
+     .timeout = 300)
+{
+    for (long n = 0;; n++) {
+        t_rmdir(dir);
+        cr_assert_eq(mkdir(dir, 0700), 0);
+        alike_segments(uri, 10, 20);
+        lose("seg-00000008.log");
+        idem_check_report r = {0};
+        t_fail_errno = EIO;
+        t_fail_unlink_after = n;
+        int rc = idem_repair(uri, &r);
+        int tripped = t_fail_unlink_after < 0;
+        t_fail_unlink_after = -1;
+        cr_assert(tripped ? rc != 0 : rc == 0, "unlink %ld: %d", n, rc);
+        repair_and_check(uri);
+        cr_assert_eq(new_again(uri, 10, 20), 1, "stopped at unlink %ld", n);
+        if (!tripped)
+            break;
     }
-    cr_assert_eq(news, 1, "%d keys new again", news);
-    cr_assert_eq(idem_close(s), 0);
+}
+
+/* A lost identity file: repair writes a new secret for the keys' hash,
+ * and the key indexes and filters, which hold hashes under the old one,
+ * go with it: no key is new again. */
+Test(cold, a_repair_of_a_lost_identity_builds_the_indexes_again)
+{
+    alike_segments(uri, 10, 40);
+    lose("IDEM");
+    repair_and_check(uri);
+    cr_assert_eq(new_again(uri, 10, 40), 0);
+}
+
+/* The two newest segment files lost, the older of them cold: repair
+ * ends the store at the one before, and its key index must go, for the
+ * next segment made takes its id and, with the clock still, its size
+ * and time: loaded as that segment's, it would hide the new keys. */
+Test(cold, a_repair_that_cuts_the_newest_segments_drops_their_indexes)
+{
+    alike_segments(uri, 10, 40);
+    cr_assert(exists("seg-00000040.kix"));
+    lose("seg-00000040.log");
+    lose("seg-00000041.log");
+    repair_and_check(uri);
+    char warm[4500];
+    snprintf(warm, sizeof warm, "%s?segment=1", t_local_uri(dir));
+    alike_segments(warm, 50, 2);   /* segments 40 and 41 again */
+    cr_assert_eq(new_again(warm, 50, 2), 0);
 }
 
 Test(cold, forget_and_expiry_hide_cold_records_across_reopen)

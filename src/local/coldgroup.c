@@ -39,7 +39,7 @@ static size_t idem__cg_body(unsigned lv)
     return IDEM__CG_HDR + (size_t)idem__cg_span(lv) * 32u;
 }
 
-void idem__cgroup_name(char *buf, size_t n, unsigned lv, uint32_t num)
+static void idem__cg_name(char *buf, size_t n, unsigned lv, uint32_t num)
 {
     snprintf(buf, n, lv ? "run-%08u.kgf" : "grp-%08u.kgf", num);
 }
@@ -199,7 +199,7 @@ static int idem__cg_map(int dirfd, unsigned lv, uint32_t num, int lazy,
 {
     char name[32];
     struct stat st;
-    idem__cgroup_name(name, sizeof name, lv, num);
+    idem__cg_name(name, sizeof name, lv, num);
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -1;
@@ -229,7 +229,7 @@ int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
 {
     unsigned char *img;
     size_t len;
-    idem__cgroup_name(name, n, lv, num);
+    idem__cg_name(name, n, lv, num);
     if (faccessat(dirfd, name, F_OK, 0) != 0)
         return 1;
     if (idem__cg_map(dirfd, lv, num, 0, &img, &len) != 0)
@@ -276,7 +276,7 @@ static int idem__cg_write(idem__log *lg, unsigned lv, uint32_t num, size_t lo,
 {
     char name[32];
     unsigned char *img = idem__cg_image(lg, lv, num, lo, hi, len);
-    idem__cgroup_name(name, sizeof name, lv, num);
+    idem__cg_name(name, sizeof name, lv, num);
     int rc = img ? idem__dir_replace(lg->s, lg->dirfd, lg->dir, name, img,
                                      *len)
                  : -1;
@@ -373,7 +373,7 @@ void idem__cgroup_gone(idem__log *lg, uint32_t id)
             g->n--;
         }
         char name[32];
-        idem__cgroup_name(name, sizeof name, lv, num);
+        idem__cg_name(name, sizeof name, lv, num);
         /* Derived data: one left behind by a failure names segments that
          * are gone, and is never read again (ids only grow). */
         if (!lg->memory && !lg->readonly && lg->dirfd >= 0)

@@ -214,9 +214,6 @@ void idem__cgroup_gone(struct idem__log *lg, uint32_t id);
 int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
                             size_t n);
 
-/* The file name of group num's filter of level lv. */
-void idem__cgroup_name(char *buf, size_t n, unsigned lv, uint32_t num);
-
 /* Let go of both levels, g[0] and g[1]. */
 void idem__cgroup_free(idem__cgroups *g);
 

@@ -365,11 +365,13 @@ static int idem__cmp_u32(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* Is name "seg-NNNNNNNN.log"? Then *id is NNNNNNNN. */
-static int idem__parse_seg_name(const char *name, uint32_t *id)
+/* Is name PREFIX + 8 digits + SUFFIX (4 characters each, as in
+ * "seg-00000001.log")? Then *id is the number. */
+static int idem__parse_name(const char *name, const char *prefix,
+                            const char *suffix, uint32_t *id)
 {
-    if (strlen(name) != 16 || memcmp(name, "seg-", 4) != 0 ||
-        strcmp(name + 12, ".log") != 0)
+    if (strlen(name) != 16 || memcmp(name, prefix, 4) != 0 ||
+        strcmp(name + 12, suffix) != 0)
         return 0;
     uint32_t v = 0;
     for (int i = 4; i < 12; i++) {
@@ -378,11 +380,12 @@ static int idem__parse_seg_name(const char *name, uint32_t *id)
         v = v * 10 + (uint32_t)(name[i] - '0');
     }
     *id = v;
-    return v != 0;
+    return 1;
 }
 
-int idem__dir_segments(idem_store *s, int dirfd, const char *path,
-                       uint32_t **ids, size_t *n)
+int idem__dir_ids(idem_store *s, int dirfd, const char *path,
+                  const char *prefix, const char *suffix, uint32_t **ids,
+                  size_t *n)
 {
     *ids = NULL;
     *n = 0;
@@ -399,7 +402,7 @@ int idem__dir_segments(idem_store *s, int dirfd, const char *path,
     struct dirent *de;
     while ((de = readdir(d))) {
         uint32_t id;
-        if (!idem__parse_seg_name(de->d_name, &id))
+        if (!idem__parse_name(de->d_name, prefix, suffix, &id))
             continue;
         uint32_t *p = idem__grow(*ids, *n, &cap, sizeof *p, 16);
         if (!p) {
@@ -419,6 +422,15 @@ int idem__dir_segments(idem_store *s, int dirfd, const char *path,
     if (*n)
         qsort(*ids, *n, sizeof **ids, idem__cmp_u32);
     return 0;
+}
+
+int idem__dir_segments(idem_store *s, int dirfd, const char *path,
+                       uint32_t **ids, size_t *n)
+{
+    int rc = idem__dir_ids(s, dirfd, path, "seg-", ".log", ids, n);
+    if (!rc && *n && (*ids)[0] == 0)  /* no segment is numbered 0 */
+        memmove(*ids, *ids + 1, --*n * sizeof **ids);
+    return rc;
 }
 
 /* PATH/TAIL: magic, version, first, last, 0, end, XXH3-64 of the rest. */

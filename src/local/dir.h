@@ -58,6 +58,13 @@ int idem__dir_secret(idem_store *s, int dirfd, const char *path,
 int idem__dir_meta_create(idem_store *s, int dirfd, const char *path,
                           unsigned char *secret);
 
+/* The numbers of the files named PREFIX + 8 digits + SUFFIX (4
+ * characters each: "grp-", ".kgf"), sorted. *ids is malloc'ed (may be
+ * NULL when *n is 0). */
+int idem__dir_ids(idem_store *s, int dirfd, const char *path,
+                  const char *prefix, const char *suffix, uint32_t **ids,
+                  size_t *n);
+
 /* The ids of the segment files, sorted. *ids is malloc'ed (may be NULL
  * when *n is 0). */
 int idem__dir_segments(idem_store *s, int dirfd, const char *path,

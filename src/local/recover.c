@@ -733,8 +733,11 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
 typedef int (*idem__seg_fn)(idem__log *lg, idem__seg *g, uint32_t want_id,
                             int last, idem_check_report *r);
 
-/* The identity file: check reports damage; repair writes a new one (it
- * only holds the index hash secret, which nothing on disk depends on). */
+static int idem__repair_derived(idem__log *lg, int64_t last);
+
+/* The identity file: check reports damage; repair writes a new one with
+ * a new secret for the keys' hash, which the segments do not depend on,
+ * but their key indexes and filters do. */
 static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
 {
     unsigned char secret[IDEM__SECRET_LEN];
@@ -745,8 +748,12 @@ static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
     if (!r->first_damage[0])
         snprintf(r->first_damage, sizeof r->first_damage, "%.250s",
                  lg->s->detail);
-    return repair ? idem__dir_meta_create(lg->s, lg->dirfd, lg->dir, secret)
-                  : 0;
+    if (!repair)
+        return 0;
+    /* The key indexes and filters hold hashes under the secret that is
+     * lost: they go before a new one is written. */
+    rc = idem__repair_derived(lg, -1);
+    return rc ? rc : idem__dir_meta_create(lg->s, lg->dirfd, lg->dir, secret);
 }
 
 /* After a repair, PATH/TAIL names the segments first.. (count of them)
@@ -849,34 +856,67 @@ static int idem__unlink_derived(idem__log *lg, const char *name)
                       strerror(errno));
 }
 
-/* A repair renamed a segment from id to a lower one: whatever was derived
- * from the segments that had either id (key indexes, the filters of their
- * groups and runs) must go, not be checked. They name a segment by id,
- * size and time bucket, and a renamed segment of the same size made in
- * the same millisecond as the one it replaces would pass for it: lookups
- * would search another segment's index and answer a DONE key as new.
- * Open builds them again from the segments. */
-static int idem__drop_derived(idem__log *lg, uint32_t id)
+/* Delete the files named PREFIX + number + SUFFIX numbered past keep
+ * (-1: all of them). */
+static int idem__drop_listed(idem__log *lg, const char *prefix,
+                             const char *suffix, int64_t keep)
 {
-    char name[32];
-    idem__kix_name(name, sizeof name, id);
-    int rc = idem__unlink_derived(lg, name);
-    for (unsigned lv = 0; !rc && lv < IDEM__CG_LEVELS; lv++) {
-        idem__cgroup_name(name, sizeof name, lv, idem__cg_num(id, lv));
-        rc = idem__unlink_derived(lg, name);
+    uint32_t *ids;
+    size_t n;
+    int rc = idem__dir_ids(lg->s, lg->dirfd, lg->dir, prefix, suffix, &ids,
+                           &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%s%08u%s", prefix, ids[i], suffix);
+        if ((int64_t)ids[i] > keep)
+            rc = idem__unlink_derived(lg, name);
     }
+    free(ids);
     return rc;
 }
 
-/* Check (or repair) the files derived from segment id, which a repair
- * renamed to want (or left as it was: want == id). */
-static int idem__visit_derived(idem__log *lg, uint32_t id, uint32_t want,
-                               int first, int repair, idem_check_report *r)
+/* Before a repair changes anything, what was derived from the segments
+ * and may no longer be theirs goes, durably: PATH/COLD and the group and
+ * run filters (open builds them again from the key indexes: 36 s at 3e8),
+ * and the key indexes of segments numbered past last (-1: all of them,
+ * when the keys' hash secret is new). They name a segment by id, size
+ * and time bucket, and a segment that a repair renames, or a new one
+ * numbered as a lost one was, can be as large and as old as the one they
+ * were built from: they would pass for its own, and a lookup that
+ * searched the wrong index would answer a DONE key as new. */
+static int idem__repair_derived(idem__log *lg, int64_t last)
 {
-    if (id != want) {
-        int rc = idem__drop_derived(lg, want);
-        return rc ? rc : idem__drop_derived(lg, id);
-    }
+    int rc = idem__unlink_derived(lg, IDEM__COLD_FILE);
+    if (!rc)
+        rc = idem__drop_listed(lg, "grp-", ".kgf", -1);
+    if (!rc)
+        rc = idem__drop_listed(lg, "run-", ".kgf", -1);
+    if (!rc)
+        rc = idem__drop_listed(lg, "seg-", ".kix", last);
+    if (!rc && fsync(lg->dirfd) != 0)
+        rc = idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
+                        strerror(errno));
+    return rc;
+}
+
+/* A repair is about to rename a segment to id want: the key index of the
+ * segment that had that id goes first, durably (a crash between the two
+ * would leave it beside a segment it could pass for). */
+static int idem__repair_rename(idem__log *lg, uint32_t want)
+{
+    char name[32];
+    idem__kix_name(name, sizeof name, want);
+    int rc = idem__unlink_derived(lg, name);
+    if (!rc && fsync(lg->dirfd) != 0)
+        rc = idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
+                        strerror(errno));
+    return rc;
+}
+
+/* Check the key index and group filters derived from segment id. */
+static int idem__check_derived(idem__log *lg, uint32_t id, int first,
+                               int repair, idem_check_report *r)
+{
     int rc = idem__check_kix(lg, id, repair, r);
     for (unsigned lv = 0; lv < IDEM__CG_LEVELS; lv++)
         if (!rc && (first || id % idem__cg_span(lv) == 0))
@@ -885,32 +925,30 @@ static int idem__visit_derived(idem__log *lg, uint32_t id, uint32_t want,
 }
 
 /* Run fn on segments ids[from, n) of lg's directory, and check (or
- * repair) what is derived from them. */
+ * repair) what is derived from them. A repair gives them the ids
+ * ids[from], ids[from] + 1, ... (closing gaps). */
 static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
                             size_t n, idem__seg_fn fn, int repair,
                             idem_check_report *r)
 {
-    int rc = 0, renamed = 0;
+    int64_t last = n > from ? (int64_t)ids[from] + (int64_t)(n - from) - 1
+                            : -1;
+    int rc = repair ? idem__repair_derived(lg, last) : 0;
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
-        rc = idem__open_seg(lg, ids[i], &g, repair, 1);
         uint32_t want = ids[from] + (uint32_t)(i - from);
+        int moved = repair && want != ids[i];
+        rc = moved ? idem__repair_rename(lg, want) : 0;
+        if (!rc)
+            rc = idem__open_seg(lg, ids[i], &g, repair, 1);
         if (!rc) {
             r->segments++;
             rc = fn(lg, &g, want, i + 1 == n, r);
             idem__close_seg(&g);
         }
-        uint32_t now = repair ? want : ids[i];  /* check renames none */
-        renamed |= now != ids[i];
-        if (!rc)
-            rc = idem__visit_derived(lg, ids[i], now, i == from, repair, r);
+        if (!rc && !moved)
+            rc = idem__check_derived(lg, ids[i], i == from, repair, r);
     }
-    /* PATH/COLD names cold segments the same way. */
-    if (!rc && renamed)
-        rc = idem__unlink_derived(lg, IDEM__COLD_FILE);
-    if (!rc && renamed && fsync(lg->dirfd) != 0)
-        rc = idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
-                        strerror(errno));
     if (!rc && repair)
         rc = idem__repair_tail(lg, n > from ? ids[from] : 0, n - from);
     return rc;
