@@ -224,6 +224,23 @@ static int idem__cg_map(int dirfd, unsigned lv, uint32_t num, int lazy,
     return 0;
 }
 
+/* Is PATH/name a whole header of an older version's filter? A writer
+ * builds it again at open: a layout left behind, not damage. */
+static int idem__cg_older(int dirfd, const char *name)
+{
+    unsigned char h[IDEM__CG_HDR];
+    uint32_t version;
+    int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd >= 0 ? pread(fd, h, sizeof h, 0) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (got != (ssize_t)sizeof h || memcmp(h, idem__cg_magic, 8) != 0 ||
+        idem__cg_get64(h + 56) != XXH3_64bits(h, 56))
+        return 0;
+    memcpy(&version, h + 8, 4);
+    return version < IDEM__CG_VERSION;
+}
+
 int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
                             size_t n)
 {
@@ -233,7 +250,7 @@ int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
     if (faccessat(dirfd, name, F_OK, 0) != 0)
         return 1;
     if (idem__cg_map(dirfd, lv, num, 0, &img, &len) != 0)
-        return 0;
+        return idem__cg_older(dirfd, name);
     munmap(img, len);
     return 1;
 }

@@ -210,7 +210,8 @@ void idem__cgroup_open(struct idem__log *lg);
 void idem__cgroup_gone(struct idem__log *lg, uint32_t id);
 
 /* Does the filter of group num of level lv, if there is one, check out
- * whole? (check/repair; name receives its file name.) */
+ * whole, or is it one of an older layout, which open builds again?
+ * (check/repair; name receives its file name.) */
 int idem__cgroup_file_sound(int dirfd, unsigned lv, uint32_t num, char *name,
                             size_t n);
 
