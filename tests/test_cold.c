@@ -487,30 +487,44 @@ Test(cold, a_group_filter_spares_the_probes_of_its_segments)
     cr_assert_eq(idem_close(s), 0);
 }
 
+/* Fill the store, close it, and read its group 0 filter (path in p). */
+static char *group0_of_filled(char *p, size_t pn, size_t *len)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    snprintf(p, pn, "%s/%s", dir, GROUP0);
+    char *img = t_read(p, len);
+    cr_assert(img && *len > 64, "%s", p);
+    return img;
+}
+
+/* Write img (len bytes) over the file at p. */
+static void put_file(const char *p, const void *img, size_t len)
+{
+    int fd = open(p, O_WRONLY | O_TRUNC);
+    cr_assert_geq(fd, 0, "%s", p);
+    cr_assert_eq(write(fd, img, len), (ssize_t)len);
+    close(fd);
+}
+
 /* A group filter that does not check out (a bit flipped, torn, emptied)
  * or that names other segments than those there (a stale one) is never
  * trusted: open builds it again from the key indexes, and every key is
  * answered; check reports it, repair deletes it. */
 Test(cold, a_damaged_or_stale_group_filter_is_built_again)
 {
-    idem_store *s = t_open(uri);
-    fill(s);
-    cr_assert_eq(idem_close(s), 0);
+    idem_store *s;
     char p[4400];
     size_t len;
-    snprintf(p, sizeof p, "%s/%s", dir, GROUP0);
-    char *good = t_read(p, &len);
-    cr_assert(good);
+    char *good = group0_of_filled(p, sizeof p, &len);
     /* Emptied blocks would say no to every key of group 0. */
     unsigned char *img = malloc(len);
     cr_assert(img);
     memcpy(img, good, len);
     memset(img + 64 + 16 * 32, 0, len - (64 + 16 * 32));
     for (int how = 0; how < 4; how++) {
-        int fd = open(p, O_WRONLY | O_TRUNC);
-        cr_assert_geq(fd, 0);
-        cr_assert_eq(write(fd, img, len), (ssize_t)len);
-        close(fd);
+        put_file(p, img, len);
         if (how == 1)
             cut(GROUP0, (off_t)len - 64);
         if (how == 2)
@@ -522,9 +536,7 @@ Test(cold, a_damaged_or_stale_group_filter_is_built_again)
             memcpy(img + 40, &body, 8);
             uint64_t hdr = XXH3_64bits(img, 56);
             memcpy(img + 56, &hdr, 8);
-            fd = open(p, O_WRONLY | O_TRUNC);
-            cr_assert_eq(write(fd, img, len), (ssize_t)len);
-            close(fd);
+            put_file(p, img, len);
         }
         idem_check_report r = {0};
         if (how < 3) {
@@ -555,14 +567,9 @@ Test(cold, a_damaged_or_stale_group_filter_is_built_again)
  * it again in the layout of today. */
 Test(cold, a_group_filter_of_an_older_layout_is_built_again_not_damage)
 {
-    idem_store *s = t_open(uri);
-    fill(s);
-    cr_assert_eq(idem_close(s), 0);
     char p[4400];
     size_t len;
-    snprintf(p, sizeof p, "%s/%s", dir, GROUP0);
-    unsigned char *img = (unsigned char *)t_read(p, &len);
-    cr_assert(img && len > 64);
+    unsigned char *img = (unsigned char *)group0_of_filled(p, sizeof p, &len);
     unsigned char *good = malloc(len);
     cr_assert(good);
     memcpy(good, img, len);
@@ -570,10 +577,9 @@ Test(cold, a_group_filter_of_an_older_layout_is_built_again_not_damage)
     memcpy(img + 8, &v2, 4);
     uint64_t hdr = XXH3_64bits(img, 56);
     memcpy(img + 56, &hdr, 8);
-    int fd = open(p, O_WRONLY | O_TRUNC);
-    cr_assert_eq(write(fd, img, len), (ssize_t)len);
-    close(fd);
+    put_file(p, img, len);
     idem_check_report r = {0};
+    idem_store *s;
     cr_assert_eq(idem_check(uri, &r), 0, "%s", r.first_damage);
     s = t_open(uri);
     expect_all(s);
