@@ -756,16 +756,24 @@ static int idem__check_meta(idem__log *lg, int repair, idem_check_report *r)
     return rc ? rc : idem__dir_meta_create(lg->s, lg->dirfd, lg->dir, secret);
 }
 
+/* Delete PATH/name, if it is there, and make that durable. */
+static int idem__unlink_synced(idem__log *lg, const char *name)
+{
+    if (unlinkat(lg->dirfd, name, 0) != 0 && errno != ENOENT)
+        return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir, name,
+                          strerror(errno));
+    if (fsync(lg->dirfd) != 0)
+        return idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
+                          strerror(errno));
+    return 0;
+}
+
 /* After a repair, PATH/TAIL names the segments first.. (count of them)
  * as they now are, or goes when there are none. */
 static int idem__repair_tail(idem__log *lg, uint32_t first, size_t count)
 {
-    if (!count) {
-        if (unlinkat(lg->dirfd, IDEM__TAIL, 0) != 0 && errno != ENOENT)
-            return idem__fail(lg->s, IDEM_EIO, "%s/%s: %s", lg->dir,
-                              IDEM__TAIL, strerror(errno));
-        return 0;
-    }
+    if (!count)
+        return idem__unlink_synced(lg, IDEM__TAIL);
     char name[32];
     struct stat st;
     idem__tail t = {.first = first, .last = first + (uint32_t)count - 1};
@@ -906,11 +914,7 @@ static int idem__repair_rename(idem__log *lg, uint32_t want)
 {
     char name[32];
     idem__kix_name(name, sizeof name, want);
-    int rc = idem__unlink_derived(lg, name);
-    if (!rc && fsync(lg->dirfd) != 0)
-        rc = idem__fail(lg->s, IDEM_EIO, "%s: fsync: %s", lg->dir,
-                        strerror(errno));
-    return rc;
+    return idem__unlink_synced(lg, name);
 }
 
 /* Check the key index and group filters derived from segment id. */
