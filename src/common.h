@@ -6,6 +6,7 @@
 #ifndef IDEM_COMMON_H
 #define IDEM_COMMON_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -68,5 +69,10 @@ int idem__hexval(int c);
 
 /* Fill buf with n bytes from getrandom(2). 0 or IDEM_EIO. */
 int idem__random_bytes(void *buf, size_t n);
+
+/* Start a thread of the library's with every signal blocked, so that
+ * signals keep going to the caller's threads, which expect them. 0, or
+ * -1 when no thread could be had. */
+int idem__thread_start(pthread_t *t, void *(*fn)(void *), void *arg);
 
 #endif

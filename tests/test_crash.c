@@ -169,3 +169,12 @@ Test(crash, kill9_cold, .timeout = 900)
 {
     kill9_run("?hot=0&segment=64k");
 }
+
+/* A budget the writer is not behind on: keys leave RAM every few
+ * batches through a job on a thread of its own (coldjob.h), so kills
+ * land while it builds and writes an index, and before its result is
+ * taken. */
+Test(crash, kill9_while_indexes_are_built, .timeout = 900)
+{
+    kill9_run("?hot=64k&segment=16k");
+}

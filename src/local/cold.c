@@ -26,6 +26,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -371,8 +372,10 @@ static int idem__cold_image(const idem__segid *sg, const idem__gather *g,
     return 0;
 }
 
-int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
-                     idem__cold *c)
+/* Build the index of segment sg into *c (heap). 0, IDEM_ENOMEM, or
+ * IDEM_ECORRUPT when a frame does not check out. */
+static int idem__cold_build(const idem__segid *sg,
+                            const unsigned char *secret, idem__cold *c)
 {
     idem__gather g = {.max_expires = 0};
     size_t kept = 0;
@@ -464,40 +467,57 @@ int idem__cold_load(int dirfd, const idem__segid *sg, idem__cold *c,
     return IDEM_ECORRUPT;
 }
 
-int idem__cold_write(idem_store *s, int dirfd, const char *path,
-                     uint32_t id, const idem__cold *c)
+int idem__cold_produce(int dirfd, const idem__segid *sg,
+                       const unsigned char *secret, int write,
+                       idem__cold *c, int *werr)
+{
+    int rc = idem__cold_build(sg, secret, c);
+    if (rc || !write)
+        return rc;
+    char name[32];
+    idem__kix_name(name, sizeof name, sg->id);
+    struct iovec one = {c->img, c->len};
+    *werr = idem__dir_put(dirfd, name, &one, 1);
+    if (!*werr)
+        return 0;
+    idem__cold_free(c);
+    return IDEM_EIO;
+}
+
+int idem__cold_explain(idem_store *s, const char *path, uint32_t id, int rc,
+                       int werr)
 {
     char name[32];
     idem__kix_name(name, sizeof name, id);
-    return idem__dir_replace(s, dirfd, path, name, c->img, c->len);
+    return rc == IDEM_ENOMEM ? idem__fail(s, rc, "out of memory")
+           : rc == IDEM_EIO  ? idem__dir_put_failed(s, path, name, werr)
+                             : idem__fail(s, rc,
+                                          "%s/seg-%08u.log: a damaged record",
+                                          path, id);
+}
+
+void idem__cold_adopt(int dirfd, const idem__segid *sg, idem__cold *c)
+{
+    idem__cold built = *c;
+    if (idem__cold_load(dirfd, sg, c, 1) == 0) {
+        c->unchecked = 0;
+        free(built.img);
+    }
+    else
+        *c = built;
 }
 
 int idem__cold_make(idem_store *s, int dirfd, const char *path,
                     const idem__segid *sg, const unsigned char *secret,
                     int write, idem__cold *c)
 {
-    int rc = idem__cold_build(sg, secret, c);
-    if (rc == IDEM_ENOMEM)
-        return idem__fail(s, rc, "out of memory");
+    int werr = 0;
+    int rc = idem__cold_produce(dirfd, sg, secret, write, c, &werr);
     if (rc)
-        return idem__fail(s, rc, "%s/seg-%08u.log: a damaged record",
-                          path, sg->id);
-    if (!write)
-        return 0;
-    idem__cold built = *c;
-    rc = idem__cold_write(s, dirfd, path, sg->id, &built);
-    /* Serve from the file's pages, which the kernel may evict, rather
-     * than from the heap copy, which it may not: the bytes just written,
-     * whose body is known. */
-    if (!rc && idem__cold_load(dirfd, sg, c, 1) == 0) {
-        c->unchecked = 0;
-        free(built.img);
-    }
-    else
-        *c = built;
-    if (rc)
-        idem__cold_free(c);
-    return rc;
+        return idem__cold_explain(s, path, sg->id, rc, werr);
+    if (write)
+        idem__cold_adopt(dirfd, sg, c);
+    return 0;
 }
 
 void idem__cold_free(idem__cold *c)

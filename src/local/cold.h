@@ -113,11 +113,6 @@ typedef struct idem__segid {
     const unsigned char *base;   /* its bytes [0, size) */
 } idem__segid;
 
-/* Build the index of segment sg into *c (heap). 0, IDEM_ENOMEM, or
- * IDEM_ECORRUPT when a frame does not check out. */
-int idem__cold_build(const idem__segid *sg, const unsigned char *secret,
-                     idem__cold *c);
-
 /* Load PATH/seg-N.kix into *c (mapped) if it is whole and was built
  * from sg. 0; IDEM_ENOTFOUND (none); IDEM_ECORRUPT (it does not check
  * out or is stale); IDEM_EIO/IDEM_ENOMEM. lazy: only its header is
@@ -137,13 +132,29 @@ uint64_t idem__mapped_sum(void *map, size_t len, size_t from);
  * clear) or 0: it must be built again from its segment. */
 int idem__cold_check(idem__cold *c);
 
-/* Write c's image as PATH/seg-N.kix, durably (temporary file, fsync,
- * rename, directory fsync). */
-int idem__cold_write(idem_store *s, int dirfd, const char *path,
-                     uint32_t id, const idem__cold *c);
+/* Build the index of segment sg into *c (heap) and, with write, write
+ * it as PATH/seg-N.kix, durably (temporary file, fsync, rename,
+ * directory fsync). Touches no store, so a thread of its own may call it
+ * (coldjob.h). 0; IDEM_ENOMEM; IDEM_ECORRUPT (a frame does not check
+ * out); IDEM_EIO with *werr the errno of the write that failed. *c holds
+ * nothing on failure. */
+int idem__cold_produce(int dirfd, const idem__segid *sg,
+                       const unsigned char *secret, int write,
+                       idem__cold *c, int *werr);
 
-/* Build, write and load (mapped) in one go; with write == 0 (a reader)
- * the heap copy is kept instead. */
+/* Word idem__cold_produce()'s failure rc (werr) for segment id of the
+ * store at path as s's error, and return rc. */
+int idem__cold_explain(idem_store *s, const char *path, uint32_t id, int rc,
+                       int werr);
+
+/* Serve the index just written from the file's pages, which the kernel
+ * may evict, rather than from the heap copy in *c, which it may not; the
+ * body is known (it was just built), so it is not read to be checked.
+ * The heap copy stays when the file cannot be mapped. */
+void idem__cold_adopt(int dirfd, const idem__segid *sg, idem__cold *c);
+
+/* Produce, word a failure, and adopt, in one go; with write == 0 (a
+ * reader) the heap copy is kept. */
 int idem__cold_make(idem_store *s, int dirfd, const char *path,
                     const idem__segid *sg, const unsigned char *secret,
                     int write, idem__cold *c);

@@ -258,9 +258,6 @@ static int idem__meta_parse(idem_store *s, const char *path,
     return 0;
 }
 
-/* Replace PATH/name with len bytes, whole or not at all: write a
- * temporary, fsync it, rename it over name, fsync the directory. A crash
- * leaves the old file or the new one, never a mix. */
 /* Write the n pieces whole: 0, or -1 with errno (ENOSPC for a write
  * that took nothing). */
 static int idem__write_all(int fd, const struct iovec *iov, int n)
@@ -281,25 +278,37 @@ static int idem__write_all(int fd, const struct iovec *iov, int n)
     return 0;
 }
 
-int idem__dir_replace_v(idem_store *s, int dirfd, const char *path,
-                        const char *name, const struct iovec *iov, int n)
+/* Replace name whole or not at all: write a temporary, fsync it, rename
+ * it over name, fsync the directory. A crash leaves the old file or the
+ * new one, never a mix. */
+int idem__dir_put(int dirfd, const char *name, const struct iovec *iov,
+                  int n)
 {
     char tmp[32];
     snprintf(tmp, sizeof tmp, "%s.tmp", name);
     int fd = idem__dir_create(dirfd, tmp, O_WRONLY | O_TRUNC);
     if (fd < 0)
-        return idem__fail(s, idem__errno_code(errno), "%s/%s: %s", path,
-                          name, strerror(errno));
+        return errno;
     int ok = idem__write_all(fd, iov, n) == 0 && fsync(fd) == 0;
     int err = errno;
     close(fd);
     if (ok && (renameat(dirfd, tmp, dirfd, name) != 0 || fsync(dirfd) != 0))
         ok = 0, err = errno;
-    if (!ok)
-        return idem__fail(s, idem__errno_code(err),
-                          "%s/%s: cannot write: %s", path, name,
-                          strerror(err));
-    return 0;
+    return ok ? 0 : err;
+}
+
+int idem__dir_put_failed(idem_store *s, const char *path, const char *name,
+                         int err)
+{
+    return idem__fail(s, idem__errno_code(err), "%s/%s: cannot write: %s",
+                      path, name, strerror(err));
+}
+
+int idem__dir_replace_v(idem_store *s, int dirfd, const char *path,
+                        const char *name, const struct iovec *iov, int n)
+{
+    int err = idem__dir_put(dirfd, name, iov, n);
+    return err ? idem__dir_put_failed(s, path, name, err) : 0;
 }
 
 int idem__dir_replace(idem_store *s, int dirfd, const char *path,

@@ -94,6 +94,14 @@ struct iovec;
 int idem__dir_replace_v(idem_store *s, int dirfd, const char *path,
                         const char *name, const struct iovec *iov, int n);
 
+/* The same without a store, for a thread of its own (coldjob.h): 0, or
+ * the errno of the step that failed, which idem__dir_put_failed() words
+ * as the store's error. */
+int idem__dir_put(int dirfd, const char *name, const struct iovec *iov,
+                  int n);
+int idem__dir_put_failed(idem_store *s, const char *path, const char *name,
+                         int err);
+
 /* Replace PATH/TAIL with *t, durably (see dir.c). */
 int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
                          const idem__tail *t);

@@ -1085,25 +1085,13 @@ static void idem__forget_hot(idem__engine *en, const idem__seg *g)
     }
 }
 
-/* Write g's key index beside it and drop from RAM the entries that point
- * into it; the index names each of those keys' newest frame. g->live
- * keeps counting them (a cold lookup that finds one live and supersedes
- * it counts it down). */
-static int idem__cold_out(idem_store *s, idem__seg *g)
+/* g goes cold with c, its key index (written): drop from RAM the
+ * entries that point into g; the index names each of those keys'
+ * newest frame. g->live keeps counting them (a cold lookup that finds
+ * one live and supersedes it counts it down). */
+static void idem__cold_in(idem__engine *en, idem__seg *g, idem__cold *c)
 {
-    idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
-    idem__cold *c = calloc(1, sizeof *c);
-    if (!c)
-        return idem__fail(s, IDEM_ENOMEM, "out of memory");
-    int rc = idem__log_map(lg, g, (size_t)g->size);
-    idem__segid sg = {g->id, g->size, g->created, g->base};
-    if (!rc)
-        rc = idem__cold_make(s, lg->dirfd, lg->dir, &sg, en->secret, 1, c);
-    if (rc) {
-        free(c);
-        return rc;
-    }
     g->cold = c;
     lg->ncold++;
     /* Without the filter in front, lookups ask every segment's own:
@@ -1111,23 +1099,67 @@ static int idem__cold_out(idem_store *s, idem__seg *g)
     (void)idem__cfilter_add(lg, lg->ncold - 1);
     idem__cgroup_went_cold(lg);
     idem__forget_hot(en, g);
+}
+
+/* Start the job that indexes g, the oldest hot segment (coldjob.h). */
+static int idem__cold_start(idem_store *s, idem__seg *g)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    int rc = idem__log_map(lg, g, (size_t)g->size);
+    if (rc)
+        return rc;
+    idem__segid sg = {g->id, g->size, g->created, g->base};
+    idem__coldjob_start(&lg->job, lg->dirfd, &sg, en->secret);
     return 0;
 }
 
+/* Take the job's index of g, waiting for it if need be. */
+static int idem__cold_finish(idem_store *s, idem__seg *g)
+{
+    idem__engine *en = idem__eng(s);
+    idem__log *lg = &en->log;
+    idem__cold *c;
+    int werr;
+    idem__segid sg = lg->job.sg;
+    int rc = idem__coldjob_join(&lg->job, &c, &werr);
+    if (rc)
+        return idem__cold_explain(s, lg->dir, g->id, rc, werr);
+    idem__cold_adopt(lg->dirfd, &sg, c);
+    idem__cold_in(en, g, c);
+    return 0;
+}
+
+/* Is the RAM index over its budget, with a sealed segment to spare? Only
+ * between groups does it settle, and only a writer's. */
+static int idem__over_budget(const idem__engine *en)
+{
+    const idem__log *lg = &en->log;
+    return en->hot_limited && !lg->readonly && !lg->in_group &&
+           !lg->broken && en->ix.count > en->hot_keys &&
+           lg->ncold + 1 < lg->nsegs;
+}
+
 /* While the RAM index holds more keys than the budget, the oldest hot
- * sealed segment goes cold. Sealed segments are durable, and only
- * between groups does the RAM index settle. A failure (a full disk)
- * leaves the segment hot, which is always correct: the next commit tries
- * again. */
+ * sealed segment goes cold. Its index is built by a job, which the
+ * writer waits for only when it is behind: when even the job's segment
+ * gone would leave the index over budget. Sealed segments are durable.
+ * A failure (a full disk) leaves the segment hot, which is always
+ * correct: the next commit tries again. */
 static int idem__evict(idem_store *s)
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
-    while (en->hot_limited && !lg->readonly && !lg->in_group &&
-           !lg->broken && en->ix.count > en->hot_keys &&
-           lg->ncold + 1 < lg->nsegs)
-        if (idem__cold_out(s, &lg->segs[lg->ncold]))
+    while (idem__over_budget(en)) {
+        idem__seg *g = &lg->segs[lg->ncold];
+        if (!lg->job.running && idem__cold_start(s, g))
             return 0;
+        int behind = en->ix.count - g->live > en->hot_keys;
+        if (!behind && !idem__coldjob_finished(&lg->job))
+            return 0;
+        if (idem__cold_finish(s, g))
+            return 0;
+    }
     return 0;
 }
 
@@ -1322,7 +1354,9 @@ static int idem__eng_close(idem_store *s)
      * and the lock are the parent's: free the memory, write nothing (the
      * descriptors closed here are the child's own; the lock stays with
      * the parent's). */
-    /* A fork child has no such thread (threads do not survive fork). */
+    /* A fork child has no such threads (threads do not survive fork). */
+    if (idem__forked(s))
+        idem__coldjob_abandon(&en->log.job);
     int synced = idem__forked(s) ? 0 : idem__log_sync_wait(&en->log);
     int rc = idem__forked(s)     ? 0
              : en->log.broken ? en->log.broken

@@ -189,7 +189,7 @@ static int idem__sync_start(idem__log *lg, const idem__seg *g)
     lg->sync_seg = g->id;
     lg->sync_end = g->size;
     lg->sync_err = 0;
-    if (pthread_create(&lg->syncer, NULL, idem__syncer, lg) != 0)
+    if (idem__thread_start(&lg->syncer, idem__syncer, lg) != 0)
         return -1;
     lg->syncing = 1;
     return 0;
@@ -454,6 +454,9 @@ int idem__log_drop_oldest(idem__log *lg)
     if (rc0 || lg->nsegs < 2)
         return rc0;
     idem__seg *g = &lg->segs[0];
+    /* The job would write an index beside a file that is gone. */
+    if (lg->job.running && lg->job.sg.id == g->id)
+        idem__coldjob_cancel(&lg->job);
     /* The tail stops naming it first: a crash before the unlink leaves a
      * file older than the tail's first, which open deletes. */
     int rc = idem__write_tail(lg, lg->segs[1].id, idem__active(lg)->id,
@@ -480,6 +483,7 @@ int idem__log_drop_oldest(idem__log *lg)
 
 void idem__log_forget(idem__log *lg)
 {
+    idem__coldjob_cancel(&lg->job);
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
     idem__cgroup_free(lg->cg);

@@ -32,6 +32,7 @@
 #include "cold.h"
 #include "coldfilter.h"
 #include "coldgroup.h"
+#include "coldjob.h"
 #include "common.h"
 #include "dir.h"
 #include "store.h"
@@ -85,6 +86,7 @@ typedef struct idem__log {
     int sync_fd, sync_err;
     uint32_t sync_seg;
     uint64_t sync_end;
+    idem__coldjob job;      /* segs[ncold]'s key index, being built */
 } idem__log;
 
 /* Reserve room for an n-byte frame at the end of the log and return where
@@ -125,7 +127,7 @@ int idem__log_at(idem__log *lg, uint32_t seg, uint32_t off,
 int idem__log_new_segment(idem__log *lg, int64_t now);
 
 /* Delete the oldest segment (never the active one), its key index
- * first if it has one. */
+ * first if it has one, and a job building that index first of all. */
 int idem__log_drop_oldest(idem__log *lg);
 
 /* Map (more of) a file segment so that `need` bytes are readable. A
@@ -163,7 +165,8 @@ int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
 int idem__seg_keeps_tail(const unsigned char *p, size_t avail);
 
 /* Release the segments read so far (recovery: a reader that finds the
- * writer dropped the next one starts its view after it). */
+ * writer dropped the next one starts its view after it), once a job
+ * that reads one is done. */
 void idem__log_forget(idem__log *lg);
 
 /* Release every segment and buffer (does not commit). */

@@ -126,9 +126,27 @@ static int idem__check_tail(idem__log *lg, char *why, size_t n)
     return 0;
 }
 
+/* A running job indexes the oldest hot segment, sealed, as it was when
+ * the job started (coldjob.h). */
+static int idem__check_job(const idem__log *lg, char *why, size_t n)
+{
+    const idem__coldjob *j = &lg->job;
+    if (!j->running)
+        return 0;
+    const idem__seg *g = lg->ncold + 1 < lg->nsegs ? &lg->segs[lg->ncold]
+                                                   : NULL;
+    if (!g || g->id != j->sg.id || g->size != j->sg.size ||
+        g->base != j->sg.base)
+        return idem__bad(why, n, "a key index job runs for segment %u, "
+                                 "not the oldest hot sealed one",
+                         (unsigned)j->sg.id);
+    return 0;
+}
+
 int idem__log_check(idem__log *lg, char *why, size_t n)
 {
     int rc = idem__check_segs(lg, why, n);
+    rc = rc ? rc : idem__check_job(lg, why, n);
     if (rc || lg->broken)
         return rc;
     if (!lg->in_group && lg->wbuf.len)
