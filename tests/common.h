@@ -70,6 +70,12 @@ extern long t_fail_mmap_after;
 extern long t_fail_unlink_after;
 extern int t_fail_errno;
 
+/* Called, when set, before every unlinkat (with the name it was given)
+ * and every mmap (with the file descriptor) the library makes, from the
+ * thread that makes it: a test stops a handle there to run another. */
+extern void (*t_unlink_hook)(const char *name);
+extern void (*t_mmap_hook)(int fd);
+
 /* A whole file in malloc'ed memory (NUL-terminated; *len may be NULL);
  * fails the test if it cannot be read. */
 char *t_read(const char *path, size_t *len);

@@ -4,7 +4,11 @@
  * The test binary is linked with --wrap for these functions, so every call
  * that libidem.a makes comes through here. Disarmed (-1) they pass
  * through. This is how the tests show that ENOMEM, ENOSPC and EIO are
- * returned as errors without crashes, leaks or lost data. */
+ * returned as errors without crashes, leaks or lost data.
+ *
+ * A test may also stop the library at a chosen unlink or mmap, to run
+ * another handle there (t_unlink_hook, t_mmap_hook): how a race between
+ * two of them is made to happen at one point, every time. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stddef.h>
@@ -20,6 +24,8 @@ long t_fail_sync_after = -1;
 long t_fail_mmap_after = -1;
 long t_fail_unlink_after = -1;
 int t_fail_errno = EIO;
+void (*t_unlink_hook)(const char *name);
+void (*t_mmap_hook)(int fd);
 
 void *__real_malloc(size_t n);
 void *__real_calloc(size_t n, size_t m);
@@ -113,6 +119,8 @@ int __wrap_ftruncate(int fd, off_t len)
 void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
                   off_t off)
 {
+    if (t_mmap_hook)
+        t_mmap_hook(fd);
     if (t_trip(&t_fail_mmap_after)) {
         errno = ENOMEM;
         return MAP_FAILED;
@@ -122,6 +130,8 @@ void *__wrap_mmap(void *addr, size_t len, int prot, int flags, int fd,
 
 int __wrap_unlinkat(int dirfd, const char *name, int flags)
 {
+    if (t_unlink_hook)
+        t_unlink_hook(name);
     if (t_trip(&t_fail_unlink_after)) {
         errno = t_fail_errno;
         return -1;

@@ -5,8 +5,10 @@
  * (segment=1), so that a key leaves RAM at the commit after its own. The
  * conformance suite runs the same way (conf_cold); these tests look at
  * what only a cold store has: its files, its counters, its reopen. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -750,6 +752,188 @@ Test(cold, a_repair_stopped_at_any_unlink_then_run_whole_loses_one_key,
         if (!tripped)
             break;
     }
+}
+
+/* The race of a reader with a repair, stopped at three points (see the
+ * test below). Phases only move forward; each party waits for the one
+ * it needs and a step that finds the race elsewhere does nothing, so
+ * whichever points are never reached, no party waits for ever. */
+enum { RACE_IDLE, RACE_GO, RACE_PAUSED, RACE_RESUMED, RACE_DONE };
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int phase;
+    char cut[32];     /* the segment both stop at, the first time */
+    char newest[32];  /* the newest segment before the repair */
+    int stops;        /* the three points the race stopped at */
+    idem_store *reader;
+    int rc;
+} race = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static _Thread_local int race_is_reader;
+
+/* Move the race from phase from to phase to, if it is there; a stop
+ * counts in race.stops. */
+static void race_step(int from, int to, int stop)
+{
+    pthread_mutex_lock(&race.mu);
+    if (race.phase == from) {
+        race.phase = to;
+        race.stops += stop;
+    }
+    pthread_cond_broadcast(&race.cv);
+    pthread_mutex_unlock(&race.mu);
+}
+
+static void race_wait(int phase)
+{
+    pthread_mutex_lock(&race.mu);
+    while (race.phase < phase)
+        pthread_cond_wait(&race.cv, &race.mu);
+    pthread_mutex_unlock(&race.mu);
+}
+
+static int race_phase(void)
+{
+    pthread_mutex_lock(&race.mu);
+    int now = race.phase;
+    pthread_mutex_unlock(&race.mu);
+    return now;
+}
+
+/* The repair's side: about to delete the segment it has just written
+ * anew one id lower, it lets the reader list the store and read up to
+ * that segment; about to delete the newest old segment, the last
+ * renumbering done, it lets the reader read on and end its open. */
+static void race_unlink(const char *name)
+{
+    if (strcmp(name, race.cut) == 0) {
+        race_step(RACE_IDLE, RACE_GO, 1);
+        race_wait(RACE_PAUSED);
+    } else if (strcmp(name, race.newest) == 0) {
+        race_step(RACE_PAUSED, RACE_RESUMED, 1);
+        race_wait(RACE_DONE);
+    }
+}
+
+/* The reader's side: it maps race.cut, and waits there (once). */
+static void race_mmap(int fd)
+{
+    char link[64], path[4400];
+    if (!race_is_reader || race_phase() != RACE_GO)
+        return;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, path, sizeof path - 1);
+    size_t len = strlen(race.cut);
+    if (n <= (ssize_t)len)
+        return;
+    path[n] = '\0';
+    if (path[n - (ssize_t)len - 1] == '/' &&
+        strcmp(path + n - len, race.cut) == 0) {
+        race_step(RACE_GO, RACE_PAUSED, 1);
+        race_wait(RACE_RESUMED);
+    }
+}
+
+static void *race_reader(void *unused)
+{
+    (void)unused;
+    race_is_reader = 1;
+    race_wait(RACE_GO);
+    idem_opts o = t_options();
+    o.flags = IDEM_O_READONLY;
+    race.rc = idem_open(uri, &o, &race.reader);
+    /* Only the reader moves the race on from GO or RESUMED. */
+    race_step(race_phase(), RACE_DONE, 0);
+    return NULL;
+}
+
+/* The greatest segment id in dir. */
+static uint32_t newest_segment(void)
+{
+    DIR *d = opendir(dir);
+    cr_assert(d);
+    uint32_t newest = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char *end;
+        if (strncmp(de->d_name, "seg-", 4) != 0)
+            continue;
+        unsigned long id = strtoul(de->d_name + 4, &end, 10);
+        if (strcmp(end, ".log") == 0 && id > newest)
+            newest = (uint32_t)id;
+    }
+    closedir(d);
+    return newest;
+}
+
+/* The record of each filled key, as handle a and handle b read it, is
+ * the same; *found counts those a has. */
+static void same_answers(idem_store *a, idem_store *b, int *found)
+{
+    *found = 0;
+    for (int i = 0; i < GROUPS * PER_GROUP; i++) {
+        char k[32];
+        idem_record ra, rb;
+        key_of(k, sizeof k, i);
+        int rca = idem_get(a, k, strlen(k), &ra);
+        int rcb = idem_get(b, k, strlen(k), &rb);
+        cr_assert_eq(rca, rcb, "%s: %d, but %d after the repair", k, rca,
+                     rcb);
+        cr_assert(rca == 0 || rca == IDEM_ENOTFOUND, "%s: %d", k, rca);
+        if (rca == 0)
+            cr_assert(ra.state == IDEM_STATE_DONE &&
+                          rb.state == IDEM_STATE_DONE,
+                      "%s", k);
+        *found += rca == 0;
+    }
+}
+
+/* A reader takes no lock, so it may open while a repair renumbers the
+ * segments after a lost one: here at the one point where its walk is
+ * cut through. The repair has written seg-5 anew from seg-6 and is
+ * about to delete seg-6 when the reader lists the store, whose ids then
+ * run without a gap; the reader reads up to seg-6 (still the old one)
+ * and waits while the repair renumbers the rest, up to the delete of
+ * the newest old segment, then reads on: its seg-7 then holds what was
+ * seg-8. Taken as it is, that walk reads seg-6's records twice and
+ * never seg-7's, and the reader answers their keys, all done, as
+ * absent. It must answer every key as a reader opened after the repair
+ * does. */
+Test(cold, a_reader_opened_while_a_repair_renumbers_reads_every_segment)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    cr_assert_eq(idem_close(s), 0);
+    uint32_t newest = newest_segment();
+    cr_assert_geq(newest, 10);
+    lose("seg-00000005.log");
+    snprintf(race.cut, sizeof race.cut, "seg-%08u.log", 6u);
+    snprintf(race.newest, sizeof race.newest, "seg-%08u.log", newest);
+    pthread_t t;
+    cr_assert_eq(pthread_create(&t, NULL, race_reader, NULL), 0);
+    t_unlink_hook = race_unlink;
+    t_mmap_hook = race_mmap;
+    idem_check_report r = {0};
+    int rc = idem_repair(uri, &r);
+    race_step(RACE_IDLE, RACE_GO, 0);  /* points the repair never met */
+    race_step(RACE_PAUSED, RACE_RESUMED, 0);
+    pthread_join(t, NULL);
+    t_unlink_hook = NULL;
+    t_mmap_hook = NULL;
+    cr_assert_eq(rc, 0, "%s", r.first_damage);
+    cr_assert_eq(race.stops, 3, "the race stopped at %d points", race.stops);
+    cr_assert_eq(race.rc, 0, "%s", idem_errdetail(race.reader));
+    idem_opts o = t_options();
+    o.flags = IDEM_O_READONLY;
+    idem_store *after;
+    cr_assert_eq(idem_open(uri, &o, &after), 0, "%s", idem_errdetail(after));
+    int found;
+    same_answers(race.reader, after, &found);
+    cr_assert_eq(found, (GROUPS - 1) * PER_GROUP, "seg-5's keys only go");
+    cr_assert_eq(idem_close(after), 0);
+    cr_assert_eq(idem_close(race.reader), 0);
 }
 
 /* A lost identity file: repair writes a new secret for the keys' hash,

@@ -1402,8 +1402,24 @@ static void idem__knobs_apply(idem__engine *en, const idem__dir_knobs *k)
         en->log.segment_bytes = k->segment;
 }
 
-/* Open the store at rest once; *moved (readers only) says whether
- * PATH/TAIL was replaced while it was read. */
+/* A reader's load is over, with rc: did it meet a writer or a repair
+ * half way (see idem__open_local)? *moved says so; a load that
+ * succeeded on a walk that a repair cut through fails. */
+static int idem__reader_settle(idem_store *s, int rc, const struct stat *tail,
+                               int *moved)
+{
+    idem__log *lg = &idem__eng(s)->log;
+    int cut = idem__log_renumbered(lg);
+    *moved = cut || (rc && idem__tail_moved(lg->dirfd, tail));
+    return rc || !cut ? rc
+                      : idem__fail(s, IDEM_ELOCKED,
+                                   "%s: a repair renumbered the segments "
+                                   "while they were read; open the store "
+                                   "again once it is over", lg->dir);
+}
+
+/* Open the store at rest once; *moved (readers only) says whether it
+ * must be read again (idem__reader_settle). */
 static int idem__load_local(idem_store *s, const char *rest, int *moved)
 {
     struct stat tail;
@@ -1436,9 +1452,9 @@ static int idem__load_local(idem_store *s, const char *rest, int *moved)
         rc = idem__evict(s);
     if (!rc)
         idem__dir_warn_open(s, en->log.dirfd, path);
+    if (readonly && en->log.dirfd >= 0)
+        rc = idem__reader_settle(s, rc, &tail, moved);
     if (rc) {
-        *moved = readonly && en->log.dirfd >= 0 &&
-                 idem__tail_moved(en->log.dirfd, &tail);
         idem__engine_free(en);
         s->impl = NULL;
     }
@@ -1451,7 +1467,12 @@ static int idem__load_local(idem_store *s, const char *rest, int *moved)
  * before an old segment's unlink, so a read that fails while PATH/TAIL
  * changed under it may have met the writer half way, and is done again.
  * A writer's torn group past its last commit is no failure: a reader
- * leaves it unread, as a torn tail (see idem__recover()). */
+ * leaves it unread, as a torn tail (see idem__recover()). A repair, which
+ * holds the lock as a writer does, renumbers segments under the names a
+ * reader listed; a read that it cut through, failed or not, is done
+ * again too (see idem__log_renumbered), and one still cut on the last
+ * try fails: a repair is finite, a writer's steps cut nothing, so the
+ * tries run out only while repairs follow one another. */
 static int idem__open_local(idem_store *s, const char *rest)
 {
     int rc, moved = 0;

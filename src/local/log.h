@@ -28,6 +28,7 @@
 #define IDEM_LOG_H
 
 #include <pthread.h>
+#include <sys/types.h>
 
 #include "cold.h"
 #include "coldfilter.h"
@@ -54,6 +55,8 @@ typedef struct idem__seg {
     uint64_t live;          /* index entries pointing into it */
     uint64_t records;       /* key frames in it */
     idem__cold *cold;       /* its keys left RAM: their index (cold.h) */
+    dev_t dev;              /* the file opened at recovery, which a */
+    ino_t ino;              /* reader checks its name still holds */
 } idem__seg;
 
 typedef struct idem__log {

@@ -153,6 +153,8 @@ static int idem__open_seg(idem__log *lg, uint32_t id, idem__seg *g,
         return rc;
     }
     g->size = (uint64_t)st.st_size;
+    g->dev = st.st_dev;
+    g->ino = st.st_ino;
     if (g->size > UINT32_MAX) {
         close(g->fd);
         return idem__seg_fail(lg, IDEM_ECORRUPT, id, "segment too large",
@@ -472,6 +474,40 @@ static int idem__dropped_under(idem__log *lg, uint32_t id)
            errno == ENOENT &&
            idem__dir_tail_read(lg->s, lg->dirfd, lg->dir, &now) == 0 &&
            now.first > id;
+}
+
+/* A reader takes no lock, and `idem repair` may renumber the segments
+ * after a lost one while the reader lists and reads them: it writes each
+ * segment anew one id lower, then deletes the old file. A walk that met
+ * it half way can have listed the old ids, then opened under a listed
+ * name the file the repair wrote there since: one segment read twice,
+ * the next never, and its keys, done, read as absent by a handle that
+ * opened without an error. Hence this question once the walk is over:
+ * is every segment it read still the file its name holds? If so, all
+ * of them were in the directory at that one instant under the names
+ * they were read by, and the directory holds every record at every
+ * instant of a repair (a copy is written before its original goes, into
+ * a name already emptied; ids without a gap then show at most one
+ * segment twice, side by side, which reads as once). Inode numbers tell
+ * files apart here because the reader still maps every segment it read:
+ * none of theirs can go to another file meanwhile. A segment the writer
+ * dropped is no cut (see idem__dropped_under), and a writer's rotation
+ * gives no name to another file, so a reader racing it is not read again
+ * for it. (Only a new segment whose tail file could not be written goes,
+ * and its id comes again: a reader that read it reads again, once.) */
+int idem__log_renumbered(idem__log *lg)
+{
+    for (size_t i = 0; i < lg->nsegs; i++) {
+        const idem__seg *g = &lg->segs[i];
+        char name[32];
+        struct stat st;
+        idem__seg_name(name, sizeof name, g->id);
+        if (fstatat(lg->dirfd, name, &st, 0) == 0
+                ? st.st_dev != g->dev || st.st_ino != g->ino
+                : !idem__dropped_under(lg, g->id))
+            return 1;
+    }
+    return 0;
 }
 
 /* A store opened for writing without PATH/TAIL (written by an earlier

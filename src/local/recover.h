@@ -30,6 +30,11 @@ typedef int (*idem__reserve_fn)(void *ctx, uint64_t records);
 int idem__recover(idem__log *lg, int64_t now, idem__apply_fn apply,
                   idem__reserve_fn reserve, void *ctx);
 
+/* A reader's walk is over (lg->readonly): 1 when a segment it read is no
+ * longer the file its name holds, unless the writer dropped it; a repair
+ * renumbered segments under the reader, whose view may miss one. */
+int idem__log_renumbered(idem__log *lg);
+
 /* The local: backend's check (struct idem__backend): verify, or repair,
  * the directory that rest names without opening the store, which may be
  * too damaged to open. s only carries the detail. */
