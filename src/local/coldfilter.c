@@ -61,6 +61,8 @@ static void idem__cf_unmap(idem__cfilter *f)
     free(f->parts);
     f->parts = NULL;
     f->nsegs = 0;
+    f->due = 0;
+    f->gen++;
     if (f->file)
         munmap(f->file, f->filelen);
     f->file = NULL;
@@ -246,24 +248,26 @@ static int idem__cf_set(idem__log *lg, idem__seg *g)
     return 0;
 }
 
-/* Set in q, a partition of nothing yet, every cold segment's slice of
- * partition j: [cur[2i], cur[2i+1]) for segment i. A chunk of blocks at
- * a time: the slices are sorted and a key's block grows with its hash,
- * so each segment's next keys are those of the chunk being written, and
- * the chunk stays in the core's cache while every segment passes
- * through it. Setting one segment after another instead sweeps the
- * whole partition once per segment, a cache miss per key as soon as the
- * partition outgrows the cache (at 3e8 keys a partition is 14 MB and a
- * segment's slice a few thousand keys). */
-static void idem__cf_fill(idem__log *lg, idem__cfpart *q, uint64_t *cur)
+/* Set in b->q, a partition of nothing yet, every cold segment's slice
+ * of partition b->part: [cur[2i], cur[2i+1]) of h0s[i] for segment i. A
+ * chunk of blocks at a time: the slices are sorted and a key's block
+ * grows with its hash, so each segment's next keys are those of the
+ * chunk being written, and the chunk stays in the core's cache while
+ * every segment passes through it. Setting one segment after another
+ * instead sweeps the whole partition once per segment, a cache miss per
+ * key as soon as the partition outgrows the cache (at 3e8 keys a
+ * partition is 14 MB and a segment's slice a few thousand keys). */
+static void idem__cf_fill(idem__cfbuild *b)
 {
     enum { CHUNK = 4096 }; /* blocks: 256 KB, well within a core's L2 */
+    idem__cfpart *q = &b->q;
+    uint64_t *cur = b->cur;
     for (uint64_t lim = CHUNK; lim - CHUNK < q->nblocks; lim += CHUNK) {
         /* The last chunk takes whatever is left, so that every key is
          * set even if a slice were out of order. */
         uint64_t stop = lim < q->nblocks ? lim : UINT64_MAX;
-        for (size_t i = 0; i < lg->ncold; i++) {
-            const uint64_t *h0s = lg->segs[i].cold->h0s;
+        for (size_t i = 0; i < b->nsegs; i++) {
+            const uint64_t *h0s = b->h0s[i];
             uint64_t k = cur[2 * i], to = cur[2 * i + 1];
             while (k < to && idem__cf_block(q->nblocks, h0s[k]) < stop)
                 idem__cf_put(q, h0s[k++]);
@@ -273,36 +277,128 @@ static void idem__cf_fill(idem__log *lg, idem__cfpart *q, uint64_t *cur)
     }
 }
 
-/* Build partition j again from every cold segment's slice, with room
- * for a quarter more keys. Without memory for it, or with an index that
+void idem__cfbuild_free(idem__cfbuild *b, size_t n)
+{
+    for (size_t i = 0; b && i < n; i++) {
+        free(b[i].h0s);
+        free(b[i].cur);
+        idem__cf_part_unmap(&b[i].q);
+    }
+    free(b);
+}
+
+/* Plan in *b the build of partition j from every cold segment's slice
+ * of it, each segment's index checked first. 0, IDEM_ENOMEM, or
+ * IDEM_ECORRUPT (an index that does not check out and cannot be built
+ * again); idem__cfbuild_free() frees *b either way. */
+static int idem__cf_plan_one(idem__log *lg, unsigned j, idem__cfbuild *b)
+{
+    memset(b, 0, sizeof *b);
+    b->part = j;
+    b->gen = lg->cf.gen;
+    b->h0s = malloc((lg->ncold + 1) * sizeof *b->h0s);
+    b->cur = malloc((lg->ncold + 1) * 2 * sizeof *b->cur);
+    if (!b->h0s || !b->cur)
+        return IDEM_ENOMEM;
+    for (size_t i = 0; i < lg->ncold; i++) {
+        if (idem__log_cold_sound(lg, &lg->segs[i]))
+            return IDEM_ECORRUPT;
+        const idem__cold *c = lg->segs[i].cold;
+        b->h0s[i] = c->h0s;
+        idem__cf_slice(c, j, &b->cur[2 * i], &b->cur[2 * i + 1]);
+        b->keys += b->cur[2 * i + 1] - b->cur[2 * i];
+        b->nsegs = i + 1;
+    }
+    return 0;
+}
+
+void idem__cfbuild_run(idem__cfbuild *b)
+{
+    b->rc = idem__cf_part_map(&b->q, b->keys + b->keys / 4);
+    if (!b->rc)
+        idem__cf_fill(b);
+}
+
+/* The keys of the cold segments in partition j. */
+static uint64_t idem__cf_serves(const idem__log *lg, unsigned j)
+{
+    uint64_t n = 0;
+    for (size_t i = 0; i < lg->ncold; i++) {
+        uint64_t from, to;
+        idem__cf_slice(lg->segs[i].cold, j, &from, &to);
+        n += to - from;
+    }
+    return n;
+}
+
+/* Put the partition b built in place of the one there, if the filter is
+ * still the one b was planned in. It holds the keys of every segment
+ * cold then, and none went cold since (only the writer makes them
+ * cold, after it took the builds); of those that dropped since, it
+ * holds bits no longer needed, as any partition does. */
+static void idem__cf_take_one(idem__log *lg, idem__cfbuild *b)
+{
+    idem__cfilter *f = &lg->cf;
+    if (b->rc || !f->parts || b->gen != f->gen)
+        return;
+    idem__cfpart *p = &f->parts[b->part];
+    b->q.serves = idem__cf_serves(lg, b->part);
+    idem__cf_part_unmap(p);
+    *p = b->q;
+    memset(&b->q, 0, sizeof b->q);
+    f->dirty = 1;
+    f->builds++;
+}
+
+void idem__cfilter_take(idem__log *lg, idem__cfbuild *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        idem__cf_take_one(lg, &b[i]);
+    idem__cfbuild_free(b, n);
+}
+
+int idem__cfilter_plan(idem__log *lg, idem__cfbuild **out, size_t *n)
+{
+    idem__cfilter *f = &lg->cf;
+    unsigned due = (unsigned)__builtin_popcountll(f->due);
+    *out = NULL;
+    *n = 0;
+    if (!due || !f->parts)
+        return 0;
+    idem__cfbuild *b = calloc(due, sizeof *b);
+    if (!b)
+        return IDEM_ENOMEM;
+    size_t k = 0;
+    int rc = 0;
+    for (unsigned j = 0; !rc && j < IDEM__CF_PARTS; j++)
+        if (f->due >> j & 1)
+            rc = idem__cf_plan_one(lg, j, &b[k++]);
+    if (rc) {
+        idem__cfbuild_free(b, k);
+        return rc;
+    }
+    f->due = 0;
+    *out = b;
+    *n = k;
+    return 0;
+}
+
+/* Build partition j again, here and now, with room for a quarter more
+ * keys than it serves. Without memory for it, or with an index that
  * does not check out and cannot be built again, the old one stays: it
  * holds every key the new one would (and more), so it is never wrong. */
 static int idem__cf_part_build(idem__log *lg, unsigned j)
 {
-    idem__cfpart *p = &lg->cf.parts[j], q;
-    uint64_t keys = 0, *cur = malloc((lg->ncold + 1) * 2 * sizeof *cur);
-    int rc = cur ? 0 : IDEM_ENOMEM;
-    for (size_t i = 0; !rc && i < lg->ncold; i++) {
-        if (idem__log_cold_sound(lg, &lg->segs[i])) {
-            rc = IDEM_ECORRUPT;
-            break;
-        }
-        idem__cf_slice(lg->segs[i].cold, j, &cur[2 * i], &cur[2 * i + 1]);
-        keys += cur[2 * i + 1] - cur[2 * i];
+    idem__cfbuild *b = calloc(1, sizeof *b);
+    int rc = b ? idem__cf_plan_one(lg, j, b) : IDEM_ENOMEM;
+    if (!rc) {
+        idem__cfbuild_run(b);
+        rc = b->rc;
     }
-    if (!rc && idem__cf_part_map(&q, keys + keys / 4))
-        rc = IDEM_ENOMEM;
     if (!rc)
-        idem__cf_fill(lg, &q, cur);
-    free(cur);
-    if (rc)
-        return rc;
-    q.serves = keys;
-    idem__cf_part_unmap(p);
-    *p = q;
-    lg->cf.dirty = 1;
-    lg->cf.builds++;
-    return 0;
+        idem__cf_take_one(lg, b);
+    idem__cfbuild_free(b, b ? 1 : 0);
+    return rc;
 }
 
 /* Is partition p over its capacity, or far larger than its keys need?
@@ -317,8 +413,10 @@ static int idem__cf_part_due(const idem__cfpart *p, int urgent)
 }
 
 /* Build again, in turn from the cursor, the partitions that are due,
- * until about budget inserts were spent (0: no limit). */
-static void idem__cf_tend(idem__log *lg, uint64_t budget, int urgent)
+ * until about budget inserts were spent (0: no limit); with defer, mark
+ * them for the next job to build instead (f->due). */
+static void idem__cf_tend(idem__log *lg, uint64_t budget, int urgent,
+                          int defer)
 {
     idem__cfilter *f = &lg->cf;
     uint64_t spent = 0;
@@ -327,10 +425,17 @@ static void idem__cf_tend(idem__log *lg, uint64_t budget, int urgent)
             return;
         unsigned j = f->cursor;
         f->cursor = (f->cursor + 1) % IDEM__CF_PARTS;
-        if (!idem__cf_part_due(&f->parts[j], urgent))
+        uint64_t bit = 1ull << j;
+        if ((defer && (f->due & bit)) ||
+            !idem__cf_part_due(&f->parts[j], urgent))
             continue;
-        if (idem__cf_part_build(lg, j) == 0)
-            spent += f->parts[j].serves;
+        if (defer)
+            f->due |= bit;
+        else if (idem__cf_part_build(lg, j) != 0)
+            continue;
+        else
+            f->due &= ~bit;
+        spent += f->parts[j].serves;
     }
 }
 
@@ -363,7 +468,7 @@ int idem__cfilter_add(idem__log *lg, size_t i)
         return rc;
     }
     uint64_t n = lg->segs[i].cold->nents;
-    idem__cf_tend(lg, (n ? n : 1) * IDEM__CF_EFFORT, 0);
+    idem__cf_tend(lg, (n ? n : 1) * IDEM__CF_EFFORT, 0, 1);
     return 0;
 }
 
@@ -400,7 +505,7 @@ int idem__cfilter_fit(idem__log *lg)
     uint64_t serves = 0;
     for (size_t i = 0; i < lg->ncold; i++)
         serves += lg->segs[i].cold->nents;
-    idem__cf_tend(lg, (serves / lg->ncold + 1) * IDEM__CF_EFFORT, 0);
+    idem__cf_tend(lg, (serves / lg->ncold + 1) * IDEM__CF_EFFORT, 0, 0);
     return 0;
 }
 
@@ -578,7 +683,7 @@ void idem__cfilter_open(idem__log *lg)
      * partition twice over (a crash left an old file, and many segments'
      * keys were set again) is built at once. */
     if (idem__cf_adopt(lg) == 0)
-        idem__cf_tend(lg, 0, 1);
+        idem__cf_tend(lg, 0, 1, 0);
     else
         (void)idem__cf_build(lg);
 }

@@ -21,9 +21,11 @@
  * a partition is built again by itself, at 1/64 of the cost; a segment
  * going cold sets its keys in every partition (never waiting for a
  * build) and then pays for a bounded number of partition builds, those
- * that are over their capacity or serve under 3/4 of it, in turn. A
- * partition over capacity answers a little more often maybe until its
- * turn comes, never wrongly. Built at a quarter more room than its keys,
+ * that are over their capacity or serve under 3/4 of it, in turn. The
+ * next job (coldjob.h), which builds the next segment's key index off
+ * the writer's thread, builds them too, and the writer puts them in
+ * place when it takes that index. A partition over capacity answers a
+ * little more often maybe until its turn comes, never wrongly. Built at a quarter more room than its keys,
  * a partition holds 3 to 3.75 bytes a cold key. Why not more, smaller
  * partitions: at 1e8 cold keys one of 64 is 6 MB, room for the 2 MiB
  * pages that spare a probe its TLB miss (coldfilter.c).
@@ -112,7 +114,43 @@ typedef struct idem__cfilter {
                               * partition's blocks are in it */
     size_t filelen;
     uint64_t builds;         /* partitions built from the key indexes */
+    uint64_t due;            /* bit j: partition j is for the next job
+                              * to build again (coldjob.h) */
+    uint64_t gen;            /* moves whenever every partition goes: a
+                              * build planned before is not taken */
 } idem__cfilter;
+
+/* A partition built again off the writer's thread: planned by the
+ * writer (the slice of partition `part` in each cold segment's index),
+ * run by a job (coldjob.h), taken by the writer. While it runs, the
+ * indexes it reads stay mapped: a segment drops only once the job is
+ * done (idem__log_drop_oldest), and each index was checked when planned,
+ * so none is built again under it. */
+typedef struct idem__cfbuild {
+    unsigned part;
+    uint64_t gen;            /* the filter's, when planned */
+    size_t nsegs;
+    const uint64_t **h0s;    /* each cold segment's entries' hashes */
+    uint64_t *cur;           /* its slice: [cur[2i], cur[2i+1]) */
+    uint64_t keys;           /* in all the slices */
+    idem__cfpart q;          /* the partition built */
+    int rc;                  /* 0, or IDEM_ENOMEM: q is none */
+} idem__cfbuild;
+
+/* Plan the builds of the partitions marked due: *b (n of them; NULL and
+ * 0 when none). 0, or IDEM_ENOMEM/IDEM_ECORRUPT: none planned, and the
+ * partitions stay due. */
+int idem__cfilter_plan(struct idem__log *lg, idem__cfbuild **b, size_t *n);
+
+/* Do a planned build. Touches b and the indexes it names alone, so any
+ * thread may run it. */
+void idem__cfbuild_run(idem__cfbuild *b);
+
+/* Put each partition built in place of the one there, and free b. */
+void idem__cfilter_take(struct idem__log *lg, idem__cfbuild *b, size_t n);
+
+/* Free planned builds, run or not, without taking them. */
+void idem__cfbuild_free(idem__cfbuild *b, size_t n);
 
 /* Might any cold segment hold the key whose hash is h? */
 static inline int idem__cfilter_maybe(const idem__cfilter *f,
@@ -121,8 +159,9 @@ static inline int idem__cfilter_maybe(const idem__cfilter *f,
 /* Start loading the block a probe of h reads. */
 void idem__cfilter_prefetch(const idem__cfilter *f, const uint64_t h[2]);
 
-/* Segment lg->segs[i] just went cold: set its keys, then build again
- * the partitions whose turn it is (see above). 0 or IDEM_ENOMEM (the
+/* Segment lg->segs[i] just went cold: set its keys, then mark the
+ * partitions whose turn it is (see above) for the next job to build
+ * again (idem__cfilter_plan). 0 or IDEM_ENOMEM (the
  * filter is then gone, and every lookup asks the segments' own
  * filters). */
 int idem__cfilter_add(struct idem__log *lg, size_t i);

@@ -23,6 +23,8 @@ static void idem__coldjob_work(idem__coldjob *j)
         free(j->built);
         j->built = NULL;
     }
+    for (size_t i = 0; i < j->nbuilds; i++)
+        idem__cfbuild_run(&j->builds[i]);
     /* Release: a writer that sees finished sees the result with it. */
     atomic_store_explicit(&j->finished, 1, memory_order_release);
 }
@@ -34,9 +36,12 @@ static void *idem__coldjob_run(void *arg)
 }
 
 void idem__coldjob_start(idem__coldjob *j, int dirfd, const idem__segid *sg,
-                         const unsigned char *secret)
+                         const unsigned char *secret, idem__cfbuild *b,
+                         size_t n)
 {
     j->sg = *sg;
+    j->builds = b;
+    j->nbuilds = n;
     j->secret = secret;
     j->dirfd = dirfd;
     atomic_store_explicit(&j->finished, 0, memory_order_relaxed);
@@ -51,15 +56,35 @@ int idem__coldjob_finished(idem__coldjob *j)
     return atomic_load_explicit(&j->finished, memory_order_acquire);
 }
 
-int idem__coldjob_join(idem__coldjob *j, idem__cold **c, int *werr)
+void idem__coldjob_wait(idem__coldjob *j)
 {
     if (j->threaded)
         pthread_join(j->thread, NULL);
-    j->running = j->threaded = 0;
+    j->threaded = 0;
+}
+
+int idem__coldjob_join(idem__coldjob *j, idem__cold **c, int *werr,
+                       idem__cfbuild **b, size_t *n)
+{
+    idem__coldjob_wait(j);
+    j->running = 0;
     *c = j->built;
     *werr = j->werr;
+    *b = j->builds;
+    *n = j->nbuilds;
     j->built = NULL;
+    j->builds = NULL;
+    j->nbuilds = 0;
     return j->rc;
+}
+
+/* Free what a job that is over had made. */
+static void idem__coldjob_free(idem__cold *c, idem__cfbuild *b, size_t n)
+{
+    if (c)
+        idem__cold_free(c);
+    free(c);
+    idem__cfbuild_free(b, n);
 }
 
 void idem__coldjob_cancel(idem__coldjob *j)
@@ -67,18 +92,16 @@ void idem__coldjob_cancel(idem__coldjob *j)
     if (!j->running)
         return;
     idem__cold *c;
+    idem__cfbuild *b;
+    size_t n;
     int werr;
-    if (idem__coldjob_join(j, &c, &werr) == 0) {
-        idem__cold_free(c);
-        free(c);
-    }
+    (void)idem__coldjob_join(j, &c, &werr, &b, &n);
+    idem__coldjob_free(c, b, n);
 }
 
 void idem__coldjob_abandon(idem__coldjob *j)
 {
-    if (j->running && idem__coldjob_finished(j) && j->built) {
-        idem__cold_free(j->built);
-        free(j->built);
-    }
+    if (j->running && idem__coldjob_finished(j))
+        idem__coldjob_free(j->built, j->builds, j->nbuilds);
     memset(j, 0, sizeof *j);
 }

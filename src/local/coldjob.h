@@ -17,9 +17,12 @@
  *
  * Invariants:
  *  - at most one job runs in a log, and it is of segs[ncold], the oldest
- *    hot segment, sealed and mapped whole; the mapping stays while the
- *    job runs, because everything that unmaps a segment (dropping it,
- *    closing the log) waits for the job first (idem__coldjob_cancel);
+ *    hot segment, sealed and mapped whole; the job also reads the key
+ *    indexes of the cold segments, for the partitions of the filter in
+ *    front of them it builds again (coldfilter.h). Those mappings stay
+ *    while the job runs, because everything that unmaps a segment or an
+ *    index (dropping a segment, closing the log) waits for the job first
+ *    (idem__coldjob_wait, idem__coldjob_cancel);
  *  - the job touches nothing but its own fields and the files it
  *    writes, PATH/seg-N.kix and its temporary: no store, no log, no
  *    error detail; the writer words its failure;
@@ -34,6 +37,7 @@
 #include <stdatomic.h>
 
 #include "cold.h"
+#include "coldfilter.h"
 
 typedef struct idem__coldjob {
     int running;              /* started, not yet joined */
@@ -45,22 +49,32 @@ typedef struct idem__coldjob {
     int dirfd;
     int rc, werr;             /* idem__cold_produce()'s */
     idem__cold *built;        /* the index, written and on the heap */
+    idem__cfbuild *builds;    /* partitions of the filter in front of */
+    size_t nbuilds;           /* the cold segments, built again */
 } idem__coldjob;
 
 /* Start building and writing the key index of segment sg (sealed,
- * mapped whole at sg->base) on a thread of its own. Without a thread
- * (none could be had) it is done here and now. j must not be running.
- * Never fails: failures come back from idem__coldjob_join(). */
+ * mapped whole at sg->base), then the n partition builds b (the job
+ * owns them now), on a thread of its own. Without a thread (none could
+ * be had) it is done here and now. j must not be running. Never fails:
+ * failures come back from idem__coldjob_join(). */
 void idem__coldjob_start(idem__coldjob *j, int dirfd, const idem__segid *sg,
-                         const unsigned char *secret);
+                         const unsigned char *secret, idem__cfbuild *b,
+                         size_t n);
 
 /* Is the running job's work done, so that joining it will not wait? */
 int idem__coldjob_finished(idem__coldjob *j);
 
+/* Wait for the running job's thread to end, and leave its result for
+ * idem__coldjob_join(): the job reads no index or segment any more. */
+void idem__coldjob_wait(idem__coldjob *j);
+
 /* Wait for the running job and take its result: *c the index (heap,
  * written; the caller owns it) and 0, or NULL and idem__cold_produce()'s
- * failure (*werr with it). j is idle after. */
-int idem__coldjob_join(idem__coldjob *j, idem__cold **c, int *werr);
+ * failure (*werr with it); *b and *n the partition builds, whatever
+ * became of the index (the caller owns them). j is idle after. */
+int idem__coldjob_join(idem__coldjob *j, idem__cold **c, int *werr,
+                       idem__cfbuild **b, size_t *n);
 
 /* Wait for the job if it runs, and throw its result away. */
 void idem__coldjob_cancel(idem__coldjob *j);

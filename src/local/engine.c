@@ -1110,19 +1110,29 @@ static int idem__cold_start(idem_store *s, idem__seg *g)
     if (rc)
         return rc;
     idem__segid sg = {g->id, g->size, g->created, g->base};
-    idem__coldjob_start(&lg->job, lg->dirfd, &sg, en->secret);
+    idem__cfbuild *b;
+    size_t n;
+    /* A plan that fails plans nothing: the partitions stay due. */
+    (void)idem__cfilter_plan(lg, &b, &n);
+    idem__coldjob_start(&lg->job, lg->dirfd, &sg, en->secret, b, n);
     return 0;
 }
 
-/* Take the job's index of g, waiting for it if need be. */
+/* Take the job's index of g and the partitions it built, waiting for
+ * it if need be. */
 static int idem__cold_finish(idem_store *s, idem__seg *g)
 {
     idem__engine *en = idem__eng(s);
     idem__log *lg = &en->log;
     idem__cold *c;
+    idem__cfbuild *b;
+    size_t n;
     int werr;
     idem__segid sg = lg->job.sg;
-    int rc = idem__coldjob_join(&lg->job, &c, &werr);
+    int rc = idem__coldjob_join(&lg->job, &c, &werr, &b, &n);
+    /* Before g's keys are set: the builds hold those of the segments
+     * cold when they were planned, which g was not. */
+    idem__cfilter_take(lg, b, n);
     if (rc)
         return idem__cold_explain(s, lg->dir, g->id, rc, werr);
     idem__cold_adopt(lg->dirfd, &sg, c);
