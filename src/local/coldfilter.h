@@ -25,8 +25,9 @@
  * next job (coldjob.h), which builds the next segment's key index off
  * the writer's thread, builds them too, and the writer puts them in
  * place when it takes that index. A partition over capacity answers a
- * little more often maybe until its turn comes, never wrongly. Built at a quarter more room than its keys,
- * a partition holds 3 to 3.75 bytes a cold key. Why not more, smaller
+ * little more often maybe until its turn comes, never wrongly. Built at
+ * a quarter more room than its keys, a partition holds 3 to 3.75 bytes
+ * a cold key. Why not more, smaller
  * partitions: at 1e8 cold keys one of 64 is 6 MB, room for the 2 MiB
  * pages that spare a probe its TLB miss (coldfilter.c).
  *
