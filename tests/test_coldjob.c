@@ -8,6 +8,7 @@
  * still running (it runs until the writer takes its result), then does
  * what it checks; the tests with hot=0 elsewhere (cold, conf_cold, model)
  * always find the writer behind, and wait for every job at once. */
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -194,5 +195,40 @@ Test(coldjob, a_fork_child_closes_without_the_parents_job)
     cr_assert_eq(idem_close(s), 0);
     s = t_open(uri);
     expect_batches(s, b);
+    cr_assert_eq(idem_close(s), 0);
+}
+
+/* A key index that cannot be written leaves no temporary behind (it
+ * would hold the room a full disk needs back), and its segment stays
+ * hot until a later commit writes the index. With hot=0 and a segment a
+ * commit the writer is always behind, so the job is waited for in the
+ * commit that starts it, and the write that fails is the index's. */
+Test(coldjob, an_index_that_cannot_be_written_leaves_no_temporary)
+{
+    char u[4400];
+    snprintf(u, sizeof u, "%s?hot=0&segment=1", t_local_uri(dir));
+    idem_store *s = t_open(u);
+    fill_batch(s, 0);
+    fill_batch(s, 1);
+    for (int i = 0; i < PER_BATCH; i++) {
+        char k[32];
+        key_of(k, sizeof k, 2, i);
+        idem_outcome o;
+        cr_assert_eq(claim(s, k, &o), 0);
+    }
+    t_fail_errno = ENOSPC;
+    t_fail_write_after = 1;  /* the group's write, then the index's */
+    int rc = idem_sync(s);
+    t_fail_write_after = -1;
+    cr_assert_eq(rc, 0, "%s", idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), ".kix: cannot write"), "%s",
+              idem_errdetail(s));
+    cr_assert_eq(t_sh("ls '%s' | grep -q '\\.tmp$'", dir), 1,
+                 "a temporary was left behind");
+    fill_batch(s, 3);
+    expect_batches(s, 2);
+    cr_assert_eq(idem_close(s), 0);
+    s = t_open(u);
+    expect_batches(s, 2);
     cr_assert_eq(idem_close(s), 0);
 }

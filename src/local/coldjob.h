@@ -13,7 +13,7 @@
  * Until then the segment's keys stay in RAM, which is always correct:
  * the budget is passed for as long as the job runs, by what arrives
  * meanwhile. A writer that would still be over budget once the job is
- * done waits for it, so the overshoot stays below a segment's keys.
+ * done waits for it, so the overshoot stays about a segment's keys at most.
  *
  * Invariants:
  *  - at most one job runs in a log, and it is of segs[ncold], the oldest

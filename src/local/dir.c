@@ -292,8 +292,14 @@ int idem__dir_put(int dirfd, const char *name, const struct iovec *iov,
     int ok = idem__write_all(fd, iov, n) == 0 && fsync(fd) == 0;
     int err = errno;
     close(fd);
-    if (ok && (renameat(dirfd, tmp, dirfd, name) != 0 || fsync(dirfd) != 0))
+    if (ok && renameat(dirfd, tmp, dirfd, name) != 0)
         ok = 0, err = errno;
+    else if (ok && fsync(dirfd) != 0)
+        return errno;
+    /* A temporary left behind would hold the room a full disk needs
+     * back, for as long as nothing writes name again. */
+    if (!ok)
+        (void)unlinkat(dirfd, tmp, 0);
     return ok ? 0 : err;
 }
 
