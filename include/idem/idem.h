@@ -46,7 +46,11 @@
  *
  * A store handle may be used by one thread at a time. Different handles are
  * independent. Functions that take no handle are thread-safe, and so is
- * idem_metrics_get(), which any thread may call on an open handle.
+ * idem_metrics_get(), which any thread may call on an open handle. A
+ * local: handle runs threads of its own, briefly, for work that needs
+ * nothing of the caller's (an fdatasync, a key index built while claims
+ * go on); they start with every signal blocked, so signals keep going
+ * to the caller's threads, and idem_close() waits for them.
  *
  * FORK
  *
