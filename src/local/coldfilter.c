@@ -339,8 +339,12 @@ static uint64_t idem__cf_serves(const idem__log *lg, unsigned j)
 static void idem__cf_take_one(idem__log *lg, idem__cfbuild *b)
 {
     idem__cfilter *f = &lg->cf;
-    if (b->rc || !f->parts || b->gen != f->gen)
+    if (!f->parts || b->gen != f->gen)
         return;
+    if (b->rc) {  /* no room for it: its turn comes again */
+        f->due |= 1ull << b->part;
+        return;
+    }
     idem__cfpart *p = &f->parts[b->part];
     b->q.serves = idem__cf_serves(lg, b->part);
     idem__cf_part_unmap(p);

@@ -454,11 +454,13 @@ int idem__log_drop_oldest(idem__log *lg)
     if (rc0 || lg->nsegs < 2)
         return rc0;
     idem__seg *g = &lg->segs[0];
-    /* A job of g would write an index beside a file that is gone; any
-     * job may read g's index, which goes with it. */
+    /* A job of g would write an index beside a file that is gone; a
+     * job building partitions of the filter in front may read g's
+     * index, which goes with it. */
     if (lg->job.running && lg->job.sg.id == g->id)
         idem__coldjob_cancel(&lg->job);
-    idem__coldjob_wait(&lg->job);
+    if (lg->job.nbuilds)
+        idem__coldjob_wait(&lg->job);
     /* The tail stops naming it first: a crash before the unlink leaves a
      * file older than the tail's first, which open deletes. */
     int rc = idem__write_tail(lg, lg->segs[1].id, idem__active(lg)->id,
