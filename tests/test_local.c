@@ -676,3 +676,77 @@ Test(local, version_1_records_still_read)
     cr_assert_eq(kind_of(s, "done"), IDEM_REPLAY);
     idem_close(s);
 }
+
+/* Open the store at t_dir expecting IDEM_EVERSION with detail `want`, and
+ * check that the refusal changed no byte of the segment at path and
+ * sent nobody to `idem repair`. */
+static void refused_as_newer(const char *path, const char *want)
+{
+    size_t n0, n1;
+    char *before = t_read(path, &n0);
+    idem_opts o = t_options();
+    idem_store *s;
+    cr_assert_eq(idem_open(t_local_uri(t_dir), &o, &s), IDEM_EVERSION, "%s",
+                 idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), want), "%s", idem_errdetail(s));
+    cr_assert(strstr(idem_errdetail(s), "newer idem") &&
+                  !strstr(idem_errdetail(s), "repair"),
+              "%s", idem_errdetail(s));
+    idem_close(s);
+    char *after = t_read(path, &n1);
+    cr_assert(n0 == n1 && !memcmp(before, after, n0),
+              "a refused store was changed");
+    free(before);
+    free(after);
+}
+
+/* A store written by a later build is refused as of a newer format, and
+ * left as it was: a segment of a newer header version, and a record of a
+ * newer frame version at the end of the log, where a torn tail would be
+ * cut. */
+Test(local, a_newer_format_is_refused_and_left_alone)
+{
+    idem_store *s = t_open(t_local_uri(t_dir));
+    claim_complete(s, "a", "1");
+    cr_assert_eq(idem_close(s), 0);
+    char path[4300];
+    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
+    size_t n;
+    unsigned char *seg = (unsigned char *)t_read(path, &n);
+    cr_assert_geq(n, 32);
+
+    idem__rec r = {.state = IDEM_STATE_PENDING, .attempts = 1,
+                   .token = (uint64_t)t_clock_ms * 1000, .created = t_clock_ms,
+                   .expires = t_clock_ms + 60000, .lease = t_clock_ms + 1000};
+    idem__fplan plan;
+    size_t len = idem__frame_plan(&plan, 1, &r, "b", 1, NULL, 0);
+    unsigned char *more = malloc(n + len);
+    cr_assert(more);
+    memcpy(more, seg, n);
+    idem__frame_write(more + n, &plan);
+    more[n + 12] = IDEM__REC_VERSION + 1;
+    uint32_t check = (uint32_t)XXH3_64bits(more + n + 4, len - 4);
+    memcpy(more + n, &check, 4);
+    t_write(path, more, n + len);
+    refused_as_newer(path, "record of a newer format");
+    idem_check_report rep;
+    cr_assert_eq(idem_check(t_local_uri(t_dir), &rep), IDEM_ECORRUPT);
+    cr_assert(strstr(rep.first_damage, "record of a newer format"), "%s",
+              rep.first_damage);
+    cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION,
+                 "repair must not drop what a newer idem wrote");
+    refused_as_newer(path, "record of a newer format");
+    free(more);
+
+    uint32_t version;
+    memcpy(&version, seg + 8, 4);
+    version++;
+    memcpy(seg + 8, &version, 4);
+    uint64_t hcheck = XXH3_64bits(seg, 24);
+    memcpy(seg + 24, &hcheck, 8);
+    t_write(path, seg, n);
+    refused_as_newer(path, "segment of a newer format");
+    cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION);
+    refused_as_newer(path, "segment of a newer format");
+    free(seg);
+}

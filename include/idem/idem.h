@@ -1170,7 +1170,9 @@ IDEM_EXPORT int idem_check(const char *uri, idem_check_report *report);
  * identity file replaced, and PATH/TAIL written anew for the segments
  * that are left, so that the store opens. Returns 0 and fills report, or
  * IDEM_ENOTSUP (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
- * IDEM_ENOSPC, IDEM_ENOMEM. The store must not be open elsewhere. */
+ * IDEM_ENOSPC, IDEM_ENOMEM, or IDEM_EVERSION for a segment or record of a
+ * newer format (a newer idem wrote it: that is not damage, and it is
+ * left as it is). The store must not be open elsewhere. */
 IDEM_EXPORT int idem_repair(const char *uri, idem_check_report *report);
 
 #include "idem/keys.h"

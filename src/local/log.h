@@ -156,9 +156,10 @@ void idem__seg_name(char *buf, size_t n, uint32_t id);
  * (or is not the newest) proves that PATH/TAIL existed. Version 3: the same
  * as 2, but written by a build that writes version 4 frames, so that a
  * build before them refuses the segment as "of a newer format" rather than
- * as damage. Every build reads the frames of every version in any
+ * as damage. Version 4: the same, by a build that writes version 5
+ * frames. Every build reads the frames of every version in any
  * segment. */
-#define IDEM__SEG_VERSION 3u
+#define IDEM__SEG_VERSION 4u
 void idem__seg_header(unsigned char *dst, uint32_t id, int64_t created);
 int idem__seg_header_ok(const unsigned char *p, size_t avail, uint32_t id,
                         int64_t *created);

@@ -9,7 +9,7 @@
  * and detects the torn and garbled writes we care about; it is not a
  * defence against a malicious disk.
  *
- * Version 4 frames are written; every earlier version is still read, by
+ * Version 5 frames are written; every earlier version is still read, by
  * the version byte at offset 12 that all of them share. */
 #include "record.h"
 
@@ -99,8 +99,11 @@ static size_t idem__delta_put(unsigned char *q, uint64_t d, unsigned *f,
 }
 
 /* The field stream of r into st (IDEM__V4_STREAM bytes at most, zero
- * padded to 8); returns its length, which alone sizes the frame. */
-static size_t idem__v4_stream(unsigned char *st, uint8_t type,
+ * padded to 8); returns its length, which alone sizes the frame. The
+ * token is stored as its difference from created in microseconds: a
+ * claim's token is the clock then, or above it by as far as claims have
+ * run ahead of the clock (record.h). */
+static size_t idem__v5_stream(unsigned char *st, uint8_t type,
                               const idem__rec *r, size_t keylen,
                               size_t vallen)
 {
@@ -109,17 +112,18 @@ static size_t idem__v4_stream(unsigned char *st, uint8_t type,
                  (r->lease ? IDEM__R4_LEASE : 0) |
                  (vallen ? IDEM__R4_VAL : 0);
     uint64_t created = (uint64_t)r->created;
+    uint64_t ahead = r->token - created * 1000;
     unsigned kind = type | (unsigned)r->state << 4 |
                     (r->attempts == 1 ? IDEM__K4_ATT1 : 0) |
-                    (r->token / 1000 == created ? IDEM__K4_CLOCK : 0);
+                    (ahead == 0 ? IDEM__K4_NODIFF : 0);
     size_t n = 2;
     st[0] = (unsigned char)kind;
     n += idem__varint_put(st + n, keylen);
     if (!(kind & IDEM__K4_ATT1))
         n += idem__varint_put(st + n, r->attempts);
-    n += idem__varint_put(st + n, r->token);
-    if (!(kind & IDEM__K4_CLOCK))
-        n += idem__delta_put(st + n, r->token / 1000 - created, NULL, 0);
+    n += idem__varint_put(st + n, created);
+    if (ahead)
+        n += idem__delta_put(st + n, ahead, NULL, 0);
     n += idem__delta_put(st + n, (uint64_t)r->expires - created, &f,
                          IDEM__R4_TTL_UNIT);
     if (r->lease)
@@ -139,7 +143,7 @@ size_t idem__frame_plan(idem__fplan *p, uint8_t type, const idem__rec *r,
                         const void *key, size_t keylen, const void *val,
                         size_t vallen)
 {
-    p->n = idem__v4_stream(p->st, type, r, keylen, vallen);
+    p->n = idem__v5_stream(p->st, type, r, keylen, vallen);
     p->len = idem__size_with(5 + p->n, keylen, vallen, 4);
     p->key = key;
     p->keylen = keylen;
@@ -148,10 +152,10 @@ size_t idem__frame_plan(idem__fplan *p, uint8_t type, const idem__rec *r,
     return p->len;
 }
 
-/* A COMMIT's created is an offset in its segment, below 4 GiB, and its
- * expires 0: in version 4 two varints of 1 to 5 bytes. Then the sizes of
- * earlier versions. */
-const size_t idem__commit_sizes[] = {16, 20, IDEM__REC_HDR3,
+/* A COMMIT's created is an offset in its segment, below 4 GiB, its token
+ * and expires 0: in version 5 three varints of 1 to 5, 7 and 5 bytes
+ * (version 4: two of 1 to 5). Then the sizes of earlier versions. */
+const size_t idem__commit_sizes[] = {16, 20, 24, 28, IDEM__REC_HDR3,
                                      IDEM__REC_HDR3 + 8, IDEM__REC_HDR2,
                                      IDEM__REC_HDR1, 0};
 
@@ -351,7 +355,10 @@ static int idem__decode_old(const unsigned char *p, size_t avail,
     return 0;
 }
 
-/* The fields of a version 4 stream into rec. */
+/* The fields of a version 4 or 5 stream into rec. The two differ only
+ * in what the varint after attempts and the difference after it hold:
+ * version 4 the token and created from it in ms, version 5 created and
+ * the token from it in microseconds. */
 static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
                                 uint64_t *keylen, uint64_t *vallen)
 {
@@ -359,10 +366,10 @@ static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
     *keylen = idem__varint_get(r);
     rec->attempts = kind & IDEM__K4_ATT1 ? 1u
                                          : (uint32_t)idem__varint_get(r);
-    rec->token = idem__varint_get(r);
-    uint64_t created = rec->token / 1000;
-    if (!(kind & IDEM__K4_CLOCK))
-        created -= idem__delta_get(r, 0);
+    uint64_t slot = idem__varint_get(r);
+    uint64_t diff = kind & IDEM__K4_NODIFF ? 0 : idem__delta_get(r, 0);
+    uint64_t created = r->p[12] == 4 ? slot / 1000 - diff : slot;
+    rec->token = r->p[12] == 4 ? slot : slot * 1000 + diff;
     rec->created = (int64_t)created;
     rec->expires =
         (int64_t)(created + idem__delta_get(r, fl >> IDEM__R4_TTL_UNIT));
@@ -378,7 +385,8 @@ static void idem__v4_fields(idem__v4r *r, idem__rec *rec,
     rec->released = (fl & IDEM__R4_RELEASED) != 0;
 }
 
-/* Frames of version 4, and of later versions, measured as version 4. */
+/* Frames of versions 4 and 5, and of later versions, measured as
+ * version 5. */
 static int idem__decode_v4(const unsigned char *p, size_t avail,
                            idem__frame *f, int verify)
 {
@@ -415,6 +423,6 @@ int idem__frame_decode(const unsigned char *p, size_t avail, idem__frame *f,
 {
     if (avail < IDEM__REC_HDR)
         return IDEM_ECORRUPT;
-    return p[12] >= IDEM__REC_VERSION ? idem__decode_v4(p, avail, f, verify)
+    return p[12] >= 4 ? idem__decode_v4(p, avail, f, verify)
                                       : idem__decode_old(p, avail, f, verify);
 }

@@ -1,6 +1,6 @@
 /* record.h - the on-disk record format of the log engine.
  *
- * A record is a checksummed, self-sizing, versioned frame. Version 4, the
+ * A record is a checksummed, self-sizing, versioned frame. Version 5, the
  * one written, spends its bytes where a claim needs them: at 300 M keys
  * the frames are most of the disk, and a claim of a 36-byte key takes 56
  * bytes (80 in version 3, 120 in version 2):
@@ -18,11 +18,13 @@
  *     1  flags    IDEM__R4_*: which fields follow, in which unit
  *     v  keylen
  *     v  attempts                 unless K4_ATT1 (attempts is 1)
- *     v  token
- *     z  token / 1000 - created   unless K4_CLOCK (it is 0: a claim's
- *                                 token is the clock in microseconds,
- *                                 or a little above it when a batch
- *                                 takes several), in ms
+ *     v  created                  ms
+ *     z  token - created * 1000   unless K4_NODIFF (it is 0), in
+ *                                 microseconds: a claim's token is the
+ *                                 clock in microseconds, or above it as
+ *                                 far as claims ran ahead of the clock
+ *                                 (more than one a microsecond for a
+ *                                 while): 2 bytes, 4 up to 134 s ahead
  *     z  expires - created        in the unit flags bits 4-5 name
  *     z  lease - created          R4_LEASE only (else lease is 0), in
  *                                 the unit flags bits 6-7 name
@@ -37,6 +39,16 @@
  * whose check does not match does not decode: a garbled frame gets
  * through only if its 32-bit check matches by chance (odds of 2^-32),
  * after its version byte, kind and sizes already had to be possible.
+ *
+ * Version 4, still read, is version 5 but for two fields: the varint
+ * after attempts is the token, and the difference after it (left out
+ * under K4_NODIFF) is token / 1000 - created, in ms. Its frames grew by
+ * up to 4 bytes once tokens ran more than 8 s ahead of the clock, which
+ * a store taking over a million claims a second does within a minute.
+ * Version 5 has version 4's fields in the same order under the same
+ * bits, so a build that reads only version 4 measures a version 5 frame
+ * right, checks it, and refuses it as of a newer version, not as damage.
+ * Later versions must keep that.
  *
  * Version 3, still read, has a 40-byte header and carries only the
  * fields a record needs beyond it (most records need none, or a lease):
@@ -101,10 +113,10 @@
 #error "the idem log format is little-endian; port record.c first"
 #endif
 
-#define IDEM__REC_VERSION 4
+#define IDEM__REC_VERSION 5
 /* Where frames start: a multiple of this from the segment's first. */
 #define IDEM__REC_ALIGN 4u
-/* The most bytes a version 4 field stream can take (a reader looks at
+/* The most bytes a version 4 or 5 field stream can take (a reader looks at
  * no more: ten bytes for each varint, the fingerprint). */
 #define IDEM__V4_STREAM 96u
 /* The header of version 3, optional fields aside. */
@@ -112,9 +124,9 @@
 /* Version 2's header, and version 1's. */
 #define IDEM__REC_HDR2 80u
 #define IDEM__REC_HDR1 72u
-/* The smallest frame of any version (version 4: check, version byte, an
- * 8-byte stream, padding): a scanner looking for a frame needs at least
- * this many bytes. */
+/* The smallest frame of any version (versions 4 and 5: check, version
+ * byte, an 8-byte stream, padding): a scanner looking for a frame needs
+ * at least this many bytes. */
 #define IDEM__REC_HDR 16u
 
 /* The layouts above, as docs/internals.md states them. */
@@ -145,11 +157,13 @@ enum idem__rtype {
 #define IDEM__RF_ATT32 32u
 #define IDEM__RF_VAL 64u
 
-/* Bits of the kind byte of version 4 beside type (4 bits) and state (2). */
+/* Bits of the kind byte of versions 4 and 5 beside type (4 bits) and
+ * state (2). */
 #define IDEM__K4_ATT1 64u      /* attempts is 1: no field */
-#define IDEM__K4_CLOCK 128u    /* created is token / 1000: no field */
+#define IDEM__K4_NODIFF 128u   /* the difference of created and token
+                                * is 0: no field */
 
-/* The flags of version 4 (a byte of its field stream). */
+/* The flags of versions 4 and 5 (a byte of their field stream). */
 #define IDEM__R4_FP 1u
 #define IDEM__R4_RELEASED 2u
 #define IDEM__R4_LEASE 4u      /* lease - created follows */

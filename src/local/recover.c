@@ -127,12 +127,28 @@ static int idem__seg_fail(idem__log *lg, int code, uint32_t id,
 {
     char name[32];
     idem__seg_name(name, sizeof name, id);
+    if (code == IDEM_EVERSION)  /* not damage: repair would drop it */
+        return idem__fail(lg->s, code,
+                          "%s/%s: %s at offset %llu of %llu; a newer idem "
+                          "wrote it (this one reads segments up to "
+                          "version %u and records up to version %u): open "
+                          "the store with that idem",
+                          lg->dir, name, what, (unsigned long long)at,
+                          (unsigned long long)size, IDEM__SEG_VERSION,
+                          IDEM__REC_VERSION);
     return idem__fail(lg->s, code,
                       "%s/%s: %s at offset %llu of %llu; "
                       "run `idem repair --store local:%s` to keep every "
                       "valid record",
                       lg->dir, name, what, (unsigned long long)at,
                       (unsigned long long)size, lg->dir);
+}
+
+/* What a segment header that idem__seg_header_ok refused with rc is. */
+static const char *idem__header_what(int rc)
+{
+    return rc == IDEM_EVERSION ? "segment of a newer format"
+                               : "bad segment header";
 }
 
 /* Open segment id and map it; read it all in now when whole (it is
@@ -248,7 +264,7 @@ static int idem__verify_frames(idem__log *lg, idem__seg *g, int last,
     int rc = idem__seg_header_ok(g->base, (size_t)g->size, g->id,
                                  &g->created);
     if (rc)
-        return idem__seg_fail(lg, rc, g->id, "bad segment header", 0,
+        return idem__seg_fail(lg, rc, g->id, idem__header_what(rc), 0,
                               g->size);
     idem__scan_seg(g->base, g->size, sc);
     idem__verdict v = idem__judge(lg, g, sc, last);
@@ -341,7 +357,7 @@ static int idem__load_cold(idem__log *lg, uint32_t id)
     if (rc)
         return rc;
     if ((rc = idem__seg_header_ok(g.base, (size_t)g.size, id, &g.created)))
-        rc = idem__seg_fail(lg, rc, id, "bad segment header", 0, g.size);
+        rc = idem__seg_fail(lg, rc, id, idem__header_what(rc), 0, g.size);
     idem__log_map_read(&g);
     idem__cold *c = rc ? NULL : calloc(1, sizeof *c);
     if (!rc && !c)
@@ -691,8 +707,14 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
     int64_t created;
     int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
     if (hdr == IDEM_EVERSION)
-        return idem__seg_fail(lg, hdr, g->id, "segment of a newer format", 0,
+        return idem__seg_fail(lg, hdr, g->id, idem__header_what(hdr), 0,
                               g->size);
+    /* Nor are records of a newer format damage to leave behind. */
+    idem__scan sc;
+    idem__scan_seg(g->base, g->size, &sc);
+    if (sc.version)
+        return idem__seg_fail(lg, IDEM_EVERSION, g->id,
+                              "record of a newer format", sc.bad_at, g->size);
     /* A header that does not check out is written anew; its time bucket
      * is unknown, so it counts as long over. */
     unsigned char fresh[IDEM__SEG_HDR];
@@ -744,15 +766,16 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
     idem__scan sc;
     idem_check_report mine = {0};
     int64_t created;
+    int hdr;
     if (g->id != want_id) {
         r->damaged++;
         if (!r->first_damage[0])
             snprintf(r->first_damage, sizeof r->first_damage,
                      "%.120s/seg-%08u.log is missing", lg->dir, want_id);
-    } else if (idem__seg_header_ok(g->base, (size_t)g->size, g->id,
-                                   &created)) {
+    } else if ((hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id,
+                                          &created))) {
         r->damaged++;
-        idem__note_damage(lg, r, g->id, "bad segment header", 0);
+        idem__note_damage(lg, r, g->id, idem__header_what(hdr), 0);
     }
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
