@@ -87,7 +87,7 @@ static void idem__coldjob_free(idem__cold *c, idem__cfbuild *b, size_t n)
     idem__cfbuild_free(b, n);
 }
 
-void idem__coldjob_cancel(idem__coldjob *j)
+void idem__coldjob_cancel(idem__coldjob *j, uint64_t *due)
 {
     if (!j->running)
         return;
@@ -96,6 +96,8 @@ void idem__coldjob_cancel(idem__coldjob *j)
     size_t n;
     int werr;
     (void)idem__coldjob_join(j, &c, &werr, &b, &n);
+    for (size_t i = 0; due && i < n; i++)
+        *due |= 1ull << b[i].part;
     idem__coldjob_free(c, b, n);
 }
 

@@ -76,8 +76,10 @@ void idem__coldjob_wait(idem__coldjob *j);
 int idem__coldjob_join(idem__coldjob *j, idem__cold **c, int *werr,
                        idem__cfbuild **b, size_t *n);
 
-/* Wait for the job if it runs, and throw its result away. */
-void idem__coldjob_cancel(idem__coldjob *j);
+/* Wait for the job if it runs, and throw its result away; the
+ * partitions it was building again are marked in *due (bit j: partition
+ * j) for a later job, unless due is NULL. */
+void idem__coldjob_cancel(idem__coldjob *j, uint64_t *due);
 
 /* In a fork child: the thread was the parent's and is not here to be
  * joined; forget it. What it had allocated is freed when its work was

@@ -458,7 +458,7 @@ int idem__log_drop_oldest(idem__log *lg)
      * job building partitions of the filter in front may read g's
      * index, which goes with it. */
     if (lg->job.running && lg->job.sg.id == g->id)
-        idem__coldjob_cancel(&lg->job);
+        idem__coldjob_cancel(&lg->job, &lg->cf.due);
     if (lg->job.nbuilds)
         idem__coldjob_wait(&lg->job);
     /* The tail stops naming it first: a crash before the unlink leaves a
@@ -487,7 +487,7 @@ int idem__log_drop_oldest(idem__log *lg)
 
 void idem__log_forget(idem__log *lg)
 {
-    idem__coldjob_cancel(&lg->job);
+    idem__coldjob_cancel(&lg->job, NULL);
     for (size_t i = 0; i < lg->nsegs; i++)
         idem__seg_release(lg, &lg->segs[i]);
     idem__cgroup_free(lg->cg);
