@@ -493,6 +493,16 @@ Test(local, readonly_open_changes_nothing)
     idem_close(s);
 }
 
+/* The first segment of the store at t_dir, read whole: its bytes (the
+ * caller frees them), *n of them; its path in path. */
+static unsigned char *first_segment(char path[4300], size_t *n)
+{
+    snprintf(path, 4300, "%s/seg-00000001.log", t_dir);
+    unsigned char *seg = (unsigned char *)t_read(path, n);
+    cr_assert(seg && *n >= 32, "%s: no segment header", path);
+    return seg;
+}
+
 Test(local, damaged_record_read_back_is_an_error)
 {
     idem_store *s = t_open(t_local_uri(t_dir));
@@ -502,11 +512,10 @@ Test(local, damaged_record_read_back_is_an_error)
      * store: header 32, the CLAIM frame, then the COMPLETE frame, whose
      * kind byte is its fifth. */
     char path[4300];
-    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     size_t len;
-    unsigned char *seg = (unsigned char *)t_read(path, &len);
+    unsigned char *seg = first_segment(path, &len);
     idem__frame fr;
-    cr_assert(seg && idem__frame_decode(seg + 32, len - 32, &fr, 1) == 0);
+    cr_assert(idem__frame_decode(seg + 32, len - 32, &fr, 1) == 0);
     cr_assert_eq(fr.type, IDEM__R_CLAIM);
     free(seg);
     FILE *f = fopen(path, "r+b");
@@ -633,10 +642,8 @@ Test(local, version_1_records_still_read)
     idem_store *s = t_open(t_local_uri(t_dir));
     cr_assert_eq(idem_close(s), 0);
     char path[4300];
-    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     size_t n;
-    char *seg = t_read(path, &n);
-    cr_assert_geq(n, 32);
+    unsigned char *seg = first_segment(path, &n);
     static seg_buf b;
     memcpy(b.data, seg, 32);  /* the segment header */
     b.len = 32;
@@ -710,10 +717,8 @@ Test(local, a_newer_format_is_refused_and_left_alone)
     claim_complete(s, "a", "1");
     cr_assert_eq(idem_close(s), 0);
     char path[4300];
-    snprintf(path, sizeof path, "%s/seg-00000001.log", t_dir);
     size_t n;
-    unsigned char *seg = (unsigned char *)t_read(path, &n);
-    cr_assert_geq(n, 32);
+    unsigned char *seg = first_segment(path, &n);
 
     idem__rec r = {.state = IDEM_STATE_PENDING, .attempts = 1,
                    .token = (uint64_t)t_clock_ms * 1000, .created = t_clock_ms,
