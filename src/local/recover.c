@@ -624,6 +624,22 @@ static int idem__salvage_walk(const unsigned char *base, uint64_t size,
     return 0;
 }
 
+/* Where the first frame of a newer format is in base[HDR, size), past
+ * damage too (a frame that checks out but is of an unknown version), or
+ * 0. */
+static uint64_t idem__newer_at(const unsigned char *base, uint64_t size)
+{
+    idem__frame f;
+    uint64_t at = IDEM__SEG_HDR;
+    while (at + IDEM__REC_HDR <= size) {
+        int rc = idem__frame_decode(base + at, size - at, &f, 1);
+        if (rc == IDEM_EVERSION)
+            return at;
+        at += rc ? IDEM__REC_ALIGN : f.len;
+    }
+    return 0;
+}
+
 typedef struct idem__rewrite {
     idem__buf out;
     uint64_t commit_len;  /* out.len after the last COMMIT kept */
@@ -709,12 +725,12 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
     if (hdr == IDEM_EVERSION)
         return idem__seg_fail(lg, hdr, g->id, idem__header_what(hdr), 0,
                               g->size);
-    /* Nor are records of a newer format damage to leave behind. */
-    idem__scan sc;
-    idem__scan_seg(g->base, g->size, &sc);
-    if (sc.version)
+    /* Nor are records of a newer format damage to leave behind, where
+     * ever they are: past damage too, which the walk below would skip. */
+    uint64_t newer = idem__newer_at(g->base, g->size);
+    if (newer)
         return idem__seg_fail(lg, IDEM_EVERSION, g->id,
-                              "record of a newer format", sc.bad_at, g->size);
+                              "record of a newer format", newer, g->size);
     /* A header that does not check out is written anew; its time bucket
      * is unknown, so it counts as long over. */
     unsigned char fresh[IDEM__SEG_HDR];
