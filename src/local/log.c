@@ -248,10 +248,24 @@ static int idem__flush(idem__log *lg)
     return 0;
 }
 
+/* A segment of an older header version (a store an older idem wrote)
+ * takes no frame of this version: a build that reads only the older
+ * frames would refuse the frame as of a newer format all the same, but
+ * its repair would drop it as damage. A new segment's header makes both
+ * its open and its repair refuse it. */
+static int idem__old_header(const idem__seg *g)
+{
+    uint32_t version = IDEM__SEG_VERSION;
+    if (g->base && g->maplen >= IDEM__SEG_HDR)
+        memcpy(&version, g->base + 8, 4);
+    return version < IDEM__SEG_VERSION;
+}
+
 static int idem__must_rotate(idem__log *lg, int64_t now)
 {
     idem__seg *g = idem__active(lg);
-    return g->size + lg->wbuf.len >= lg->segment_bytes ||
+    return idem__old_header(g) ||
+           g->size + lg->wbuf.len >= lg->segment_bytes ||
            now - g->created >= lg->segment_span_ms;
 }
 
