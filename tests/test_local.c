@@ -707,6 +707,17 @@ static void refused_as_newer(const char *path, const char *want)
     free(after);
 }
 
+/* Move the header version of segment bytes seg by d, its check with it. */
+static void set_header_version(unsigned char *seg, int d)
+{
+    uint32_t version;
+    memcpy(&version, seg + 8, 4);
+    version += (uint32_t)d;
+    memcpy(seg + 8, &version, 4);
+    uint64_t check = XXH3_64bits(seg, 24);
+    memcpy(seg + 24, &check, 8);
+}
+
 /* A store written by a later build is refused as of a newer format, and
  * left as it was: a segment of a newer header version, and a record of a
  * newer frame version at the end of the log, where a torn tail would be
@@ -741,17 +752,53 @@ Test(local, a_newer_format_is_refused_and_left_alone)
     cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION,
                  "repair must not drop what a newer idem wrote");
     refused_as_newer(path, "record of a newer format");
+    /* Past damage too, which a repair would otherwise skip over. */
+    more[32 + 5] ^= 0x40;
+    t_write(path, more, n + len);
+    cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION,
+                 "repair dropped a newer record behind damage");
+    size_t n1;
+    char *after = t_read(path, &n1);
+    cr_assert(n1 == n + len && !memcmp(after, more, n1));
+    free(after);
     free(more);
 
-    uint32_t version;
-    memcpy(&version, seg + 8, 4);
-    version++;
-    memcpy(seg + 8, &version, 4);
-    uint64_t hcheck = XXH3_64bits(seg, 24);
-    memcpy(seg + 24, &hcheck, 8);
+    set_header_version(seg, 1);
     t_write(path, seg, n);
     refused_as_newer(path, "segment of a newer format");
     cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION);
     refused_as_newer(path, "segment of a newer format");
     free(seg);
+}
+
+/* A store whose newest segment an older idem started gets no frame of
+ * this version in it: the first write starts a new segment, so that the
+ * older idem refuses the store, repair included, instead of taking the
+ * new frames for damage. */
+Test(local, an_older_segment_takes_no_newer_frame)
+{
+    idem_store *s = t_open(t_local_uri(t_dir));
+    claim_complete(s, "a", "1");
+    cr_assert_eq(idem_close(s), 0);
+    char path[4300];
+    size_t n;
+    unsigned char *seg = first_segment(path, &n);
+    set_header_version(seg, -1);
+    t_write(path, seg, n);
+    s = t_open(t_local_uri(t_dir));
+    cr_assert_eq(kind_of(s, "a"), IDEM_REPLAY);
+    claim_complete(s, "b", "2");
+    cr_assert_eq(idem_close(s), 0);
+    size_t n1;
+    char *now = t_read(path, &n1);
+    cr_assert(n1 == n && !memcmp(now, seg, n), "the older segment grew");
+    free(now);
+    free(seg);
+    char second[4300];
+    snprintf(second, sizeof second, "%s/seg-00000002.log", t_dir);
+    cr_assert_eq(access(second, F_OK), 0, "no new segment");
+    s = t_open(t_local_uri(t_dir));
+    cr_assert_eq(kind_of(s, "a"), IDEM_REPLAY);
+    cr_assert_eq(kind_of(s, "b"), IDEM_REPLAY);
+    idem_close(s);
 }
