@@ -746,7 +746,7 @@ Test(local, a_newer_format_is_refused_and_left_alone)
     t_write(path, more, n + len);
     refused_as_newer(path, "record of a newer format");
     idem_check_report rep;
-    cr_assert_eq(idem_check(t_local_uri(t_dir), &rep), IDEM_ECORRUPT);
+    cr_assert_eq(idem_check(t_local_uri(t_dir), &rep), IDEM_EVERSION);
     cr_assert(strstr(rep.first_damage, "record of a newer format"), "%s",
               rep.first_damage);
     cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION,
@@ -766,9 +766,47 @@ Test(local, a_newer_format_is_refused_and_left_alone)
     set_header_version(seg, 1);
     t_write(path, seg, n);
     refused_as_newer(path, "segment of a newer format");
+    cr_assert_eq(idem_check(t_local_uri(t_dir), &rep), IDEM_EVERSION);
     cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION);
     refused_as_newer(path, "segment of a newer format");
     free(seg);
+}
+
+/* Repair refuses a store with a segment of a newer header version before
+ * it changes any file: not the older segments, not their key indexes. */
+Test(local, repair_of_a_newer_segment_changes_no_file)
+{
+    char uri[4400];
+    snprintf(uri, sizeof uri, "%s?hot=0&segment=1", t_local_uri(t_dir));
+    idem_store *s = t_open(uri);
+    for (int i = 0; i < 4; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "k%d", i);
+        claim_complete(s, k, "v");
+        cr_assert_eq(idem_sync(s), 0);
+    }
+    cr_assert_eq(idem_close(s), 0);
+    char path[4300];
+    size_t n;
+    unsigned char *seg = first_segment(path, &n);
+    free(seg);
+    snprintf(path, sizeof path, "%s/seg-00000004.log", t_dir);
+    seg = (unsigned char *)t_read(path, &n);
+    cr_assert(seg && n >= 32);
+    set_header_version(seg, 1);
+    t_write(path, seg, n);
+    free(seg);
+    cr_assert_eq(t_sh("cd '%s' && md5sum * > '%s.before'", t_dir, t_dir), 0);
+    cr_assert_eq(t_sh("ls '%s'/seg-00000001.kix >/dev/null", t_dir), 0,
+                  "no key index to keep");
+    idem_check_report rep;
+    cr_assert_eq(idem_repair(t_local_uri(t_dir), &rep), IDEM_EVERSION);
+    cr_assert(strstr(rep.first_damage, "seg-00000004.log"), "%s",
+              rep.first_damage);
+    cr_assert_eq(t_sh("cd '%s' && md5sum * > '%s.after'", t_dir, t_dir), 0);
+    cr_assert_eq(t_sh("cmp '%s.before' '%s.after'", t_dir, t_dir), 0,
+                 "a refused repair changed the store");
+    t_sh("rm -f '%s.before' '%s.after'", t_dir, t_dir);
 }
 
 /* A store whose newest segment an older idem started gets no frame of

@@ -1149,8 +1149,9 @@ typedef struct idem_check_report {
 } idem_check_report;
 
 /* Verify every checksum of the local store at uri without changing it.
- * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report), or another
- * error. The store must not be open elsewhere. It reports exactly what
+ * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report),
+ * IDEM_EVERSION if a newer idem wrote a segment or record (not damage;
+ * report's first_damage names it), or another error. The store must not be open elsewhere. It reports exactly what
  * idem_open() refuses: damage before the end PATH/TAIL records, a missing
  * or cut segment, damage in a sealed segment or followed by committed
  * data; a torn tail past the recorded end is no damage.
@@ -1171,8 +1172,9 @@ IDEM_EXPORT int idem_check(const char *uri, idem_check_report *report);
  * that are left, so that the store opens. Returns 0 and fills report, or
  * IDEM_ENOTSUP (mem:), IDEM_ENOTFOUND, IDEM_ELOCKED, IDEM_EIO,
  * IDEM_ENOSPC, IDEM_ENOMEM, or IDEM_EVERSION for a segment or record of a
- * newer format (a newer idem wrote it: that is not damage, and it is
- * left as it is). The store must not be open elsewhere. */
+ * newer format (a newer idem wrote it: that is not damage; a segment of a
+ * newer header version is refused before anything changes). The store
+ * must not be open elsewhere. */
 IDEM_EXPORT int idem_repair(const char *uri, idem_check_report *report);
 
 #include "idem/keys.h"

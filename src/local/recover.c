@@ -640,6 +640,22 @@ static uint64_t idem__newer_at(const unsigned char *base, uint64_t size)
     return 0;
 }
 
+/* A segment, mapped whole, of a newer format than this build reads, or
+ * holding a record of one, is not damage: check and repair refuse it
+ * (IDEM_EVERSION, detail set) rather than count it or drop it. */
+static int idem__refuse_newer(idem__log *lg, const idem__seg *g)
+{
+    int64_t created;
+    if (idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created) ==
+        IDEM_EVERSION)
+        return idem__seg_fail(lg, IDEM_EVERSION, g->id,
+                              idem__header_what(IDEM_EVERSION), 0, g->size);
+    uint64_t newer = idem__newer_at(g->base, g->size);
+    return newer ? idem__seg_fail(lg, IDEM_EVERSION, g->id,
+                                  "record of a newer format", newer, g->size)
+                 : 0;
+}
+
 typedef struct idem__rewrite {
     idem__buf out;
     uint64_t commit_len;  /* out.len after the last COMMIT kept */
@@ -721,16 +737,10 @@ static int idem__repair_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
                        .durable = last ? idem__durable_end(lg, g->id)
                                        : g->size};
     int64_t created;
-    int hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
-    if (hdr == IDEM_EVERSION)
-        return idem__seg_fail(lg, hdr, g->id, idem__header_what(hdr), 0,
-                              g->size);
-    /* Nor are records of a newer format damage to leave behind, where
-     * ever they are: past damage too, which the walk below would skip. */
-    uint64_t newer = idem__newer_at(g->base, g->size);
-    if (newer)
-        return idem__seg_fail(lg, IDEM_EVERSION, g->id,
-                              "record of a newer format", newer, g->size);
+    int hdr = idem__refuse_newer(lg, g);
+    if (hdr)
+        return hdr;
+    hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id, &created);
     /* A header that does not check out is written anew; its time bucket
      * is unknown, so it counts as long over. */
     unsigned char fresh[IDEM__SEG_HDR];
@@ -782,16 +792,18 @@ static int idem__check_seg(idem__log *lg, idem__seg *g, uint32_t want_id,
     idem__scan sc;
     idem_check_report mine = {0};
     int64_t created;
-    int hdr;
+    int rc = idem__refuse_newer(lg, g);
+    if (rc)
+        return rc;
     if (g->id != want_id) {
         r->damaged++;
         if (!r->first_damage[0])
             snprintf(r->first_damage, sizeof r->first_damage,
                      "%.120s/seg-%08u.log is missing", lg->dir, want_id);
-    } else if ((hdr = idem__seg_header_ok(g->base, (size_t)g->size, g->id,
-                                          &created))) {
+    } else if (idem__seg_header_ok(g->base, (size_t)g->size, g->id,
+                                   &created)) {
         r->damaged++;
-        idem__note_damage(lg, r, g->id, idem__header_what(hdr), 0);
+        idem__note_damage(lg, r, g->id, "bad segment header", 0);
     }
     idem__scan_seg(g->base, g->size, &sc);
     idem__salvage_walk(g->base, g->size, &mine, NULL, NULL);
@@ -1003,6 +1015,27 @@ static int idem__check_derived(idem__log *lg, uint32_t id, int first,
     return rc;
 }
 
+/* Refuse, before a repair changes anything, a store with a segment of
+ * a newer format than this build reads: its headers alone say so. */
+static int idem__newer_headers(idem__log *lg, const uint32_t *ids,
+                               size_t from, size_t n)
+{
+    int rc = 0;
+    for (size_t i = from; !rc && i < n; i++) {
+        idem__seg g;
+        int64_t created;
+        rc = idem__open_seg(lg, ids[i], &g, 0, 0);
+        if (!rc && g.size >= IDEM__SEG_HDR &&
+            idem__seg_header_ok(g.base, IDEM__SEG_HDR, g.id, &created) ==
+                IDEM_EVERSION)
+            rc = idem__seg_fail(lg, IDEM_EVERSION, g.id,
+                                idem__header_what(IDEM_EVERSION), 0, g.size);
+        if (g.base)
+            idem__close_seg(&g);
+    }
+    return rc;
+}
+
 /* Run fn on segments ids[from, n) of lg's directory, and check (or
  * repair) what is derived from them. A repair gives them the ids
  * ids[from], ids[from] + 1, ... (closing gaps). */
@@ -1012,7 +1045,9 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
 {
     int64_t last = n > from ? (int64_t)ids[from] + (int64_t)(n - from) - 1
                             : -1;
-    int rc = repair ? idem__repair_derived(lg, last) : 0;
+    int rc = repair ? idem__newer_headers(lg, ids, from, n) : 0;
+    if (!rc && repair)
+        rc = idem__repair_derived(lg, last);
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
         uint32_t want = ids[from] + (uint32_t)(i - from);
