@@ -1151,10 +1151,11 @@ typedef struct idem_check_report {
 /* Verify every checksum of the local store at uri without changing it.
  * Returns 0 if clean, IDEM_ECORRUPT if damaged (see report),
  * IDEM_EVERSION if a newer idem wrote a segment or record (not damage;
- * report's first_damage names it), or another error. The store must not be open elsewhere. It reports exactly what
- * idem_open() refuses: damage before the end PATH/TAIL records, a missing
- * or cut segment, damage in a sealed segment or followed by committed
- * data; a torn tail past the recorded end is no damage.
+ * report's first_damage names it), or another error. The store must
+ * not be open elsewhere. It reports exactly what idem_open() refuses:
+ * damage before the end PATH/TAIL records, a missing or cut segment,
+ * damage in a sealed segment or followed by committed data; a torn tail
+ * past the recorded end is no damage.
  *
  * A redis://, redis-cluster:// or redis-sentinel:// uri is read through
  * a read-only handle while others use it, and counts in damaged the
