@@ -36,6 +36,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -103,6 +104,37 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
     }
     *lockfd = fd;
     return 0;
+}
+
+/* One line of /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0
+ * EOF" (device numbers in hex); one that waits for a lock has "->"
+ * after its number and holds nothing. Does it hold file ino of dev? */
+static int idem__lock_line_holds(const char *line, const struct stat *st)
+{
+    char kind[16];
+    unsigned maj, min;
+    unsigned long ino;
+    long pid;
+    return sscanf(line, "%*d: %15s %*s %*s %ld %x:%x:%lu", kind, &pid, &maj,
+                  &min, &ino) == 5 &&
+           strcmp(kind, "->") != 0 && maj == major(st->st_dev) &&
+           min == minor(st->st_dev) && ino == (unsigned long)st->st_ino;
+}
+
+int idem__dir_held(int dirfd)
+{
+    struct stat st;
+    if (fstatat(dirfd, "LOCK", &st, 0) != 0)
+        return 0;
+    FILE *f = fopen("/proc/locks", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    int held = 0;
+    while (!held && fgets(line, sizeof line, f))
+        held = idem__lock_line_holds(line, &st);
+    fclose(f);
+    return held;
 }
 
 /* A size parameter's value: digits, then k, M or G (powers of 1024).

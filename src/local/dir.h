@@ -102,6 +102,11 @@ int idem__dir_put(int dirfd, const char *name, const struct iovec *iov,
 int idem__dir_put_failed(idem_store *s, const char *path, const char *name,
                          int err);
 
+/* Does a process hold PATH/LOCK (a writer, or a repair)? Asked of the
+ * kernel's table of locks (/proc/locks), not by taking one, which would
+ * turn a writer starting at that instant away. 0 when it cannot tell. */
+int idem__dir_held(int dirfd);
+
 /* Replace PATH/TAIL with *t, durably (see dir.c). */
 int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,
                          const idem__tail *t);
