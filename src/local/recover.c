@@ -652,18 +652,22 @@ static int idem__salvage_walk(const unsigned char *base, uint64_t size,
     return 0;
 }
 
-/* Where the first frame of a newer format is in base[HDR, size), past
- * damage too (a frame that checks out but is of an unknown version), or
- * 0. */
+/* Where the run of valid frames from the header of base[HDR, size)
+ * ends at a frame of a newer format (one that checks out but is of an
+ * unknown version), or 0: what open refuses as newer. Not past damage:
+ * there a frame that checks out may be bytes of a key or a value (a
+ * client's, who can make them any frame at all), and a newer idem puts
+ * no frame of its version in a segment of an older header version (it
+ * starts a segment of its own), which the header check refuses. */
 static uint64_t idem__newer_at(const unsigned char *base, uint64_t size)
 {
     idem__frame f;
     uint64_t at = IDEM__SEG_HDR;
     while (at + IDEM__REC_HDR <= size) {
         int rc = idem__frame_decode(base + at, size - at, &f, 1);
-        if (rc == IDEM_EVERSION)
-            return at;
-        at += rc ? IDEM__REC_ALIGN : f.len;
+        if (rc)
+            return rc == IDEM_EVERSION ? at : 0;
+        at += f.len;
     }
     return 0;
 }
@@ -1043,8 +1047,9 @@ static int idem__check_derived(idem__log *lg, uint32_t id, int first,
     return rc;
 }
 
-/* Refuse, before a repair changes anything, a store with a segment of
- * a newer format than this build reads: its headers alone say so. */
+/* Refuse, before a repair changes anything (idem__local_check), a store
+ * with a segment of a newer format than this build reads: its headers
+ * alone say so. */
 static int idem__newer_headers(idem__log *lg, const uint32_t *ids,
                                size_t from, size_t n)
 {
@@ -1073,9 +1078,7 @@ static int idem__visit_segs(idem__log *lg, const uint32_t *ids, size_t from,
 {
     int64_t last = n > from ? (int64_t)ids[from] + (int64_t)(n - from) - 1
                             : -1;
-    int rc = repair ? idem__newer_headers(lg, ids, from, n) : 0;
-    if (!rc && repair)
-        rc = idem__repair_derived(lg, last);
+    int rc = repair ? idem__repair_derived(lg, last) : 0;
     for (size_t i = from; !rc && i < n; i++) {
         idem__seg g;
         uint32_t want = ids[from] + (uint32_t)(i - from);
@@ -1109,9 +1112,13 @@ int idem__local_check(idem_store *s, const char *rest, int repair,
     if (!rc)
         rc = idem__dir_open(s, lg.dir, how, &lg.dirfd, &lockfd);
     if (!rc)
-        rc = idem__check_meta(&lg, repair, r);
-    if (!rc)
         rc = idem__dir_segments(s, lg.dirfd, lg.dir, &ids, &n);
+    /* A repair refuses a segment of a newer format before it changes
+     * any file, the identity file included. */
+    if (!rc && repair)
+        rc = idem__newer_headers(&lg, ids, 0, n);
+    if (!rc)
+        rc = idem__check_meta(&lg, repair, r);
     /* What a crash leaves while a segment is created or dropped is no
      * damage: open sets it aside, and so does repair. What the tail names
      * and is gone is damage; repair writes the tail anew. */
