@@ -718,31 +718,48 @@ static void set_header_version(unsigned char *seg, int d)
     memcpy(seg + 24, &check, 8);
 }
 
+/* A store at t_dir holding key "a", done, closed: its first segment
+ * read whole, as first_segment() gives it. */
+static unsigned char *store_of_a(char path[4300], size_t *n)
+{
+    idem_store *s = t_open(t_local_uri(t_dir));
+    claim_complete(s, "a", "1");
+    cr_assert_eq(idem_close(s), 0);
+    return first_segment(path, n);
+}
+
+/* A frame of type for r and key, of the version after this build's,
+ * its check and all, at dst (64 bytes); its length. */
+static size_t newer_frame(unsigned char *dst, uint8_t type,
+                          const idem__rec *r, const char *key)
+{
+    idem__fplan plan;
+    size_t len = idem__frame_plan(&plan, type, r, key, strlen(key), NULL, 0);
+    cr_assert_leq(len, 64);
+    idem__frame_write(dst, &plan);
+    dst[12] = IDEM__REC_VERSION + 1;
+    uint32_t check = (uint32_t)XXH3_64bits(dst + 4, len - 4);
+    memcpy(dst, &check, 4);
+    return len;
+}
+
 /* A store written by a later build is refused as of a newer format, and
  * left as it was: a segment of a newer header version, and a record of a
  * newer frame version at the end of the log, where a torn tail would be
  * cut. */
 Test(local, a_newer_format_is_refused_and_left_alone)
 {
-    idem_store *s = t_open(t_local_uri(t_dir));
-    claim_complete(s, "a", "1");
-    cr_assert_eq(idem_close(s), 0);
     char path[4300];
     size_t n;
-    unsigned char *seg = first_segment(path, &n);
+    unsigned char *seg = store_of_a(path, &n);
 
     idem__rec r = {.state = IDEM_STATE_PENDING, .attempts = 1,
                    .token = (uint64_t)t_clock_ms * 1000, .created = t_clock_ms,
                    .expires = t_clock_ms + 60000, .lease = t_clock_ms + 1000};
-    idem__fplan plan;
-    size_t len = idem__frame_plan(&plan, 1, &r, "b", 1, NULL, 0);
-    unsigned char *more = malloc(n + len);
+    unsigned char *more = malloc(n + 64);
     cr_assert(more);
     memcpy(more, seg, n);
-    idem__frame_write(more + n, &plan);
-    more[n + 12] = IDEM__REC_VERSION + 1;
-    uint32_t check = (uint32_t)XXH3_64bits(more + n + 4, len - 4);
-    memcpy(more + n, &check, 4);
+    size_t len = newer_frame(more + n, 1, &r, "b");
     t_write(path, more, n + len);
     refused_as_newer(path, "record of a newer format");
     idem_check_report rep;
@@ -780,13 +797,8 @@ Test(local, a_newer_frame_inside_a_damaged_value_is_damage)
     idem__rec r = {.state = IDEM_STATE_DONE, .attempts = 1,
                    .token = (uint64_t)t_clock_ms * 1000, .created = t_clock_ms,
                    .expires = t_clock_ms + 60000};
-    idem__fplan plan;
     unsigned char fr[64], val[256];
-    size_t len = idem__frame_plan(&plan, 2, &r, "x", 1, NULL, 0), vl = 0;
-    idem__frame_write(fr, &plan);
-    fr[12] = IDEM__REC_VERSION + 1;
-    uint32_t check = (uint32_t)XXH3_64bits(fr + 4, len - 4);
-    memcpy(fr, &check, 4);
+    size_t len = newer_frame(fr, 2, &r, "x"), vl = 0;
     for (int i = 0; i < 4; i++, vl += len + 1)  /* at every offset mod 4 */
         memcpy(val + vl, fr, len);
     idem_store *s = t_open(t_local_uri(t_dir));
@@ -871,15 +883,12 @@ Test(local, repair_of_a_newer_segment_changes_no_file)
  * new frames for damage. */
 Test(local, an_older_segment_takes_no_newer_frame)
 {
-    idem_store *s = t_open(t_local_uri(t_dir));
-    claim_complete(s, "a", "1");
-    cr_assert_eq(idem_close(s), 0);
     char path[4300];
     size_t n;
-    unsigned char *seg = first_segment(path, &n);
+    unsigned char *seg = store_of_a(path, &n);
     set_header_version(seg, -1);
     t_write(path, seg, n);
-    s = t_open(t_local_uri(t_dir));
+    idem_store *s = t_open(t_local_uri(t_dir));
     cr_assert_eq(kind_of(s, "a"), IDEM_REPLAY);
     claim_complete(s, "b", "2");
     cr_assert_eq(idem_close(s), 0);
