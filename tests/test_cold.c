@@ -940,11 +940,12 @@ Test(cold, a_reader_opened_while_a_repair_renumbers_reads_every_segment)
  * is deleted (its records are seg-5's now), seg-7 not yet copied to
  * seg-6. A reader that lists the store then finds seg-6 missing. That
  * is no damage, and a reader must not call it so, nor send anyone to
- * `idem repair` while one runs: it says the store is busy. */
+ * `idem repair` while one runs: it says the store is busy. A writer is
+ * told a repair holds the store. */
 static struct {
     int armed;  /* 1: seg-6 is being deleted; 2: the reader has run */
-    int rc;
-    char detail[512];
+    int rc, writer_rc;
+    char detail[512], writer_detail[512];
 } gap;
 
 static void gap_unlink(const char *name)
@@ -956,6 +957,11 @@ static void gap_unlink(const char *name)
         idem_store *r;
         gap.rc = idem_open(uri, &o, &r);
         snprintf(gap.detail, sizeof gap.detail, "%s", idem_errdetail(r));
+        idem_close(r);
+        o.flags = 0;
+        gap.writer_rc = idem_open(uri, &o, &r);
+        snprintf(gap.writer_detail, sizeof gap.writer_detail, "%s",
+                 idem_errdetail(r));
         idem_close(r);
     } else if (!gap.armed && strcmp(name, "seg-00000006.log") == 0) {
         gap.armed = 1;
@@ -976,8 +982,29 @@ Test(cold, a_reader_in_the_gap_of_a_repair_says_the_store_is_busy)
     cr_assert_eq(gap.armed, 2, "the repair never deleted seg-6");
     cr_assert_eq(gap.rc, IDEM_ELOCKED, "%d: %s", gap.rc, gap.detail);
     cr_assert(strstr(gap.detail, "seg-00000006.log") &&
-                  !strstr(gap.detail, "idem repair"),
+                  !strstr(gap.detail, "idem repair --store"),
               "%s", gap.detail);
+    cr_assert_eq(gap.writer_rc, IDEM_ELOCKED);
+    cr_assert(strstr(gap.writer_detail, "being repaired"), "%s",
+              gap.writer_detail);
+}
+
+/* Under a writer, which never leaves a gap, a segment gone is damage:
+ * a reader says so at once, not that the store is busy. */
+Test(cold, a_segment_lost_under_a_writer_is_damage_to_a_reader)
+{
+    idem_store *s = t_open(uri);
+    fill(s);
+    lose("seg-00000005.log");
+    idem_opts o = t_options();
+    o.flags = IDEM_O_READONLY;
+    idem_store *r;
+    cr_assert_eq(idem_open(uri, &o, &r), IDEM_ECORRUPT, "%s",
+                 idem_errdetail(r));
+    cr_assert(strstr(idem_errdetail(r), "seg-00000005.log is missing"), "%s",
+              idem_errdetail(r));
+    idem_close(r);
+    idem_close(s);
 }
 
 /* A lost identity file: repair writes a new secret for the keys' hash,

@@ -69,7 +69,7 @@ int idem__dir_create(int dirfd, const char *name, int flags)
 }
 
 static int idem__lock(idem_store *s, int dirfd, const char *path,
-                      int *lockfd)
+                      int repair, int *lockfd)
 {
     int fd = idem__dir_create(dirfd, "LOCK", O_RDWR);
     if (fd < 0)
@@ -81,6 +81,13 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
         pid[r > 0 ? r : 0] = '\0';
         pid[strcspn(pid, "\n")] = '\0';
         close(fd);
+        char *by = strstr(pid, " repair");
+        if (by) {
+            *by = '\0';
+            return idem__fail(s, IDEM_ELOCKED,
+                              "%s: being repaired (`idem repair`, pid %s); "
+                              "open it once the repair is over", path, pid);
+        }
         /* flock() locks are per open file: a second handle of this very
          * process is refused too, and its own pid would read as "another
          * process". */
@@ -95,7 +102,8 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
                           path, *pid ? pid : "unknown");
     }
     char pid[32];
-    int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    int n = snprintf(pid, sizeof pid, "%ld%s\n", (long)getpid(),
+                     repair ? " repair" : "");
     if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)n, 0) != n) {
         int err = errno;
         close(fd);
@@ -108,7 +116,8 @@ static int idem__lock(idem_store *s, int dirfd, const char *path,
 
 /* One line of /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0
  * EOF" (device numbers in hex); one that waits for a lock has "->"
- * after its number and holds nothing. Does it hold file ino of dev? */
+ * after its number and holds nothing. Does it hold file ino of dev (a
+ * lock of any kind: only idem locks PATH/LOCK)? */
 static int idem__lock_line_holds(const char *line, const struct stat *st)
 {
     char kind[16];
@@ -121,10 +130,23 @@ static int idem__lock_line_holds(const char *line, const struct stat *st)
            min == minor(st->st_dev) && ino == (unsigned long)st->st_ino;
 }
 
-int idem__dir_held(int dirfd)
+/* Does PATH/LOCK, whose file is st, say a repair took it? */
+static int idem__lock_says_repair(int dirfd, struct stat *st)
+{
+    char text[64];
+    int fd = openat(dirfd, "LOCK", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t r = fstat(fd, st) == 0 ? pread(fd, text, sizeof text - 1, 0) : -1;
+    close(fd);
+    text[r > 0 ? r : 0] = '\0';
+    return strstr(text, " repair\n") != NULL;
+}
+
+int idem__dir_repairing(int dirfd)
 {
     struct stat st;
-    if (fstatat(dirfd, "LOCK", &st, 0) != 0)
+    if (!idem__lock_says_repair(dirfd, &st))
         return 0;
     FILE *f = fopen("/proc/locks", "re");
     if (!f)
@@ -230,11 +252,13 @@ int idem__dir_open(idem_store *s, const char *path, unsigned how,
     if (fd < 0)
         return idem__fail(s, errno == ENOENT ? IDEM_ENOTFOUND : IDEM_EIO,
                           "%s: %s", path, strerror(errno));
+    int repair = (how & IDEM__DIR_REPAIR) != 0;
     int rc = made && fchmod(fd, mode) != 0
                  ? idem__fail(s, IDEM_EIO, "%s: chmod: %s", path,
                               strerror(errno))
              : how & IDEM__DIR_NOLOCK ? 0
-                                      : idem__lock(s, fd, path, lockfd);
+                                      : idem__lock(s, fd, path, repair,
+                                                   lockfd);
     if (rc) {
         close(fd);
         return rc;

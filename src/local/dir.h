@@ -19,6 +19,8 @@
 #define IDEM__DIR_NOCREATE 1u  /* IDEM_ENOTFOUND when it is not there */
 #define IDEM__DIR_GROUP 2u     /* create it 0750, not 0700 */
 #define IDEM__DIR_NOLOCK 4u    /* a reader: take no lock, write nothing */
+#define IDEM__DIR_REPAIR 8u    /* a repair: PATH/LOCK says so beside the
+                                * pid, for readers (idem__dir_repairing) */
 
 /* The engine's size parameters of a local: URI (docs/uri.md). */
 typedef struct idem__dir_knobs {
@@ -102,10 +104,12 @@ int idem__dir_put(int dirfd, const char *name, const struct iovec *iov,
 int idem__dir_put_failed(idem_store *s, const char *path, const char *name,
                          int err);
 
-/* Does a process hold PATH/LOCK (a writer, or a repair)? Asked of the
- * kernel's table of locks (/proc/locks), not by taking one, which would
- * turn a writer starting at that instant away. 0 when it cannot tell. */
-int idem__dir_held(int dirfd);
+/* Does a repair hold the store? PATH/LOCK must say so, and be held: asked
+ * of the kernel's table of locks (/proc/locks), not by taking a lock,
+ * which would turn a writer starting at that instant away. 0 when it
+ * cannot tell (a reader in a pid namespace of its own sees no lock of a
+ * process outside it). */
+int idem__dir_repairing(int dirfd);
 
 /* Replace PATH/TAIL with *t, durably (see dir.c). */
 int idem__dir_tail_write(idem_store *s, int dirfd, const char *path,

@@ -442,19 +442,20 @@ static int idem__seg_gone(idem__log *lg, uint32_t id)
 }
 
 /* A reader that found segment id gone from under its walk, where no
- * writer's drop explains it (idem__dropped_under), while a process holds
- * the store: a repair renumbering the segments leaves such a gap for a
- * moment. That is no damage to report, nor to send anyone to repair. */
+ * writer's drop explains it (idem__dropped_under), while a repair holds
+ * the store: renumbering the segments, it leaves such a gap for a
+ * moment. That is no damage to report, nor to send anyone to repair.
+ * Under a writer a segment gone is damage, and said so. */
 static int idem__reader_cut(idem__log *lg, uint32_t id)
 {
     char name[32];
     idem__seg_name(name, sizeof name, id);
-    if (!lg->readonly || !idem__dir_held(lg->dirfd))
+    if (!lg->readonly || !idem__dir_repairing(lg->dirfd))
         return 0;
     return idem__fail(lg->s, IDEM_ELOCKED,
-                      "%s/%s went missing while the store is held, as it "
-                      "does for a moment while a repair renumbers "
-                      "segments; open the store again once that is over",
+                      "%s/%s went missing while `idem repair` holds the "
+                      "store, as it does for a moment while it renumbers "
+                      "segments; open the store again once it is over",
                       lg->dir, name);
 }
 
@@ -1107,7 +1108,7 @@ int idem__local_check(idem_store *s, const char *rest, int repair,
     int lockfd = -1;
     uint32_t *ids = NULL;
     size_t from = 0, n = 0;
-    unsigned how = IDEM__DIR_NOCREATE;
+    unsigned how = IDEM__DIR_NOCREATE | (repair ? IDEM__DIR_REPAIR : 0u);
     int rc = idem__dir_uri(s, rest, &lg.dir, &how, NULL);
     if (!rc)
         rc = idem__dir_open(s, lg.dir, how, &lg.dirfd, &lockfd);
